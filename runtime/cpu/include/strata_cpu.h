@@ -1,0 +1,82 @@
+// The CPU model's own interface: what the device library, the generated launchers and the Python
+// loader need from the model beyond the Ascend C / SHMEM API it imitates.
+#ifndef STRATA_CPU_H
+#define STRATA_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- Host C API (loaded from Python with cffi; the cdef is stratac/abi.py: RUNTIME_CDEF) ----
+
+// Counter slots per core, in this order.
+enum { STRATA_CTR_MTE_IN = 0, STRATA_CTR_MTE_OUT = 1, STRATA_CTR_SDMA = 2,
+       STRATA_CTR_REMOTE_READ = 3, STRATA_CTR_REMOTE_WRITE = 4, STRATA_NUM_CTRS = 5 };
+enum { STRATA_MAX_CORES = 64, STRATA_SDMA_MAX_CORE = 48 };
+
+// Map the pool. `create` = 1 on exactly one process (it creates the segment with mode 0600 and
+// fails if the name exists); the others open it after the creator returned. heap_bytes is per rank.
+int strata_cpu_init(int rank, int world, const char* shm_name, uint64_t heap_bytes, int create);
+// Unmap; `unlink` = 1 removes the segment name (call on one rank, after every rank is done).
+int strata_cpu_finalize(int unlink_segment);
+const char* strata_cpu_last_error(void);
+
+void* strata_cpu_heap_base(void);        // this rank's heap instance
+uint64_t strata_cpu_heap_bytes(void);    // capacity per rank
+uint64_t strata_cpu_heap_used(void);     // bytes handed out by aclshmem_malloc and not freed
+
+void strata_cpu_set_timeout(double seconds);   // deadline of every wait in later launches
+void strata_cpu_reset_counters(void);
+// Copies counters into out[core * STRATA_NUM_CTRS + ctr] for cores [0, max_cores); returns the
+// highest core count launched since the last reset.
+int strata_cpu_read_counters(uint64_t* out, int max_cores);
+
+// Abort state of the pool: nonzero once any rank failed; its message is returned by
+// strata_cpu_abort_message().
+int strata_cpu_aborted(void);
+const char* strata_cpu_abort_message(void);
+
+// Symmetric allocation (SHMEM host API names). Every rank must make the same calls in the same
+// order; the allocator is deterministic so equal calls give equal offsets. 512-byte aligned.
+// Returns NULL (and sets the last error with the request and the free bytes) when exhausted.
+void* aclshmem_malloc(size_t size);
+void* aclshmem_calloc(size_t count, size_t size);
+void aclshmem_free(void* ptr);
+
+#ifdef __cplusplus
+}  // extern "C"
+
+// ---- C++ interface used by generated launchers and the device library ----
+namespace strata_cpu {
+
+using BlockFn = void (*)(void* ctx);
+
+// Runs fn(ctx) on `blocks` threads with GetBlockIdx() = 0..blocks-1, one UB arena and one SDMA
+// queue per thread; joins them. Returns 0, or -1 with the last error set (the first failure of
+// any core). `kernel_name` appears in error messages.
+int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn fn, void* ctx);
+
+// The `.strata` source line of the statement the calling core executes (shown in failures).
+void SetLine(int line);
+
+// Stops the calling core with a rule violation: formats the message, prefixes it with
+// "rank R core C strata:LINE kernel K: ", records it (first failure wins), marks the pool aborted
+// and unwinds the core's thread. Never returns.
+[[noreturn]] void Fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+}  // namespace strata_cpu
+
+// Launch a kernel `k(args...)` on `blocks` cores from a launcher; evaluates to 0 or -1.
+#define STRATA_CPU_LAUNCH(k, blocks, ...)                                                    \
+  ([&]() -> int {                                                                          \
+    auto body = [&]() { k(__VA_ARGS__); };                                                 \
+    using Body = decltype(body);                                                           \
+    return ::strata_cpu::LaunchBlocks(                                                     \
+        (blocks), #k, [](void* c) { (*static_cast<Body*>(c))(); }, &body);                 \
+  }())
+
+#endif  // __cplusplus
+#endif  // STRATA_CPU_H

@@ -1,0 +1,176 @@
+"""The syntax tree of a .strata file: frozen dataclasses, every node with its span."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from .diagnostics import Span
+
+
+# ---- integer expressions (sizes, indices, rank expressions) ----
+
+@dataclass(frozen=True)
+class IntLit:
+    value: int
+    span: Span
+
+
+@dataclass(frozen=True)
+class Name:
+    id: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class BinOp:
+    op: str  # one of + - * / %
+    lhs: "Expr"
+    rhs: "Expr"
+    span: Span
+
+
+@dataclass(frozen=True)
+class Neg:
+    operand: "Expr"
+    span: Span
+
+
+Expr = Union[IntLit, Name, BinOp, Neg]
+
+
+# ---- references to data ----
+
+@dataclass(frozen=True)
+class Index:
+    index: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class Range:
+    lo: Expr
+    hi: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class Ref:
+    """``name``, ``name[i]``, ``name[lo:hi]``, each optionally ``@rank``."""
+
+    name: str
+    selector: Index | Range | None
+    rank: Expr | None
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True)
+class SplitCall:
+    buffer: str
+    parts: Expr
+    span: Span
+    buffer_span: Span
+
+
+@dataclass(frozen=True)
+class ReduceCall:
+    op: str  # sum | max | min
+    operand: Ref
+    var: str
+    domain: str  # ranks | peers
+    span: Span
+
+
+# ---- statements ----
+
+@dataclass(frozen=True)
+class Assign:
+    target: Ref
+    value: Ref | SplitCall | ReduceCall
+    span: Span
+
+
+@dataclass(frozen=True)
+class Barrier:
+    span: Span
+
+
+@dataclass(frozen=True)
+class Stage:
+    engine: str  # aiv | sdma | auto
+    body: tuple["Stmt", ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class For:
+    var: str
+    domain: str
+    body: tuple["Stmt", ...]
+    span: Span
+    var_span: Span
+
+
+@dataclass(frozen=True)
+class FlagDecl:
+    name: str
+    size: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class Signal:
+    ref: Ref
+    span: Span
+
+
+@dataclass(frozen=True)
+class Wait:
+    ref: Ref
+    span: Span
+
+
+Stmt = Union[Assign, Barrier, Stage, For, FlagDecl, Signal, Wait]
+
+
+# ---- declarations ----
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    symmetric: bool
+    dtype: str
+    size: Expr
+    span: Span
+    dtype_span: Span
+
+
+@dataclass(frozen=True)
+class ContractArg:
+    name: str
+    out: str | None
+    span: Span
+
+
+@dataclass(frozen=True)
+class Contract:
+    kind: str
+    args: tuple[ContractArg, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    params: tuple[Param, ...]
+    contract: Contract
+    body: tuple[Stmt, ...]
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True)
+class Module:
+    schedules: tuple[Schedule, ...]
+    source_name: str

@@ -1,0 +1,131 @@
+"""Diagnostics as data: severity, code, message, span, notes. Only the CLI prints them.
+
+Rendering follows rustc: ``file:line:col: error[CODE]: message`` then the source line and a caret
+under the span, then the notes, each with its own location when it has one.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Source:
+    """A source text and the name it is reported under."""
+
+    name: str
+    text: str
+
+    @staticmethod
+    def from_path(path: str | Path) -> "Source":
+        p = Path(path)
+        return Source(str(path), p.read_text(encoding="utf-8"))
+
+    def line(self, lineno: int) -> str:
+        lines = self.text.splitlines()
+        return lines[lineno - 1] if 0 < lineno <= len(lines) else ""
+
+
+@dataclass(frozen=True)
+class Span:
+    """A region of a source: 1-based line and column of its start, and its end (exclusive col)."""
+
+    source: Source
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    def __str__(self) -> str:
+        return f"{self.source.name}:{self.line}:{self.col}"
+
+    def __repr__(self) -> str:  # keeps IR dumps short
+        return f"Span({self})"
+
+
+class Severity(enum.Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    NOTE = "note"
+
+
+@dataclass(frozen=True)
+class Note:
+    message: str
+    span: Span | None = None
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    severity: Severity
+    code: str
+    message: str
+    span: Span | None = None
+    notes: tuple[Note, ...] = field(default_factory=tuple)
+
+    def render(self) -> str:
+        head = f"{self.severity.value}[{self.code}]: {self.message}"
+        out = [f"{self.span}: {head}" if self.span else head]
+        if self.span:
+            out.extend(_excerpt(self.span))
+        for note in self.notes:
+            if note.span:
+                out.append(f"  note: {note.span}: {note.message}")
+                out.extend(_excerpt(note.span))
+            else:
+                out.append(f"  note: {note.message}")
+        return "\n".join(out)
+
+
+def _excerpt(span: Span) -> list[str]:
+    text = span.source.line(span.line)
+    if not text:
+        return []
+    width = (span.end_col - span.col) if span.end_line == span.line else len(text) - span.col + 1
+    gutter = f"{span.line:>4} | "
+    return [gutter + text, " " * (len(gutter) + span.col - 1) + "^" * max(1, width)]
+
+
+class StrataError(Exception):
+    """Raised by any stage with one or more diagnostics; the CLI renders and exits."""
+
+    def __init__(self, diagnostics: list[Diagnostic] | Diagnostic):
+        if isinstance(diagnostics, Diagnostic):
+            diagnostics = [diagnostics]
+        self.diagnostics = list(diagnostics)
+        super().__init__("\n".join(d.render() for d in self.diagnostics))
+
+
+def error(code: str, message: str, span: Span | None = None, *notes: Note) -> Diagnostic:
+    return Diagnostic(Severity.ERROR, code, message, span, tuple(notes))
+
+
+def warning(code: str, message: str, span: Span | None = None, *notes: Note) -> Diagnostic:
+    return Diagnostic(Severity.WARNING, code, message, span, tuple(notes))
+
+
+class Codes:
+    """Every diagnostic code in one place, so the language reference can list them."""
+
+    SYNTAX = "E0001"
+    UNKNOWN_NAME = "E0101"
+    DUPLICATE_NAME = "E0102"
+    BAD_TYPE = "E0103"
+    BAD_CONTRACT = "E0104"
+    BAD_ENGINE = "E0105"
+    BAD_REF = "E0106"
+    BAD_SIZE = "E0107"
+    NOT_SYMMETRIC = "E0108"
+    BAD_WORLD = "E0201"
+    SHAPE = "E0202"
+    RACE = "E0301"
+    DEADLOCK = "E0302"
+    ENTRY = "E0303"
+    EXIT = "E0304"
+    CONTRACT = "E0305"
+    DOUBLE_SIGNAL = "E0306"
+    REDUNDANT_SYNC = "W0301"
+    BUILD = "E0401"
+    TOOLCHAIN = "E0402"

@@ -1,0 +1,22 @@
+"""Source text to verified-ready IR: parse, then semantic checks and lowering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import ir, sema
+from .diagnostics import Codes, Source, StrataError, error
+from .syntax import parse
+
+
+def load_source(path: str | Path) -> Source:
+    try:
+        return Source.from_path(path)
+    except FileNotFoundError:
+        raise StrataError(error(Codes.SYNTAX, f"no such file: {path}")) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StrataError(error(Codes.SYNTAX, f"cannot read {path}: {exc}")) from None
+
+
+def schedules(source: Source) -> list[ir.Schedule]:
+    return sema.lower(parse(source))

@@ -1,0 +1,213 @@
+"""Instantiate a schedule for a concrete world size and concrete sizes: per-rank event lists.
+
+Each rank's timeline is ENTRY, then its stages and sync operations in program order, then EXIT.
+A stage is one event: everything in it runs concurrently (cores, SDMA queues). Each data movement
+becomes a Move (for the contract simulation) and Accesses with element intervals (for races).
+Consecutive signals (or waits) merge into one event, since nothing happens between them.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import ir
+from .diagnostics import Codes, Diagnostic, Span, StrataError, error
+
+
+class EventKind(enum.Enum):
+    ENTRY = "entry"
+    STAGE = "stage"
+    BARRIER = "barrier"
+    SIGNAL = "signal"
+    WAIT = "wait"
+    EXIT = "exit"
+
+
+@dataclass(frozen=True)
+class Access:
+    owner: int
+    buffer: str
+    lo: int
+    hi: int
+    write: bool
+    instance: int      # accesses of one move share it (a move may read and write the same elements)
+    span: Span
+
+
+@dataclass(frozen=True)
+class Move:
+    dst: tuple[int, str, int, int]                # owner, buffer, lo, hi
+    srcs: tuple[tuple[int, str, int, int], ...]
+    op: ir.ReduceOp | None                        # None: a copy (one source)
+    span: Span
+
+
+@dataclass
+class Event:
+    kind: EventKind
+    rank: int
+    index: int
+    span: Span | None
+    stage: ir.Stage | None = None
+    accesses: list[Access] = field(default_factory=list)
+    moves: list[Move] = field(default_factory=list)
+    signals: list[tuple[int, str, int, Span]] = field(default_factory=list)   # owner, flag, slot
+    waits: list[tuple[str, int, Span]] = field(default_factory=list)          # flag, slot (own)
+    barrier: int = -1
+
+
+@dataclass
+class Instance:
+    schedule: ir.Schedule
+    world: int
+    sizes: dict[str, int]
+    timelines: list[list[Event]]
+    buffer_sizes: dict[str, int]
+    flag_sizes: dict[str, int]
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(e: ir.IExpr) -> Callable[[dict], int]:
+    return eval(f"lambda env: {ir.py_source(e)}")  # noqa: S307 - source generated from the IR only
+
+
+def _ev(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
+    try:
+        return _compiled(e)(env)
+    except ZeroDivisionError:
+        raise StrataError(error(Codes.BAD_WORLD, f"division by zero evaluating {what} ({e}) with "
+                                f"{_env_text(env)}", span)) from None
+
+
+def _env_text(env: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+
+
+def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int]) -> Instance:
+    if world < 1:
+        raise StrataError(error(Codes.BAD_WORLD, f"world size must be at least 1, got {world}", s.span))
+    base = {"world": world, **sizes}
+    buffer_sizes = {p.name: _ev(p.size, base, p.span, f"the size of {p.name}") for p in s.params}
+    for name, n in buffer_sizes.items():
+        if n < 0:
+            raise StrataError(error(Codes.BAD_WORLD, f"{name} would have {n} elements with "
+                                    f"{_env_text(base)}", s.param(name).span))
+    flag_sizes = {f.name: _ev(f.size, base, f.span, f"the size of flag {f.name}") for f in s.flags}
+    b = _Builder(s, world, base, buffer_sizes, flag_sizes)
+    timelines = [b.timeline(r) for r in range(world)]
+    return Instance(s, world, dict(sizes), timelines, buffer_sizes, flag_sizes)
+
+
+class _Builder:
+    def __init__(self, s, world, base, buffer_sizes, flag_sizes):
+        self.s, self.world, self.base = s, world, base
+        self.buffer_sizes, self.flag_sizes = buffer_sizes, flag_sizes
+        self.instance = 0
+
+    def timeline(self, rank: int) -> list[Event]:
+        env = dict(self.base, rank=rank)
+        events: list[Event] = [Event(EventKind.ENTRY, rank, 0, None)]
+        barriers = 0
+
+        def new(kind, span, **kw):
+            ev = Event(kind, rank, len(events), span, **kw)
+            events.append(ev)
+            return ev
+
+        def sync(op, env):
+            if isinstance(op, ir.Loop):
+                for v in self.domain(op.domain, env["rank"]):
+                    inner = dict(env)
+                    inner[op.var] = v
+                    for o in op.body:
+                        sync(o, inner)
+                return
+            last = events[-1]
+            if isinstance(op, ir.Signal):
+                owner = _ev(op.rank, env, op.span, "the signalled rank")
+                self.check_rank(owner, op.span, env)
+                slot = self.flag_slot(op.flag, op.index, env, op.span)
+                ev = last if last.kind is EventKind.SIGNAL else new(EventKind.SIGNAL, op.span)
+                ev.signals.append((owner, op.flag, slot, op.span))
+            else:
+                slot = self.flag_slot(op.flag, op.index, env, op.span)
+                ev = last if last.kind is EventKind.WAIT else new(EventKind.WAIT, op.span)
+                ev.waits.append((op.flag, slot, op.span))
+
+        for op in self.s.body:
+            if isinstance(op, ir.Barrier):
+                new(EventKind.BARRIER, op.span, barrier=barriers)
+                barriers += 1
+            elif isinstance(op, ir.Stage):
+                ev = new(EventKind.STAGE, op.span, stage=op)
+                for inner in op.body:
+                    self.moves(inner, env, ev)
+            else:
+                sync(op, env)
+        events.append(Event(EventKind.EXIT, rank, len(events), None))
+        return events
+
+    def domain(self, d: ir.Domain, rank: int):
+        return [p for p in range(self.world) if d is ir.Domain.RANKS or p != rank]
+
+    def check_rank(self, r: int, span: Span, env: dict) -> None:
+        if not 0 <= r < self.world:
+            raise StrataError(error(Codes.BAD_WORLD, f"rank {r} does not exist in a world of "
+                                    f"{self.world} (with {_env_text(env)})", span))
+
+    def flag_slot(self, flag: str, index: ir.IExpr, env: dict, span: Span) -> int:
+        slot = _ev(index, env, span, f"the index of flag {flag}")
+        if not 0 <= slot < self.flag_sizes[flag]:
+            raise StrataError(error(Codes.SHAPE, f"slot {slot} of flag {flag} is out of range "
+                                    f"[0, {self.flag_sizes[flag]}) with {_env_text(env)}", span))
+        return slot
+
+    def region(self, r: ir.Region, env: dict) -> tuple[int, str, int, int]:
+        owner = env["rank"] if r.rank is None else _ev(r.rank, env, r.span, "a rank")
+        self.check_rank(owner, r.span, env)
+        lo = _ev(r.lo, env, r.span, "an offset")
+        n = _ev(r.length, env, r.span, "a length")
+        size = self.buffer_sizes[r.buffer]
+        if n < 0 or lo < 0 or lo + n > size:
+            raise StrataError(error(Codes.SHAPE, f"{r.buffer}[{lo}:{lo + n}] is outside {r.buffer}, "
+                                    f"which has {size} elements (with {_env_text(env)})", r.span))
+        return owner, r.buffer, lo, lo + n
+
+    def moves(self, op, env: dict, ev: Event) -> None:
+        if isinstance(op, ir.Loop):
+            for v in self.domain(op.domain, env["rank"]):
+                inner = dict(env)
+                inner[op.var] = v
+                for o in op.body:
+                    self.moves(o, inner, ev)
+            return
+        self.instance += 1
+        dst = self.region(op.dst, env)
+        if isinstance(op, ir.Copy):
+            srcs = (self.region(op.src, env),)
+            red = None
+        else:
+            srcs = []
+            for v in self.domain(op.domain, env["rank"]):
+                inner = dict(env)
+                inner[op.var] = v
+                srcs.append(self.region(op.src, inner))
+            srcs = tuple(srcs)
+            red = op.op
+        for src in srcs:
+            if src[3] - src[2] != dst[3] - dst[2]:
+                raise StrataError(error(
+                    Codes.SHAPE, f"this moves {src[3] - src[2]} elements ({src[1]}[{src[2]}:{src[3]}]"
+                    f"@{src[0]}) into {dst[3] - dst[2]} ({dst[1]}[{dst[2]}:{dst[3]}]@{dst[0]}) with "
+                    f"{_env_text(env)}", op.span))
+        ev.moves.append(Move(dst, srcs, red, op.span))
+        for src in srcs:
+            if src[3] > src[2]:
+                ev.accesses.append(Access(src[0], src[1], src[2], src[3], False, self.instance, op.span))
+        if dst[3] > dst[2]:
+            ev.accesses.append(Access(dst[0], dst[1], dst[2], dst[3], True, self.instance, op.span))
+
+

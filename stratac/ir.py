@@ -1,0 +1,386 @@
+"""The schedule IR: what moves where, on which engine, in which order. Symbolic in rank and world.
+
+Frozen dataclasses with spans; kinds are enums; passes return new nodes (dataclasses.replace).
+`dump` prints the IR as text (`stratac compile --dump-ir`), so tests can state it as a golden.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping, Union
+
+from .diagnostics import Span
+
+
+class DType(enum.Enum):
+    F32 = ("f32", 4, "float", "float32")
+    F16 = ("f16", 2, "half", "float16")
+    BF16 = ("bf16", 2, "bfloat16_t", "bfloat16")
+    I32 = ("i32", 4, "int32_t", "int32")
+
+    def __init__(self, short: str, nbytes: int, ctype: str, torch_name: str):
+        self.short = short
+        self.nbytes = nbytes
+        self.ctype = ctype
+        self.torch_name = torch_name
+
+    @property
+    def code(self) -> int:
+        """The integer the launchers take to pick the kernel of this dtype (the ABI)."""
+        return list(DType).index(self)
+
+    @staticmethod
+    def parse(text: str) -> "DType | None":
+        return next((d for d in DType if d.short == text), None)
+
+
+class Engine(enum.Enum):
+    AIV = "aiv"
+    SDMA = "sdma"
+    AUTO = "auto"
+
+
+class Domain(enum.Enum):
+    RANKS = "ranks"
+    PEERS = "peers"
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+
+
+class ContractKind(enum.Enum):
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+
+
+# ---- integer expressions ----
+
+@dataclass(frozen=True)
+class Const:
+    value: int
+
+    def eval(self, env: Mapping[str, int]) -> int:
+        return self.value
+
+    def names(self) -> frozenset[str]:
+        return frozenset()
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+
+    def eval(self, env: Mapping[str, int]) -> int:
+        return env[self.name]
+
+    def names(self) -> frozenset[str]:
+        return frozenset({self.name})
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class BinKind(enum.Enum):
+    ADD = "+"
+    SUB = "-"
+    MUL = "*"
+    DIV = "/"   # floor division; operands are never negative in a valid program
+    MOD = "%"
+    MIN = "min"
+    LT = "<"    # 1 if lhs < rhs else 0
+
+
+@dataclass(frozen=True)
+class Bin:
+    kind: BinKind
+    lhs: "IExpr"
+    rhs: "IExpr"
+
+    def eval(self, env: Mapping[str, int]) -> int:
+        a, b = self.lhs.eval(env), self.rhs.eval(env)
+        k = self.kind
+        if k is BinKind.ADD:
+            return a + b
+        if k is BinKind.SUB:
+            return a - b
+        if k is BinKind.MUL:
+            return a * b
+        if k is BinKind.DIV:
+            if b == 0:
+                raise ZeroDivisionError(str(self))
+            return a // b
+        if k is BinKind.MOD:
+            if b == 0:
+                raise ZeroDivisionError(str(self))
+            return a % b
+        if k is BinKind.MIN:
+            return min(a, b)
+        return int(a < b)
+
+    def names(self) -> frozenset[str]:
+        return self.lhs.names() | self.rhs.names()
+
+    def __str__(self) -> str:
+        if self.kind is BinKind.MIN:
+            return f"min({self.lhs}, {self.rhs})"
+        return f"({self.lhs} {self.kind.value} {self.rhs})"
+
+
+IExpr = Union[Const, Var, Bin]
+
+
+def add(a: IExpr, b: IExpr) -> IExpr:
+    if isinstance(a, Const) and a.value == 0:
+        return b
+    if isinstance(b, Const) and b.value == 0:
+        return a
+    return Bin(BinKind.ADD, a, b)
+
+
+def split_part(total: IExpr, parts: IExpr, index: IExpr) -> tuple[IExpr, IExpr]:
+    """(offset, length) of part `index` of `total` elements split into `parts` balanced parts:
+    the first total % parts parts get one element more."""
+    base = Bin(BinKind.DIV, total, parts)
+    extra = Bin(BinKind.MOD, total, parts)
+    lo = add(Bin(BinKind.MUL, index, base), Bin(BinKind.MIN, index, extra))
+    length = add(base, Bin(BinKind.LT, index, extra))
+    return lo, length
+
+
+# ---- the program ----
+
+@dataclass(frozen=True)
+class Buffer:
+    """A tensor parameter. dtype None means the type variable `typevar` (any DType)."""
+
+    name: str
+    dtype: DType | None
+    typevar: str | None
+    symmetric: bool
+    size: IExpr
+    span: Span
+
+    @property
+    def type_text(self) -> str:
+        return self.dtype.short if self.dtype else str(self.typevar)
+
+
+@dataclass(frozen=True)
+class Region:
+    """Elements [lo, lo + length) of buffer's instance on rank `rank` (None: the running rank)."""
+
+    buffer: str
+    lo: IExpr
+    length: IExpr
+    rank: IExpr | None
+    span: Span
+
+    def __str__(self) -> str:
+        at = f"@{self.rank}" if self.rank is not None else ""
+        return f"{self.buffer}[{self.lo} +: {self.length}]{at}"
+
+
+@dataclass(frozen=True)
+class Copy:
+    dst: Region
+    src: Region
+    span: Span
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """dst = op over var in domain of src (src mentions var)."""
+
+    dst: Region
+    op: ReduceOp
+    src: Region
+    var: str
+    domain: Domain
+    span: Span
+
+
+@dataclass(frozen=True)
+class Loop:
+    var: str
+    domain: Domain
+    body: tuple["Op", ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the passes decided for a stage (None until they ran)."""
+
+    engine: Engine                 # the engine that moves the bulk data (AUTO resolved at run time)
+    ub_buffers: int                # UB tiles each core keeps (queue depth x queues)
+    tile_bytes: int                # bytes per UB tile, a multiple of 32
+    ub_bytes: int                  # UB bytes per core this stage needs
+    sdma_threshold: int            # bytes from which AUTO copies go to SDMA
+
+
+@dataclass(frozen=True)
+class Stage:
+    engine: Engine
+    body: tuple["Op", ...]
+    span: Span
+    index: int
+    plan: Plan | None = None
+
+
+@dataclass(frozen=True)
+class Barrier:
+    span: Span
+    seq: int = 0     # position among the sync operations of one call; stamps = epoch + seq
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    size: IExpr
+    span: Span
+
+
+@dataclass(frozen=True)
+class Signal:
+    flag: str
+    index: IExpr
+    rank: IExpr
+    span: Span
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class Wait:
+    flag: str
+    index: IExpr
+    span: Span
+    seq: int = 0
+
+
+Op = Union[Copy, Reduce, Loop, Stage, Barrier, Signal, Wait]
+
+
+@dataclass(frozen=True)
+class Contract:
+    kind: ContractKind
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    op: ReduceOp | None
+    span: Span
+
+    def __str__(self) -> str:
+        if self.kind is ContractKind.ALLREDUCE:
+            return f"allreduce({self.inputs[0]}, {self.op.value})"
+        return f"{self.kind.value}({', '.join(self.inputs)} -> {', '.join(self.outputs)})"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    source_name: str
+    params: tuple[Buffer, ...]
+    sizes: tuple[str, ...]          # size symbols, each the whole size of some parameter
+    flags: tuple[Flag, ...]
+    contract: Contract
+    body: tuple[Op, ...]
+    span: Span
+    sync_ops: int = 0               # barriers + signals + waits per call (set by the epoch pass)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def param(self, name: str) -> Buffer:
+        return next(p for p in self.params if p.name == name)
+
+    @property
+    def typevars(self) -> tuple[str, ...]:
+        seen: list[str] = []
+        for p in self.params:
+            if p.typevar and p.typevar not in seen:
+                seen.append(p.typevar)
+        return tuple(seen)
+
+
+# ---- printer ----
+
+def dump(s: Schedule) -> str:
+    params = ", ".join(f"{p.name}: {'sym ' if p.symmetric else ''}{p.type_text}[{p.size}]"
+                       for p in s.params)
+    out = [f"schedule {s.name}({params}) implements {s.contract}"]
+    if s.sizes:
+        out.append(f"  sizes {', '.join(s.sizes)}")
+    for f in s.flags:
+        out.append(f"  flag {f.name}[{f.size}]")
+    for op in s.body:
+        _dump_op(op, 1, out)
+    if s.sync_ops:
+        out.append(f"  # {s.sync_ops} sync operations per call")
+    return "\n".join(out) + "\n"
+
+
+def _line(span: Span) -> str:
+    return f"  # line {span.line}"
+
+
+def _dump_op(op: Op, depth: int, out: list[str]) -> None:
+    pad = "  " * depth
+    if isinstance(op, Stage):
+        plan = ""
+        if op.plan:
+            p = op.plan
+            plan = (f" [engine={p.engine.value} tile={p.tile_bytes}B x{p.ub_buffers}"
+                    f" ub={p.ub_bytes}B sdma>={p.sdma_threshold}B]")
+        out.append(f"{pad}stage {op.index} on {op.engine.value}{plan}:{_line(op.span)}")
+        for inner in op.body:
+            _dump_op(inner, depth + 1, out)
+    elif isinstance(op, Loop):
+        out.append(f"{pad}for {op.var} in {op.domain.value}:{_line(op.span)}")
+        for inner in op.body:
+            _dump_op(inner, depth + 1, out)
+    elif isinstance(op, Copy):
+        out.append(f"{pad}{op.dst} = {op.src}{_line(op.span)}")
+    elif isinstance(op, Reduce):
+        out.append(f"{pad}{op.dst} = {op.op.value}({op.src} for {op.var} in {op.domain.value})"
+                   f"{_line(op.span)}")
+    elif isinstance(op, Barrier):
+        out.append(f"{pad}barrier seq={op.seq}{_line(op.span)}")
+    elif isinstance(op, Signal):
+        out.append(f"{pad}signal {op.flag}[{op.index}]@{op.rank} seq={op.seq}{_line(op.span)}")
+    elif isinstance(op, Wait):
+        out.append(f"{pad}wait {op.flag}[{op.index}] seq={op.seq}{_line(op.span)}")
+    else:  # pragma: no cover - the IR has no other node kinds
+        raise TypeError(op)
+
+
+def py_source(e: IExpr) -> str:
+    """The expression as Python source over a dict `env` (used to compile hot evaluations)."""
+    if isinstance(e, Const):
+        return str(e.value)
+    if isinstance(e, Var):
+        return f"env[{e.name!r}]"
+    a, b = py_source(e.lhs), py_source(e.rhs)
+    if e.kind is BinKind.MIN:
+        return f"min({a}, {b})"
+    if e.kind is BinKind.LT:
+        return f"int({a} < {b})"
+    op = {BinKind.DIV: "//"}.get(e.kind, e.kind.value)
+    return f"({a} {op} {b})"
+
+
+def c_source(e: IExpr, names: Mapping[str, str]) -> str:
+    """The expression as C++ (int64_t arithmetic); `names` maps IR names to C expressions."""
+    if isinstance(e, Const):
+        return f"int64_t({e.value})"
+    if isinstance(e, Var):
+        return names[e.name]
+    a, b = c_source(e.lhs, names), c_source(e.rhs, names)
+    if e.kind is BinKind.MIN:
+        return f"strata::Min({a}, {b})"
+    if e.kind is BinKind.LT:
+        return f"int64_t({a} < {b})"
+    return f"({a} {e.kind.value} {b})"

@@ -1,0 +1,172 @@
+"""Parse .strata text into the syntax tree (stratac.ast). Syntax errors become diagnostics."""
+
+from __future__ import annotations
+
+import functools
+
+import lark
+from lark import Lark, Token, Transformer, v_args
+
+from . import ast
+from .diagnostics import Codes, Source, Span, StrataError, error
+from .resources import resource_path
+
+
+@functools.lru_cache(maxsize=1)
+def _parser() -> Lark:
+    grammar = resource_path("dsl", "strata.lark").read_text(encoding="utf-8")
+    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+def parse(source: Source) -> ast.Module:
+    try:
+        tree = _parser().parse(source.text)
+    except lark.exceptions.UnexpectedInput as exc:
+        raise StrataError(_syntax_diagnostic(source, exc)) from None
+    return _Builder(source).transform(tree)
+
+
+_PRETTY = {
+    "LPAR": "'('", "RPAR": "')'", "LBRACE": "'{'", "RBRACE": "'}'", "LSQB": "'['", "RSQB": "']'",
+    "COLON": "':'", "COMMA": "','", "EQUAL": "'='", "AT": "'@'", "PLUS": "'+'", "MINUS": "'-'",
+    "STAR": "'*'", "SLASH": "'/'", "PERCENT": "'%'", "NAME": "a name", "INT": "an integer",
+    "REDOP": "sum/max/min", "ENGINE": "an engine (aiv, sdma, auto)", "DOMAIN": "ranks or peers",
+    "SYM": "'sym'", "$END": "end of file",
+}
+
+
+def _pretty(term: str) -> str:
+    if term in _PRETTY:
+        return _PRETTY[term]
+    if term.startswith("__ANON") or term.isupper():
+        # anonymous keyword terminals: lark names them after the keyword text
+        return f"'{term.lower()}'"
+    return term
+
+
+def _syntax_diagnostic(source: Source, exc: lark.exceptions.UnexpectedInput):
+    line = getattr(exc, "line", None) or 1
+    col = getattr(exc, "column", None) or 1
+    if isinstance(exc, lark.exceptions.UnexpectedEOF) or (
+        isinstance(exc, lark.exceptions.UnexpectedToken) and exc.token.type == "$END"
+    ):
+        lines = source.text.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+        what = "unexpected end of file"
+    elif isinstance(exc, lark.exceptions.UnexpectedToken):
+        what = f"unexpected {exc.token.value!r}"
+    else:
+        ch = source.text[exc.pos_in_stream] if exc.pos_in_stream < len(source.text) else "?"
+        what = f"unexpected character {ch!r}"
+    expected = sorted({_pretty(t) for t in (getattr(exc, "expected", None) or ())})
+    if expected:
+        what += "; expected " + (", ".join(expected[:8]) + (", ..." if len(expected) > 8 else ""))
+    span = Span(source, line, col, line, col + 1)
+    return error(Codes.SYNTAX, what, span)
+
+
+def _tok_span(source: Source, tok: Token) -> Span:
+    return Span(source, tok.line, tok.column, tok.end_line, tok.end_column)
+
+
+@v_args(meta=True)
+class _Builder(Transformer):
+    def __init__(self, source: Source):
+        super().__init__()
+        self.source = source
+
+    def _span(self, meta) -> Span:
+        return Span(self.source, meta.line, meta.column, meta.end_line, meta.end_column)
+
+    # ---- top level
+    def start(self, meta, schedules):
+        return ast.Module(tuple(schedules), self.source.name)
+
+    def schedule(self, meta, children):
+        name, *rest = children
+        contract, block = rest[-2], rest[-1]
+        params = tuple(p for p in rest[:-2] if p is not None)
+        return ast.Schedule(str(name), params, contract, block, self._span(meta),
+                            _tok_span(self.source, name))
+
+    def param(self, meta, children):
+        name, sym, dtype, size = children
+        return ast.Param(str(name), sym is not None, str(dtype), size, self._span(meta),
+                         _tok_span(self.source, dtype))
+
+    def contract(self, meta, children):
+        name, *args = children
+        return ast.Contract(str(name), tuple(a for a in args if a is not None), self._span(meta))
+
+    def carg_name(self, meta, children):
+        return ast.ContractArg(str(children[0]), None, self._span(meta))
+
+    def carg_arrow(self, meta, children):
+        return ast.ContractArg(str(children[0]), str(children[1]), self._span(meta))
+
+    def block(self, meta, stmts):
+        return tuple(stmts)
+
+    def body_one(self, meta, children):
+        return (children[0],)
+
+    def body_block(self, meta, children):
+        return children[0]
+
+    # ---- statements
+    def assign(self, meta, children):
+        return ast.Assign(children[0], children[1], self._span(meta))
+
+    def split_call(self, meta, children):
+        buf, parts = children
+        return ast.SplitCall(str(buf), parts, self._span(meta), _tok_span(self.source, buf))
+
+    def reduce_call(self, meta, children):
+        op, operand, var, domain = children
+        return ast.ReduceCall(str(op), operand, str(var), str(domain), self._span(meta))
+
+    def barrier(self, meta, children):
+        return ast.Barrier(self._span(meta))
+
+    def stage(self, meta, children):
+        return ast.Stage(str(children[0]), children[1], self._span(meta))
+
+    def for_stmt(self, meta, children):
+        var, domain, body = children
+        return ast.For(str(var), str(domain), body, self._span(meta), _tok_span(self.source, var))
+
+    def flag_decl(self, meta, children):
+        return ast.FlagDecl(str(children[0]), children[1], self._span(meta))
+
+    def signal(self, meta, children):
+        return ast.Signal(children[0], self._span(meta))
+
+    def wait(self, meta, children):
+        return ast.Wait(children[0], self._span(meta))
+
+    def ref(self, meta, children):
+        name, selector, rank = children
+        return ast.Ref(str(name), selector, rank, self._span(meta), _tok_span(self.source, name))
+
+    def sel_index(self, meta, children):
+        return ast.Index(children[0], self._span(meta))
+
+    def sel_range(self, meta, children):
+        return ast.Range(children[0], children[1], self._span(meta))
+
+    # ---- expressions
+    def int_lit(self, meta, children):
+        return ast.IntLit(int(children[0]), self._span(meta))
+
+    def name(self, meta, children):
+        return ast.Name(str(children[0]), self._span(meta))
+
+    def neg(self, meta, children):
+        return ast.Neg(children[0], self._span(meta))
+
+    def _bin(op):  # noqa: N805 - a small factory for the five binary operators
+        def build(self, meta, children):
+            return ast.BinOp(op, children[0], children[1], self._span(meta))
+        return build
+
+    add, sub, mul, div, mod = _bin("+"), _bin("-"), _bin("*"), _bin("/"), _bin("%")
