@@ -144,6 +144,42 @@ def add(a: IExpr, b: IExpr) -> IExpr:
     return Bin(BinKind.ADD, a, b)
 
 
+def simplify(e: IExpr) -> IExpr:
+    """Local rewrites that keep IR dumps and generated C readable: constant folding,
+    (a * b) / b -> a, (a * b) % b -> 0, identities of 0 and 1, min(x, 0) and x < 0 -> 0 (sizes,
+    offsets and ranks are never negative)."""
+    if not isinstance(e, Bin):
+        return e
+    a, b, k = simplify(e.lhs), simplify(e.rhs), e.kind
+    if isinstance(a, Const) and isinstance(b, Const) and not (k in (BinKind.DIV, BinKind.MOD)
+                                                              and b.value == 0):
+        return Const(Bin(k, a, b).eval({}))
+    if k is BinKind.ADD:
+        if a == Const(0):
+            return b
+        if b == Const(0):
+            return a
+    if k is BinKind.SUB and b == Const(0):
+        return a
+    if k is BinKind.MUL:
+        if Const(0) in (a, b):
+            return Const(0)
+        if a == Const(1):
+            return b
+        if b == Const(1):
+            return a
+    if k in (BinKind.DIV, BinKind.MOD) and isinstance(a, Bin) and a.kind is BinKind.MUL and \
+            b in (a.lhs, a.rhs):
+        return (a.lhs if b == a.rhs else a.rhs) if k is BinKind.DIV else Const(0)
+    if k is BinKind.DIV and b == Const(1):
+        return a
+    if k is BinKind.MOD and b == Const(1):
+        return Const(0)
+    if k in (BinKind.MIN, BinKind.LT) and b == Const(0):
+        return Const(0)
+    return Bin(k, a, b)
+
+
 def split_part(total: IExpr, parts: IExpr, index: IExpr) -> tuple[IExpr, IExpr]:
     """(offset, length) of part `index` of `total` elements split into `parts` balanced parts:
     the first total % parts parts get one element more."""
@@ -151,7 +187,7 @@ def split_part(total: IExpr, parts: IExpr, index: IExpr) -> tuple[IExpr, IExpr]:
     extra = Bin(BinKind.MOD, total, parts)
     lo = add(Bin(BinKind.MUL, index, base), Bin(BinKind.MIN, index, extra))
     length = add(base, Bin(BinKind.LT, index, extra))
-    return lo, length
+    return simplify(lo), simplify(length)
 
 
 # ---- the program ----
@@ -218,11 +254,23 @@ class Loop:
 class Plan:
     """What the passes decided for a stage (None until they ran)."""
 
-    engine: Engine                 # the engine that moves the bulk data (AUTO resolved at run time)
-    ub_buffers: int                # UB tiles each core keeps (queue depth x queues)
-    tile_bytes: int                # bytes per UB tile, a multiple of 32
-    ub_bytes: int                  # UB bytes per core this stage needs
-    sdma_threshold: int            # bytes from which AUTO copies go to SDMA
+    copies_on_aiv: bool            # some copy may go through the vector cores' UB
+    copies_on_sdma: bool           # some copy may go to the SDMA queues (needs a quiet at the end)
+    reduces: bool                  # vector reductions
+    sdma_threshold: int            # bytes from which `auto` copies go to SDMA
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """UB layout of one core, the same for every stage of the kernel (one TPipe per kernel)."""
+
+    copy_tiles: int                # tiles of the copy queue (VECIN->VECOUT, double-buffered)
+    reduce_tiles: int              # tiles of the reduce input and output queues
+    tile_bytes: int                # bytes per tile, a multiple of 32
+    scratch_bytes: int             # UB scratch for SDMA descriptors and flag staging
+    ub_bytes: int                  # total UB bytes per core
+    cores: int                     # vector cores a launch uses by default
+    soc: str
 
 
 @dataclass(frozen=True)
@@ -245,6 +293,7 @@ class Flag:
     name: str
     size: IExpr
     span: Span
+    seq: int = 0     # stamp offset of this flag within a call (every slot is signalled once per call)
 
 
 @dataclass(frozen=True)
@@ -253,7 +302,6 @@ class Signal:
     index: IExpr
     rank: IExpr
     span: Span
-    seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -261,7 +309,6 @@ class Wait:
     flag: str
     index: IExpr
     span: Span
-    seq: int = 0
 
 
 Op = Union[Copy, Reduce, Loop, Stage, Barrier, Signal, Wait]
@@ -291,7 +338,8 @@ class Schedule:
     contract: Contract
     body: tuple[Op, ...]
     span: Span
-    sync_ops: int = 0               # barriers + signals + waits per call (set by the epoch pass)
+    sync_ops: int = 0               # stamps one call uses (barriers + flags; the epoch pass sets it)
+    kernel: KernelPlan | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def param(self, name: str) -> Buffer:
@@ -315,11 +363,16 @@ def dump(s: Schedule) -> str:
     if s.sizes:
         out.append(f"  sizes {', '.join(s.sizes)}")
     for f in s.flags:
-        out.append(f"  flag {f.name}[{f.size}]")
+        out.append(f"  flag {f.name}[{f.size}] seq={f.seq}")
     for op in s.body:
         _dump_op(op, 1, out)
     if s.sync_ops:
-        out.append(f"  # {s.sync_ops} sync operations per call")
+        out.append(f"  # {s.sync_ops} flag stamps per call")
+    if s.kernel:
+        k = s.kernel
+        out.append(f"  # UB per core: {k.copy_tiles} copy + {k.reduce_tiles} reduce tiles x "
+                   f"{k.tile_bytes} B + {k.scratch_bytes} B scratch = {k.ub_bytes} B; "
+                   f"{k.cores} cores ({k.soc})")
     return "\n".join(out) + "\n"
 
 
@@ -333,8 +386,10 @@ def _dump_op(op: Op, depth: int, out: list[str]) -> None:
         plan = ""
         if op.plan:
             p = op.plan
-            plan = (f" [engine={p.engine.value} tile={p.tile_bytes}B x{p.ub_buffers}"
-                    f" ub={p.ub_bytes}B sdma>={p.sdma_threshold}B]")
+            used = [name for name, on in (("aiv-copy", p.copies_on_aiv), ("sdma-copy", p.copies_on_sdma),
+                                          ("aiv-reduce", p.reduces)) if on]
+            plan = f" [{' '.join(used)}" + (f" sdma>={p.sdma_threshold}B]" if p.copies_on_aiv and
+                                              p.copies_on_sdma else "]")
         out.append(f"{pad}stage {op.index} on {op.engine.value}{plan}:{_line(op.span)}")
         for inner in op.body:
             _dump_op(inner, depth + 1, out)
@@ -350,9 +405,9 @@ def _dump_op(op: Op, depth: int, out: list[str]) -> None:
     elif isinstance(op, Barrier):
         out.append(f"{pad}barrier seq={op.seq}{_line(op.span)}")
     elif isinstance(op, Signal):
-        out.append(f"{pad}signal {op.flag}[{op.index}]@{op.rank} seq={op.seq}{_line(op.span)}")
+        out.append(f"{pad}signal {op.flag}[{op.index}]@{op.rank}{_line(op.span)}")
     elif isinstance(op, Wait):
-        out.append(f"{pad}wait {op.flag}[{op.index}] seq={op.seq}{_line(op.span)}")
+        out.append(f"{pad}wait {op.flag}[{op.index}]{_line(op.span)}")
     else:  # pragma: no cover - the IR has no other node kinds
         raise TypeError(op)
 

@@ -1,0 +1,187 @@
+"""Build generated kernels and cache the result.
+
+CPU target: g++ compiles kernel.cpp + launch.cpp against runtime/cpu (the CPU model) into a shared
+library linked with the model's own library (libstratacpu.so, built once per runtime version).
+NPU target: the generated CMakeLists.txt with CANN's ascendc_library (stratac.npu).
+
+Cache entries live under $STRATAC_CACHE_DIR (default ~/.cache/stratac). The key covers the
+generated sources (hence the IR and options), a hash of stratac's own code, templates and
+runtime, the compiler's identity and flags. An entry is built in a private temporary directory and
+published with one rename, under a file lock, so concurrent builds of the same schedule share one
+result. entry.json records the library's sha256; a library that does not match it (truncated,
+corrupted, replaced) is never loaded: the entry is rebuilt.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .codegen import Output
+from .diagnostics import Codes, Note, StrataError, error
+from .resources import compiler_digest, resource_dir
+
+CXX_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-pthread"]
+
+
+def cache_root() -> Path:
+    env = os.environ.get("STRATAC_CACHE_DIR")
+    root = Path(env) if env else Path.home() / ".cache" / "stratac"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _cxx() -> str:
+    cxx = os.environ.get("CXX", "g++")
+    path = shutil.which(cxx)
+    if path is None:
+        raise StrataError(error(Codes.TOOLCHAIN, f"C++ compiler {cxx!r} not found: the CPU target "
+                                "builds kernels with g++ (install it: apt-get install g++, or set CXX)"))
+    return path
+
+
+def _toolchain_id(cxx: str) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60, check=True)
+    except (subprocess.SubprocessError, OSError) as exc:
+        raise StrataError(error(Codes.TOOLCHAIN, f"cannot run {cxx} --version: {exc}")) from None
+    return out.stdout.splitlines()[0] if out.stdout else cxx
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _run(cmd: list[str], cwd: Path, what: str, generated: dict[str, str] | None = None) -> None:
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        raise StrataError(error(Codes.BUILD, f"{what}: the compiler ran for over 600 s")) from None
+    if proc.returncode != 0:
+        notes = _strata_notes(proc.stderr, generated or {})
+        tail = "\n".join(proc.stderr.strip().splitlines()[-25:])
+        raise StrataError(error(Codes.BUILD, f"{what} failed (exit {proc.returncode}):\n"
+                                f"  command: {' '.join(cmd)}\n{tail}", None, *notes))
+
+
+def _strata_notes(stderr: str, generated: dict[str, str]) -> list[Note]:
+    """Maps `kernel.cpp:LINE:` compiler errors back to the nearest `// strata:N` marker above."""
+    notes = []
+    for m in re.finditer(r"^(kernel\.cpp|launch\.cpp):(\d+):", stderr, re.M):
+        lines = generated.get(m.group(1), "").splitlines()[: int(m.group(2))]
+        for text in reversed(lines):
+            marker = re.search(r"// strata:(\d+)", text)
+            if marker:
+                notes.append(Note(f"{m.group(1)}:{m.group(2)} comes from .strata line {marker.group(1)}"))
+                break
+        if len(notes) >= 3:
+            break
+    return notes
+
+
+@dataclass(frozen=True)
+class Built:
+    library: Path
+    manifest: dict
+    directory: Path
+    cached: bool
+
+
+class _Lock:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        self.f = open(self.path, "a+")
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+
+
+def _entry_valid(d: Path, libname: str) -> bool:
+    meta = d / "entry.json"
+    lib = d / libname
+    if not (meta.is_file() and lib.is_file()):
+        return False
+    try:
+        want = json.loads(meta.read_text())["sha256"]
+    except (ValueError, KeyError, OSError):
+        return False
+    return _sha256(lib) == want
+
+
+def _publish(root: Path, key: str, libname: str, build) -> tuple[Path, bool]:
+    """Returns the entry directory for key, building it with build(tmpdir) if missing or invalid."""
+    final = root / key
+    if _entry_valid(final, libname):
+        return final, True
+    with _Lock(root / f"{key}.lock"):
+        if _entry_valid(final, libname):
+            return final, True
+        tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp.", dir=root))
+        try:
+            build(tmp)
+            (tmp / "entry.json").write_text(json.dumps({"sha256": _sha256(tmp / libname)}))
+            if final.exists():
+                shutil.rmtree(final)   # an invalid entry: replaced under the lock
+            os.rename(tmp, final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return final, False
+
+
+def runtime_library() -> Path:
+    """libstratacpu.so, the CPU model, built once per runtime version and compiler."""
+    cxx = _cxx()
+    rt = resource_dir("runtime")
+    key_src = json.dumps({"runtime": compiler_digest(), "cxx": _toolchain_id(cxx), "flags": CXX_FLAGS})
+    key = "runtime-" + hashlib.sha256(key_src.encode()).hexdigest()[:24]
+
+    def build(tmp: Path) -> None:
+        _run([cxx, *CXX_FLAGS, "-shared", str(rt / "cpu" / "src" / "model.cpp"),
+              f"-I{rt / 'cpu' / 'include'}", "-o", str(tmp / "libstratacpu.so"), "-lrt"],
+             tmp, "building the CPU model (libstratacpu.so)")
+
+    d, _ = _publish(cache_root(), key, "libstratacpu.so", build)
+    return d / "libstratacpu.so"
+
+
+def build_cpu(out: Output) -> Built:
+    cxx = _cxx()
+    rt = resource_dir("runtime")
+    rtlib = runtime_library()
+    files_digest = hashlib.sha256(json.dumps(out.files, sort_keys=True).encode()).hexdigest()
+    key_src = json.dumps({"files": files_digest, "stratac": compiler_digest(),
+                          "cxx": _toolchain_id(cxx), "flags": CXX_FLAGS, "target": "cpu",
+                          "runtime": rtlib.parent.name})
+    key = f"{out.schedule.name}-" + hashlib.sha256(key_src.encode()).hexdigest()[:24]
+    libname = f"lib{out.schedule.name}.so"
+
+    def build(tmp: Path) -> None:
+        for name, text in out.files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        _run([cxx, *CXX_FLAGS, "-shared", "-DSTRATA_CPU_MODEL",
+              f"-I{rt / 'cpu' / 'include'}", f"-I{rt / 'device'}",
+              "kernel.cpp", "launch.cpp", "-o", libname,
+              f"-L{rtlib.parent}", "-lstratacpu", f"-Wl,-rpath,{rtlib.parent}"],
+             tmp, f"building {out.schedule.name} for the CPU model", out.files)
+
+    d, cached = _publish(cache_root(), key, libname, build)
+    manifest = json.loads((d / "manifest.json").read_text())
+    return Built(d / libname, manifest, d, cached)

@@ -1,0 +1,172 @@
+"""The stratac command line. The only place that prints diagnostics or exits."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+from . import codegen, frontend, ir, passes, verify
+from .diagnostics import StrataError
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own exits with 2 and a usage line: keep that, no traceback
+        self.print_usage(sys.stderr)
+        print(f"stratac: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _worlds(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not m:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a list of world sizes (e.g. 2,3,4 or 1-8)")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if lo < 1 or hi < lo:
+            raise argparse.ArgumentTypeError(f"bad world size range {part!r}")
+        out.extend(range(lo, hi + 1))
+    return out
+
+
+def _bytes(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]i?B?|B)?\s*", text, re.I)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4096, 64K, 64M, 1G)")
+    mult = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[(m.group(2) or "")[:1].lower()]
+    return int(m.group(1)) * mult
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _options(args) -> passes.Options:
+    return passes.Options(soc=args.soc, cores=args.cores)
+
+
+def cmd_check(args) -> int:
+    source = frontend.load_source(args.file)
+    schedules = frontend.schedules(source)
+    status = EXIT_OK
+    for s in schedules:
+        t0 = time.perf_counter()
+        results = verify.verify_worlds(s, args.world)
+        bad = [r for r in results if not r.ok]
+        if bad:
+            for d in bad[0].diagnostics:
+                print(d.render(), file=sys.stderr)
+            status = EXIT_FAIL
+            continue
+        worlds = sorted({r.world for r in results})
+        span = f"{worlds[0]}..{worlds[-1]}" if len(worlds) > 2 else ",".join(map(str, worlds))
+        print(f"{s.name}: verified {s.contract} for world {span} "
+              f"({len(results)} instances, {sum(r.events for r in results)} events, "
+              f"{time.perf_counter() - t0:.2f} s)")
+    return status
+
+
+def cmd_compile(args) -> int:
+    source = frontend.load_source(args.file)
+    opts = _options(args)
+    opts.check()
+    out_dir = Path(args.output)
+    for s in frontend.schedules(source):
+        for res in verify.verify_worlds(s, args.world):
+            if not res.ok:
+                raise StrataError(res.diagnostics)
+        lowered = passes.pipeline(s, opts)
+        if args.dump_ir:
+            print(ir.dump(lowered), end="")
+        target = codegen.write(codegen.generate(lowered), out_dir)
+        print(f"{s.name}: wrote {target}/{{kernel.cpp,launch.cpp,CMakeLists.txt,manifest.json}}",
+              file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_run(args) -> int:
+    from . import runner
+    if args.count is not None and args.size is not None:
+        print("stratac: error: give --count or --size, not both", file=sys.stderr)
+        return EXIT_USAGE
+    spec = runner.RunSpec(file=args.file, world=args.world, count=args.count,
+                          size=args.size if args.size is not None else (None if args.count else 1 << 20),
+                          dtype=args.dtype, iters=args.iters, timeout=args.timeout, check=args.check,
+                          seed=args.seed, soc=args.soc, cores=args.cores)
+    outcome = runner.run(spec, echo=lambda line: print(line, file=sys.stderr))
+    for line in runner.report(outcome, args.check):
+        print(line)
+    for f in outcome.failures:
+        print(f"stratac: {f}", file=sys.stderr)
+    return outcome.exit_code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="stratac", description="Verify .strata communication schedules and compile "
+                "them to Ascend C kernels (and run them on the CPU model).")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    c = sub.add_parser("check", help="verify every schedule of a file for some world sizes")
+    c.add_argument("file")
+    c.add_argument("--world", type=_worlds, default=list(range(1, 17)),
+                   help="world sizes: a list and ranges, e.g. 2,3,4,8 or 1-16 (default 1-16)")
+    c.set_defaults(fn=cmd_check)
+
+    def target_opts(q):
+        q.add_argument("--soc", default=passes.DEFAULT_SOC, choices=sorted(passes.SOCS),
+                       help=f"Ascend SoC (default {passes.DEFAULT_SOC})")
+        q.add_argument("--cores", type=_positive, default=None,
+                       help="vector cores per launch (default: all of the SoC)")
+
+    k = sub.add_parser("compile", help="verify, then generate Ascend C into DIR/<schedule>/")
+    k.add_argument("file")
+    k.add_argument("-o", "--output", required=True, metavar="DIR")
+    k.add_argument("--world", type=_worlds, default=list(range(1, 9)),
+                   help="world sizes verified before generating code (default 1-8)")
+    k.add_argument("--dump-ir", action="store_true", help="print the IR after the passes")
+    target_opts(k)
+    k.set_defaults(fn=cmd_compile)
+
+    r = sub.add_parser("run", help="run every schedule of a file on WORLD local ranks")
+    r.add_argument("file")
+    r.add_argument("--world", type=_positive, required=True)
+    r.add_argument("--target", choices=["cpu", "npu"], default="cpu")
+    r.add_argument("--count", type=_positive, help="elements per rank of the input")
+    r.add_argument("--size", type=_bytes, help="bytes (nccl-tests' S), e.g. 64M (default 1M)")
+    r.add_argument("--dtype", choices=[d.short for d in ir.DType], default="f32")
+    r.add_argument("--iters", type=_positive, default=5)
+    r.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take")
+    r.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                   help="compare every result with torch (default on)")
+    r.add_argument("--seed", type=int, default=0)
+    target_opts(r)
+    r.set_defaults(fn=cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "target", "cpu") == "npu":
+        from . import npu
+        print(f"stratac: error: {npu.missing_toolchain_message()}", file=sys.stderr)
+        return EXIT_FAIL
+    try:
+        return args.fn(args)
+    except StrataError as exc:
+        for d in exc.diagnostics:
+            print(d.render(), file=sys.stderr)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        print("stratac: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,176 @@
+"""Code generation: IR ready for a target -> kernel.cpp, launch.cpp, CMakeLists.txt, manifest.json.
+
+Python turns the IR into plain template data (C expressions as strings, statements as dicts);
+the jinja2 templates in templates/ own the text. StrictUndefined: a missing value is an error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from . import abi, ir
+from .resources import resource_dir
+
+GENERATOR = "stratac"
+
+
+@dataclass(frozen=True)
+class Output:
+    schedule: ir.Schedule
+    files: dict[str, str]          # file name -> text
+
+
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(resource_dir("templates"))),
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+        trim_blocks=True, lstrip_blocks=True, autoescape=False)
+
+
+def _cname(name: str) -> str:
+    return "rank" if name == "rank" else "world" if name == "world" else f"{name}_"
+
+
+class _Names(dict):
+    def __missing__(self, key):
+        return _cname(key)
+
+
+_C = _Names()
+
+
+def c(e: ir.IExpr) -> str:
+    return ir.c_source(e, _C)
+
+
+def _region(r: ir.Region) -> dict:
+    return {"base": _cname(r.buffer), "lo": c(r.lo), "len": c(r.length),
+            "pe": c(r.rank) if r.rank is not None else "rank"}
+
+
+def _node(op, engine: ir.Engine) -> dict:
+    if isinstance(op, ir.Loop):
+        return {"kind": "loop", "var": _cname(op.var), "peers": op.domain is ir.Domain.PEERS,
+                "line": op.span.line, "body": [_node(o, engine) for o in op.body]}
+    if isinstance(op, ir.Copy):
+        via = {ir.Engine.AIV: "kAiv", ir.Engine.SDMA: "kSdma", ir.Engine.AUTO: "kAuto"}[engine]
+        return {"kind": "copy", "line": op.span.line, "via": via, "dst": _region(op.dst),
+                "src": _region(op.src)}
+    red = {ir.ReduceOp.SUM: "kSum", ir.ReduceOp.MAX: "kMax", ir.ReduceOp.MIN: "kMin"}[op.op]
+    return {"kind": "reduce", "line": op.span.line, "op": red, "var": _cname(op.var),
+            "peers": op.domain is ir.Domain.PEERS, "dst": _region(op.dst), "src": _region(op.src)}
+
+
+def _flag_bases(s: ir.Schedule) -> dict[str, str]:
+    """Offsets of each flag in the sync area (int32 slots): barrier slots [0, world) first."""
+    bases, offset = {}, ir.Var("world")
+    for f in s.flags:
+        bases[f.name] = c(offset)
+        offset = ir.add(offset, f.size)
+    return bases
+
+
+def _statements(s: ir.Schedule) -> list[dict]:
+    flags = {f.name: f for f in s.flags}
+    bases = _flag_bases(s)
+    out: list[dict] = []
+
+    def sync_node(op) -> dict:
+        if isinstance(op, ir.Loop):
+            return {"kind": "loop", "var": _cname(op.var), "peers": op.domain is ir.Domain.PEERS,
+                    "line": op.span.line, "body": [sync_node(o) for o in op.body]}
+        f = flags[op.flag]
+        slot = f"sync + {bases[op.flag]} + {c(op.index)}"
+        if isinstance(op, ir.Signal):
+            return {"kind": "signal", "line": op.span.line, "slot": slot, "seq": f.seq, "pe": c(op.rank)}
+        return {"kind": "wait", "line": op.span.line, "slot": slot, "seq": f.seq}
+
+    for op in s.body:
+        if isinstance(op, ir.Barrier):
+            out.append({"kind": "barrier", "line": op.span.line, "seq": op.seq})
+        elif isinstance(op, ir.Stage):
+            out.append({"kind": "stage", "line": op.span.line, "index": op.index,
+                        "engine": op.engine.value, "sdma": op.plan.copies_on_sdma,
+                        "body": [_node(o, op.engine) for o in op.body]})
+        else:
+            node = sync_node(op)
+            if out and out[-1]["kind"] == "control":
+                out[-1]["body"].append(node)
+            else:
+                out.append({"kind": "control", "line": op.span.line, "body": [node]})
+    return out
+
+
+def manifest(s: ir.Schedule) -> dict:
+    k = s.kernel
+    assert k is not None, "run the pass pipeline before code generation"
+    return {
+        "generator": GENERATOR,
+        "schedule": s.name,
+        "source": Path(s.source_name).name,
+        "contract": str(s.contract),
+        "launcher": abi.launcher_name(s),
+        "args": [{"name": a.name, "ctype": a.ctype, "role": a.role} for a in abi.args(s)],
+        "kernels": {d.short: abi.kernel_name(s, d) for d in abi.dtypes(s)},
+        "params": [{"name": p.name, "dtype": p.dtype.short if p.dtype else None,
+                    "typevar": p.typevar, "symmetric": p.symmetric, "size": str(p.size)}
+                   for p in s.params],
+        "sizes": list(s.sizes),
+        "flags": {"barrier_slots": "world",
+                  "named": [{"name": f.name, "size": str(f.size), "seq": f.seq} for f in s.flags],
+                  "stamps_per_call": s.sync_ops},
+        "ub_bytes_per_core": k.ub_bytes,
+        "tile_bytes": k.tile_bytes,
+        "cores": k.cores,
+        "soc": k.soc,
+        "stages": [{"index": op.index, "engine": op.engine.value, "line": op.span.line}
+                   for op in s.body if isinstance(op, ir.Stage)],
+        "kernel_type": "KERNEL_TYPE_MIX_AIV_1_0",
+    }
+
+
+def generate(s: ir.Schedule) -> Output:
+    k = s.kernel
+    assert k is not None, "run the pass pipeline before code generation"
+    env = _env()
+    src = Path(s.source_name).name
+    ctx = {
+        "s": s,
+        "source": src,
+        "name": s.name,
+        "kernel_class": "".join(w.capitalize() for w in s.name.split("_")),
+        "dtypes": [{"short": d.short, "ctype": d.ctype, "code": d.code,
+                    "kernel": abi.kernel_name(s, d)} for d in abi.dtypes(s)],
+        "kernel_args": abi.kernel_args(s),
+        "launcher_args": abi.args(s),
+        "launcher": abi.launcher_name(s),
+        "prototype": abi.c_prototype(s),
+        "tensors": [{"name": p.name, "c": _cname(p.name)} for p in s.params],
+        "sizes": [{"name": n, "c": _cname(n)} for n in s.sizes],
+        "plan": k,
+        "statements": _statements(s),
+        "sdma_threshold": next((op.plan.sdma_threshold for op in s.body if isinstance(op, ir.Stage)), 0),
+        "contract": str(s.contract),
+    }
+    files = {
+        "kernel.cpp": env.get_template("kernel.cpp.j2").render(ctx),
+        "launch.cpp": env.get_template("launch.cpp.j2").render(ctx),
+        "CMakeLists.txt": env.get_template("CMakeLists.txt.j2").render(ctx),
+        "manifest.json": json.dumps(manifest(s), indent=2) + "\n",
+    }
+    return Output(s, files)
+
+
+def write(out: Output, directory: Path) -> Path:
+    """Writes the files under directory/<schedule>/ atomically, file by file."""
+    target = directory / out.schedule.name
+    target.mkdir(parents=True, exist_ok=True)
+    for name, text in out.files.items():
+        tmp = target / f".{name}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(target / name)
+    return target

@@ -1,0 +1,326 @@
+"""The Python API: a communicator that owns the symmetric heap, allocates torch tensors on it
+(registration on allocation) and runs compiled schedules on them.
+
+CPU target: the heap is the CPU model's shared-memory pool (runtime/cpu); ranks are processes
+bootstrapped through torch.distributed.
+
+    import torch.distributed as dist, stratac
+    dist.init_process_group("gloo")
+    comm = stratac.Communicator.from_process_group(heap_bytes=256 << 20)
+    mod = comm.load("examples/allreduce_twoshot.strata")
+    x = comm.empty(1 << 20, dtype=torch.float32)   # on the symmetric heap
+    x.copy_(data); mod.allreduce_twoshot(x)        # x now holds the sum over ranks
+    comm.close()
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import cffi
+import torch
+
+from . import abi, build, codegen, frontend, ir, passes, verify
+from .diagnostics import Source, StrataError
+
+DEFAULT_HEAP_BYTES = 256 << 20
+SYNC_SLOTS = 4096                      # int32 flag slots after the world barrier slots
+DEFAULT_TIMEOUT = 60.0
+
+_TORCH_DTYPES = {d: getattr(torch, d.torch_name) for d in ir.DType}
+
+
+class StrataRuntimeError(RuntimeError):
+    """A launch failed: a rule of the machine was broken, a wait timed out, a peer died."""
+
+
+class StrataUsageError(ValueError):
+    """A call was made with arguments the schedule cannot take (named in the message)."""
+
+
+_runtime_ffi: cffi.FFI | None = None
+_runtime_lib = None
+
+
+def _runtime():
+    global _runtime_ffi, _runtime_lib
+    if _runtime_lib is None:
+        ffi = cffi.FFI()
+        ffi.cdef(abi.RUNTIME_CDEF)
+        path = build.runtime_library()
+        _runtime_lib = ffi.dlopen(str(path), ffi.RTLD_NOW | ffi.RTLD_GLOBAL)
+        _runtime_ffi = ffi
+    return _runtime_ffi, _runtime_lib
+
+
+def _last_error(lib, ffi) -> str:
+    p = lib.strata_cpu_last_error()
+    return ffi.string(p).decode(errors="replace") if p != ffi.NULL else "unknown error"
+
+
+class Communicator:
+    """One rank's view of the symmetric heap. Create it on every rank, in the same order."""
+
+    def __init__(self, rank: int, world: int, *, segment: str, create: bool,
+                 heap_bytes: int = DEFAULT_HEAP_BYTES, timeout: float = DEFAULT_TIMEOUT,
+                 barrier=None):
+        if not 0 <= rank < world:
+            raise StrataUsageError(f"rank {rank} is outside world size {world}")
+        self.rank, self.world = rank, world
+        self.segment = segment
+        heap_bytes = (int(heap_bytes) + 4095) // 4096 * 4096   # the model maps whole pages
+        self.heap_bytes = heap_bytes
+        self._barrier = barrier or (lambda: None)
+        self._ffi, self._lib = _runtime()
+        rc = self._lib.strata_cpu_init(rank, world, segment.encode(), heap_bytes, int(create))
+        if rc != 0:
+            raise StrataRuntimeError(f"cannot map the symmetric heap: {_last_error(self._lib, self._ffi)}")
+        self._open = True
+        self._lib.strata_cpu_set_timeout(float(timeout))
+        self.timeout = timeout
+        base = self._lib.strata_cpu_heap_base()
+        self._base = int(self._ffi.cast("uintptr_t", base))
+        self._buffer = self._ffi.buffer(base, heap_bytes)
+        self._heap = torch.frombuffer(self._buffer, dtype=torch.uint8)
+        self._sync = self._alloc((world + SYNC_SLOTS) * 4, zero=True)
+        self._epoch = 0
+        self._modules: list[Module] = []
+
+    # ---- construction from a torch.distributed job
+    @classmethod
+    def from_process_group(cls, heap_bytes: int = DEFAULT_HEAP_BYTES, timeout: float = DEFAULT_TIMEOUT,
+                           segment: str | None = None) -> "Communicator":
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            raise StrataUsageError("torch.distributed is not initialised: call "
+                                   "dist.init_process_group('gloo') first (or use torchrun)")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        name = [segment or f"/stratac-{os.getuid()}-{secrets.token_hex(12)}"]
+        dist.broadcast_object_list(name, src=0)
+        if rank == 0:
+            comm = cls(rank, world, segment=name[0], create=True, heap_bytes=heap_bytes,
+                       timeout=timeout, barrier=dist.barrier)
+            dist.barrier()
+        else:
+            dist.barrier()
+            comm = cls(rank, world, segment=name[0], create=False, heap_bytes=heap_bytes,
+                       timeout=timeout, barrier=dist.barrier)
+        dist.barrier()
+        return comm
+
+    # ---- heap
+    def _alloc(self, nbytes: int, zero: bool = False) -> int:
+        self._check_open()
+        ptr = self._lib.aclshmem_calloc(1, nbytes) if zero else self._lib.aclshmem_malloc(nbytes)
+        if ptr == self._ffi.NULL:
+            raise StrataRuntimeError(f"symmetric heap exhausted: {_last_error(self._lib, self._ffi)} "
+                                     f"(heap of {self.heap_bytes} bytes per rank; create the "
+                                     "communicator with a larger heap_bytes)")
+        return int(self._ffi.cast("uintptr_t", ptr)) - self._base
+
+    def empty(self, *shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A tensor on the symmetric heap. Every rank must allocate the same shapes in the same
+        order (the heap is symmetric: equal calls give equal offsets on every rank)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+            shape = tuple(shape[0])
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        elem = torch.empty(0, dtype=dtype).element_size()
+        off = self._alloc(max(numel * elem, 1))
+        return self._heap[off:off + numel * elem].view(dtype).view(*shape)
+
+    def zeros(self, *shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        t = self.empty(*shape, dtype=dtype)
+        t.zero_()
+        return t
+
+    def free(self, t: torch.Tensor) -> None:
+        """Returns a heap tensor's memory. Collective, like allocation: same order on every rank."""
+        self._check_open()
+        self.offset_of(t, "tensor")
+        self._lib.aclshmem_free(self._ffi.cast("void*", t.data_ptr()))
+
+    def offset_of(self, t: torch.Tensor, what: str) -> int:
+        if not isinstance(t, torch.Tensor):
+            raise StrataUsageError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cpu":
+            raise StrataUsageError(f"{what} is on {t.device}; the CPU target runs on CPU tensors "
+                                   "allocated with comm.empty(...)")
+        off = t.data_ptr() - self._base
+        if not 0 <= off < self.heap_bytes or off + t.numel() * t.element_size() > self.heap_bytes:
+            raise StrataUsageError(f"{what} is not on the symmetric heap: allocate it with "
+                                   "comm.empty(shape, dtype=...) (stratac never copies user tensors)")
+        if not t.is_contiguous():
+            raise StrataUsageError(f"{what} must be contiguous")
+        return off
+
+    @property
+    def heap_used(self) -> int:
+        return int(self._lib.strata_cpu_heap_used())
+
+    # ---- compiled schedules
+    def load(self, path_or_source: str | Path, *, options: passes.Options | None = None,
+             name: str = "<source>") -> "Module":
+        """Compiles (through the cache) every schedule of a .strata file or source text."""
+        self._check_open()
+        if isinstance(path_or_source, Path) or (isinstance(path_or_source, str)
+                                                and path_or_source.endswith(".strata")
+                                                and "\n" not in path_or_source):
+            source = frontend.load_source(path_or_source)
+        else:
+            source = Source(name, str(path_or_source))
+        mod = Module(self, compile_source(source, options or passes.Options(), worlds=[self.world]))
+        self._modules.append(mod)
+        return mod
+
+    def next_epoch(self, stamps: int) -> int:
+        epoch = self._epoch
+        self._epoch += stamps + 1
+        if self._epoch >= 2**31 - 1:
+            raise StrataRuntimeError("flag stamps exhausted (2^31 per communicator): create a new one")
+        return epoch
+
+    # ---- counters of the CPU model
+    def reset_counters(self) -> None:
+        self._lib.strata_cpu_reset_counters()
+
+    def counters(self) -> list[dict[str, int]]:
+        buf = self._ffi.new("uint64_t[]", abi.MAX_CORES * len(abi.COUNTERS))
+        cores = self._lib.strata_cpu_read_counters(buf, abi.MAX_CORES)
+        return [{k: int(buf[c * len(abi.COUNTERS) + i]) for i, k in enumerate(abi.COUNTERS)}
+                for c in range(cores)]
+
+    def barrier(self) -> None:
+        self._barrier()
+
+    def _check_open(self) -> None:
+        if not getattr(self, "_open", False):
+            raise StrataUsageError("the communicator is closed")
+
+    def close(self, unlink: bool | None = None, collective: bool = True) -> None:
+        """Releases the heap and the loaded libraries. Collective: call on every rank (after a
+        failure, collective=False skips the barrier; whoever started the job unlinks the segment)."""
+        if not getattr(self, "_open", False):
+            return
+        if collective:
+            self._barrier()
+        self._modules.clear()
+        del self._heap
+        self._buffer = None
+        self._open = False
+        if unlink is None:
+            unlink = collective and self.rank == 0
+        self._lib.strata_cpu_finalize(int(unlink))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@dataclass
+class Compiled:
+    schedule: ir.Schedule
+    output: codegen.Output
+
+
+def compile_source(source: Source, options: passes.Options, worlds: list[int]) -> list[Compiled]:
+    """Front end, verification at the given world sizes, passes and code generation."""
+    out = []
+    for s in frontend.schedules(source):
+        for res in verify.verify_worlds(s, worlds):
+            if not res.ok:
+                raise StrataError(res.diagnostics)
+        lowered = passes.pipeline(s, options)
+        out.append(Compiled(lowered, codegen.generate(lowered)))
+    return out
+
+
+class Module:
+    """The schedules of one .strata source, each a callable attribute."""
+
+    def __init__(self, comm: Communicator, compiled: list[Compiled]):
+        self.schedules: dict[str, Schedule] = {}
+        for c in compiled:
+            fn = Schedule(comm, c.schedule, build.build_cpu(c.output))
+            self.schedules[c.schedule.name] = fn
+            setattr(self, c.schedule.name, fn)
+
+    def __getitem__(self, name: str) -> "Schedule":
+        return self.schedules[name]
+
+
+class Schedule:
+    """A compiled schedule bound to a communicator: call it with heap tensors."""
+
+    def __init__(self, comm: Communicator, s: ir.Schedule, built: build.Built):
+        self.comm, self.ir, self.built = comm, s, built
+        self.name = s.name
+        self._ffi = cffi.FFI()
+        self._ffi.cdef(abi.cdef(s))
+        self._lib = self._ffi.dlopen(str(built.library))
+        self._launch = getattr(self._lib, abi.launcher_name(s))
+        self.cores = s.kernel.cores
+        self.__doc__ = f"{s.name}({', '.join(p.name for p in s.params)}): implements {s.contract}"
+
+    def bind(self, *tensors: torch.Tensor, **named: torch.Tensor) -> tuple[ir.DType, dict[str, int], list]:
+        """Checks the tensors against the schedule's parameters; returns dtype, sizes, pointers."""
+        params = self.ir.params
+        if len(tensors) > len(params):
+            raise StrataUsageError(f"{self.name} takes {len(params)} tensors "
+                                   f"({', '.join(p.name for p in params)}), got {len(tensors)}")
+        given = dict(zip((p.name for p in params), tensors))
+        for k, v in named.items():
+            if k not in {p.name for p in params}:
+                raise StrataUsageError(f"{self.name} has no parameter {k!r}")
+            given[k] = v
+        missing = [p.name for p in params if p.name not in given]
+        if missing:
+            raise StrataUsageError(f"{self.name}: missing tensor(s) {', '.join(missing)}")
+        dtype: ir.DType | None = None
+        for p in params:
+            t = given[p.name]
+            self.comm.offset_of(t, f"{self.name}: parameter {p.name}")
+            want = p.dtype
+            got = next((d for d, td in _TORCH_DTYPES.items() if td == t.dtype), None)
+            if got is None:
+                raise StrataUsageError(f"{self.name}: parameter {p.name} has dtype {t.dtype}; "
+                                       f"supported: {', '.join(str(v) for v in _TORCH_DTYPES.values())}")
+            if want is not None and got is not want:
+                raise StrataUsageError(f"{self.name}: parameter {p.name} must be {want.torch_name}, "
+                                       f"got {t.dtype}")
+            if p.typevar:
+                if dtype is not None and got is not dtype:
+                    raise StrataUsageError(f"{self.name}: parameter {p.name} is {t.dtype} but an "
+                                           f"earlier {p.typevar} parameter is {_TORCH_DTYPES[dtype]}")
+                dtype = got
+        dtype = dtype or next(p.dtype for p in params)
+        sizes = {n: given[next(p.name for p in params if p.size == ir.Var(n))].numel()
+                 for n in self.ir.sizes}
+        env = {"world": self.comm.world, **sizes}
+        for p in params:
+            want = p.size.eval(env)
+            if given[p.name].numel() != want:
+                raise StrataUsageError(f"{self.name}: parameter {p.name} must have {p.size} = {want} "
+                                       f"elements, got {given[p.name].numel()}")
+        ptrs = [self._ffi.cast("void*", given[p.name].data_ptr()) for p in params]
+        return dtype, sizes, ptrs
+
+    def __call__(self, *tensors: torch.Tensor, cores: int | None = None, **named: torch.Tensor) -> None:
+        self.comm._check_open()
+        dtype, sizes, ptrs = self.bind(*tensors, **named)
+        blocks = cores or self.cores
+        if not 1 <= blocks <= abi.MAX_CORES:
+            raise StrataUsageError(f"cores must be between 1 and {abi.MAX_CORES}, got {blocks}")
+        epoch = self.comm.next_epoch(self.ir.sync_ops)
+        sync = self._ffi.cast("void*", self.comm._base + self.comm._sync)
+        rc = self._launch(dtype.code, blocks, self._ffi.NULL, 0, sync, epoch, *ptrs,
+                          *(sizes[n] for n in self.ir.sizes))
+        if rc != 0:
+            raise StrataRuntimeError(f"{self.name} failed on rank {self.comm.rank}: "
+                                     f"{_last_error(self.comm._lib, self.comm._ffi)}")

@@ -1,0 +1,109 @@
+"""The pass pipeline from verified IR to IR ready for code generation. One explicit list per target.
+
+- flag epochs: every barrier and every flag gets a stamp offset; a call stamps flags with
+  epoch + offset, and the next call's epoch is larger than every stamp of this one, so a stale flag
+  from an earlier call never satisfies a wait.
+- engine placement: which copies go to the vector cores, which to SDMA (`on auto`: by size, at run
+  time, from a documented threshold).
+- UB tiling with double buffering: the tile size that fits the queues of one core in 192 KiB.
+Core partitioning needs the run-time sizes, so the kernels do it (strata::Partition in
+runtime/device/strata_device.h splits each stage's bytes evenly over the launched cores).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from . import ir
+from .diagnostics import Codes, StrataError, error
+
+UB_BYTES = 196608           # Unified Buffer per vector core on 910B/910C
+SCRATCH_BYTES = 256         # SDMA descriptor scratch (64 B, 64-aligned) + flag staging
+QUEUE_DEPTH = 2             # double buffering: load tile k+1 while tile k is computed/stored
+SDMA_THRESHOLD = 256 * 1024 # `on auto`: copies of at least this many bytes go to SDMA
+
+# Vector cores (AIV) per SoC, from the public hardware descriptions.
+SOCS = {
+    "Ascend910B1": 48, "Ascend910B2": 48, "Ascend910B3": 40, "Ascend910B4": 40,
+    "Ascend910_9381": 48, "Ascend910_9382": 48, "Ascend910_9391": 48, "Ascend910_9392": 48,
+}
+DEFAULT_SOC = "Ascend910B3"
+
+
+@dataclass(frozen=True)
+class Options:
+    soc: str = DEFAULT_SOC
+    cores: int | None = None            # None: every vector core of the SoC
+    sdma_threshold: int = SDMA_THRESHOLD
+
+    def resolved_cores(self) -> int:
+        return self.cores if self.cores is not None else SOCS[self.soc]
+
+    def check(self) -> None:
+        if self.soc not in SOCS:
+            raise StrataError(error(Codes.BAD_ENGINE, f"unknown SoC {self.soc!r}; known: "
+                                    f"{', '.join(SOCS)}"))
+        if self.cores is not None and not 1 <= self.cores <= SOCS[self.soc]:
+            raise StrataError(error(Codes.BAD_ENGINE, f"--cores must be between 1 and "
+                                    f"{SOCS[self.soc]} on {self.soc}, got {self.cores}"))
+
+
+def flag_epochs(s: ir.Schedule) -> ir.Schedule:
+    seq = 0
+    body = []
+    for op in s.body:
+        if isinstance(op, ir.Barrier):
+            seq += 1
+            op = replace(op, seq=seq)
+        body.append(op)
+    flags = []
+    for f in s.flags:
+        seq += 1
+        flags.append(replace(f, seq=seq))
+    return replace(s, body=tuple(body), flags=tuple(flags), sync_ops=seq)
+
+
+def _moves(ops):
+    for op in ops:
+        if isinstance(op, ir.Loop):
+            yield from _moves(op.body)
+        else:
+            yield op
+
+
+def place_engines(s: ir.Schedule, opts: Options) -> ir.Schedule:
+    body = []
+    for op in s.body:
+        if isinstance(op, ir.Stage):
+            moves = list(_moves(op.body))
+            has_copy = any(isinstance(m, ir.Copy) for m in moves)
+            plan = ir.Plan(
+                copies_on_aiv=has_copy and op.engine in (ir.Engine.AIV, ir.Engine.AUTO),
+                copies_on_sdma=has_copy and op.engine in (ir.Engine.SDMA, ir.Engine.AUTO),
+                reduces=any(isinstance(m, ir.Reduce) for m in moves),
+                sdma_threshold=opts.sdma_threshold)
+            op = replace(op, plan=plan)
+        body.append(op)
+    return replace(s, body=tuple(body))
+
+
+def tile_ub(s: ir.Schedule, opts: Options) -> ir.Schedule:
+    plans = [op.plan for op in s.body if isinstance(op, ir.Stage)]
+    copy_tiles = QUEUE_DEPTH if any(p.copies_on_aiv for p in plans) else 0
+    reduce_tiles = 2 * QUEUE_DEPTH if any(p.reduces for p in plans) else 0
+    tiles = copy_tiles + reduce_tiles
+    tile = ((UB_BYTES - SCRATCH_BYTES) // tiles) // 32 * 32 if tiles else 0
+    ub = tiles * tile + SCRATCH_BYTES
+    assert ub <= UB_BYTES
+    kernel = ir.KernelPlan(copy_tiles, reduce_tiles, tile, SCRATCH_BYTES, ub,
+                           opts.resolved_cores(), opts.soc)
+    return replace(s, kernel=kernel)
+
+
+def pipeline(s: ir.Schedule, opts: Options) -> ir.Schedule:
+    """The passes for the Ascend target (the CPU build compiles the very same kernels)."""
+    opts.check()
+    s = flag_epochs(s)
+    s = place_engines(s, opts)
+    s = tile_ub(s, opts)
+    return s

@@ -1,0 +1,181 @@
+"""`stratac run`: start `world` rank processes on this machine, run every schedule of a file on
+the CPU build, check the results against torch and report nccl-tests style figures.
+
+The runner compiles and builds first (so ranks find the kernels in the cache), names the
+shared-memory segment, starts the ranks in their own process group, and enforces an overall
+deadline. Whatever happens, it stops every rank it started and removes the segment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import build, comm, passes
+from .diagnostics import Codes, StrataError, error
+from .frontend import load_source
+from .worker import RESULT_PREFIX
+
+
+@dataclass
+class RunSpec:
+    file: str
+    world: int
+    count: int | None = None
+    size: int | None = None
+    dtype: str = "f32"
+    iters: int = 5
+    warmup: int = 1
+    timeout: float = 60.0
+    check: bool = True
+    seed: int = 0
+    soc: str = passes.DEFAULT_SOC
+    cores: int | None = None
+    heap_bytes: int | None = None
+
+
+@dataclass
+class RunOutcome:
+    results: list[dict] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    exit_code: int = 0
+
+
+def _segment_path(name: str) -> Path:
+    return Path("/dev/shm") / name.lstrip("/")
+
+
+def _heap_bytes(spec: RunSpec, schedules) -> int:
+    """Enough for every schedule's tensors (allocated one schedule at a time) plus the flags."""
+    if spec.heap_bytes:
+        return spec.heap_bytes
+    from .ir import DType
+    from .workload import Workload
+    elem = DType.parse(spec.dtype).nbytes
+    need = 0
+    for c in schedules:
+        s = c.schedule
+        n = spec.count if spec.count is not None else Workload.count_for_bytes(s, spec.world, spec.size, elem)
+        wl = Workload(s, spec.world, n)
+        need = max(need, sum((wl.numel(p) * elem + 511) // 512 * 512 for p in s.params))
+    return need + (spec.world + comm.SYNC_SLOTS) * 4 + (1 << 20)
+
+
+def run(spec: RunSpec, echo=print) -> RunOutcome:
+    if spec.world < 1:
+        raise StrataError(error(Codes.BAD_WORLD, f"--world must be at least 1, got {spec.world}"))
+    source = load_source(spec.file)
+    opts = passes.Options(soc=spec.soc, cores=spec.cores)
+    opts.check()
+    compiled = comm.compile_source(source, opts, worlds=[spec.world])
+    for c in compiled:
+        build.build_cpu(c.output)   # warm the cache: the ranks then load without compiling
+    heap = _heap_bytes(spec, compiled)
+    segment = f"/stratac-{os.getuid()}-{secrets.token_hex(12)}"
+    outcome = RunOutcome()
+    with tempfile.TemporaryDirectory(prefix="stratac-run-") as tmp:
+        procs = []
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        for r in range(spec.world):
+            wspec = {"file": str(Path(spec.file).resolve()), "rank": r, "world": spec.world,
+                     "store": str(Path(tmp) / "store"), "segment": segment, "heap_bytes": heap,
+                     "timeout": spec.timeout, "soc": spec.soc, "cores": spec.cores,
+                     "count": spec.count, "size": spec.size, "dtype": spec.dtype,
+                     "iters": spec.iters, "warmup": spec.warmup, "seed": spec.seed}
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "stratac.worker", json.dumps(wspec)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                start_new_session=True))
+        # the deadline covers start-up, the timed iterations and the checks of every schedule
+        deadline = time.monotonic() + 60 + spec.timeout * (2 + len(compiled))
+        try:
+            for r, p in enumerate(procs):
+                left = max(0.1, deadline - time.monotonic())
+                try:
+                    out, err = p.communicate(timeout=left)
+                except subprocess.TimeoutExpired:
+                    outcome.failures.append(f"rank {r}: still running at the deadline; stopped")
+                    _kill_all(procs)
+                    out, err = p.communicate()
+                for line in out.splitlines():
+                    if line.startswith(RESULT_PREFIX):
+                        outcome.results.append(json.loads(line[len(RESULT_PREFIX):]))
+                    elif line.strip():
+                        echo(f"[rank {r}] {line}")
+                if p.returncode != 0:
+                    msg = err.strip().splitlines()
+                    detail = "\n".join(msg[-12:]) if msg else ""
+                    outcome.failures.append(f"rank {r} exited with status {p.returncode}"
+                                            + (f":\n{detail}" if detail else ""))
+                    _kill_all(procs)
+        finally:
+            _kill_all(procs)
+            try:
+                _segment_path(segment).unlink()
+            except FileNotFoundError:
+                pass
+    wrong = [r for r in outcome.results if not r["ok"]]
+    if outcome.failures:
+        outcome.exit_code = 1
+    elif spec.check and wrong:
+        outcome.exit_code = 1
+    return outcome
+
+
+def _kill_all(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n}"
+
+
+def report(outcome: RunOutcome, check: bool) -> list[str]:
+    """One line per schedule (rank 0's view; time is the slowest rank's)."""
+    lines = []
+    head = (f"{'schedule':<22} {'world':>5} {'size':>9} {'count':>10} {'type':>4} {'time(us)':>10} "
+            f"{'algbw':>7} {'busbw':>7} {'aiv bytes':>10} {'sdma bytes':>10} {'core max/mean':>13} "
+            f"{'heap/rank':>10}  result")
+    lines.append(head)
+    for r in sorted((r for r in outcome.results if r["rank"] == 0), key=lambda r: r["schedule"]):
+        t = r["time_s"]
+        algbw = r["size"] / t / 1e9 if t > 0 else 0.0
+        busbw = algbw * r["busbw_factor"]
+        ctr = r["counters"]
+        aiv = sum(c["mte_in"] + c["mte_out"] for c in ctr)
+        sdma = sum(c["sdma"] for c in ctr)
+        per_core = [c["mte_in"] + c["mte_out"] + c["sdma"] for c in ctr]
+        mean = sum(per_core) / len(per_core) if per_core else 0
+        balance = f"{max(per_core) / mean:.2f}" if mean else "-"
+        result = "OK" if r["ranks_wrong"] == 0 else f"WRONG ({r['ranks_wrong']} ranks)"
+        if not check:
+            result = "unchecked"
+        lines.append(f"{r['schedule']:<22} {r['world']:>5} {_fmt_bytes(r['size']):>9} {r['count']:>10} "
+                     f"{r['dtype']:>4} {t * 1e6:>10.1f} {algbw:>7.2f} {busbw:>7.2f} {aiv:>10} {sdma:>10} "
+                     f"{balance:>13} {_fmt_bytes(r['heap_bytes']):>10}  {result}")
+    for r in outcome.results:
+        if not r["ok"] and r["why"]:
+            lines.append(f"  {r['schedule']} rank {r['rank']}: {r['why']}")
+    return lines

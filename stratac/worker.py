@@ -1,0 +1,119 @@
+"""One rank of `stratac run`: started by stratac.runner as `python -m stratac.worker SPEC`.
+
+Bootstraps torch.distributed (gloo) from the file store the runner made, builds a Communicator
+(the same public API users call), runs every schedule of the file on heap tensors, checks the
+results against torch, and prints one JSON line per schedule (prefix RESULT_PREFIX).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import timedelta
+
+RESULT_PREFIX = "STRATAC-RESULT "
+
+
+def main(spec_text: str) -> int:
+    spec = json.loads(spec_text)
+    import torch
+    import torch.distributed as dist
+
+    from . import passes
+    from .comm import Communicator, StrataRuntimeError, StrataUsageError
+    from .diagnostics import StrataError
+    from .ir import DType
+    from .workload import Workload
+
+    torch.set_num_threads(1)
+    rank, world = spec["rank"], spec["world"]
+    dist.init_process_group("gloo", init_method=f"file://{spec['store']}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=spec["timeout"]))
+    comm = None
+    clean = False
+    try:
+        comm = Communicator.from_process_group(heap_bytes=spec["heap_bytes"], timeout=spec["timeout"],
+                                               segment=spec["segment"])
+        opts = passes.Options(soc=spec["soc"], cores=spec["cores"])
+        mod = comm.load(spec["file"], options=opts)
+        dtype = DType.parse(spec["dtype"])
+        tdtype = getattr(torch, dtype.torch_name)
+        for name, fn in mod.schedules.items():
+            s = fn.ir
+            if spec["count"] is not None:
+                count = spec["count"]
+            else:
+                count = Workload.count_for_bytes(s, world, spec["size"], dtype.nbytes)
+            wl = Workload(s, world, count)
+            heap_before = comm.heap_used
+            tensors = {p.name: comm.empty(wl.numel(p), dtype=tdtype) for p in s.params}
+            heap_bytes = comm.heap_used
+            blocks = spec["cores"] or s.kernel.cores
+
+            def checked(seed: int) -> tuple[bool, str]:
+                wl.fill(tensors, rank, seed)
+                comm.barrier()
+                fn(**tensors, cores=blocks)
+                for p in s.params:
+                    want = wl.expected(p.name, rank, seed, tdtype)
+                    if want is None:
+                        continue
+                    got = tensors[p.name]
+                    if not torch.equal(got, want):
+                        bad = (got != want).nonzero()
+                        i = int(bad[0]) if bad.numel() else -1
+                        return False, (f"{p.name}[{i}] = {got[i].item()} on rank {rank}, expected "
+                                       f"{want[i].item()} ({bad.numel()} elements differ)")
+                return True, ""
+
+            comm.reset_counters()
+            ok, why = checked(spec["seed"])
+            counters = comm.counters()
+            for _ in range(spec["warmup"]):
+                fn(**tensors, cores=blocks)
+            comm.barrier()
+            t0 = time.perf_counter()
+            for _ in range(spec["iters"]):
+                fn(**tensors, cores=blocks)
+            elapsed = (time.perf_counter() - t0) / max(1, spec["iters"])
+            comm.barrier()
+            if ok:  # calls stay correct after many back-to-back calls (flag epochs)
+                ok, why = checked(spec["seed"] + 1)
+            t = torch.tensor([elapsed], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            flags = torch.tensor([0 if ok else 1], dtype=torch.int64)
+            dist.all_reduce(flags)
+            result = {
+                "schedule": name, "rank": rank, "world": world, "dtype": dtype.short,
+                "count": count, "size": wl.size_bytes(dtype.nbytes), "time_s": float(t.item()),
+                "busbw_factor": wl.busbw_factor(), "ok": ok, "why": why,
+                "ranks_wrong": int(flags.item()), "cores": blocks, "counters": counters,
+                "heap_bytes": heap_bytes, "heap_user_bytes": heap_bytes - heap_before,
+            }
+            print(RESULT_PREFIX + json.dumps(result), flush=True)
+            for p in reversed(s.params):
+                comm.free(tensors[p.name])
+        clean = True
+        return 0
+    except StrataError as exc:
+        print(str(exc), file=sys.stderr, flush=True)
+        return 2
+    except (StrataRuntimeError, StrataUsageError) as exc:
+        print(f"rank {rank}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except RuntimeError as exc:  # torch.distributed: a peer went away or a collective timed out
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"rank {rank}: the job's bootstrap or a host collective failed (a peer probably "
+              f"stopped first): {first}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if comm is not None:
+            # after a failure the peers may be gone: no collective barrier, the runner unlinks
+            comm.close(collective=clean)
+        if clean:
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
