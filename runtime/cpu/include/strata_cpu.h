@@ -39,6 +39,10 @@ int strata_cpu_read_counters(uint64_t* out, int max_cores);
 int strata_cpu_aborted(void);
 const char* strata_cpu_abort_message(void);
 
+// Host barrier over the pool's ranks (all `world` processes must call it the same number of times).
+// Honours the pool abort flag and the timeout; returns 0, or -1 with the last error set.
+int strata_cpu_barrier(void);
+
 // Symmetric allocation (SHMEM host API names). Every rank must make the same calls in the same
 // order; the allocator is deterministic so equal calls give equal offsets. 512-byte aligned.
 // Returns NULL (and sets the last error with the request and the free bytes) when exhausted.
@@ -66,6 +70,51 @@ void SetLine(int line);
 // "rank R core C strata:LINE kernel K: ", records it (first failure wins), marks the pool aborted
 // and unwinds the core's thread. Never returns.
 [[noreturn]] void Fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// ---- Hooks for kernel_operator.h and shmem.h (the model's device side; not for launchers) ----
+// All state they touch lives in the library: the calling thread's core (block index, UB arena,
+// kernel type, atomic mode, events, SDMA queue) and the process's pool.
+constexpr uint32_t kUbBytes = 196608;   // Unified Buffer per vector core
+
+// Element type codes (for DMA atomics and messages).
+enum DType : int { kDtOther = 0, kDtF32, kDtF16, kDtBF16, kDtI32, kDtI16, kDtI8, kDtU32, kDtU16,
+                   kDtU8, kDtI64, kDtU64, kDtF64 };
+enum AtomicOp : int { kAtomicNone = 0, kAtomicAdd = 1, kAtomicMax = 2, kAtomicMin = 3 };
+
+int64_t BlockIdx();
+int64_t BlockNum();
+void DeclareKernelType(int type);       // KERNEL_TASK_TYPE_DEFAULT
+uint8_t* UbBase();                      // the calling core's UB arena (kUbBytes bytes)
+int64_t UbOffset(const void* p);        // offset of p in the calling core's arena, or -1
+[[noreturn]] void FailUb(const char* op, const char* role, const void* p, uint64_t bytes,
+                         uint64_t cap_bytes);
+void CheckGm(const void* p, uint64_t bytes, const char* op);   // inside the pool's heaps
+void CheckAbort(const char* op);        // unwinds if this launch failed or the pool aborted
+// One DMA each (MTE2 / MTE3): pool check, counters, and for UB->GM the atomic mode (`dtype` is
+// the element type of the copy).
+void CopyGmToUb(void* ub, const void* gm, uint64_t bytes, const char* op);
+void CopyUbToGm(void* gm, const void* ub, uint64_t bytes, int dtype, const char* op);
+void SetAtomicMode(int op, int dtype, const char* api);
+void EventSet(int event, int id, const char* api);
+void EventWait(int event, int id, const char* api);
+int EventFetch(int event);
+void* CurrentPipe();
+void SetCurrentPipe(void* pipe);
+void SyncAllCores(bool aiv_only);
+void Fence();
+void PollHint(const char* op);          // fence + abort check + occasional yield (DCCI)
+
+// SHMEM device side.
+int MyPe();
+int NPes();
+void* PeerPtr(const void* local_sym, int pe, const char* op);
+void SignalOp(int32_t* sig_addr, int32_t signal, int sig_op, int pe);
+int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value);
+// put: dst local symmetric (translated to pe), src any pool address; get: src local symmetric
+// (translated to pe), dst any pool address.
+void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes, const void* ub_buf,
+              uint32_t ub_size, int pe, const char* op);
+void SdmaQuiet(const void* ub_buf, uint32_t ub_size, const char* op);
 
 }  // namespace strata_cpu
 

@@ -1,0 +1,101 @@
+// CPU model of the SHMEM-for-Ascend subset used by stratac kernels (aclshmem_*, aclshmemx_*).
+//
+// Written from the documented semantics (names and signatures are API facts); no SHMEM code.
+// The symmetric heap of rank r is heap instance r of the pooled shared-memory segment; every
+// rank maps the whole pool, so a translated address is directly readable and writable. The host
+// API (aclshmem_malloc / calloc / free) is declared in strata_cpu.h.
+#ifndef STRATA_CPU_SHMEM_H
+#define STRATA_CPU_SHMEM_H
+
+#include <stdint.h>
+
+#include "kernel_operator.h"
+#include "strata_cpu.h"
+
+#define ACLSHMEM_SIGNAL_SET 0
+#define ACLSHMEM_SIGNAL_ADD 1
+
+#define ACLSHMEM_CMP_EQ 0
+#define ACLSHMEM_CMP_NE 1
+#define ACLSHMEM_CMP_GT 2
+#define ACLSHMEM_CMP_GE 3
+#define ACLSHMEM_CMP_LT 4
+#define ACLSHMEM_CMP_LE 5
+
+#define ACLSHMEM_MAX_AIV_PER_NPU 48
+
+// ---- Query and address translation ----
+inline int aclshmem_my_pe(void) { return ::strata_cpu::MyPe(); }
+inline int aclshmem_n_pes(void) { return ::strata_cpu::NPes(); }
+
+// `ptr` must lie in the caller's own heap instance; returns rank `pe`'s instance at the same offset.
+inline __gm__ void* aclshmem_ptr(__gm__ void* ptr, int pe) {
+  return ::strata_cpu::PeerPtr(ptr, pe, "aclshmem_ptr");
+}
+
+// ---- Signals ----
+// `sig_addr` is a local symmetric address, translated to `pe`; SET is an atomic store and ADD an
+// atomic add, both sequentially consistent.
+inline void aclshmemx_signal_op(__gm__ int32_t* sig_addr, int32_t signal, int sig_op, int pe) {
+  ::strata_cpu::SignalOp(sig_addr, signal, sig_op, pe);
+}
+// `sig_addr` is any pool address (local, or a peer's from aclshmem_ptr). Polls with atomic loads
+// until the comparison holds and returns the value seen; fails at the wait deadline
+// (strata_cpu_set_timeout) and unwinds when the pool is aborted by a failing rank.
+inline int32_t aclshmem_signal_wait_until(__gm__ int32_t* sig_addr, int cmp, int32_t cmp_value) {
+  return ::strata_cpu::SignalWaitUntil(sig_addr, cmp, cmp_value);
+}
+
+// ---- Ordering ----
+// On hardware aclshmem_quiet also drains the MTE pipes (PipeBarrier<PIPE_ALL>) and the scalar
+// data cache; the model's MTE copies are synchronous, so both are plain memory fences here. Neither
+// waits for SDMA: that is aclshmemx_sdma_quiet.
+inline void aclshmem_quiet(void) { ::strata_cpu::Fence(); }
+inline void aclshmem_fence(void) { ::strata_cpu::Fence(); }
+
+// Sets the FFTS base address for hard sync on hardware; nothing to set in the model.
+inline void util_set_ffts_config(uint64_t config) { (void)config; }
+
+// ---- SDMA: each core's asynchronous copy engine ----
+// `dst` is a local symmetric address translated to `pe`; `src` any pool address. `elem_size` is
+// the element count. `buf`/`ub_size` is the UB scratch the hardware path needs (>= 64 bytes, a
+// multiple of 64). The copy completes out of line; aclshmemx_sdma_quiet waits for it.
+template <class T>
+inline void aclshmemx_sdma_put_nbi(__gm__ T* dst, __gm__ T* src, __ubuf__ T* buf, uint32_t ub_size,
+                                   uint32_t elem_size, int pe, uint32_t sync_id) {
+  (void)sync_id;
+  ::strata_cpu::SdmaPost(true, dst, src, uint64_t(elem_size) * sizeof(T), buf, ub_size, pe,
+                         "aclshmemx_sdma_put_nbi");
+}
+// `src` is a local symmetric address translated to `pe`; `dst` any pool address.
+template <class T>
+inline void aclshmemx_sdma_get_nbi(__gm__ T* dst, __gm__ T* src, __ubuf__ T* buf, uint32_t ub_size,
+                                   uint32_t elem_size, int pe, uint32_t sync_id) {
+  (void)sync_id;
+  ::strata_cpu::SdmaPost(false, dst, src, uint64_t(elem_size) * sizeof(T), buf, ub_size, pe,
+                         "aclshmemx_sdma_get_nbi");
+}
+// Waits until every copy the calling core posted has completed and is visible.
+template <class T> inline void aclshmemx_sdma_quiet(__ubuf__ T* buf, uint32_t ub_size, uint32_t sync_id) {
+  (void)sync_id;
+  ::strata_cpu::SdmaQuiet(buf, ub_size, "aclshmemx_sdma_quiet");
+}
+
+// Tensor forms: the scratch size is the LocalTensor's size in bytes.
+template <class T>
+inline void aclshmemx_sdma_put_nbi(AscendC::GlobalTensor<T>& dst, AscendC::GlobalTensor<T>& src,
+                                   AscendC::LocalTensor<T>& buf, uint32_t elem_size, int pe, uint32_t sync_id) {
+  aclshmemx_sdma_put_nbi(dst.GetPhyAddr(), src.GetPhyAddr(), buf.GetPhyAddr(), buf.GetLength(), elem_size, pe,
+                         sync_id);
+}
+template <class T>
+inline void aclshmemx_sdma_get_nbi(AscendC::GlobalTensor<T>& dst, AscendC::GlobalTensor<T>& src,
+                                   AscendC::LocalTensor<T>& buf, uint32_t elem_size, int pe, uint32_t sync_id) {
+  aclshmemx_sdma_get_nbi(dst.GetPhyAddr(), src.GetPhyAddr(), buf.GetPhyAddr(), buf.GetLength(), elem_size, pe,
+                         sync_id);
+}
+template <class T> inline void aclshmemx_sdma_quiet(AscendC::LocalTensor<T>& buf, uint32_t sync_id) {
+  aclshmemx_sdma_quiet(buf.GetPhyAddr(), buf.GetLength(), sync_id);
+}
+
+#endif  // STRATA_CPU_SHMEM_H

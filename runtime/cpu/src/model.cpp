@@ -1,0 +1,1162 @@
+// The CPU model of the machine stratac kernels run on (see runtime/README.md):
+//   * ranks are processes sharing one POSIX shared-memory pool (header page + `world` heaps);
+//   * vector cores are threads of a launch, each with a 192 KiB UB arena and an SDMA engine;
+//   * rule violations stop the core (Fail), mark the pool aborted and unwind the other cores.
+// Build (from the repository root):
+//   g++ -std=c++17 -O2 -fPIC -shared runtime/cpu/src/model.cpp -Iruntime/cpu/include
+//       -o libstratacpu.so -pthread -lrt
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "strata_cpu.h"
+
+#define STRATA_EXPORT __attribute__((visibility("default")))
+
+namespace strata_cpu {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Pool (shared by the ranks)
+
+constexpr uint64_t kMagic = 0x53545241544131ULL;  // "STRATA1"
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kHeaderBytes = 4096;
+constexpr uint64_t kAlign = 512;
+
+struct PoolHeader {
+  uint64_t magic;  // written last by the creator
+  uint32_t version;
+  int32_t world;
+  uint64_t heap_bytes;
+  uint64_t pool_bytes;
+  int32_t abort_state;  // 0 none, 1 being written, 2 message complete
+  int32_t abort_rank;
+  int32_t bar_count;    // host barrier
+  int32_t bar_gen;
+  char abort_msg[3072];
+};
+static_assert(sizeof(PoolHeader) <= kHeaderBytes, "header page");
+
+struct Pool {
+  bool inited = false;
+  int rank = -1, world = 0;
+  std::string name;
+  uint8_t* base = nullptr;
+  uint64_t total = 0;
+  PoolHeader* hdr = nullptr;
+  uint8_t* heaps = nullptr;  // heap r at heaps + r * heap_bytes
+  uint64_t heap_bytes = 0;
+};
+Pool g_pool;
+
+inline uint8_t* HeapOf(int r) { return g_pool.heaps + uint64_t(r) * g_pool.heap_bytes; }
+inline uint8_t* HeapsEnd() { return g_pool.heaps + uint64_t(g_pool.world) * g_pool.heap_bytes; }
+// Rank whose heap holds p, or -1.
+inline int OwnerOf(const void* p) {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  if (!g_pool.inited || b < g_pool.heaps || b >= HeapsEnd()) return -1;
+  return static_cast<int>((b - g_pool.heaps) / g_pool.heap_bytes);
+}
+
+std::mutex g_err_mu;
+std::string g_last_error;
+std::string g_abort_copy;
+
+void SetLastError(const std::string& s) {
+  std::lock_guard<std::mutex> lk(g_err_mu);
+  g_last_error = s;
+}
+std::string Format(const char* fmt, va_list ap) {
+  char buf[4096];
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  return buf;
+}
+std::string Sprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string Sprintf(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::string s = Format(fmt, ap);
+  va_end(ap);
+  return s;
+}
+int Error(const std::string& s) {
+  SetLastError(s);
+  return -1;
+}
+
+int32_t AbortState() {
+  return g_pool.hdr ? __atomic_load_n(&g_pool.hdr->abort_state, __ATOMIC_ACQUIRE) : 0;
+}
+// Marks the pool aborted; the first caller's rank and message win.
+void PoolAbort(int rank, const std::string& msg) {
+  if (!g_pool.hdr) return;
+  int32_t expected = 0;
+  if (!__atomic_compare_exchange_n(&g_pool.hdr->abort_state, &expected, 1, false, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_ACQUIRE))
+    return;
+  g_pool.hdr->abort_rank = rank;
+  snprintf(g_pool.hdr->abort_msg, sizeof g_pool.hdr->abort_msg, "%s", msg.c_str());
+  __atomic_store_n(&g_pool.hdr->abort_state, 2, __ATOMIC_RELEASE);
+}
+// Waits (briefly) for the abort message to be complete.
+void ReadAbort(int* rank, std::string* msg) {
+  for (int i = 0; i < 100000 && AbortState() == 1; ++i) sched_yield();
+  *rank = g_pool.hdr->abort_rank;
+  *msg = AbortState() == 2 ? std::string(g_pool.hdr->abort_msg) : std::string("(message not available)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Symmetric allocator: deterministic first fit with coalescing over [0, heap_bytes).
+
+std::mutex g_alloc_mu;
+std::map<uint64_t, uint64_t> g_free;  // offset -> size
+std::map<uint64_t, uint64_t> g_used;  // offset -> size
+uint64_t g_used_bytes = 0;
+
+void AllocReset() {
+  g_free.clear();
+  g_used.clear();
+  g_used_bytes = 0;
+  if (g_pool.heap_bytes) g_free[0] = g_pool.heap_bytes;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Counters, timeout
+
+std::atomic<uint64_t> g_ctr[STRATA_MAX_CORES][STRATA_NUM_CTRS];
+std::atomic<int> g_max_cores{0};
+std::atomic<double> g_timeout{60.0};
+
+inline void Count(int core, int ctr, uint64_t n) {
+  g_ctr[core][ctr].fetch_add(n, std::memory_order_relaxed);
+}
+
+double Now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launches and cores
+
+struct CoreUnwind {};  // unwinds a core's thread; deliberately not a std::exception
+
+struct SdmaJob {
+  void* dst;
+  const void* src;
+  uint64_t bytes;
+};
+
+struct SdmaEngine {
+  std::mutex mu;
+  std::condition_variable cv_work, cv_done;
+  std::deque<SdmaJob> queue;
+  uint64_t posted = 0, done = 0;
+  bool stop = false;
+  std::thread worker;
+
+  void Run() {
+    std::unique_lock<std::mutex> lk(mu);
+    for (;;) {
+      cv_work.wait(lk, [&] { return stop || !queue.empty(); });
+      if (stop) return;  // a launch ends with the queue drained (or its core failed)
+      SdmaJob job = queue.front();
+      queue.pop_front();
+      lk.unlock();
+      std::memmove(job.dst, job.src, job.bytes);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      lk.lock();
+      ++done;
+      cv_done.notify_all();
+    }
+  }
+};
+
+struct Launch {
+  const char* kernel = "?";
+  uint32_t blocks = 0;
+  double timeout = 60.0;
+  std::atomic<bool> failed{false};
+  std::mutex fail_mu;
+  std::string first_failure;
+  // SyncAll barrier
+  std::mutex bar_mu;
+  std::condition_variable bar_cv;
+  uint32_t bar_arrived = 0;
+  uint64_t bar_gen = 0;
+  uint32_t exited = 0;     // cores that returned from the kernel normally
+  int first_exited = -1;
+  std::vector<std::unique_ptr<SdmaEngine>> sdma;
+};
+
+constexpr int kEvents = 16, kEventIds = 16;
+constexpr int kNoKernelType = -1;
+
+struct CoreState {
+  Launch* launch = nullptr;
+  int idx = 0;
+  int line = 0;
+  int ktype = kNoKernelType;
+  uint8_t* ub = nullptr;
+  int atomic_op = kAtomicNone;
+  int atomic_dtype = 0;
+  uint16_t events[kEvents][kEventIds] = {};
+  void* pipe = nullptr;
+  uint64_t sdma_unquieted = 0;
+  uint32_t poll_calls = 0;
+};
+
+thread_local CoreState* t_core = nullptr;
+
+std::mutex g_arena_mu;
+uint8_t* g_arenas[STRATA_MAX_CORES] = {};
+
+const char* KernelTypeName(int t) {
+  static const char* const names[] = {"KERNEL_TYPE_AIV_ONLY",    "KERNEL_TYPE_AIC_ONLY",
+                                      "KERNEL_TYPE_MIX_AIV_1_0", "KERNEL_TYPE_MIX_AIC_1_0",
+                                      "KERNEL_TYPE_MIX_AIC_1_1", "KERNEL_TYPE_MIX_AIC_1_2"};
+  if (t >= 0 && t < 6) return names[t];
+  return "an unknown kernel type";
+}
+const char* DTypeName(int d) {
+  static const char* const names[] = {"(other)", "float",   "half",    "bfloat16_t", "int32_t",
+                                      "int16_t", "int8_t",  "uint32_t", "uint16_t",  "uint8_t",
+                                      "int64_t", "uint64_t", "double"};
+  if (d >= 0 && d <= kDtF64) return names[d];
+  return "?";
+}
+
+std::string Prefix(const CoreState* c) {
+  char line[32];
+  if (c->line > 0)
+    snprintf(line, sizeof line, "%d", c->line);
+  else
+    snprintf(line, sizeof line, "?");
+  return Sprintf("rank %d core %d strata:%s kernel %s: ", g_pool.rank, c->idx, line, c->launch->kernel);
+}
+
+// Records a core failure (first one of the launch wins), marks the pool aborted and wakes the
+// other cores of the launch. Does not throw.
+void RecordFailure(CoreState* c, const std::string& body) {
+  std::string msg = Prefix(c) + body;
+  Launch* L = c->launch;
+  {
+    std::lock_guard<std::mutex> lk(L->fail_mu);
+    if (!L->failed.load()) {
+      L->first_failure = msg;
+      L->failed.store(true);
+    }
+  }
+  PoolAbort(g_pool.rank, msg);
+  {
+    std::lock_guard<std::mutex> lk(L->bar_mu);
+  }
+  L->bar_cv.notify_all();  // SyncAll and SDMA quiet waiters also re-check every 20 ms
+}
+
+[[noreturn]] void Unwind() { throw CoreUnwind{}; }
+
+[[noreturn]] void FailOutsideCore(const std::string& body) {
+  std::string msg = Sprintf("rank %d (not on a core): %s", g_pool.rank, body.c_str());
+  SetLastError(msg);
+  PoolAbort(g_pool.rank, msg);
+  fprintf(stderr, "strata_cpu: %s\n", msg.c_str());
+  fflush(stderr);
+  std::abort();
+}
+
+[[noreturn]] void FailStr(const std::string& body) {
+  CoreState* c = t_core;
+  if (!c) FailOutsideCore(body);
+  RecordFailure(c, body);
+  Unwind();
+}
+
+CoreState* Cur(const char* op) {
+  CoreState* c = t_core;
+  if (!c) FailOutsideCore(Sprintf("%s called outside a kernel launch", op));
+  return c;
+}
+
+// Unwinds if this launch failed (silently: its failure is recorded) or the pool was aborted by a
+// failure elsewhere (with a message naming the failed rank).
+void AbortCheck(CoreState* c, const char* op) {
+  if (c->launch->failed.load(std::memory_order_relaxed)) Unwind();
+  if (AbortState() != 0) {
+    if (c->launch->failed.load()) Unwind();
+    int rank;
+    std::string msg;
+    ReadAbort(&rank, &msg);
+    FailStr(Sprintf("%s aborted: rank %d failed: %s", op, rank, msg.c_str()));
+  }
+}
+
+const char* CmpName(int cmp) {
+  static const char* const names[] = {"==", "!=", ">", ">=", "<", "<="};
+  return cmp >= 0 && cmp < 6 ? names[cmp] : "?";
+}
+const char* CmpApi(int cmp) {
+  static const char* const names[] = {"ACLSHMEM_CMP_EQ", "ACLSHMEM_CMP_NE", "ACLSHMEM_CMP_GT",
+                                      "ACLSHMEM_CMP_GE", "ACLSHMEM_CMP_LT", "ACLSHMEM_CMP_LE"};
+  return cmp >= 0 && cmp < 6 ? names[cmp] : "?";
+}
+bool Compare(int32_t v, int cmp, int32_t x) {
+  switch (cmp) {
+    case 0: return v == x;
+    case 1: return v != x;
+    case 2: return v > x;
+    case 3: return v >= x;
+    case 4: return v < x;
+    default: return v <= x;
+  }
+}
+
+// Backoff for polling loops: many more threads than CPUs run, so waiting must yield.
+struct Backoff {
+  uint32_t n = 0;
+  void Pause() {
+    ++n;
+    if (n < 64) {
+      sched_yield();
+      return;
+    }
+    long ns = n < 256 ? 20000 : (n < 1024 ? 100000 : 500000);
+    timespec ts{0, ns};
+    nanosleep(&ts, nullptr);
+  }
+};
+
+std::string GmWhere(const void* p) {
+  int owner = OwnerOf(p);
+  if (owner < 0) return Sprintf("%p (not in the pool)", p);
+  uint64_t off = static_cast<const uint8_t*>(p) - HeapOf(owner);
+  return Sprintf("rank %d heap offset %llu (0x%llx)", owner, (unsigned long long)off, (unsigned long long)off);
+}
+
+void CheckGmImpl(const void* p, uint64_t bytes, const char* op) {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  if (!g_pool.inited) FailStr(Sprintf("%s: no pool (strata_cpu_init missing)", op));
+  if (b < g_pool.heaps || b > HeapsEnd() || bytes > uint64_t(HeapsEnd() - b)) {
+    const char* where = (b >= g_pool.base && b < g_pool.heaps) ? " (the pool's header page)" : "";
+    FailStr(Sprintf("%s: GM range [%p, +%llu bytes) is outside the pool's heaps [%p, %p)%s", op, p,
+                    (unsigned long long)bytes, (void*)g_pool.heaps, (void*)HeapsEnd(), where));
+  }
+}
+
+// Scratch rules of the SDMA path (UB address, size) and the channel limit.
+void CheckSdmaScratch(CoreState* c, const void* buf, uint32_t ub_size, const char* op) {
+  if (c->idx >= STRATA_SDMA_MAX_CORE)
+    FailStr(Sprintf("%s: core index %d >= %d has no SDMA channel (on hardware the request is silently skipped)",
+                    op, c->idx, STRATA_SDMA_MAX_CORE));
+  if (buf == nullptr) FailStr(Sprintf("%s: UB scratch buffer is null", op));
+  if (ub_size < 64 || ub_size % 64 != 0)
+    FailStr(Sprintf("%s: ub_size %u must be at least 64 and a multiple of 64 bytes", op, ub_size));
+  const uint8_t* b = static_cast<const uint8_t*>(buf);
+  bool in_arena = b >= c->ub && uint64_t(b - c->ub) + ub_size <= kUbBytes;
+  bool ub_offset = reinterpret_cast<uintptr_t>(buf) + ub_size <= kUbBytes;  // hardware-style UB address
+  if (!in_arena && !ub_offset)
+    FailStr(Sprintf("%s: scratch %p (+%u bytes) is not inside the core's Unified Buffer", op, buf, ub_size));
+}
+
+SdmaEngine* Engine(CoreState* c) {
+  std::unique_ptr<SdmaEngine>& e = c->launch->sdma[c->idx];
+  if (!e) {
+    e.reset(new SdmaEngine);
+    SdmaEngine* raw = e.get();
+    try {
+      raw->worker = std::thread([raw] { raw->Run(); });
+    } catch (const std::exception& ex) {
+      FailStr(Sprintf("cannot start the SDMA engine thread: %s", ex.what()));
+    }
+  }
+  return e.get();
+}
+
+void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
+  CoreState cs;
+  cs.launch = L;
+  cs.idx = idx;
+  cs.ub = g_arenas[idx];
+  std::memset(cs.ub, 0xff, kUbBytes);  // UB starts as garbage: NaN for floats, -1 for integers
+  t_core = &cs;
+  bool normal = false;
+  try {
+    fn(ctx);
+    if (cs.sdma_unquieted > 0)
+      FailStr(Sprintf("kernel returned with %llu SDMA copies not waited for by aclshmemx_sdma_quiet",
+                      (unsigned long long)cs.sdma_unquieted));
+    normal = true;
+  } catch (const CoreUnwind&) {
+  } catch (const std::exception& e) {
+    RecordFailure(&cs, Sprintf("uncaught C++ exception: %s", e.what()));
+  } catch (...) {
+    RecordFailure(&cs, "uncaught C++ exception of unknown type");
+  }
+  {
+    std::lock_guard<std::mutex> lk(L->bar_mu);
+    if (normal) {
+      if (L->exited++ == 0) L->first_exited = idx;
+    }
+  }
+  L->bar_cv.notify_all();
+  t_core = nullptr;
+}
+
+}  // namespace
+
+// =============================================================================================
+// C++ interface (strata_cpu.h)
+
+STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn fn, void* ctx) {
+  if (!g_pool.inited) return Error("LaunchBlocks: no pool (call strata_cpu_init first)");
+  if (t_core) return Error("LaunchBlocks: nested launch from inside a kernel");
+  if (blocks == 0 || blocks > STRATA_MAX_CORES)
+    return Error(Sprintf("LaunchBlocks(%s): %u blocks is outside [1, %d]", kernel_name ? kernel_name : "?",
+                         blocks, STRATA_MAX_CORES));
+  if (AbortState() != 0) {
+    int rank;
+    std::string msg;
+    ReadAbort(&rank, &msg);
+    return Error(Sprintf("LaunchBlocks(%s): the pool is aborted: rank %d failed: %s",
+                         kernel_name ? kernel_name : "?", rank, msg.c_str()));
+  }
+  {
+    std::lock_guard<std::mutex> lk(g_arena_mu);
+    for (uint32_t i = 0; i < blocks; ++i) {
+      if (!g_arenas[i]) {
+        g_arenas[i] = static_cast<uint8_t*>(aligned_alloc(64, kUbBytes));
+        if (!g_arenas[i]) return Error("LaunchBlocks: out of memory for UB arenas");
+      }
+    }
+  }
+  Launch L;
+  L.kernel = kernel_name ? kernel_name : "?";
+  L.blocks = blocks;
+  L.timeout = g_timeout.load();
+  L.sdma.resize(blocks);
+  std::vector<std::thread> threads;
+  threads.reserve(blocks);
+  std::string spawn_error;
+  for (uint32_t i = 0; i < blocks; ++i) {
+    try {
+      threads.emplace_back(CoreMain, &L, int(i), fn, ctx);
+    } catch (const std::exception& e) {
+      spawn_error = Sprintf("LaunchBlocks(%s): cannot start core thread %u: %s", L.kernel, i, e.what());
+      {
+        std::lock_guard<std::mutex> lk(L.fail_mu);
+        if (!L.failed.load()) {
+          L.first_failure = spawn_error;
+          L.failed.store(true);
+        }
+      }
+      L.bar_cv.notify_all();
+      break;
+    }
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : L.sdma) {
+    if (!e) continue;
+    {
+      std::lock_guard<std::mutex> lk(e->mu);
+      e->stop = true;
+      e->queue.clear();
+    }
+    e->cv_work.notify_all();
+    if (e->worker.joinable()) e->worker.join();
+  }
+  int prev = g_max_cores.load();
+  while (int(blocks) > prev && !g_max_cores.compare_exchange_weak(prev, int(blocks))) {
+  }
+  if (L.failed.load()) return Error(L.first_failure);
+  return 0;
+}
+
+STRATA_EXPORT void SetLine(int line) {
+  if (t_core) t_core->line = line;
+}
+
+STRATA_EXPORT void Fail(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::string body = Format(fmt, ap);
+  va_end(ap);
+  FailStr(body);
+}
+
+// ---- device hooks ----
+
+STRATA_EXPORT int64_t BlockIdx() { return Cur("GetBlockIdx")->idx; }
+STRATA_EXPORT int64_t BlockNum() { return Cur("GetBlockNum")->launch->blocks; }
+
+STRATA_EXPORT void DeclareKernelType(int type) {
+  CoreState* c = Cur("KERNEL_TASK_TYPE_DEFAULT");
+  if (type != 0 && type != 2)
+    FailStr(Sprintf("KERNEL_TASK_TYPE_DEFAULT(%s): only vector kernels (KERNEL_TYPE_AIV_ONLY, "
+                    "KERNEL_TYPE_MIX_AIV_1_0) are modeled",
+                    KernelTypeName(type)));
+  c->ktype = type;
+}
+
+STRATA_EXPORT uint8_t* UbBase() { return Cur("UB access")->ub; }
+
+STRATA_EXPORT int64_t UbOffset(const void* p) {
+  CoreState* c = t_core;
+  if (!c || !p) return -1;
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  if (b < c->ub || b >= c->ub + kUbBytes) return -1;
+  return b - c->ub;
+}
+
+STRATA_EXPORT void FailUb(const char* op, const char* role, const void* p, uint64_t bytes, uint64_t cap_bytes) {
+  if (p == nullptr)
+    FailStr(Sprintf("%s: %s is an empty LocalTensor (not from AllocTensor/DeQue/Get)", op, role));
+  int64_t off = UbOffset(p);
+  FailStr(Sprintf("%s: %s UB access of %llu bytes at UB offset %lld overruns its buffer (%llu bytes left "
+                  "in the buffer from there)",
+                  op, role, (unsigned long long)bytes, (long long)off, (unsigned long long)cap_bytes));
+}
+
+STRATA_EXPORT void CheckGm(const void* p, uint64_t bytes, const char* op) { CheckGmImpl(p, bytes, op); }
+
+STRATA_EXPORT void CheckAbort(const char* op) { AbortCheck(Cur(op), op); }
+
+STRATA_EXPORT void CopyGmToUb(void* ub, const void* gm, uint64_t bytes, const char* op) {
+  CoreState* c = Cur(op);
+  AbortCheck(c, op);
+  CheckGmImpl(gm, bytes, op);
+  std::memcpy(ub, gm, bytes);
+  Count(c->idx, STRATA_CTR_MTE_IN, bytes);
+  if (OwnerOf(gm) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_READ, bytes);
+}
+
+namespace {
+template <class T> T FromU(uint64_t u) {
+  T v;
+  std::memcpy(&v, &u, sizeof(T));
+  return v;
+}
+float F16ToF(uint16_t b) {
+  _Float16 h;
+  std::memcpy(&h, &b, 2);
+  return static_cast<float>(h);
+}
+uint16_t FToF16(float f) {
+  _Float16 h = static_cast<_Float16>(f);
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+float Bf16ToF(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t FToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Applies dst = dst op src elementwise with CAS loops (atomic against other writers doing the
+// same, in any process of the pool). W is the storage word, `combine` works on decoded values.
+template <class W, class Combine>
+void AtomicApply(uint8_t* dst, const uint8_t* src, uint64_t n, Combine combine) {
+  W* d = reinterpret_cast<W*>(dst);
+  for (uint64_t i = 0; i < n; ++i) {
+    W s;
+    std::memcpy(&s, src + i * sizeof(W), sizeof(W));
+    W old = __atomic_load_n(d + i, __ATOMIC_RELAXED);
+    for (;;) {
+      W nv = combine(old, s);
+      if (__atomic_compare_exchange_n(d + i, &old, nv, true, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) break;
+    }
+  }
+}
+
+template <class T> T Op(int op, T a, T b) {
+  switch (op) {
+    case kAtomicAdd: return a + b;
+    case kAtomicMax: return a >= b ? a : b;
+    default: return a <= b ? a : b;
+  }
+}
+template <class T> T IntOp(int op, T a, T b) {  // integers wrap
+  using U = typename std::make_unsigned<T>::type;
+  if (op == kAtomicAdd) return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  return Op(op, a, b);
+}
+
+void AtomicCopy(CoreState* c, uint8_t* dst, const uint8_t* src, uint64_t bytes, int dtype, const char* op) {
+  int mode = c->atomic_op;
+  int adt = c->atomic_dtype;
+  static const int sizes[] = {0, 4, 2, 2, 4, 2, 1, 4, 2, 1, 8, 8, 8};
+  if (dtype != adt)
+    FailStr(Sprintf("%s: UB->GM copy of %s elements while the atomic mode is set for %s", op, DTypeName(dtype),
+                    DTypeName(adt)));
+  int sz = sizes[adt];
+  if (bytes % sz != 0)
+    FailStr(Sprintf("%s: atomic copy of %llu bytes is not a whole number of %s", op, (unsigned long long)bytes,
+                    DTypeName(adt)));
+  if (reinterpret_cast<uintptr_t>(dst) % sz != 0)
+    FailStr(Sprintf("%s: atomic copy to GM address %p not aligned to %d bytes", op, (void*)dst, sz));
+  uint64_t n = bytes / sz;
+  switch (adt) {
+    case kDtF32:
+      AtomicApply<uint32_t>(dst, src, n, [mode](uint32_t a, uint32_t b) {
+        float r = Op(mode, FromU<float>(a), FromU<float>(b));
+        uint32_t u;
+        std::memcpy(&u, &r, 4);
+        return u;
+      });
+      break;
+    case kDtF16:
+      AtomicApply<uint16_t>(dst, src, n, [mode](uint16_t a, uint16_t b) {
+        return FToF16(Op(mode, F16ToF(a), F16ToF(b)));
+      });
+      break;
+    case kDtBF16:
+      AtomicApply<uint16_t>(dst, src, n, [mode](uint16_t a, uint16_t b) {
+        return FToBf16(Op(mode, Bf16ToF(a), Bf16ToF(b)));
+      });
+      break;
+    case kDtI32:
+      AtomicApply<uint32_t>(dst, src, n, [mode](uint32_t a, uint32_t b) {
+        return static_cast<uint32_t>(IntOp(mode, static_cast<int32_t>(a), static_cast<int32_t>(b)));
+      });
+      break;
+    case kDtI16:
+      AtomicApply<uint16_t>(dst, src, n, [mode](uint16_t a, uint16_t b) {
+        return static_cast<uint16_t>(IntOp(mode, static_cast<int16_t>(a), static_cast<int16_t>(b)));
+      });
+      break;
+    case kDtI8:
+      AtomicApply<uint8_t>(dst, src, n, [mode](uint8_t a, uint8_t b) {
+        return static_cast<uint8_t>(IntOp(mode, static_cast<int8_t>(a), static_cast<int8_t>(b)));
+      });
+      break;
+    default:
+      FailStr(Sprintf("%s: DMA atomics are not modeled for %s", op, DTypeName(adt)));
+  }
+}
+}  // namespace
+
+STRATA_EXPORT void CopyUbToGm(void* gm, const void* ub, uint64_t bytes, int dtype, const char* op) {
+  CoreState* c = Cur(op);
+  AbortCheck(c, op);
+  CheckGmImpl(gm, bytes, op);
+  if (c->atomic_op != kAtomicNone)
+    AtomicCopy(c, static_cast<uint8_t*>(gm), static_cast<const uint8_t*>(ub), bytes, dtype, op);
+  else
+    std::memcpy(gm, ub, bytes);
+  Count(c->idx, STRATA_CTR_MTE_OUT, bytes);
+  if (OwnerOf(gm) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_WRITE, bytes);
+}
+
+STRATA_EXPORT void SetAtomicMode(int op, int dtype, const char* api) {
+  CoreState* c = Cur(api);
+  if (op != kAtomicNone) {
+    switch (dtype) {
+      case kDtF32: case kDtF16: case kDtBF16: case kDtI32: case kDtI16: case kDtI8: break;
+      default:
+        FailStr(Sprintf("%s<%s>: DMA atomics support float, half, bfloat16_t, int32_t, int16_t and int8_t", api,
+                        DTypeName(dtype)));
+    }
+  }
+  c->atomic_op = op;
+  c->atomic_dtype = op == kAtomicNone ? 0 : dtype;
+}
+
+namespace {
+const char* EventName(int e) {
+  static const char* const names[] = {"MTE2_V", "V_MTE2", "MTE3_V", "V_MTE3", "V_V", "MTE3_MTE2", "MTE2_MTE3",
+                                      "S_V",    "V_S",    "S_MTE2", "MTE2_S", "S_MTE3", "MTE3_S"};
+  return e >= 0 && e < 13 ? names[e] : "?";
+}
+void CheckEvent(int event, int id, const char* api) {
+  if (event < 0 || event >= kEvents) FailStr(Sprintf("%s: invalid HardEvent %d", api, event));
+  if (id < 0 || id >= kEventIds)
+    FailStr(Sprintf("%s<HardEvent::%s>: event id %d is outside [0, %d)", api, EventName(event), id, kEventIds));
+}
+}  // namespace
+
+STRATA_EXPORT void EventSet(int event, int id, const char* api) {
+  CoreState* c = Cur(api);
+  CheckEvent(event, id, api);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (c->events[event][id] < 0xffff) ++c->events[event][id];
+}
+
+STRATA_EXPORT void EventWait(int event, int id, const char* api) {
+  CoreState* c = Cur(api);
+  CheckEvent(event, id, api);
+  if (c->events[event][id] == 0)
+    FailStr(Sprintf("%s<HardEvent::%s>(%d) without a matching SetFlag since the last wait (on hardware this "
+                    "waits forever)",
+                    api, EventName(event), id));
+  --c->events[event][id];
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+STRATA_EXPORT int EventFetch(int event) {
+  CoreState* c = Cur("FetchEventID");
+  if (event < 0 || event >= kEvents) return 0;
+  for (int id = 0; id < 8; ++id)
+    if (c->events[event][id] == 0) return id;
+  return 0;
+}
+
+STRATA_EXPORT void* CurrentPipe() { return t_core ? t_core->pipe : nullptr; }
+STRATA_EXPORT void SetCurrentPipe(void* pipe) {
+  if (t_core) t_core->pipe = pipe;
+}
+
+STRATA_EXPORT void Fence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+STRATA_EXPORT void PollHint(const char* op) {
+  CoreState* c = Cur(op);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  AbortCheck(c, op);
+  if ((++c->poll_calls & 15u) == 0) sched_yield();
+}
+
+STRATA_EXPORT void SyncAllCores(bool aiv_only) {
+  CoreState* c = Cur("SyncAll");
+  if (c->ktype != 2)
+    FailStr(Sprintf("SyncAll needs KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0) (hard sync needs a MIX "
+                    "kernel type); this kernel %s%s",
+                    c->ktype == kNoKernelType ? "declared no kernel type" : "declared ",
+                    c->ktype == kNoKernelType ? "" : KernelTypeName(c->ktype)));
+  if (!aiv_only)
+    FailStr("SyncAll<false>() also waits for cube cores, which a MIX_AIV_1_0 kernel does not launch (hangs)");
+  AbortCheck(c, "SyncAll");
+  Launch* L = c->launch;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::unique_lock<std::mutex> lk(L->bar_mu);
+  uint64_t gen = L->bar_gen;
+  if (++L->bar_arrived == L->blocks) {
+    L->bar_arrived = 0;
+    ++L->bar_gen;
+    lk.unlock();
+    L->bar_cv.notify_all();
+    return;
+  }
+  double deadline = Now() + L->timeout;
+  while (L->bar_gen == gen) {
+    if (L->failed.load()) Unwind();
+    if (L->exited > 0) {
+      int first = L->first_exited;
+      uint32_t arrived = L->bar_arrived;
+      lk.unlock();
+      FailStr(Sprintf("SyncAll can never complete: core %d returned from the kernel without reaching it (%u of "
+                      "%u cores arrived; on hardware this hangs)",
+                      first, arrived, L->blocks));
+    }
+    if (AbortState() != 0 || Now() > deadline) {
+      uint32_t arrived = L->bar_arrived;
+      lk.unlock();
+      AbortCheck(c, "SyncAll");
+      FailStr(Sprintf("SyncAll timed out after %g s: %u of %u cores arrived", L->timeout, arrived, L->blocks));
+    }
+    L->bar_cv.wait_for(lk, std::chrono::milliseconds(20));
+  }
+  lk.unlock();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+// ---- SHMEM ----
+
+STRATA_EXPORT int MyPe() {
+  if (!g_pool.inited) FailStr("aclshmem_my_pe: no pool (strata_cpu_init missing)");
+  return g_pool.rank;
+}
+STRATA_EXPORT int NPes() {
+  if (!g_pool.inited) FailStr("aclshmem_n_pes: no pool (strata_cpu_init missing)");
+  return g_pool.world;
+}
+
+STRATA_EXPORT void* PeerPtr(const void* local_sym, int pe, const char* op) {
+  if (!g_pool.inited) FailStr(Sprintf("%s: no pool (strata_cpu_init missing)", op));
+  const uint8_t* p = static_cast<const uint8_t*>(local_sym);
+  uint8_t* mine = HeapOf(g_pool.rank);
+  if (p < mine || p >= mine + g_pool.heap_bytes)
+    FailStr(Sprintf("%s: %p is not in this rank's heap instance (rank %d heap [%p, %p)); it is %s", op, local_sym,
+                    g_pool.rank, (void*)mine, (void*)(mine + g_pool.heap_bytes), GmWhere(local_sym).c_str()));
+  if (pe < 0 || pe >= g_pool.world) FailStr(Sprintf("%s: pe %d is outside [0, %d)", op, pe, g_pool.world));
+  return HeapOf(pe) + (p - mine);
+}
+
+STRATA_EXPORT void SignalOp(int32_t* sig_addr, int32_t signal, int sig_op, int pe) {
+  const char* op = "aclshmemx_signal_op";
+  CoreState* c = Cur(op);
+  AbortCheck(c, op);
+  if (reinterpret_cast<uintptr_t>(sig_addr) % 4 != 0)
+    FailStr(Sprintf("%s: signal address %p is not 4-byte aligned", op, (void*)sig_addr));
+  int32_t* remote = static_cast<int32_t*>(PeerPtr(sig_addr, pe, op));
+  CheckGmImpl(remote, 4, op);
+  if (sig_op == 0)
+    __atomic_store_n(remote, signal, __ATOMIC_SEQ_CST);
+  else if (sig_op == 1)
+    __atomic_fetch_add(remote, signal, __ATOMIC_SEQ_CST);
+  else
+    FailStr(Sprintf("%s: sig_op %d is neither ACLSHMEM_SIGNAL_SET nor ACLSHMEM_SIGNAL_ADD", op, sig_op));
+}
+
+STRATA_EXPORT int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value) {
+  const char* op = "aclshmem_signal_wait_until";
+  CoreState* c = Cur(op);
+  if (cmp < 0 || cmp > 5) FailStr(Sprintf("%s: invalid comparison %d", op, cmp));
+  if (reinterpret_cast<uintptr_t>(sig_addr) % 4 != 0)
+    FailStr(Sprintf("%s: signal address %p is not 4-byte aligned", op, (void*)sig_addr));
+  CheckGmImpl(sig_addr, 4, op);
+  double deadline = -1;
+  Backoff backoff;
+  for (uint64_t iter = 0;; ++iter) {
+    int32_t v = __atomic_load_n(sig_addr, __ATOMIC_SEQ_CST);
+    if (Compare(v, cmp, value)) return v;
+    AbortCheck(c, op);
+    if (iter >= 8) {
+      double now = Now();
+      if (deadline < 0) deadline = now + c->launch->timeout;
+      if (now > deadline) {
+        v = __atomic_load_n(sig_addr, __ATOMIC_SEQ_CST);
+        if (Compare(v, cmp, value)) return v;
+        FailStr(Sprintf("%s timed out after %g s: flag at %s: %s (expected %s %d), seen %d", op,
+                        c->launch->timeout, GmWhere(sig_addr).c_str(), CmpApi(cmp), CmpName(cmp), value, v));
+      }
+      backoff.Pause();
+    }
+  }
+}
+
+STRATA_EXPORT void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes, const void* ub_buf,
+                            uint32_t ub_size, int pe, const char* op) {
+  CoreState* c = Cur(op);
+  AbortCheck(c, op);
+  CheckSdmaScratch(c, ub_buf, ub_size, op);
+  if (pe < 0 || pe >= g_pool.world) FailStr(Sprintf("%s: pe %d is outside [0, %d)", op, pe, g_pool.world));
+  void* d = dst;
+  const void* s = src;
+  if (put) {
+    d = PeerPtr(dst, pe, op);
+  } else {
+    s = PeerPtr(src, pe, op);
+  }
+  CheckGmImpl(s, bytes, op);
+  CheckGmImpl(d, bytes, op);
+  // The local symmetric range must stay inside its heap instance too.
+  if (put ? (OwnerOf(d) != pe || static_cast<uint8_t*>(d) + bytes > HeapOf(pe) + g_pool.heap_bytes)
+          : (OwnerOf(s) != pe || static_cast<const uint8_t*>(s) + bytes > HeapOf(pe) + g_pool.heap_bytes))
+    FailStr(Sprintf("%s: %llu bytes from the symmetric address run past the end of rank %d's heap", op,
+                    (unsigned long long)bytes, pe));
+  if (bytes == 0) return;
+  Count(c->idx, STRATA_CTR_SDMA, bytes);
+  if (OwnerOf(s) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_READ, bytes);
+  if (OwnerOf(d) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_WRITE, bytes);
+  SdmaEngine* e = Engine(c);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  {
+    std::lock_guard<std::mutex> lk(e->mu);
+    e->queue.push_back(SdmaJob{d, s, bytes});
+    ++e->posted;
+  }
+  e->cv_work.notify_one();
+  ++c->sdma_unquieted;
+}
+
+STRATA_EXPORT void SdmaQuiet(const void* ub_buf, uint32_t ub_size, const char* op) {
+  CoreState* c = Cur(op);
+  CheckSdmaScratch(c, ub_buf, ub_size, op);
+  SdmaEngine* e = c->launch->sdma[c->idx].get();
+  if (e) {
+    double deadline = Now() + c->launch->timeout;
+    std::unique_lock<std::mutex> lk(e->mu);
+    while (e->done < e->posted) {
+      if (c->launch->failed.load() || AbortState() != 0) {
+        lk.unlock();
+        AbortCheck(c, op);
+        lk.lock();
+        continue;
+      }
+      if (Now() > deadline) {
+        uint64_t left = e->posted - e->done;
+        lk.unlock();
+        FailStr(Sprintf("%s timed out after %g s with %llu copies outstanding", op, c->launch->timeout,
+                        (unsigned long long)left));
+      }
+      e->cv_done.wait_for(lk, std::chrono::milliseconds(20));
+    }
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  c->sdma_unquieted = 0;
+}
+
+}  // namespace strata_cpu
+
+// =============================================================================================
+// Host C API
+
+using namespace strata_cpu;
+
+extern "C" {
+
+STRATA_EXPORT int strata_cpu_init(int rank, int world, const char* shm_name, uint64_t heap_bytes, int create) {
+  if (g_pool.inited) return Error("strata_cpu_init: already initialised (call strata_cpu_finalize first)");
+  if (world < 1 || world > 4096) return Error(Sprintf("strata_cpu_init: world %d is outside [1, 4096]", world));
+  if (rank < 0 || rank >= world) return Error(Sprintf("strata_cpu_init: rank %d is outside [0, %d)", rank, world));
+  if (!shm_name || !*shm_name) return Error("strata_cpu_init: empty segment name");
+  if (heap_bytes == 0 || heap_bytes % kAlign != 0)
+    return Error(Sprintf("strata_cpu_init: heap_bytes %llu must be a positive multiple of %llu",
+                         (unsigned long long)heap_bytes, (unsigned long long)kAlign));
+  if (heap_bytes > (uint64_t(1) << 40) / uint64_t(world))
+    return Error("strata_cpu_init: pool too large (world * heap_bytes > 1 TiB)");
+  std::string name = shm_name[0] == '/' ? shm_name : std::string("/") + shm_name;
+  uint64_t total = kHeaderBytes + uint64_t(world) * heap_bytes;
+  int fd;
+  if (create) {
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return Error(Sprintf("strata_cpu_init: shm_open(%s, O_CREAT|O_EXCL): %s", name.c_str(), strerror(errno)));
+    if (ftruncate(fd, off_t(total)) != 0) {
+      int err = errno;
+      close(fd);
+      shm_unlink(name.c_str());
+      return Error(Sprintf("strata_cpu_init: ftruncate(%s, %llu): %s", name.c_str(), (unsigned long long)total,
+                           strerror(err)));
+    }
+  } else {
+    fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) return Error(Sprintf("strata_cpu_init: shm_open(%s): %s (has the creator run?)", name.c_str(), strerror(errno)));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || uint64_t(st.st_size) != total) {
+      close(fd);
+      return Error(Sprintf("strata_cpu_init: segment %s has %lld bytes, expected %llu for world %d and heap_bytes "
+                           "%llu",
+                           name.c_str(), (long long)st.st_size, (unsigned long long)total, world,
+                           (unsigned long long)heap_bytes));
+    }
+  }
+  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  int map_err = errno;
+  close(fd);
+  if (base == MAP_FAILED) {
+    if (create) shm_unlink(name.c_str());
+    return Error(Sprintf("strata_cpu_init: mmap of %llu bytes: %s", (unsigned long long)total, strerror(map_err)));
+  }
+  PoolHeader* hdr = static_cast<PoolHeader*>(base);
+  if (create) {
+    hdr->version = kVersion;
+    hdr->world = world;
+    hdr->heap_bytes = heap_bytes;
+    hdr->pool_bytes = total;
+    hdr->abort_state = 0;
+    hdr->abort_rank = -1;
+    hdr->bar_count = 0;
+    hdr->bar_gen = 0;
+    __atomic_store_n(&hdr->magic, kMagic, __ATOMIC_RELEASE);
+  } else {
+    if (__atomic_load_n(&hdr->magic, __ATOMIC_ACQUIRE) != kMagic || hdr->version != kVersion ||
+        hdr->world != world || hdr->heap_bytes != heap_bytes) {
+      munmap(base, total);
+      return Error(Sprintf("strata_cpu_init: segment %s is not a pool for world %d and heap_bytes %llu (or its "
+                           "creator has not finished)",
+                           name.c_str(), world, (unsigned long long)heap_bytes));
+    }
+  }
+  g_pool.inited = true;
+  g_pool.rank = rank;
+  g_pool.world = world;
+  g_pool.name = name;
+  g_pool.base = static_cast<uint8_t*>(base);
+  g_pool.total = total;
+  g_pool.hdr = hdr;
+  g_pool.heaps = g_pool.base + kHeaderBytes;
+  g_pool.heap_bytes = heap_bytes;
+  {
+    std::lock_guard<std::mutex> lk(g_alloc_mu);
+    AllocReset();
+  }
+  return 0;
+}
+
+STRATA_EXPORT int strata_cpu_finalize(int unlink_segment) {
+  if (!g_pool.inited) return Error("strata_cpu_finalize: not initialised");
+  std::string name = g_pool.name;
+  munmap(g_pool.base, g_pool.total);
+  g_pool = Pool();
+  {
+    std::lock_guard<std::mutex> lk(g_alloc_mu);
+    AllocReset();
+  }
+  if (unlink_segment && shm_unlink(name.c_str()) != 0)
+    return Error(Sprintf("strata_cpu_finalize: shm_unlink(%s): %s", name.c_str(), strerror(errno)));
+  return 0;
+}
+
+STRATA_EXPORT const char* strata_cpu_last_error(void) {
+  std::lock_guard<std::mutex> lk(g_err_mu);
+  return g_last_error.c_str();
+}
+
+STRATA_EXPORT void* strata_cpu_heap_base(void) { return g_pool.inited ? HeapOf(g_pool.rank) : nullptr; }
+STRATA_EXPORT uint64_t strata_cpu_heap_bytes(void) { return g_pool.heap_bytes; }
+STRATA_EXPORT uint64_t strata_cpu_heap_used(void) {
+  std::lock_guard<std::mutex> lk(g_alloc_mu);
+  return g_used_bytes;
+}
+
+STRATA_EXPORT void strata_cpu_set_timeout(double seconds) { g_timeout.store(seconds); }
+
+STRATA_EXPORT void strata_cpu_reset_counters(void) {
+  for (auto& core : g_ctr)
+    for (auto& c : core) c.store(0);
+  g_max_cores.store(0);
+}
+
+STRATA_EXPORT int strata_cpu_read_counters(uint64_t* out, int max_cores) {
+  int n = std::min(std::max(max_cores, 0), int(STRATA_MAX_CORES));
+  for (int i = 0; out && i < n; ++i)
+    for (int k = 0; k < STRATA_NUM_CTRS; ++k) out[i * STRATA_NUM_CTRS + k] = g_ctr[i][k].load();
+  return g_max_cores.load();
+}
+
+STRATA_EXPORT int strata_cpu_aborted(void) { return AbortState() != 0; }
+
+STRATA_EXPORT const char* strata_cpu_abort_message(void) {
+  std::lock_guard<std::mutex> lk(g_err_mu);
+  if (AbortState() == 0) {
+    g_abort_copy.clear();
+  } else {
+    int rank;
+    std::string msg;
+    ReadAbort(&rank, &msg);
+    g_abort_copy = msg;
+  }
+  return g_abort_copy.c_str();
+}
+
+STRATA_EXPORT int strata_cpu_barrier(void) {
+  if (!g_pool.inited) return Error("strata_cpu_barrier: not initialised");
+  PoolHeader* h = g_pool.hdr;
+  int32_t gen = __atomic_load_n(&h->bar_gen, __ATOMIC_ACQUIRE);
+  if (__atomic_add_fetch(&h->bar_count, 1, __ATOMIC_ACQ_REL) == g_pool.world) {
+    __atomic_store_n(&h->bar_count, 0, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&h->bar_gen, 1, __ATOMIC_ACQ_REL);
+    return 0;
+  }
+  double deadline = Now() + g_timeout.load();
+  Backoff backoff;
+  while (__atomic_load_n(&h->bar_gen, __ATOMIC_ACQUIRE) == gen) {
+    if (AbortState() != 0) {
+      int rank;
+      std::string msg;
+      ReadAbort(&rank, &msg);
+      return Error(Sprintf("strata_cpu_barrier: the pool is aborted: rank %d failed: %s", rank, msg.c_str()));
+    }
+    if (Now() > deadline)
+      return Error(Sprintf("strata_cpu_barrier: rank %d timed out after %g s", g_pool.rank, g_timeout.load()));
+    backoff.Pause();
+  }
+  return 0;
+}
+
+STRATA_EXPORT void* aclshmem_malloc(size_t size) {
+  if (!g_pool.inited) {
+    Error("aclshmem_malloc: not initialised");
+    return nullptr;
+  }
+  if (size == 0) {
+    Error("aclshmem_malloc(0): zero-byte request");
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lk(g_alloc_mu);
+  uint64_t need = (uint64_t(size) + kAlign - 1) / kAlign * kAlign;
+  for (auto it = g_free.begin(); it != g_free.end(); ++it) {
+    if (it->second < need) continue;
+    uint64_t off = it->first, sz = it->second;
+    g_free.erase(it);
+    if (sz > need) g_free[off + need] = sz - need;
+    g_used[off] = need;
+    g_used_bytes += need;
+    return HeapOf(g_pool.rank) + off;
+  }
+  uint64_t free_bytes = 0, largest = 0;
+  for (auto& f : g_free) {
+    free_bytes += f.second;
+    largest = std::max(largest, f.second);
+  }
+  Error(Sprintf("aclshmem_malloc(%llu): symmetric heap exhausted: request of %llu bytes (512-byte aligned), %llu "
+                "bytes free (largest free block %llu) of %llu",
+                (unsigned long long)size, (unsigned long long)need, (unsigned long long)free_bytes,
+                (unsigned long long)largest, (unsigned long long)g_pool.heap_bytes));
+  return nullptr;
+}
+
+STRATA_EXPORT void* aclshmem_calloc(size_t count, size_t size) {
+  if (size != 0 && count > SIZE_MAX / size) {
+    Error(Sprintf("aclshmem_calloc(%zu, %zu): size overflows", count, size));
+    return nullptr;
+  }
+  void* p = aclshmem_malloc(count * size);
+  if (p) std::memset(p, 0, count * size);
+  return p;
+}
+
+STRATA_EXPORT void aclshmem_free(void* ptr) {
+  if (!ptr) return;
+  if (!g_pool.inited) {
+    Error("aclshmem_free: not initialised");
+    return;
+  }
+  std::lock_guard<std::mutex> lk(g_alloc_mu);
+  uint8_t* mine = HeapOf(g_pool.rank);
+  uint8_t* p = static_cast<uint8_t*>(ptr);
+  auto it = (p >= mine && p < mine + g_pool.heap_bytes) ? g_used.find(uint64_t(p - mine)) : g_used.end();
+  if (it == g_used.end()) {
+    Error(Sprintf("aclshmem_free(%p): not a live allocation of this rank's heap", ptr));
+    return;
+  }
+  uint64_t off = it->first, sz = it->second;
+  g_used.erase(it);
+  g_used_bytes -= sz;
+  auto next = g_free.lower_bound(off);
+  if (next != g_free.end() && off + sz == next->first) {
+    sz += next->second;
+    g_free.erase(next);
+  }
+  auto prev = g_free.lower_bound(off);
+  if (prev != g_free.begin()) {
+    --prev;
+    if (prev->first + prev->second == off) {
+      prev->second += sz;
+      return;
+    }
+  }
+  g_free[off] = sz;
+}
+
+}  // extern "C"
