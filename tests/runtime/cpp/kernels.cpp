@@ -1,0 +1,372 @@
+// Test kernels for the CPU model, written as Ascend C kernels against kernel_operator.h/shmem.h
+// and built as a shared library linked against libstratacpu.so (the layout generated kernels use).
+#include <sched.h>
+#include <unistd.h>
+
+#include <stdexcept>
+
+#include "kernel_operator.h"
+#include "shmem.h"
+#include "strata_cpu.h"
+
+using namespace AscendC;
+
+namespace {
+constexpr uint32_t Align32(uint32_t bytes) { return (bytes + 31) / 32 * 32; }
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// exchange: every core of every rank sends its chunk of `src` to every rank, once with MTE
+// (aclshmem_ptr + DataCopyPad) and once with SDMA puts, signals each rank, waits for all ranks'
+// signals, then SDMA-gets the next rank's chunk.
+extern "C" __global__ __aicore__ void exchange_kernel(GM_ADDR src, GM_ADDR recv_mte, GM_ADDR recv_sdma,
+                                                      GM_ADDR recv_get, GM_ADDR flags, uint32_t n) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
+  const int64_t c = GetBlockIdx(), C = GetBlockNum();
+  const int me = aclshmem_my_pe(), W = aclshmem_n_pes();
+  TPipe pipe;
+  TBuf<TPosition::VECCALC> data, scratch;
+  pipe.InitBuffer(data, Align32(n * sizeof(float)));
+  pipe.InitBuffer(scratch, 64);
+  LocalTensor<float> t = data.Get<float>();
+  LocalTensor<float> s = scratch.Get<float>();
+
+  float* my_src = reinterpret_cast<float*>(src) + c * n;
+  GlobalTensor<float> srcG;
+  srcG.SetGlobalBuffer(my_src, n);
+  DataCopyExtParams cp(1, n * sizeof(float), 0, 0, 0);
+  DataCopyPad(t, srcG, cp, DataCopyPadExtParams<float>(false, 0, 0, 0.f));
+  SetFlag<HardEvent::MTE2_MTE3>(EVENT_ID0);
+  WaitFlag<HardEvent::MTE2_MTE3>(EVENT_ID0);
+  const uint64_t slot = (uint64_t(me) * C + c) * n;
+  for (int p = 0; p < W; ++p) {
+    GlobalTensor<float> d;
+    d.SetGlobalBuffer(static_cast<float*>(aclshmem_ptr(reinterpret_cast<float*>(recv_mte) + slot, p)), n);
+    DataCopyPad(d, t, cp);
+  }
+  for (int p = 0; p < W; ++p)
+    aclshmemx_sdma_put_nbi(reinterpret_cast<float*>(recv_sdma) + slot, my_src, s.GetPhyAddr(), 64, n, p, EVENT_ID0);
+  aclshmemx_sdma_quiet(s.GetPhyAddr(), 64, EVENT_ID0);
+  int32_t* flag = reinterpret_cast<int32_t*>(flags) + c * 8;
+  for (int p = 0; p < W; ++p) aclshmemx_signal_op(flag, 1, ACLSHMEM_SIGNAL_ADD, p);
+  aclshmem_signal_wait_until(flag, ACLSHMEM_CMP_EQ, W);
+  aclshmemx_sdma_get_nbi(reinterpret_cast<float*>(recv_get) + c * n, my_src, s.GetPhyAddr(), 64, n, (me + 1) % W,
+                         EVENT_ID0);
+  aclshmemx_sdma_quiet(s.GetPhyAddr(), 64, EVENT_ID0);
+  SyncAll();
+}
+
+extern "C" int launch_exchange(uint32_t blocks, uint8_t* src, uint8_t* recv_mte, uint8_t* recv_sdma,
+                               uint8_t* recv_get, uint8_t* flags, uint32_t n) {
+  return STRATA_CPU_LAUNCH(exchange_kernel, blocks, src, recv_mte, recv_sdma, recv_get, flags, n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// atomics: every core of every rank adds (float and int32) and maxes into rank 0's buffers.
+extern "C" __global__ __aicore__ void atomic_kernel(GM_ADDR acc_f, GM_ADDR acc_i, GM_ADDR acc_max, uint32_t m,
+                                                    uint32_t rounds) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  const int64_t c = GetBlockIdx(), C = GetBlockNum();
+  const int me = aclshmem_my_pe();
+  TPipe pipe;
+  TQue<TPosition::VECOUT, 1> q;
+  pipe.InitBuffer(q, 2, m * 4);
+  const int32_t k = int32_t(me * C + c + 1);
+  GlobalTensor<float> f, mx;
+  GlobalTensor<int32_t> in;
+  f.SetGlobalBuffer(static_cast<float*>(aclshmem_ptr(acc_f, 0)), m);
+  in.SetGlobalBuffer(static_cast<int32_t*>(aclshmem_ptr(acc_i, 0)), m);
+  mx.SetGlobalBuffer(static_cast<float*>(aclshmem_ptr(acc_max, 0)), m);
+  for (uint32_t r = 0; r < rounds; ++r) {
+    LocalTensor<float> a = q.AllocTensor<float>();
+    for (uint32_t i = 0; i < m; ++i) a.SetValue(i, float(k * int32_t(i % 7 + 1)));
+    q.EnQue(a);
+    a = q.DeQue<float>();
+    SetAtomicAdd<float>();
+    DataCopy(f, a, m);
+    SetAtomicNone();
+    q.FreeTensor(a);
+
+    LocalTensor<int32_t> b = q.AllocTensor<int32_t>();
+    for (uint32_t i = 0; i < m; ++i) b.SetValue(i, k * 1000003 * int32_t(i + 1));  // wraps
+    SetAtomicAdd<int32_t>();
+    DataCopy(in, b, m);
+    DisableDmaAtomic();
+    q.FreeTensor(b);
+
+    LocalTensor<float> x = q.AllocTensor<float>();
+    for (uint32_t i = 0; i < m; ++i) x.SetValue(i, float((k * 37 + int32_t(i) + int32_t(r) * 11) % 101));
+    SetAtomicMax<float>();
+    DataCopy(mx, x, m);
+    SetAtomicNone();
+    q.FreeTensor(x);
+  }
+}
+
+extern "C" int launch_atomic(uint32_t blocks, uint8_t* acc_f, uint8_t* acc_i, uint8_t* acc_max, uint32_t m,
+                             uint32_t rounds) {
+  return STRATA_CPU_LAUNCH(atomic_kernel, blocks, acc_f, acc_i, acc_max, m, rounds);
+}
+
+// ---------------------------------------------------------------------------------------------
+// syncall: in each round every core publishes a value, SyncAll, every core sums all published
+// values, SyncAll. Without a real barrier the sums come out wrong.
+extern "C" __global__ __aicore__ void syncall_kernel(GM_ADDR slots, GM_ADDR sums, uint32_t rounds) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
+  const int64_t c = GetBlockIdx(), C = GetBlockNum();
+  GlobalTensor<int32_t> sl, su;
+  sl.SetGlobalBuffer(reinterpret_cast<int32_t*>(slots), C);
+  su.SetGlobalBuffer(reinterpret_cast<int32_t*>(sums), uint64_t(rounds) * C);
+  for (uint32_t r = 0; r < rounds; ++r) {
+    if ((r + c) % 3 == 0) sched_yield();  // shuffle the arrival order
+    sl.SetValue(c, int32_t(r * C + c));
+    SyncAll();
+    int32_t total = 0;
+    for (int64_t j = 0; j < C; ++j) total += sl.GetValue(j);
+    su.SetValue(r * C + c, total);
+    SyncAll();
+  }
+}
+
+extern "C" int launch_syncall(uint32_t blocks, uint8_t* slots, uint8_t* sums, uint32_t rounds) {
+  return STRATA_CPU_LAUNCH(syncall_kernel, blocks, slots, sums, rounds);
+}
+
+// ---------------------------------------------------------------------------------------------
+// numeric: casts in every round mode and elementwise arithmetic; see driver.cpp for the layout.
+template <class T>
+static void Load(LocalTensor<T> dst, GM_ADDR base, uint64_t byte_off, uint32_t n) {
+  GlobalTensor<T> g;
+  g.SetGlobalBuffer(reinterpret_cast<T*>(base + byte_off), n);
+  DataCopy(dst, g, n);
+}
+template <class T>
+static void Store(GM_ADDR base, uint64_t byte_off, LocalTensor<T> src, uint32_t n) {
+  GlobalTensor<T> g;
+  g.SetGlobalBuffer(reinterpret_cast<T*>(base + byte_off), n);
+  DataCopy(g, src, n);
+}
+
+extern "C" __global__ __aicore__ void numeric_kernel(GM_ADDR in, GM_ADDR out, uint32_t n) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  TPipe pipe;
+  TBuf<> b_in, b_tmp, b_tmp2;
+  pipe.InitBuffer(b_in, 8 * n * 4);
+  pipe.InitBuffer(b_tmp, n * 4);
+  pipe.InitBuffer(b_tmp2, n * 4);
+  // input: xs f32[n] | ha f16[n] | hb f16[n] | ba bf16[n] | bb bf16[n] | ia i32[n] | ib i32[n]
+  LocalTensor<uint8_t> raw = b_in.Get<uint8_t>();
+  LocalTensor<float> xs = raw.ReinterpretCast<float>();
+  LocalTensor<half> ha = raw[n * 4].ReinterpretCast<half>();
+  LocalTensor<half> hb = raw[n * 6].ReinterpretCast<half>();
+  LocalTensor<bfloat16_t> ba = raw[n * 8].ReinterpretCast<bfloat16_t>();
+  LocalTensor<bfloat16_t> bb = raw[n * 10].ReinterpretCast<bfloat16_t>();
+  LocalTensor<int32_t> ia = raw[n * 12].ReinterpretCast<int32_t>();
+  LocalTensor<int32_t> ib = raw[n * 16].ReinterpretCast<int32_t>();
+  Load(xs, in, 0, n);
+  Load(ha, in, n * 4, n);
+  Load(hb, in, n * 6, n);
+  Load(ba, in, n * 8, n);
+  Load(bb, in, n * 10, n);
+  Load(ia, in, n * 12, n);
+  Load(ib, in, n * 16, n);
+  SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+  WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+
+  const RoundMode modes[7] = {RoundMode::CAST_NONE,  RoundMode::CAST_RINT,  RoundMode::CAST_FLOOR,
+                              RoundMode::CAST_CEIL,  RoundMode::CAST_ROUND, RoundMode::CAST_TRUNC,
+                              RoundMode::CAST_ODD};
+  LocalTensor<half> th = b_tmp.Get<half>();
+  LocalTensor<bfloat16_t> tb = b_tmp.Get<bfloat16_t>();
+  LocalTensor<int32_t> ti = b_tmp.Get<int32_t>();
+  LocalTensor<float> tf = b_tmp.Get<float>();
+  uint64_t o = 0;
+  // output: f32->f16 [7][n] | f32->bf16 [7][n] | f32->i32 [7][n] | i32->f32 [7][n] | i32->f16 [7][n]
+  for (auto m : modes) { Cast(th, xs, m, n); Store(out, o, th, n); o += n * 2; }
+  for (auto m : modes) { Cast(tb, xs, m, n); Store(out, o, tb, n); o += n * 2; }
+  for (auto m : modes) { Cast(ti, xs, m, n); Store(out, o, ti, n); o += n * 4; }
+  for (auto m : modes) { Cast(tf, ia, m, n); Store(out, o, tf, n); o += n * 4; }
+  for (auto m : modes) { Cast(th, ia, m, n); Store(out, o, th, n); o += n * 2; }
+  // | f16 round trip: f16(rint)->f32 [n] | bf16(rint)->f32 [n]
+  Cast(th, xs, RoundMode::CAST_RINT, n);
+  LocalTensor<float> tf2 = b_tmp2.Get<float>();
+  Cast(tf2, th, RoundMode::CAST_NONE, n);
+  Store(out, o, tf2, n); o += n * 4;
+  Cast(tb, xs, RoundMode::CAST_RINT, n);
+  Cast(tf2, tb, RoundMode::CAST_NONE, n);
+  Store(out, o, tf2, n); o += n * 4;
+  // | half: add sub mul max min muls(0.1) adds(3) [7][n]
+  Add(th, ha, hb, n); Store(out, o, th, n); o += n * 2;
+  Sub(th, ha, hb, n); Store(out, o, th, n); o += n * 2;
+  Mul(th, ha, hb, n); Store(out, o, th, n); o += n * 2;
+  Max(th, ha, hb, n); Store(out, o, th, n); o += n * 2;
+  Min(th, ha, hb, n); Store(out, o, th, n); o += n * 2;
+  Muls(th, ha, half(0.1f), n); Store(out, o, th, n); o += n * 2;
+  Adds(th, ha, half(3.0f), n); Store(out, o, th, n); o += n * 2;
+  // | bf16: same [7][n]
+  Add(tb, ba, bb, n); Store(out, o, tb, n); o += n * 2;
+  Sub(tb, ba, bb, n); Store(out, o, tb, n); o += n * 2;
+  Mul(tb, ba, bb, n); Store(out, o, tb, n); o += n * 2;
+  Max(tb, ba, bb, n); Store(out, o, tb, n); o += n * 2;
+  Min(tb, ba, bb, n); Store(out, o, tb, n); o += n * 2;
+  Muls(tb, ba, bfloat16_t(0.1f), n); Store(out, o, tb, n); o += n * 2;
+  Adds(tb, ba, bfloat16_t(3.0f), n); Store(out, o, tb, n); o += n * 2;
+  // | int32: add sub mul max min [5][n]
+  Add(ti, ia, ib, n); Store(out, o, ti, n); o += n * 4;
+  Sub(ti, ia, ib, n); Store(out, o, ti, n); o += n * 4;
+  Mul(ti, ia, ib, n); Store(out, o, ti, n); o += n * 4;
+  Max(ti, ia, ib, n); Store(out, o, ti, n); o += n * 4;
+  Min(ti, ia, ib, n); Store(out, o, ti, n); o += n * 4;
+  // | float: Duplicate(1.5) then Muls(-2) [n]
+  Duplicate(tf, 1.5f, n);
+  Muls(tf, tf, -2.0f, n);
+  Store(out, o, tf, n); o += n * 4;
+}
+
+extern "C" int launch_numeric(uint8_t* in, uint8_t* out, uint32_t n) {
+  return STRATA_CPU_LAUNCH(numeric_kernel, 1, in, out, n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rule violations. `which` selects the case; `buf` is a 4 KiB symmetric buffer.
+enum FailCase {
+  kUbOverflow = 0, kDataCopy36, kGmPastSize, kGmOutsidePool, kSyncAllAivOnly, kSyncAllUndeclared,
+  kSdmaNoQuiet, kSdmaSmallScratch, kSdmaCore48, kWaitTimeout, kQueExhausted, kWaitFlagUnset, kUbBounds,
+  kShmemPtrForeign, kPadBlockCount, kSyncAllExited, kThrow, kPeerAbort, kTBufOffset, kDeQueEmpty,
+};
+
+extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
+  const int64_t c = GetBlockIdx(), C = GetBlockNum();
+  const bool aiv_only = which == kSyncAllAivOnly || which == kSdmaCore48 || which == kQueExhausted;
+  if (which != kSyncAllUndeclared) KERNEL_TASK_TYPE_DEFAULT(aiv_only ? KERNEL_TYPE_AIV_ONLY : KERNEL_TYPE_MIX_AIV_1_0);
+  TPipe pipe;
+  TBuf<> tb;
+  pipe.InitBuffer(tb, 4096);
+  LocalTensor<float> t = tb.Get<float>();
+  GlobalTensor<float> g;
+  g.SetGlobalBuffer(reinterpret_cast<float*>(buf), 1024);
+  const bool actor = c == C - 1;  // the last core breaks the rule; the others wait in SyncAll
+  switch (which) {
+    case kUbOverflow: {
+      if (actor) {
+        TQue<TPosition::VECIN, 2> q;
+        strata_cpu::SetLine(21);
+        pipe.InitBuffer(q, 2, 100000);
+      }
+      break;
+    }
+    case kDataCopy36:
+      if (actor) {
+        strata_cpu::SetLine(12);
+        DataCopy(t, g, 9);  // 36 bytes
+      }
+      break;
+    case kGmPastSize:
+      if (actor) {
+        GlobalTensor<float> small;
+        small.SetGlobalBuffer(reinterpret_cast<float*>(buf), 16);
+        DataCopy(small, t, 32);
+      }
+      break;
+    case kGmOutsidePool:
+      if (actor) {
+        GlobalTensor<float> far;
+        far.SetGlobalBuffer(reinterpret_cast<float*>(buf) + (uint64_t(1) << 30));
+        DataCopy(t, far, 8);
+      }
+      break;
+    case kSyncAllAivOnly:
+    case kSyncAllUndeclared:
+      SyncAll();
+      break;
+    case kSdmaNoQuiet:
+      if (actor) aclshmemx_sdma_put_nbi(reinterpret_cast<float*>(buf), reinterpret_cast<float*>(buf) + 512,
+                                        t.GetPhyAddr(), 64, 128, 0, EVENT_ID0);
+      break;
+    case kSdmaSmallScratch:
+      if (actor) aclshmemx_sdma_put_nbi(reinterpret_cast<float*>(buf), reinterpret_cast<float*>(buf) + 512,
+                                        t.GetPhyAddr(), 32, 128, 0, EVENT_ID0);
+      break;
+    case kSdmaCore48: {
+      float* dst = reinterpret_cast<float*>(buf) + (c % 16) * 8;
+      aclshmemx_sdma_put_nbi(dst, dst, t.GetPhyAddr(), 64, 8, 0, EVENT_ID0);
+      aclshmemx_sdma_quiet(t.GetPhyAddr(), 64, EVENT_ID0);
+      return;
+    }
+    case kWaitTimeout:
+      if (actor) {
+        int32_t* flag = reinterpret_cast<int32_t*>(buf) + 64;
+        aclshmemx_signal_op(flag, 3, ACLSHMEM_SIGNAL_SET, 0);
+        aclshmem_signal_wait_until(flag, ACLSHMEM_CMP_EQ, 7);
+      }
+      break;
+    case kQueExhausted: {
+      TQue<TPosition::VECIN, 1> q;
+      pipe.InitBuffer(q, 2, 256);
+      LocalTensor<float> a = q.AllocTensor<float>();
+      LocalTensor<float> b = q.AllocTensor<float>();
+      (void)a; (void)b;
+      q.FreeTensor(a);
+      LocalTensor<float> a2 = q.AllocTensor<float>();  // fine: a was freed
+      (void)a2;
+      LocalTensor<float> d = q.AllocTensor<float>();  // third live buffer of two
+      (void)d;
+      return;
+    }
+    case kWaitFlagUnset:
+      if (actor) {
+        SetFlag<HardEvent::V_MTE3>(EVENT_ID1);
+        WaitFlag<HardEvent::V_MTE3>(EVENT_ID1);
+        WaitFlag<HardEvent::V_MTE3>(EVENT_ID1);
+      }
+      break;
+    case kUbBounds:
+      if (actor) Add(t[1000], t, t, 64);  // 1000 + 64 > 1024 floats
+      break;
+    case kShmemPtrForeign:
+      if (actor) {
+        static float not_in_heap[16];
+        aclshmem_ptr(not_in_heap, 0);
+      }
+      break;
+    case kPadBlockCount:
+      if (actor) DataCopyPad(g, t, DataCopyExtParams(2, 64, 0, 0, 0));
+      break;
+    case kSyncAllExited:
+      if (c == 0) return;
+      SyncAll();
+      return;
+    case kThrow:
+      if (actor) throw std::runtime_error("boom");
+      break;
+    case kPeerAbort: {
+      // rank 1's last core breaks a rule after the others started waiting for a flag no one sets.
+      int32_t* flag = reinterpret_cast<int32_t*>(buf) + 128;
+      if (aclshmem_my_pe() == 1 && actor) {
+        usleep(100000);
+        strata_cpu::SetLine(77);
+        DataCopy(t, g, 9);
+      }
+      aclshmem_signal_wait_until(flag, ACLSHMEM_CMP_EQ, 1);
+      return;
+    }
+    case kTBufOffset:
+      if (actor) tb.GetWithOffset<float>(8, 100);
+      break;
+    case kDeQueEmpty:
+      if (actor) {
+        TQue<TPosition::VECOUT, 1> q;
+        pipe.InitBuffer(q, 1, 256);
+        q.DeQue<float>();
+      }
+      break;
+    default:
+      break;
+  }
+  if (which == kSyncAllAivOnly || which == kSyncAllUndeclared) return;
+  if (!aiv_only) SyncAll();
+}
+
+extern "C" int launch_fail(uint32_t blocks, uint8_t* buf, int32_t which) {
+  return STRATA_CPU_LAUNCH(fail_kernel, blocks, buf, which);
+}
