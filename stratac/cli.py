@@ -34,6 +34,18 @@ def _worlds(text: str) -> list[int]:
     return out
 
 
+def _ranges(xs: list[int]) -> str:
+    """[1, 2, 3, 4, 8] -> '1-4,8'."""
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(f"{xs[i]}-{xs[j]}" if j > i + 1 else ",".join(map(str, xs[i:j + 1])))
+        i = j + 1
+    return ",".join(out)
+
+
 def _bytes(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+)\s*([KMG]i?B?|B)?\s*", text, re.I)
     if not m:
@@ -69,20 +81,18 @@ def cmd_check(args) -> int:
                 print(d.render(), file=sys.stderr)
             status = EXIT_FAIL
             continue
-        worlds = sorted({r.world for r in results})
-        span = f"{worlds[0]}..{worlds[-1]}" if len(worlds) > 2 else ",".join(map(str, worlds))
-        print(f"{s.name}: verified {s.contract} for world {span} "
+        print(f"{s.name}: verified {s.contract} for world {_ranges(sorted({r.world for r in results}))} "
               f"({len(results)} instances, {sum(r.events for r in results)} events, "
               f"{time.perf_counter() - t0:.2f} s)")
     return status
 
 
 def cmd_compile(args) -> int:
-    source = frontend.load_source(args.file)
     opts = _options(args)
     opts.check()
     out_dir = Path(args.output)
-    for s in frontend.schedules(source):
+    schedules = [s for f in args.files for s in frontend.schedules(frontend.load_source(f))]
+    for s in schedules:
         for res in verify.verify_worlds(s, args.world):
             if not res.ok:
                 raise StrataError(res.diagnostics)
@@ -100,10 +110,11 @@ def cmd_run(args) -> int:
     if args.count is not None and args.size is not None:
         print("stratac: error: give --count or --size, not both", file=sys.stderr)
         return EXIT_USAGE
-    spec = runner.RunSpec(file=args.file, world=args.world, count=args.count,
-                          size=args.size if args.size is not None else (None if args.count else 1 << 20),
-                          dtype=args.dtype, iters=args.iters, timeout=args.timeout, check=args.check,
-                          seed=args.seed, soc=args.soc, cores=args.cores)
+    case = runner.Case(dtype=args.dtype, count=args.count,
+                       size=args.size if args.size is not None else (None if args.count else 1 << 20))
+    spec = runner.RunSpec(file=args.file, world=args.world, cases=[case], iters=args.iters,
+                          timeout=args.timeout, check=args.check, seed=args.seed, soc=args.soc,
+                          cores=args.cores)
     outcome = runner.run(spec, echo=lambda line: print(line, file=sys.stderr))
     for line in runner.report(outcome, args.check):
         print(line)
@@ -130,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="vector cores per launch (default: all of the SoC)")
 
     k = sub.add_parser("compile", help="verify, then generate Ascend C into DIR/<schedule>/")
-    k.add_argument("file")
+    k.add_argument("files", nargs="+", metavar="FILE")
     k.add_argument("-o", "--output", required=True, metavar="DIR")
     k.add_argument("--world", type=_worlds, default=list(range(1, 9)),
                    help="world sizes verified before generating code (default 1-8)")

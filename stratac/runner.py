@@ -25,13 +25,18 @@ from .frontend import load_source
 from .worker import RESULT_PREFIX
 
 
+@dataclass(frozen=True)
+class Case:
+    dtype: str = "f32"
+    count: int | None = None     # elements of the size symbol, or
+    size: int | None = None      # bytes, nccl-tests' S
+
+
 @dataclass
 class RunSpec:
     file: str
     world: int
-    count: int | None = None
-    size: int | None = None
-    dtype: str = "f32"
+    cases: list[Case] = field(default_factory=lambda: [Case(size=1 << 20)])
     iters: int = 5
     warmup: int = 1
     timeout: float = 60.0
@@ -59,13 +64,15 @@ def _heap_bytes(spec: RunSpec, schedules) -> int:
         return spec.heap_bytes
     from .ir import DType
     from .workload import Workload
-    elem = DType.parse(spec.dtype).nbytes
     need = 0
-    for c in schedules:
-        s = c.schedule
-        n = spec.count if spec.count is not None else Workload.count_for_bytes(s, spec.world, spec.size, elem)
-        wl = Workload(s, spec.world, n)
-        need = max(need, sum((wl.numel(p) * elem + 511) // 512 * 512 for p in s.params))
+    for case in spec.cases:
+        elem = DType.parse(case.dtype).nbytes
+        for c in schedules:
+            s = c.schedule
+            n = case.count if case.count is not None else \
+                Workload.count_for_bytes(s, spec.world, case.size, elem)
+            wl = Workload(s, spec.world, n)
+            need = max(need, sum((wl.numel(p) * elem + 511) // 512 * 512 for p in s.params))
     return need + (spec.world + comm.SYNC_SLOTS) * 4 + (1 << 20)
 
 
@@ -79,6 +86,12 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
     for c in compiled:
         build.build_cpu(c.output)   # warm the cache: the ranks then load without compiling
     heap = _heap_bytes(spec, compiled)
+    shm = os.statvfs("/dev/shm")
+    free = shm.f_bavail * shm.f_frsize
+    if heap * spec.world > free:
+        raise StrataError(error(Codes.BAD_WORLD, f"the symmetric heap needs {heap * spec.world} bytes of "
+                                f"shared memory ({spec.world} ranks x {heap} bytes), but /dev/shm has "
+                                f"{free} bytes free: use a smaller --size or --count"))
     segment = f"/stratac-{os.getuid()}-{secrets.token_hex(12)}"
     outcome = RunOutcome()
     with tempfile.TemporaryDirectory(prefix="stratac-run-") as tmp:
@@ -88,14 +101,14 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
             wspec = {"file": str(Path(spec.file).resolve()), "rank": r, "world": spec.world,
                      "store": str(Path(tmp) / "store"), "segment": segment, "heap_bytes": heap,
                      "timeout": spec.timeout, "soc": spec.soc, "cores": spec.cores,
-                     "count": spec.count, "size": spec.size, "dtype": spec.dtype,
+                     "cases": [vars(c) for c in spec.cases],
                      "iters": spec.iters, "warmup": spec.warmup, "seed": spec.seed}
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "stratac.worker", json.dumps(wspec)],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                 start_new_session=True))
         # the deadline covers start-up, the timed iterations and the checks of every schedule
-        deadline = time.monotonic() + 60 + spec.timeout * (2 + len(compiled))
+        deadline = time.monotonic() + 60 + spec.timeout * (2 + len(compiled) * len(spec.cases))
         try:
             for r, p in enumerate(procs):
                 left = max(0.1, deadline - time.monotonic())
@@ -159,7 +172,7 @@ def report(outcome: RunOutcome, check: bool) -> list[str]:
             f"{'algbw':>7} {'busbw':>7} {'aiv bytes':>10} {'sdma bytes':>10} {'core max/mean':>13} "
             f"{'heap/rank':>10}  result")
     lines.append(head)
-    for r in sorted((r for r in outcome.results if r["rank"] == 0), key=lambda r: r["schedule"]):
+    for r in (r for r in outcome.results if r["rank"] == 0):
         t = r["time_s"]
         algbw = r["size"] / t / 1e9 if t > 0 else 0.0
         busbw = algbw * r["busbw_factor"]

@@ -23,8 +23,6 @@ def main(spec_text: str) -> int:
     from . import passes
     from .comm import Communicator, StrataRuntimeError, StrataUsageError
     from .diagnostics import StrataError
-    from .ir import DType
-    from .workload import Workload
 
     torch.set_num_threads(1)
     rank, world = spec["rank"], spec["world"]
@@ -37,63 +35,10 @@ def main(spec_text: str) -> int:
                                                segment=spec["segment"])
         opts = passes.Options(soc=spec["soc"], cores=spec["cores"])
         mod = comm.load(spec["file"], options=opts)
-        dtype = DType.parse(spec["dtype"])
-        tdtype = getattr(torch, dtype.torch_name)
-        for name, fn in mod.schedules.items():
-            s = fn.ir
-            if spec["count"] is not None:
-                count = spec["count"]
-            else:
-                count = Workload.count_for_bytes(s, world, spec["size"], dtype.nbytes)
-            wl = Workload(s, world, count)
-            heap_before = comm.heap_used
-            tensors = {p.name: comm.empty(wl.numel(p), dtype=tdtype) for p in s.params}
-            heap_bytes = comm.heap_used
-            blocks = spec["cores"] or s.kernel.cores
-
-            def checked(seed: int) -> tuple[bool, str]:
-                wl.fill(tensors, rank, seed)
-                comm.barrier()
-                fn(**tensors, cores=blocks)
-                for p in s.params:
-                    want = wl.expected(p.name, rank, seed, tdtype)
-                    if want is None:
-                        continue
-                    got = tensors[p.name]
-                    if not torch.equal(got, want):
-                        bad = (got != want).nonzero()
-                        i = int(bad[0]) if bad.numel() else -1
-                        return False, (f"{p.name}[{i}] = {got[i].item()} on rank {rank}, expected "
-                                       f"{want[i].item()} ({bad.numel()} elements differ)")
-                return True, ""
-
-            comm.reset_counters()
-            ok, why = checked(spec["seed"])
-            counters = comm.counters()
-            for _ in range(spec["warmup"]):
-                fn(**tensors, cores=blocks)
-            comm.barrier()
-            t0 = time.perf_counter()
-            for _ in range(spec["iters"]):
-                fn(**tensors, cores=blocks)
-            elapsed = (time.perf_counter() - t0) / max(1, spec["iters"])
-            comm.barrier()
-            if ok:  # calls stay correct after many back-to-back calls (flag epochs)
-                ok, why = checked(spec["seed"] + 1)
-            t = torch.tensor([elapsed], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            flags = torch.tensor([0 if ok else 1], dtype=torch.int64)
-            dist.all_reduce(flags)
-            result = {
-                "schedule": name, "rank": rank, "world": world, "dtype": dtype.short,
-                "count": count, "size": wl.size_bytes(dtype.nbytes), "time_s": float(t.item()),
-                "busbw_factor": wl.busbw_factor(), "ok": ok, "why": why,
-                "ranks_wrong": int(flags.item()), "cores": blocks, "counters": counters,
-                "heap_bytes": heap_bytes, "heap_user_bytes": heap_bytes - heap_before,
-            }
-            print(RESULT_PREFIX + json.dumps(result), flush=True)
-            for p in reversed(s.params):
-                comm.free(tensors[p.name])
+        for case in spec["cases"]:
+            for name, fn in mod.schedules.items():
+                result = _run_case(comm, fn, case, spec, rank, world)
+                print(RESULT_PREFIX + json.dumps(result), flush=True)
         clean = True
         return 0
     except StrataError as exc:
@@ -113,6 +58,71 @@ def main(spec_text: str) -> int:
             comm.close(collective=clean)
         if clean:
             dist.destroy_process_group()
+
+
+def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
+    """One schedule at one dtype and size: a checked call, timed calls, a second checked call."""
+    import torch
+    import torch.distributed as dist
+
+    from .ir import DType
+    from .workload import Workload
+
+    s = fn.ir
+    dtype = DType.parse(case["dtype"])
+    tdtype = getattr(torch, dtype.torch_name)
+    if case.get("count") is not None:
+        count = case["count"]
+    else:
+        count = Workload.count_for_bytes(s, world, case["size"], dtype.nbytes)
+    wl = Workload(s, world, count)
+    heap_before = comm.heap_used
+    tensors = {p.name: comm.empty(wl.numel(p), dtype=tdtype) for p in s.params}
+    heap_bytes = comm.heap_used
+    blocks = spec["cores"] or s.kernel.cores
+
+    def checked(seed: int) -> tuple[bool, str]:
+        wl.fill(tensors, rank, seed)
+        comm.barrier()
+        fn(**tensors, cores=blocks)
+        for p in s.params:
+            want = wl.expected(p.name, rank, seed, tdtype)
+            if want is None:
+                continue
+            got = tensors[p.name]
+            if not torch.equal(got, want):
+                bad = (got != want).nonzero()
+                i = int(bad[0]) if bad.numel() else -1
+                return False, (f"{p.name}[{i}] = {got[i].item()} on rank {rank}, expected "
+                               f"{want[i].item()} ({bad.numel()} elements differ)")
+        return True, ""
+
+    comm.reset_counters()
+    ok, why = checked(spec["seed"])
+    counters = comm.counters()
+    for _ in range(spec["warmup"]):
+        fn(**tensors, cores=blocks)
+    comm.barrier()
+    t0 = time.perf_counter()
+    for _ in range(spec["iters"]):
+        fn(**tensors, cores=blocks)
+    elapsed = (time.perf_counter() - t0) / max(1, spec["iters"])
+    comm.barrier()
+    if ok:  # still correct after back-to-back calls (flag epochs)
+        ok, why = checked(spec["seed"] + 1)
+    t = torch.tensor([elapsed], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    flags = torch.tensor([0 if ok else 1], dtype=torch.int64)
+    dist.all_reduce(flags)
+    for p in reversed(s.params):
+        comm.free(tensors[p.name])
+    return {
+        "schedule": s.name, "rank": rank, "world": world, "dtype": dtype.short,
+        "count": count, "size": wl.size_bytes(dtype.nbytes), "time_s": float(t.item()),
+        "busbw_factor": wl.busbw_factor(), "ok": ok, "why": why,
+        "ranks_wrong": int(flags.item()), "cores": blocks, "counters": counters,
+        "heap_bytes": heap_bytes, "heap_user_bytes": heap_bytes - heap_before,
+    }
 
 
 if __name__ == "__main__":
