@@ -1,23 +1,23 @@
 """Where the grammar, templates and runtime sources live, in a checkout and in an installed wheel.
 
-The wheel maps the top-level dsl/, templates/ and runtime/ folders to the packages stratac.dsl,
-stratac.templates and stratac.runtime, so importlib.resources finds them in both cases.
+The wheel maps the top-level dsl/, templates/ and runtime/ folders into the package (stratac/dsl,
+stratac/templates, stratac/runtime; see pyproject.toml), so an installed stratac needs no checkout.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 from pathlib import Path
 
-_PACKAGES = {"dsl": "stratac.dsl", "templates": "stratac.templates", "runtime": "stratac.runtime"}
+_PACKAGE = Path(__file__).resolve().parent
 
 
 def resource_dir(kind: str) -> Path:
-    checkout = Path(__file__).resolve().parent.parent / kind
-    if (checkout / ".").is_dir() and (Path(__file__).resolve().parent.parent / "pyproject.toml").exists():
-        return checkout
-    return Path(str(importlib.resources.files(_PACKAGES[kind])))
+    """kind is dsl, templates or runtime: top-level folders of a checkout, package data of a wheel."""
+    checkout = _PACKAGE.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / kind).is_dir():
+        return checkout / kind
+    return _PACKAGE / kind
 
 
 def resource_path(kind: str, *parts: str) -> Path:
@@ -38,5 +38,5 @@ def tree_digest(*dirs: Path, suffixes: tuple[str, ...] = (".py", ".lark", ".j2",
 
 def compiler_digest() -> str:
     """A hash of stratac's own code, grammar, templates and runtime."""
-    return tree_digest(Path(__file__).resolve().parent, resource_dir("dsl"), resource_dir("templates"),
+    return tree_digest(_PACKAGE, resource_dir("dsl"), resource_dir("templates"),
                        resource_dir("runtime"))
