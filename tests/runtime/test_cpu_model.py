@@ -22,10 +22,11 @@ import pytest
 # ---------------------------------------------------------------------------------------------
 # helpers
 
-def run_driver(driver: Path, out: Path, *args, timeout: float = 60.0) -> dict[int, list[str]]:
+def run_driver(driver: Path, out: Path, *args, timeout: float = 60.0, env: dict | None = None
+               ) -> dict[int, list[str]]:
     """Runs the driver; returns {rank: [line, ...]} of its `rank R: ...` lines."""
     proc = subprocess.run([str(driver), args[0], str(out), *map(str, args[1:])], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
     assert proc.returncode == 0, f"driver {args} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     lines: dict[int, list[str]] = {}
     for line in proc.stdout.splitlines():
@@ -48,9 +49,12 @@ def ceil512(n: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # data movement across ranks: MTE through aclshmem_ptr, SDMA put/get, signals, counters
 
-@pytest.mark.parametrize("world,cores,n", [(1, 2, 256), (3, 4, 1001)])
-def test_exchange(driver, tmp_path, world, cores, n):
-    out = run_driver(driver, tmp_path, "exchange", world, cores, n)
+@pytest.mark.parametrize("world,cores,n,sdma_delay_us", [(1, 2, 256, 0), (3, 4, 1001, 0), (3, 2, 64, 20000)])
+def test_exchange(driver, tmp_path, world, cores, n, sdma_delay_us):
+    # With a slow SDMA engine, data checked right after each quiet (in the kernel) and flags
+    # raised after it show whether quiet really waits for the copies.
+    out = run_driver(driver, tmp_path, "exchange", world, cores, n,
+                     env={"STRATA_CPU_SDMA_DELAY_US": str(sdma_delay_us)})
     assert sorted(out) == list(range(world))
     chunk = 4 * n
     sizes = [cores * chunk, world * cores * chunk, world * cores * chunk, cores * chunk, cores * 32]

@@ -17,6 +17,11 @@
 
 #include "strata_cpu.h"
 
+// Lets shared sources (runtime/device/strata_device.h) tell the CPU build from the NPU build.
+#ifndef STRATA_CPU_MODEL
+#define STRATA_CPU_MODEL 1
+#endif
+
 // ---- Bisheng keywords: nothing to do on a CPU ----
 #define __global__
 #define __aicore__

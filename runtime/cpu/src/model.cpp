@@ -146,12 +146,15 @@ void AllocReset() {
 // ---------------------------------------------------------------------------------------------
 // Counters, timeout
 
-std::atomic<uint64_t> g_ctr[STRATA_MAX_CORES][STRATA_NUM_CTRS];
+struct alignas(64) CoreCounters {  // one cache line per core: cores count without false sharing
+  std::atomic<uint64_t> v[STRATA_NUM_CTRS];
+};
+CoreCounters g_ctr[STRATA_MAX_CORES];
 std::atomic<int> g_max_cores{0};
 std::atomic<double> g_timeout{60.0};
 
 inline void Count(int core, int ctr, uint64_t n) {
-  g_ctr[core][ctr].fetch_add(n, std::memory_order_relaxed);
+  g_ctr[core].v[ctr].fetch_add(n, std::memory_order_relaxed);
 }
 
 double Now() {
@@ -177,6 +180,7 @@ struct SdmaEngine {
   std::deque<SdmaJob> queue;
   uint64_t posted = 0, done = 0;
   bool stop = false;
+  uint32_t delay_us = 0;  // STRATA_CPU_SDMA_DELAY_US: makes every copy slow, to expose missing quiets
   std::thread worker;
 
   void Run() {
@@ -187,6 +191,7 @@ struct SdmaEngine {
       SdmaJob job = queue.front();
       queue.pop_front();
       lk.unlock();
+      if (delay_us) usleep(delay_us);
       std::memmove(job.dst, job.src, job.bytes);
       std::atomic_thread_fence(std::memory_order_seq_cst);
       lk.lock();
@@ -200,6 +205,7 @@ struct Launch {
   const char* kernel = "?";
   uint32_t blocks = 0;
   double timeout = 60.0;
+  uint32_t sdma_delay_us = 0;
   std::atomic<bool> failed{false};
   std::mutex fail_mu;
   std::string first_failure;
@@ -387,6 +393,7 @@ SdmaEngine* Engine(CoreState* c) {
   if (!e) {
     e.reset(new SdmaEngine);
     SdmaEngine* raw = e.get();
+    raw->delay_us = c->launch->sdma_delay_us;
     try {
       raw->worker = std::thread([raw] { raw->Run(); });
     } catch (const std::exception& ex) {
@@ -457,6 +464,7 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
   L.kernel = kernel_name ? kernel_name : "?";
   L.blocks = blocks;
   L.timeout = g_timeout.load();
+  if (const char* d = getenv("STRATA_CPU_SDMA_DELAY_US")) L.sdma_delay_us = uint32_t(strtoul(d, nullptr, 10));
   L.sdma.resize(blocks);
   std::vector<std::thread> threads;
   threads.reserve(blocks);
@@ -1033,14 +1041,14 @@ STRATA_EXPORT void strata_cpu_set_timeout(double seconds) { g_timeout.store(seco
 
 STRATA_EXPORT void strata_cpu_reset_counters(void) {
   for (auto& core : g_ctr)
-    for (auto& c : core) c.store(0);
+    for (auto& c : core.v) c.store(0);
   g_max_cores.store(0);
 }
 
 STRATA_EXPORT int strata_cpu_read_counters(uint64_t* out, int max_cores) {
   int n = std::min(std::max(max_cores, 0), int(STRATA_MAX_CORES));
   for (int i = 0; out && i < n; ++i)
-    for (int k = 0; k < STRATA_NUM_CTRS; ++k) out[i * STRATA_NUM_CTRS + k] = g_ctr[i][k].load();
+    for (int k = 0; k < STRATA_NUM_CTRS; ++k) out[i * STRATA_NUM_CTRS + k] = g_ctr[i].v[k].load();
   return g_max_cores.load();
 }
 

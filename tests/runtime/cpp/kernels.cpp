@@ -48,11 +48,24 @@ extern "C" __global__ __aicore__ void exchange_kernel(GM_ADDR src, GM_ADDR recv_
     aclshmemx_sdma_put_nbi(reinterpret_cast<float*>(recv_sdma) + slot, my_src, s.GetPhyAddr(), 64, n, p, EVENT_ID0);
   aclshmemx_sdma_quiet(s.GetPhyAddr(), 64, EVENT_ID0);
   int32_t* flag = reinterpret_cast<int32_t*>(flags) + c * 8;
+  // After the quiet the copy to this rank has landed: count mismatches in flag[1] (expected 0).
+  GlobalTensor<float> self, orig;
+  self.SetGlobalBuffer(reinterpret_cast<float*>(recv_sdma) + slot, n);
+  orig.SetGlobalBuffer(my_src, n);
+  GlobalTensor<int32_t> bad;
+  bad.SetGlobalBuffer(flag, 8);
+  for (uint32_t i = 0; i < n; ++i)
+    if (self.GetValue(i) != orig.GetValue(i)) bad.SetValue(1, bad.GetValue(1) + 1);
   for (int p = 0; p < W; ++p) aclshmemx_signal_op(flag, 1, ACLSHMEM_SIGNAL_ADD, p);
   aclshmem_signal_wait_until(flag, ACLSHMEM_CMP_EQ, W);
   aclshmemx_sdma_get_nbi(reinterpret_cast<float*>(recv_get) + c * n, my_src, s.GetPhyAddr(), 64, n, (me + 1) % W,
                          EVENT_ID0);
   aclshmemx_sdma_quiet(s.GetPhyAddr(), 64, EVENT_ID0);
+  GlobalTensor<float> got, theirs;  // mismatches with the peer's chunk in flag[2]
+  got.SetGlobalBuffer(reinterpret_cast<float*>(recv_get) + c * n, n);
+  theirs.SetGlobalBuffer(static_cast<float*>(aclshmem_ptr(my_src, (me + 1) % W)), n);
+  for (uint32_t i = 0; i < n; ++i)
+    if (got.GetValue(i) != theirs.GetValue(i)) bad.SetValue(2, bad.GetValue(2) + 1);
   SyncAll();
 }
 
