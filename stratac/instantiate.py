@@ -69,9 +69,42 @@ class Instance:
     flag_sizes: dict[str, int]
 
 
+class _NegativeOperand(ArithmeticError):
+    pass
+
+
+def _div(a: int, b: int) -> int:
+    if a < 0 or b < 0:
+        raise _NegativeOperand(f"{a} / {b}")
+    return a // b
+
+
+def _mod(a: int, b: int) -> int:
+    if a < 0 or b < 0:
+        raise _NegativeOperand(f"{a} % {b}")
+    return a % b
+
+
+def _py(e: ir.IExpr) -> str:
+    """Python source of e over `env`. / and % go through _div and _mod: the generated C++ truncates
+    toward zero where Python floors, so the two agree only on non-negative operands, and the
+    verifier must not accept what the device computes differently (e.g. (rank - 1) % world)."""
+    if isinstance(e, ir.Bin) and e.kind in (ir.BinKind.DIV, ir.BinKind.MOD):
+        fn = "_div" if e.kind is ir.BinKind.DIV else "_mod"
+        return f"{fn}({_py(e.lhs)}, {_py(e.rhs)})"
+    if isinstance(e, ir.Bin):
+        a, b = _py(e.lhs), _py(e.rhs)
+        if e.kind is ir.BinKind.MIN:
+            return f"min({a}, {b})"
+        if e.kind is ir.BinKind.LT:
+            return f"int({a} < {b})"
+        return f"({a} {e.kind.value} {b})"
+    return ir.py_source(e)
+
+
 @functools.lru_cache(maxsize=4096)
 def _compiled(e: ir.IExpr) -> Callable[[dict], int]:
-    return eval(f"lambda env: {ir.py_source(e)}")  # noqa: S307 - source generated from the IR only
+    return eval(f"lambda env: {_py(e)}", {"_div": _div, "_mod": _mod})  # noqa: S307 - from the IR only
 
 
 def _ev(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
@@ -80,6 +113,11 @@ def _ev(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
     except ZeroDivisionError:
         raise StrataError(error(Codes.BAD_WORLD, f"division by zero evaluating {what} ({e}) with "
                                 f"{_env_text(env)}", span)) from None
+    except _NegativeOperand as exc:
+        raise StrataError(error(Codes.BAD_WORLD, f"negative operand in {exc} evaluating {what} ({e}) "
+                                f"with {_env_text(env)}: / and % truncate toward zero on the device, "
+                                "so keep their operands non-negative, e.g. (rank + world - 1) % world",
+                                span)) from None
 
 
 def _env_text(env: dict) -> str:
