@@ -51,7 +51,10 @@ def default_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
     for n in dict.fromkeys(candidates):
         sizes = {sym: n for sym in s.sizes}
         env = {"world": world, **sizes}
-        total = sum(p.size.eval(env) for p in s.params) * world
+        try:
+            total = sum(p.size.eval(env) for p in s.params) * world
+        except ZeroDivisionError:
+            total = 0  # instantiate reports it as a diagnostic, with the span of the size
         if total <= SIM_ELEMENT_BUDGET or not out:
             out.append(sizes)
         if not s.sizes:
