@@ -33,6 +33,7 @@ class _Lowering:
         self.sizes: list[str] = []
         self.stage_count = 0
         self.loop_vars_seen: set[str] = set()
+        self.bad_types: set[str] = set()   # parameters whose element type was already reported
 
     def err(self, code: str, msg: str, span: Span | None, *notes: Note) -> None:
         self.diags.append(error(code, msg, span, *notes))
@@ -72,12 +73,14 @@ class _Lowering:
             dtype = ir.DType.parse(p.dtype)
             typevar = None
             if dtype is None:
+                typevar = p.dtype
                 if not p.dtype[:1].isupper():
+                    # still declare the parameter, so its uses and the contract do not cascade
                     self.err(Codes.BAD_TYPE, f"unknown element type {p.dtype!r}: use f32, f16, bf16, "
                              "i32 or a type variable (a capitalised name such as T)", p.dtype_span)
-                    continue
-                typevar = p.dtype
-                typevar_seen.setdefault(p.dtype, p.dtype_span)
+                    self.bad_types.add(p.name)
+                else:
+                    typevar_seen.setdefault(p.dtype, p.dtype_span)
             size = self.expr(p.size, size_env, f"the size of {p.name}")
             self.params[p.name] = ir.Buffer(p.name, dtype, typevar, p.symmetric, size, p.span)
         if len(typevar_seen) > 1:
@@ -123,7 +126,7 @@ class _Lowering:
             self.err(Codes.BAD_CONTRACT, "allgather takes input -> output: allgather(x -> out)", c.span)
             return None
         src, dst = self.params[c.args[0].name], self.params[c.args[0].out]
-        if src.type_text != dst.type_text:
+        if src.type_text != dst.type_text and not {src.name, dst.name} & self.bad_types:
             self.err(Codes.BAD_TYPE, f"allgather needs {src.name} and {dst.name} of one element type",
                      c.span)
         return ir.Contract(kind, (src.name,), (dst.name,), None, c.span)
@@ -171,7 +174,8 @@ class _Lowering:
             self.stage_count += 1
             return ir.Stage(eng, tuple(body), st.span, self.stage_count)
         if isinstance(st, ast.For):
-            if st.var in loop_vars or st.var in RESERVED or st.var in self.params or st.var in self.views:
+            if (st.var in loop_vars or st.var in RESERVED or st.var in self.params or st.var in self.views
+                    or st.var in self.flags):
                 self.err(Codes.DUPLICATE_NAME, f"loop variable {st.var!r} shadows another name",
                          st.var_span)
                 return None
@@ -276,7 +280,8 @@ class _Lowering:
             if engine is ir.Engine.SDMA:
                 self.err(Codes.BAD_ENGINE, "SDMA cannot compute: reductions run `on aiv`", rc.span)
                 return None
-            if rc.var in loop_vars or rc.var in RESERVED:
+            if (rc.var in loop_vars or rc.var in RESERVED or rc.var in self.params
+                    or rc.var in self.views or rc.var in self.flags):
                 self.err(Codes.DUPLICATE_NAME, f"{rc.var!r} shadows another name", rc.span)
                 return None
             src = self.region(rc.operand, loop_vars + (rc.var,), "source")
@@ -299,7 +304,7 @@ class _Lowering:
         return ir.Copy(dst[0], src[0], st.span)
 
     def _same_type(self, a: ir.Buffer, b: ir.Buffer, span: Span) -> None:
-        if a.type_text != b.type_text:
+        if a.type_text != b.type_text and not {a.name, b.name} & self.bad_types:
             self.err(Codes.BAD_TYPE, f"{a.name} holds {a.type_text} but {b.name} holds {b.type_text}",
                      span)
 
