@@ -38,7 +38,13 @@ _PRETTY = {
 def _pretty(term: str) -> str:
     if term in _PRETTY:
         return _PRETTY[term]
-    if term.startswith("__ANON") or term.isupper():
+    if term.startswith("__ANON"):
+        # anonymous punctuation such as "->": lark numbers these, so show the text itself
+        pattern = next((t.pattern for t in _parser().terminals if t.name == term), None)
+        if isinstance(pattern, lark.lexer.PatternStr):
+            return f"'{pattern.value}'"
+        return term
+    if term.isupper():
         # anonymous keyword terminals: lark names them after the keyword text
         return f"'{term.lower()}'"
     return term
@@ -47,21 +53,24 @@ def _pretty(term: str) -> str:
 def _syntax_diagnostic(source: Source, exc: lark.exceptions.UnexpectedInput):
     line = getattr(exc, "line", None) or 1
     col = getattr(exc, "column", None) or 1
+    width = 1
     if isinstance(exc, lark.exceptions.UnexpectedEOF) or (
         isinstance(exc, lark.exceptions.UnexpectedToken) and exc.token.type == "$END"
     ):
-        lines = source.text.splitlines() or [""]
-        line, col = len(lines), len(lines[-1]) + 1
+        # lark counts lines by "\n" only (not form feeds etc. as str.splitlines does)
+        lines = source.text.rstrip("\n").split("\n")
+        line, col = len(lines), len(lines[-1].rstrip("\r")) + 1
         what = "unexpected end of file"
     elif isinstance(exc, lark.exceptions.UnexpectedToken):
         what = f"unexpected {exc.token.value!r}"
+        width = max(1, len(str(exc.token.value).split("\n", 1)[0]))
     else:
         ch = source.text[exc.pos_in_stream] if exc.pos_in_stream < len(source.text) else "?"
         what = f"unexpected character {ch!r}"
     expected = sorted({_pretty(t) for t in (getattr(exc, "expected", None) or ())})
     if expected:
         what += "; expected " + (", ".join(expected[:8]) + (", ..." if len(expected) > 8 else ""))
-    span = Span(source, line, col, line, col + 1)
+    span = Span(source, line, col, line, col + width)
     return error(Codes.SYNTAX, what, span)
 
 
