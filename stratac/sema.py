@@ -284,11 +284,12 @@ class _Lowering:
                     or rc.var in self.views or rc.var in self.flags):
                 self.err(Codes.DUPLICATE_NAME, f"{rc.var!r} shadows another name", rc.span)
                 return None
+            reported = len(self.diags)
             src = self.region(rc.operand, loop_vars + (rc.var,), "source")
             if dst is None or src is None:
                 return None
             self._same_type(dst[1], src[1], st.span)
-            if rc.var not in (src[0].rank.names() if src[0].rank else frozenset()) | src[0].lo.names():
+            if len(self.diags) == reported and rc.var not in (src[0].rank.names() if src[0].rank else frozenset()) | src[0].lo.names():
                 self.err(Codes.BAD_REF, f"the reduction's operand does not depend on {rc.var}, so every "
                          "term is the same element", rc.operand.span)
             op = ir.ReduceOp(rc.op)
