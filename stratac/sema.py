@@ -289,7 +289,8 @@ class _Lowering:
             if dst is None or src is None:
                 return None
             self._same_type(dst[1], src[1], st.span)
-            if len(self.diags) == reported and rc.var not in (src[0].rank.names() if src[0].rank else frozenset()) | src[0].lo.names():
+            used = (src[0].rank.names() if src[0].rank else frozenset()) | src[0].lo.names()
+            if len(self.diags) == reported and rc.var not in used:
                 self.err(Codes.BAD_REF, f"the reduction's operand does not depend on {rc.var}, so every "
                          "term is the same element", rc.operand.span)
             op = ir.ReduceOp(rc.op)
