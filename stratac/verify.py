@@ -27,6 +27,7 @@ from .instantiate import Access, Event, EventKind, Instance, instantiate
 
 MAX_RACES_REPORTED = 3
 SIM_ELEMENT_BUDGET = 4_000_000
+SIM_ELEMENT_LIMIT = 4 * SIM_ELEMENT_BUDGET   # larger instances are refused, not simulated
 
 
 @dataclass
@@ -72,6 +73,15 @@ def verify(s: ir.Schedule, world: int, sizes: dict[str, int]) -> Result:
         res.seconds = time.perf_counter() - t0
         return res
     res.events = sum(len(t) for t in inst.timelines)
+    elements = sum(inst.buffer_sizes.values()) * world
+    if elements > SIM_ELEMENT_LIMIT:
+        # the provenance simulation holds two 64-bit tags per element: refuse rather than exhaust
+        # memory (or report success without having checked the contract)
+        res.diagnostics = [error(Codes.BAD_WORLD, f"this instance ({_ctx(inst)}) has {elements} "
+                                 f"buffer elements over all ranks, more than the {SIM_ELEMENT_LIMIT} "
+                                 "the verifier simulates; verify it with smaller sizes", s.span)]
+        res.seconds = time.perf_counter() - t0
+        return res
     ex = _Execution(inst)
     res.diagnostics.extend(ex.run())
     res.accesses = ex.access_count
