@@ -15,6 +15,7 @@ corrupted, replaced) is never loaded: the entry is rebuilt.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -48,12 +49,13 @@ def _cxx() -> str:
     return path
 
 
+@functools.lru_cache(maxsize=8)
 def _toolchain_id(cxx: str) -> str:
-    try:
-        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60, check=True)
-    except (subprocess.SubprocessError, OSError) as exc:
-        raise StrataError(error(Codes.TOOLCHAIN, f"cannot run {cxx} --version: {exc}")) from None
-    return out.stdout.splitlines()[0] if out.stdout else cxx
+    """The compiler's identity without running it (so a cache hit costs no compiler process):
+    its resolved path, size and modification time."""
+    real = os.path.realpath(cxx)
+    st = os.stat(real)
+    return f"{real}:{st.st_size}:{int(st.st_mtime)}"
 
 
 def _sha256(path: Path) -> str:

@@ -15,8 +15,10 @@ bootstrapped through torch.distributed.
 
 from __future__ import annotations
 
+import inspect
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,19 @@ SYNC_SLOTS = 4096                      # int32 flag slots after the world barrie
 DEFAULT_TIMEOUT = 60.0
 
 _TORCH_DTYPES = {d: getattr(torch, d.torch_name) for d in ir.DType}
+
+
+def _segment_name() -> str:
+    """Unguessable, and private to the user (the model creates it with mode 0600)."""
+    return f"/stratac-{os.getuid()}-{secrets.token_hex(12)}"
+
+
+def unlink_segment(name: str) -> None:
+    """Removes a segment's name (Linux keeps POSIX shared memory in /dev/shm); mappings stay valid."""
+    try:
+        os.unlink(os.path.join("/dev/shm", name.lstrip("/")))
+    except FileNotFoundError:
+        pass
 
 
 class StrataRuntimeError(RuntimeError):
@@ -98,17 +113,48 @@ class Communicator:
             raise StrataUsageError("torch.distributed is not initialised: call "
                                    "dist.init_process_group('gloo') first (or use torchrun)")
         rank, world = dist.get_rank(), dist.get_world_size()
-        name = [segment or f"/stratac-{os.getuid()}-{secrets.token_hex(12)}"]
+        name = [segment or _segment_name()]
         dist.broadcast_object_list(name, src=0)
+        return cls._bootstrap(rank, world, name[0], heap_bytes, timeout, dist.barrier)
+
+    @classmethod
+    def from_store(cls, rank: int, world: int, store, heap_bytes: int = DEFAULT_HEAP_BYTES,
+                   timeout: float = DEFAULT_TIMEOUT, prefix: str = "stratac") -> "Communicator":
+        """Bootstrap from a torch.distributed Store (TCPStore, FileStore, ...) without a process
+        group: rank 0 names the segment in the store, the others read it."""
         if rank == 0:
-            comm = cls(rank, world, segment=name[0], create=True, heap_bytes=heap_bytes,
-                       timeout=timeout, barrier=dist.barrier)
-            dist.barrier()
+            store.set(f"{prefix}/segment", _segment_name())
+        name = store.get(f"{prefix}/segment").decode()
+        rounds = [0]
+
+        def barrier() -> None:
+            rounds[0] += 1
+            key = f"{prefix}/barrier/{rounds[0]}"
+            store.add(key, 1)
+            deadline = time.monotonic() + timeout
+            while int(store.add(key, 0)) < world:
+                if time.monotonic() > deadline:
+                    raise StrataRuntimeError(f"store barrier {rounds[0]} timed out after {timeout} s: "
+                                             f"{int(store.add(key, 0))} of {world} ranks arrived")
+                time.sleep(0.001)
+
+        return cls._bootstrap(rank, world, name, heap_bytes, timeout, barrier)
+
+    @classmethod
+    def _bootstrap(cls, rank, world, name, heap_bytes, timeout, barrier) -> "Communicator":
+        # rank 0 creates the segment; the others map it once it exists; once every rank has mapped
+        # it, its name is removed, so no segment can outlive the job however it ends
+        if rank == 0:
+            comm = cls(rank, world, segment=name, create=True, heap_bytes=heap_bytes,
+                       timeout=timeout, barrier=barrier)
+            barrier()
         else:
-            dist.barrier()
-            comm = cls(rank, world, segment=name[0], create=False, heap_bytes=heap_bytes,
-                       timeout=timeout, barrier=dist.barrier)
-        dist.barrier()
+            barrier()
+            comm = cls(rank, world, segment=name, create=False, heap_bytes=heap_bytes,
+                       timeout=timeout, barrier=barrier)
+        barrier()
+        if rank == 0:
+            unlink_segment(name)
         return comm
 
     # ---- heap
@@ -201,20 +247,22 @@ class Communicator:
         if not getattr(self, "_open", False):
             raise StrataUsageError("the communicator is closed")
 
-    def close(self, unlink: bool | None = None, collective: bool = True) -> None:
+    def close(self, unlink: bool = False, collective: bool = True) -> None:
         """Releases the heap and the loaded libraries. Collective: call on every rank (after a
         failure, collective=False skips the barrier; whoever started the job unlinks the segment)."""
         if not getattr(self, "_open", False):
             return
         if collective:
             self._barrier()
-        self._modules.clear()
         del self._heap
         self._buffer = None
         self._open = False
-        if unlink is None:
-            unlink = collective and self.rank == 0
-        self._lib.strata_cpu_finalize(int(unlink))
+        for mod in self._modules:
+            mod.unload()
+        self._modules.clear()
+        if unlink:
+            unlink_segment(self.segment)
+        self._lib.strata_cpu_finalize(0)
 
     def __enter__(self):
         return self
@@ -254,6 +302,10 @@ class Module:
     def __getitem__(self, name: str) -> "Schedule":
         return self.schedules[name]
 
+    def unload(self) -> None:
+        for fn in self.schedules.values():
+            fn.unload()
+
 
 class Schedule:
     """A compiled schedule bound to a communicator: call it with heap tensors."""
@@ -267,6 +319,16 @@ class Schedule:
         self._launch = getattr(self._lib, abi.launcher_name(s))
         self.cores = s.kernel.cores
         self.__doc__ = f"{s.name}({', '.join(p.name for p in s.params)}): implements {s.contract}"
+        self.__signature__ = inspect.Signature(
+            [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                               annotation=f"{'sym ' if p.symmetric else ''}{p.type_text}[{p.size}]")
+             for p in s.params]
+            + [inspect.Parameter("cores", inspect.Parameter.KEYWORD_ONLY, default=None)])
+
+    def unload(self) -> None:
+        if self._lib is not None:
+            self._ffi.dlclose(self._lib)
+            self._lib = self._launch = None
 
     def bind(self, *tensors: torch.Tensor, **named: torch.Tensor) -> tuple[ir.DType, dict[str, int], list]:
         """Checks the tensors against the schedule's parameters; returns dtype, sizes, pointers."""
@@ -313,6 +375,8 @@ class Schedule:
 
     def __call__(self, *tensors: torch.Tensor, cores: int | None = None, **named: torch.Tensor) -> None:
         self.comm._check_open()
+        if self._launch is None:
+            raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
         dtype, sizes, ptrs = self.bind(*tensors, **named)
         blocks = cores or self.cores
         if not 1 <= blocks <= abi.MAX_CORES:

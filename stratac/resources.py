@@ -6,6 +6,7 @@ stratac/templates, stratac/runtime; see pyproject.toml), so an installed stratac
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -36,6 +37,7 @@ def tree_digest(*dirs: Path, suffixes: tuple[str, ...] = (".py", ".lark", ".j2",
     return h.hexdigest()
 
 
+@functools.lru_cache(maxsize=1)
 def compiler_digest() -> str:
     """A hash of stratac's own code, grammar, templates and runtime."""
     return tree_digest(_PACKAGE, resource_dir("dsl"), resource_dir("templates"),

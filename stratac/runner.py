@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -54,10 +53,6 @@ class RunOutcome:
     exit_code: int = 0
 
 
-def _segment_path(name: str) -> Path:
-    return Path("/dev/shm") / name.lstrip("/")
-
-
 def _heap_bytes(spec: RunSpec, schedules) -> int:
     """Enough for every schedule's tensors (allocated one schedule at a time) plus the flags."""
     if spec.heap_bytes:
@@ -92,7 +87,7 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
         raise StrataError(error(Codes.BAD_WORLD, f"the symmetric heap needs {heap * spec.world} bytes of "
                                 f"shared memory ({spec.world} ranks x {heap} bytes), but /dev/shm has "
                                 f"{free} bytes free: use a smaller --size or --count"))
-    segment = f"/stratac-{os.getuid()}-{secrets.token_hex(12)}"
+    segment = comm._segment_name()
     outcome = RunOutcome()
     with tempfile.TemporaryDirectory(prefix="stratac-run-") as tmp:
         procs = []
@@ -131,10 +126,7 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
                     _kill_all(procs)
         finally:
             _kill_all(procs)
-            try:
-                _segment_path(segment).unlink()
-            except FileNotFoundError:
-                pass
+            comm.unlink_segment(segment)   # normally gone already: rank 0 removes it once all mapped
     wrong = [r for r in outcome.results if not r["ok"]]
     if outcome.failures:
         outcome.exit_code = 1
