@@ -1,0 +1,236 @@
+"""The schedule IR: lowering results, the `ir.dump` text of the examples (goldens), `ir.simplify`
+and `ir.split_part`.
+
+The goldens were checked by reading them: `part = split(x, world)` gives part `rank` the offset
+rank * (n / world) + min(rank, n % world) and the length n / world + (rank < n % world) (the first
+n % world parts get one element more); for `out: T[n * world]` the split simplifies to the block
+rank * n of length n. Barriers show seq=0 because the epoch pass has not run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stratac import frontend, ir
+from stratac.diagnostics import Source
+from stratac.ir import Bin, BinKind, Const, Var
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PART = ("x[((rank * (n / world)) + min(rank, (n % world))) "
+        "+: ((n / world) + (rank < (n % world)))]")
+
+ALLREDUCE_GOLDEN = f"""\
+schedule allreduce_twoshot(x: sym T[n]) implements allreduce(x, sum)
+  sizes n
+  barrier seq=0  # line 10
+  stage 1 on aiv:  # line 11
+    {PART} = sum({PART}@p for p in ranks)  # line 11
+  stage 2 on sdma:  # line 12
+    for p in peers:  # line 12
+      {PART}@p = {PART}  # line 12
+  barrier seq=0  # line 13
+"""
+
+ALLGATHER_GOLDEN = """\
+schedule allgather_push(x: sym T[n], out: sym T[(n * world)]) implements allgather(x -> out)
+  sizes n
+  barrier seq=0  # line 10
+  stage 1 on sdma:  # line 11
+    for p in ranks:  # line 11
+      out[(rank * n) +: n]@p = x[0 +: n]  # line 11
+  barrier seq=0  # line 12
+"""
+
+FLAGS_SRC = """\
+schedule ring(x: sym f32[n], y: f32[2 * n]) implements allreduce(x, min) {
+  flag ready[world]
+  flag done[world + 1]
+  for p in peers: signal ready[rank]@p
+  wait ready[(rank + world - 1) % world]
+  on aiv: x = min(x@p for p in peers)
+  on auto: y[n:2 * n] = x[-0:n]
+  barrier
+}
+"""
+
+FLAGS_GOLDEN = """\
+schedule ring(x: sym f32[n], y: f32[(2 * n)]) implements allreduce(x, min)
+  sizes n
+  flag ready[world] seq=0
+  flag done[(world + 1)] seq=0
+  for p in peers:  # line 4
+    signal ready[rank]@p  # line 4
+  wait ready[(((rank + world) - 1) % world)]  # line 5
+  stage 1 on aiv:  # line 6
+    x[0 +: n] = min(x[0 +: n]@p for p in peers)  # line 6
+  stage 2 on auto:  # line 7
+    y[n +: ((2 * n) - n)] = x[(0 - 0) +: (n - (0 - 0))]  # line 7
+  barrier seq=0  # line 8
+"""
+
+
+def lower_file(name: str) -> ir.Schedule:
+    s, = frontend.schedules(frontend.load_source(ROOT / "examples" / name))
+    return s
+
+
+def test_dump_allreduce_twoshot():
+    assert ir.dump(lower_file("allreduce_twoshot.strata")) == ALLREDUCE_GOLDEN
+
+
+def test_dump_allgather_push():
+    assert ir.dump(lower_file("allgather_push.strata")) == ALLGATHER_GOLDEN
+
+
+def test_dump_flags_ranges_and_fixed_types():
+    s, = frontend.schedules(Source("ring.strata", FLAGS_SRC))
+    assert ir.dump(s) == FLAGS_GOLDEN
+
+
+def test_lowered_structure_of_allreduce():
+    s = lower_file("allreduce_twoshot.strata")
+    assert s.name == "allreduce_twoshot" and s.sizes == ("n",) and s.flags == ()
+    x, = s.params
+    assert (x.name, x.dtype, x.typevar, x.symmetric, x.size) == ("x", None, "T", True, Var("n"))
+    assert s.typevars == ("T",)
+    c = s.contract
+    assert (c.kind, c.inputs, c.outputs, c.op) == (ir.ContractKind.ALLREDUCE, ("x",), ("x",),
+                                                   ir.ReduceOp.SUM)
+    b0, st1, st2, b1 = s.body
+    assert isinstance(b0, ir.Barrier) and isinstance(b1, ir.Barrier)
+    assert (st1.engine, st1.index, st2.engine, st2.index) == (ir.Engine.AIV, 1, ir.Engine.SDMA, 2)
+    red, = st1.body
+    assert isinstance(red, ir.Reduce) and red.var == "p" and red.domain is ir.Domain.RANKS
+    assert red.src.rank == Var("p") and red.dst.rank is None and red.src.lo == red.dst.lo
+    loop, = st2.body
+    assert isinstance(loop, ir.Loop) and loop.domain is ir.Domain.PEERS
+    copy, = loop.body
+    assert isinstance(copy, ir.Copy) and copy.dst.rank == Var("p") and copy.src.rank is None
+    assert (red.span.line, red.span.col, copy.span.line) == (11, 11, 12)
+
+
+def test_lowering_keeps_every_schedule_of_a_file_in_order():
+    ss = frontend.schedules(frontend.load_source(ROOT / "tests/verify/corpus/good_pull_and_max.strata"))
+    assert [s.name for s in ss] == ["allgather_pull", "allreduce_max"]
+    assert ss[1].params[0].dtype is ir.DType.F16 and ss[1].typevars == ()
+
+
+# ---- simplify ----
+
+n, w, r = Var("n"), Var("world"), Var("rank")
+
+
+def B(kind, a, b):
+    return Bin(kind, a, b)
+
+
+ADD, SUB, MUL, DIV, MOD, MIN, LT = (BinKind.ADD, BinKind.SUB, BinKind.MUL, BinKind.DIV,
+                                    BinKind.MOD, BinKind.MIN, BinKind.LT)
+
+
+@pytest.mark.parametrize("before, after", [
+    # constant folding
+    (B(ADD, Const(2), Const(3)), Const(5)),
+    (B(SUB, Const(2), Const(3)), Const(-1)),
+    (B(DIV, Const(7), Const(2)), Const(3)),
+    (B(MOD, Const(7), Const(2)), Const(1)),
+    (B(MIN, Const(7), Const(2)), Const(2)),
+    (B(LT, Const(2), Const(7)), Const(1)),
+    (B(LT, Const(7), Const(2)), Const(0)),
+    (B(MUL, B(ADD, Const(1), Const(1)), n), B(MUL, Const(2), n)),
+    # folding uses the documented floor semantics (the device would truncate; see the verifier)
+    (B(MOD, Const(-1), Const(4)), Const(3)),
+    (B(DIV, Const(-1), Const(4)), Const(-1)),
+    # a constant division by zero is left for instantiation to report
+    (B(DIV, Const(1), Const(0)), B(DIV, Const(1), Const(0))),
+    (B(MOD, n, Const(0)), B(MOD, n, Const(0))),
+    # identities of 0 and 1
+    (B(ADD, n, Const(0)), n),
+    (B(ADD, Const(0), n), n),
+    (B(SUB, n, Const(0)), n),
+    (B(MUL, n, Const(0)), Const(0)),
+    (B(MUL, Const(0), n), Const(0)),
+    (B(MUL, n, Const(1)), n),
+    (B(MUL, Const(1), n), n),
+    (B(DIV, n, Const(1)), n),
+    (B(MOD, n, Const(1)), Const(0)),
+    # (a * b) / b and (a * b) % b
+    (B(DIV, B(MUL, n, w), w), n),
+    (B(DIV, B(MUL, n, w), n), w),
+    (B(MOD, B(MUL, n, w), w), Const(0)),
+    (B(MOD, B(MUL, n, w), n), Const(0)),
+    # sizes, offsets and ranks are never negative: min(x, 0) = 0 and x < 0 = 0
+    (B(MIN, r, Const(0)), Const(0)),
+    (B(LT, r, Const(0)), Const(0)),
+    # rewrites apply bottom-up, through the whole tree
+    (B(ADD, B(MUL, r, Const(1)), B(SUB, n, Const(0))), B(ADD, r, n)),
+    (B(ADD, B(MUL, r, B(DIV, B(MUL, n, w), w)), B(MIN, r, B(MOD, B(MUL, n, w), w))), B(MUL, r, n)),
+    # no rule applies
+    (B(SUB, n, n), B(SUB, n, n)),
+    (B(DIV, n, w), B(DIV, n, w)),
+    (B(MIN, Const(0), r), B(MIN, Const(0), r)),
+    (n, n),
+    (Const(4), Const(4)),
+])
+def test_simplify(before, after):
+    assert ir.simplify(before) == after
+
+
+def _exprs():
+    leaves = st.sampled_from([Const(0), Const(1), Const(2), Const(3), Var("a"), Var("b")])
+    return st.recursive(leaves, lambda sub: st.builds(Bin, st.sampled_from(list(BinKind)), sub, sub),
+                        max_leaves=8)
+
+
+def _eval_nonnegative(e, env):
+    """e's value if every subterm is defined and non-negative (what the IR guarantees), else None."""
+    if not isinstance(e, Bin):
+        v = e.eval(env)
+    else:
+        a, b = _eval_nonnegative(e.lhs, env), _eval_nonnegative(e.rhs, env)
+        if a is None or b is None:
+            return None
+        try:
+            v = Bin(e.kind, Const(a), Const(b)).eval({})
+        except ZeroDivisionError:
+            return None
+    return v if v >= 0 else None
+
+
+@settings(max_examples=150, deadline=None)
+@given(_exprs(), st.integers(0, 5), st.integers(0, 5))
+def test_simplify_keeps_the_value_of_nonnegative_expressions(e, a, b):
+    env = {"a": a, "b": b}
+    want = _eval_nonnegative(e, env)
+    if want is not None:
+        assert ir.simplify(e).eval(env) == want
+
+
+# ---- split_part ----
+
+def test_split_part_is_a_balanced_partition():
+    total, parts, index = Var("total"), Var("parts"), Var("i")
+    lo, length = ir.split_part(total, parts, index)
+    for t, k in itertools.product(range(0, 23), range(1, 8)):
+        regions = [(lo.eval({"total": t, "parts": k, "i": i}),
+                    length.eval({"total": t, "parts": k, "i": i})) for i in range(k)]
+        assert regions[0][0] == 0
+        for (lo_a, len_a), (lo_b, _) in zip(regions, regions[1:]):
+            assert lo_a + len_a == lo_b                       # contiguous
+        assert regions[-1][0] + regions[-1][1] == t           # covers everything
+        sizes = [ln for _, ln in regions]
+        assert sizes == sorted(sizes, reverse=True) and max(sizes) - min(sizes) <= 1
+        assert sizes.count(t // k + 1) == t % k               # the first t % k get one more
+
+
+def test_split_part_of_an_exact_multiple_simplifies():
+    lo, length = ir.split_part(B(MUL, n, w), w, r)
+    assert (lo, length) == (B(MUL, r, n), n)
+    lo, length = ir.split_part(n, Const(1), Const(0))
+    assert (lo, length) == (Const(0), n)

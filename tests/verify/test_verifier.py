@@ -1,0 +1,224 @@
+"""The verifier as a whole: the examples verify for every world size 1..16, sample sizes, the
+happens-before relation it builds, and regressions for bugs found while writing these tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stratac import frontend, ir, verify
+from stratac.diagnostics import Codes, Source
+from stratac.instantiate import EventKind, instantiate
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ["allreduce_twoshot.strata", "allgather_push.strata"]
+
+
+def lower(text: str, name: str = "t.strata") -> list[ir.Schedule]:
+    return frontend.schedules(Source(name, text))
+
+
+def first_error(s: ir.Schedule, worlds, samples=None):
+    bad = [r for r in verify.verify_worlds(s, list(worlds), samples) if not r.ok]
+    return bad[0].diagnostics[0] if bad else None
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_examples_verify_for_worlds_1_to_16(example):
+    s, = frontend.schedules(frontend.load_source(ROOT / "examples" / example))
+    worlds = list(range(1, 17))
+    results = verify.verify_worlds(s, worlds)
+    assert all(r.ok for r in results), [d.render() for r in results for d in r.diagnostics]
+    # every world, with every default sample (1, world + 3, 2 * world + 5 elements)
+    assert [(r.world, r.sizes["n"]) for r in results] == [
+        (w, n) for w in worlds for n in (1, w + 3, 2 * w + 5)]
+    assert all(r.events > 0 for r in results)
+    assert all(r.accesses > 0 for r in results if r.world > 1)
+
+
+def test_default_samples():
+    s, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allreduce_twoshot.strata"))
+    assert verify.default_samples(s, 4) == [{"n": 1}, {"n": 7}, {"n": 13}]
+    assert verify.default_samples(s, 1) == [{"n": 1}, {"n": 4}, {"n": 7}]
+    fixed, = lower("schedule s(x: sym f32[world]) implements allreduce(x, sum) {}")
+    assert verify.default_samples(fixed, 3) == [{}]
+
+
+def test_default_samples_stay_within_the_simulation_budget(monkeypatch):
+    s, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allgather_push.strata"))
+    # x has n, out n * world elements per rank: (n + n * world) * world elements in all
+    monkeypatch.setattr(verify, "SIM_ELEMENT_BUDGET", (8 + 8 * 4) * 4)
+    assert verify.default_samples(s, 4) == [{"n": 1}, {"n": 7}]
+    monkeypatch.setattr(verify, "SIM_ELEMENT_BUDGET", 0)
+    assert verify.default_samples(s, 4) == [{"n": 1}]     # never none at all
+
+
+def test_default_samples_with_a_size_dividing_by_zero():
+    # regression: default_samples raised ZeroDivisionError out of verify_worlds
+    s, = lower("schedule s(x: sym T[n], y: sym T[n / (world - 1)]) implements allreduce(x, sum) {}")
+    assert verify.default_samples(s, 1) == [{"n": 1}, {"n": 4}, {"n": 7}]
+    d = first_error(s, [1])
+    assert d.code == Codes.BAD_WORLD and "division by zero" in d.message
+
+
+def test_explicit_samples_and_stop_at_first_failure():
+    s, = lower("""schedule s(x: sym T[n]) implements allreduce(x, sum) {
+  part = split(x, world)
+  barrier
+  on aiv: part[rank] = sum(part[rank]@p for p in ranks)
+  on sdma: for p in peers: part[rank]@p = part[rank]
+}""")
+    results = verify.verify_worlds(s, [1, 2, 3], [{"n": 5}, {"n": 6}])
+    assert [(r.world, r.sizes, r.ok) for r in results] == [
+        (1, {"n": 5}, True), (1, {"n": 6}, True), (2, {"n": 5}, False)]
+    assert results[-1].diagnostics[0].code == Codes.EXIT
+
+
+def test_world_must_be_positive():
+    s, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allgather_push.strata"))
+    res = verify.verify(s, 0, {"n": 1})
+    assert not res.ok and res.diagnostics[0].code == Codes.BAD_WORLD
+    assert "at least 1" in res.diagnostics[0].message
+
+
+def test_zero_elements_verify():
+    for example in EXAMPLES:
+        s, = frontend.schedules(frontend.load_source(ROOT / "examples" / example))
+        for w in (1, 2, 5):
+            assert verify.verify(s, w, {"n": 0}).ok
+
+
+# ---- negative operands of / and % (regression) ----
+
+RING = """schedule s(x: sym T[n]) implements allreduce(x, sum) {{
+  part = split(x, world)
+  barrier
+  on aiv: part[rank] = sum(part[rank]@({rank}) for p in ranks)
+  on sdma: for p in peers: part[rank]@p = part[rank]
+  barrier
+}}"""
+
+
+def test_modulo_of_a_negative_rank_is_rejected():
+    # The device computes (rank - p) % world in int64_t, truncating: -1 % 4 is -1 there, a rank
+    # that does not exist. The verifier used to evaluate it with Python's floor semantics (3).
+    s, = lower(RING.format(rank="(rank - p) % world"))
+    d = first_error(s, [4])
+    assert d.code == Codes.BAD_WORLD
+    assert "negative operand in -1 % 4" in d.message and "(rank + world - 1) % world" in d.message
+    assert (d.span.line, d.span.col) == (4, 28)
+
+
+def test_modulo_of_a_nonnegative_rank_is_accepted():
+    s, = lower(RING.format(rank="(rank + world - p) % world"))
+    assert first_error(s, range(1, 9)) is None
+
+
+def test_division_of_a_negative_offset_is_rejected():
+    s, = lower("""schedule s(x: sym T[n], y: sym T[n]) implements allreduce(x, sum) {
+  on aiv: y[(rank - 1) / 2:(rank - 1) / 2] = x[0:0]
+}""")
+    d = first_error(s, [1])
+    assert d.code == Codes.BAD_WORLD and "negative operand in -1 / 2" in d.message
+
+
+# ---- the happens-before relation ----
+
+HB = """schedule s(x: sym T[n]) implements allreduce(x, sum) {
+  flag go[1]
+  on aiv: x = x
+  signal go[0]@((rank + 1) % world)
+  on aiv: x = x
+  wait go[0]
+  on aiv: x = x
+  barrier
+  on aiv: x = x
+}"""
+
+
+def test_vector_clocks_order_signal_before_wait_and_barriers():
+    s, = lower(HB)
+    inst = instantiate(s, 3, {"n": 2})
+    kinds = [ev.kind for ev in inst.timelines[0]]
+    assert kinds == [EventKind.ENTRY, EventKind.STAGE, EventKind.SIGNAL, EventKind.STAGE,
+                     EventKind.WAIT, EventKind.STAGE, EventKind.BARRIER, EventKind.STAGE,
+                     EventKind.EXIT]
+    ex = verify._Execution(inst)
+    assert ex.run() == []
+    stage1, signal, stage2, wait, stage3, barrier, stage4, exit_ = range(1, 9)
+    # rank 0 signals rank 1: what rank 0 did before its signal happens before rank 1's wait
+    assert ex.hb(0, stage1, 1, wait) and ex.hb(0, signal, 1, stage3)
+    assert not ex.hb(0, stage2, 1, stage3)         # after the signal: unordered
+    assert not ex.hb(1, stage1, 0, stage3)         # rank 1 signals rank 2, not rank 0
+    assert ex.hb(2, stage1, 0, stage3)             # rank 2 signals rank 0
+    # a barrier orders everything before it before everything after it
+    for a in range(3):
+        for b in range(3):
+            assert ex.hb(a, stage3, b, stage4)
+            assert a == b or not ex.hb(a, stage4, b, exit_)
+            assert ex.hb(a, 0, b, stage4)           # entries before the barrier's successors
+    # within a rank: program order
+    assert ex.hb(1, stage1, 1, stage2) and not ex.hb(1, stage2, 1, stage1)
+
+
+def test_consecutive_signals_and_waits_merge_into_one_event():
+    s, = lower("""schedule s(x: sym T[n]) implements allreduce(x, sum) {
+  flag a[world]
+  flag b[world]
+  for p in ranks: signal a[rank]@p
+  signal b[rank]@rank
+  for p in ranks: wait a[p]
+  wait b[rank]
+}""")
+    inst = instantiate(s, 4, {"n": 1})
+    tl = inst.timelines[2]
+    assert [ev.kind for ev in tl] == [EventKind.ENTRY, EventKind.SIGNAL, EventKind.WAIT, EventKind.EXIT]
+    assert sorted(tl[1].signals)[0][:3] == (0, "a", 2) and len(tl[1].signals) == 5
+    assert [(f, slot) for f, slot, _ in tl[2].waits] == [("a", 0), ("a", 1), ("a", 2), ("a", 3),
+                                                          ("b", 2)]
+    assert verify._Execution(inst).run() == []      # no deadlock (the contract is not the point)
+
+
+def test_deadlock_notes_say_who_waits_for_what():
+    s, = lower("""schedule s(x: sym T[n]) implements allreduce(x, sum) {
+  flag token[1]
+  flag never[1]
+  wait token[0]
+  signal token[0]@((rank + 1) % world)
+}""")
+    d = first_error(s, [3])
+    assert d.code == Codes.DEADLOCK and (d.span.line, d.span.col) == (4, 3)
+    notes = [n.message for n in d.notes]
+    assert notes == [f"rank {r} waits for token[0]; rank {(r + 2) % 3} signals it only after it is "
+                     "itself blocked" for r in range(3)]
+    assert all(n.span.line == 5 for n in d.notes)
+
+
+def test_deadlock_at_a_barrier_names_the_waiting_ranks():
+    s, = lower("""schedule s(x: sym T[n]) implements allreduce(x, sum) {
+  flag go[world]
+  for p in peers: signal go[rank]@p
+  wait go[0]
+  barrier
+}""")
+    # every rank but 0 gets go[0] from rank 0 and goes on to the barrier; rank 0 waits for ever
+    d = first_error(s, [3])
+    assert d.code == Codes.DEADLOCK and d.span.line == 4
+    assert [n.message for n in d.notes] == [
+        "rank 0 waits for go[0], which no rank ever signals",
+        "ranks 1, 2 wait at a barrier for the others"]
+
+
+def test_instances_too_large_to_simulate_are_refused(monkeypatch):
+    # regression: a large fixed size made the provenance simulation allocate gigabytes
+    s, = lower("schedule s(x: sym T[400000000]) implements allreduce(x, sum) {}")
+    d = first_error(s, [1])
+    assert d.code == Codes.BAD_WORLD and "more than the" in d.message and d.span.line == 1
+    ok, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allgather_push.strata"))
+    monkeypatch.setattr(verify, "SIM_ELEMENT_LIMIT", 2 * (3 + 3 * 2))
+    assert verify.verify(ok, 2, {"n": 3}).ok
+    res = verify.verify(ok, 2, {"n": 4})
+    assert [d.code for d in res.diagnostics] == [Codes.BAD_WORLD]
+    assert "(world=2, n=4) has 24 buffer elements over all ranks, more than the 18" in \
+        res.diagnostics[0].message
