@@ -1,32 +1,896 @@
-"""The NPU target: finds CANN and SHMEM for Ascend. Without them it says exactly what is missing."""
+"""The NPU target: toolchain discovery, the CMake build driver and the runtime on a real Ascend NPU.
+
+Toolchain (`find_toolchain`): the CANN toolkit (ASCEND_HOME_PATH, else ASCEND_TOOLKIT_HOME; the
+directory holding ascendc.cmake under one of ASCENDC_CMAKE_DIRS; its version from
+<arch>-linux/ascend_toolkit_install.info or compiler/version.info), cmake (CMAKE, else PATH) and
+SHMEM for Ascend (SHMEM_HOME = the prefix with include/shmem.h and lib/libshmem.so, else
+SHMEM_HOME_PATH as SHMEM's own set_env.sh exports it, whose prefix is $SHMEM_HOME_PATH/shmem).
+What is missing is named with the variable that points stratac at it; nothing is guessed silently.
+
+Build (`build`): the generated CMakeLists.txt (CANN's ascendc_library) configured and built with
+argument lists, never a shell, in a private directory under the cache; published with the same
+lock, atomic rename and checksum as the CPU build (stratac.build). The key adds the target, the
+SoC, the CANN version and the SHMEM install to the generated sources and stratac's own digest.
+
+Runtime (`NpuCommunicator`, alias `NpuBackend`): what stratac.comm.Communicator does on the CPU
+model, on the NPU. SHMEM is initialised from a unique id that rank 0 creates and the job shares
+(torch.distributed or a Store); heap tensors are aclshmem_malloc memory wrapped as torch_npu
+tensors; schedules launch through the generated launcher on torch_npu's current stream with the
+FFTS address from util_get_ffts_config; close() synchronises and calls aclshmem_finalize.
+
+torch_npu is imported only here, lazily, and only for the NPU target. A machine with torch_npu
+installed but no CANN breaks `import torch` itself, because torch auto-loads installed device
+backends through the `torch.backends` entry point that torch_npu registers: set
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 (read by torch/__init__.py, `_is_device_backend_autoload_enabled`)
+to keep the CPU target usable there. docs/npu.md has the whole story.
+"""
 
 from __future__ import annotations
 
+import functools
+import glob
+import hashlib
+import importlib.util
+import json
 import os
+import platform
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Mapping
 
+from . import abi, codegen, ir, passes
+from . import build as _cache
+from .diagnostics import Codes, Note, StrataError, error
+from .resources import compiler_digest, resource_dir
+
+# Where CANN keeps ascendc.cmake, in the order CANN's own samples search them.
 ASCENDC_CMAKE_DIRS = ("tools/tikcpp/ascendc_kernel_cmake", "compiler/tikcpp/ascendc_kernel_cmake",
                       "ascendc_devkit/tikcpp/samples/cmake")
+# Default install locations, only used to tell the user which set_env.sh to source.
+DEFAULT_CANN_ROOTS = ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/cann",
+                      "~/Ascend/ascend-toolkit/latest")
+CANN_ENV = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
+SHMEM_ENV = ("SHMEM_HOME", "SHMEM_HOME_PATH")
+CMAKE_ENV = "CMAKE"
+CMAKE_MIN = (3, 16)                       # cmake_minimum_required of templates/CMakeLists.txt.j2
+SHMEM_LIBS = ("libshmem.so", "libaclshmem.so")
+AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+DEFAULT_HEAP_BYTES = 256 << 20
+HEAP_ALIGN = 2 << 20                      # SHMEM maps the heap in 2 MiB pages
+SYNC_SLOTS = 4096                         # as stratac.comm: int32 flags after the barrier slots
 
 
-def find_cann() -> tuple[Path | None, str]:
-    home = os.environ.get("ASCEND_HOME_PATH")
-    if not home:
-        return None, ("CANN not found: ASCEND_HOME_PATH is not set. Install the CANN toolkit and run "
-                      "`source <CANN>/set_env.sh`, or export ASCEND_HOME_PATH=<CANN install dir>")
-    root = Path(home)
+# ---------------------------------------------------------------------------------------------
+# Toolchain discovery
+
+@dataclass(frozen=True)
+class Missing:
+    """One piece of the toolchain that is not there: what, and the next step."""
+
+    what: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Cann:
+    home: Path
+    cmake_dir: Path          # the directory of ascendc.cmake
+    version: str             # "unknown" without a version file
+    version_file: Path | None
+
+
+@dataclass(frozen=True)
+class CMake:
+    path: str
+    version: str
+
+
+@dataclass(frozen=True)
+class Shmem:
+    home: Path               # the prefix: include/shmem.h, lib/libshmem.so
+    library: Path
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    cann: Cann
+    cmake: CMake
+    shmem: Shmem
+
+    def identity(self) -> dict:
+        """What a cached NPU build depends on besides the sources."""
+        return {"cann": str(self.cann.home), "cann_version": self.cann.version,
+                "cmake": self.cmake.version, "shmem": str(self.shmem.home),
+                "shmem_header": _file_id(self.shmem.home / "include" / "shmem.h"),
+                "shmem_library": _file_id(self.shmem.library)}
+
+
+def _file_id(path: Path) -> str:
+    try:
+        st = path.stat()
+    except OSError:
+        return f"{path}:absent"
+    return f"{os.path.realpath(path)}:{st.st_size}:{int(st.st_mtime)}"
+
+
+def _cann_version(home: Path) -> tuple[str, Path | None]:
+    """CANN's documented version records: `version=` in <arch>-linux/ascend_toolkit_install.info
+    (the file CANN's install guide tells users to read), else `Version=` in
+    compiler/version.info."""
+    infos = [home / f"{platform.machine()}-linux" / "ascend_toolkit_install.info"]
+    infos += [Path(p) for p in
+              sorted(glob.glob(str(home / "*-linux" / "ascend_toolkit_install.info")))]
+    records = [(p, "version") for p in infos] + [(home / "compiler" / "version.info", "Version")]
+    for path, key in records:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        m = re.search(rf"^\s*{key}\s*=\s*(\S+)", text, re.M)
+        if m:
+            return m.group(1), path
+    return "unknown", None
+
+
+def _ascendc_cmake_dir(home: Path) -> Path | None:
     for d in ASCENDC_CMAKE_DIRS:
-        if (root / d / "ascendc.cmake").is_file():
-            return root / d, ""
-    return None, (f"ASCEND_HOME_PATH={home} has no ascendc.cmake under "
-                  f"{', '.join(ASCENDC_CMAKE_DIRS)}: is it a CANN toolkit install?")
+        if (home / d / "ascendc.cmake").is_file():
+            return home / d
+    return None
 
 
-def missing_toolchain_message() -> str:
-    cmake_dir, why = find_cann()
+_CANN_FIX = ("install the CANN toolkit and run `source <CANN>/set_env.sh` (it exports "
+             "ASCEND_HOME_PATH), or export ASCEND_HOME_PATH=<CANN install dir>")
+
+
+def find_cann(env: Mapping[str, str] | None = None,
+              default_roots: tuple[str, ...] | None = None) -> Cann | Missing:
+    env = os.environ if env is None else env
+    var = next((v for v in CANN_ENV if env.get(v)), None)
+    if var is None:
+        for root in DEFAULT_CANN_ROOTS if default_roots is None else default_roots:
+            home = Path(os.path.expanduser(root))
+            if _ascendc_cmake_dir(home) is not None:
+                return Missing(f"CANN toolkit: ASCEND_HOME_PATH is not set (a CANN toolkit is "
+                               f"installed at {home})",
+                               f"run `source {home}/set_env.sh`, or export ASCEND_HOME_PATH={home}")
+        return Missing("CANN toolkit: ASCEND_HOME_PATH is not set", _CANN_FIX)
+    home = Path(env[var])
+    if not home.is_dir():
+        return Missing(f"CANN toolkit: {var}={home} does not exist", _CANN_FIX)
+    cmake_dir = _ascendc_cmake_dir(home)
     if cmake_dir is None:
-        return f"the npu target cannot build here: {why}"
-    if not os.environ.get("SHMEM_HOME"):
-        return ("the npu target needs SHMEM for Ascend: set SHMEM_HOME to its install prefix "
-                "(include/shmem.h, lib/)")
-    return "the npu target's build driver is not implemented yet; use `stratac compile` and the generated CMakeLists.txt"
+        return Missing(f"CANN toolkit: {var}={home} has no ascendc.cmake under "
+                       f"{', '.join(ASCENDC_CMAKE_DIRS)}",
+                       f"point {var} at the CANN toolkit install (the directory of its "
+                       "set_env.sh, e.g. /usr/local/Ascend/ascend-toolkit/latest)")
+    version, vfile = _cann_version(home)
+    return Cann(home, cmake_dir, version, vfile)
+
+
+_CMAKE_FIX = (f"install cmake >= {'.'.join(map(str, CMAKE_MIN))} (apt-get install cmake, or pip "
+              "install cmake), or export CMAKE=<path to cmake>")
+
+
+def find_cmake(env: Mapping[str, str] | None = None) -> CMake | Missing:
+    env = os.environ if env is None else env
+    name = env.get(CMAKE_ENV) or "cmake"
+    path = shutil.which(name, path=env.get("PATH", os.defpath))
+    if path is None:
+        how = f"CMAKE={name} is not an executable" if env.get(CMAKE_ENV) else "not on PATH"
+        return Missing(f"cmake: {how}", _CMAKE_FIX)
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Missing(f"cmake: {path} --version failed: {exc}", _CMAKE_FIX)
+    m = re.search(r"version\s+(\d+)\.(\d+)(\S*)", out.stdout)
+    if out.returncode != 0 or not m:
+        return Missing(f"cmake: {path} --version did not print a version", _CMAKE_FIX)
+    version = f"{m.group(1)}.{m.group(2)}{m.group(3)}"
+    if (int(m.group(1)), int(m.group(2))) < CMAKE_MIN:
+        return Missing(f"cmake: {path} is version {version}, older than "
+                       f"{'.'.join(map(str, CMAKE_MIN))}", _CMAKE_FIX)
+    return CMake(path, version)
+
+
+_SHMEM_FIX = ("install SHMEM for Ascend (https://gitcode.com/cann/shmem) and run `source "
+              "<install>/shmem/latest/set_env.sh` (it exports SHMEM_HOME_PATH), or export "
+              "SHMEM_HOME=<prefix with include/shmem.h and lib/libshmem.so>")
+
+
+def _shmem_library(prefix: Path) -> Path | None:
+    for libdir in ("lib", "lib64"):
+        for name in SHMEM_LIBS:
+            if (prefix / libdir / name).is_file():
+                return prefix / libdir / name
+    return None
+
+
+def find_shmem(env: Mapping[str, str] | None = None) -> Shmem | Missing:
+    env = os.environ if env is None else env
+    if env.get("SHMEM_HOME"):
+        var, candidates = "SHMEM_HOME", [Path(env["SHMEM_HOME"])]
+    elif env.get("SHMEM_HOME_PATH"):
+        root = Path(env["SHMEM_HOME_PATH"])
+        var, candidates = "SHMEM_HOME_PATH", [root / "shmem", root]
+    else:
+        return Missing("SHMEM for Ascend: neither SHMEM_HOME nor SHMEM_HOME_PATH is set",
+                       _SHMEM_FIX)
+    for prefix in candidates:
+        if (prefix / "include" / "shmem.h").is_file():
+            lib = _shmem_library(prefix)
+            if lib is None:
+                return Missing(f"SHMEM for Ascend: {prefix} has include/shmem.h but no "
+                               f"lib/{SHMEM_LIBS[0]}", _SHMEM_FIX)
+            return Shmem(prefix, lib)
+    where = " or ".join(str(p / "include" / "shmem.h") for p in candidates)
+    return Missing(f"SHMEM for Ascend: {var}={env[var]} has no {where}", _SHMEM_FIX)
+
+
+def _probe(env: Mapping[str, str], default_roots: tuple[str, ...] | None) -> list:
+    return [find_cann(env, default_roots), find_cmake(env), find_shmem(env)]
+
+
+def find_toolchain(env: Mapping[str, str] | None = None,
+                   default_roots: tuple[str, ...] | None = None) -> Toolchain:
+    """Finds CANN, cmake and SHMEM for Ascend, or raises one StrataError naming every missing
+    piece with the environment variable that points stratac at it."""
+    found = _probe(os.environ if env is None else env, default_roots)
+    missing = [f for f in found if isinstance(f, Missing)]
+    if missing:
+        raise StrataError(toolchain_error(missing))
+    cann, cmake, shmem = found
+    return Toolchain(cann, cmake, shmem)
+
+
+def toolchain_error(missing: list[Missing], doing: str = "the npu target cannot build here"):
+    """One diagnostic: every missing piece in the message, each next step in a note."""
+    return error(Codes.TOOLCHAIN, f"{doing}: " + "; ".join(m.what for m in missing), None,
+                 *(Note(f"{m.what.split(':')[0]}: {m.fix}") for m in missing))
+
+
+# ---------------------------------------------------------------------------------------------
+# torch_npu and the device, without importing torch_npu until the NPU target is really used
+
+def torch_npu_installed() -> str | None:
+    """torch_npu's version if it is installed (found without importing it), else None."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return None
+    from importlib import metadata
+    try:
+        return metadata.version("torch_npu")
+    except metadata.PackageNotFoundError:
+        return "unknown version"
+
+
+def npu_devices() -> list[str]:
+    """The Ascend device nodes of this machine (the driver creates /dev/davinciN)."""
+    return sorted(glob.glob("/dev/davinci[0-9]*"))
+
+
+TORCH_NPU_FIX = ("pip install torch_npu (the release built for your torch and CANN versions; "
+                 "`pip install stratac[npu]`)")
+
+
+def _run_problems(env: Mapping[str, str], default_roots: tuple[str, ...] | None,
+                  ) -> tuple[list, list[Missing]]:
+    found = _probe(env, default_roots)
+    missing = [f for f in found if isinstance(f, Missing)]
+    if torch_npu_installed() is None:
+        missing.append(Missing("torch_npu: not installed", TORCH_NPU_FIX))
+    if not npu_devices():
+        missing.append(Missing("NPU: no Ascend device node (/dev/davinci*)",
+                               "run on a machine with an Ascend NPU and its driver installed"))
+    return found, missing
+
+
+def npu_available(env: Mapping[str, str] | None = None,
+                  default_roots: tuple[str, ...] | None = None) -> tuple[bool, str]:
+    """Whether the NPU target can run here (without importing torch_npu), and why not."""
+    _, missing = _run_problems(os.environ if env is None else env, default_roots)
+    return (not missing), "; ".join(m.what for m in missing)
+
+
+def require_npu(env: Mapping[str, str] | None = None,
+                default_roots: tuple[str, ...] | None = None) -> Toolchain:
+    """The preflight of every NPU runtime entry point (and of `stratac run --target npu`): the
+    toolchain, torch_npu installed and an NPU present, or one StrataError naming all that is
+    missing, each with its next step."""
+    found, missing = _run_problems(os.environ if env is None else env, default_roots)
+    if missing:
+        raise StrataError(toolchain_error(missing, "the npu target cannot run here"))
+    cann, cmake, shmem = found
+    return Toolchain(cann, cmake, shmem)
+
+
+def missing_toolchain_message(env: Mapping[str, str] | None = None) -> str:
+    """One line for the CLI: what the npu target lacks here, each with its next step."""
+    _, missing = _run_problems(os.environ if env is None else env, None)
+    if not missing:
+        return "the npu target is ready here (CANN, cmake, SHMEM for Ascend, torch_npu, an NPU)"
+    d = toolchain_error(missing, "the npu target cannot run here")
+    return d.message + "".join(f"\n  note: {n.message}" for n in d.notes)
+
+
+def import_torch_npu():
+    """Imports torch_npu, turning every way it can fail into a StrataError that says why."""
+    if torch_npu_installed() is None:
+        raise StrataError(error(Codes.TOOLCHAIN, "the npu target needs torch_npu, which is not "
+                                "installed", None, Note(f"torch_npu: {TORCH_NPU_FIX}")))
+    try:
+        import torch_npu
+    except (ImportError, OSError, RuntimeError, AttributeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise StrataError(error(Codes.TOOLCHAIN, f"torch_npu is installed but cannot be imported: "
+                                f"{first}", None,
+                                Note("torch_npu needs CANN's runtime libraries: run `source "
+                                     "<CANN>/set_env.sh` first; its torch version must match "
+                                     "the installed torch"))) from None
+    return torch_npu
+
+
+# ---------------------------------------------------------------------------------------------
+# Build
+
+def configure_command(tc: Toolchain, soc: str) -> list[str]:
+    """`cmake -S . -B build` with everything the generated CMakeLists.txt takes from outside."""
+    return [tc.cmake.path, "-S", ".", "-B", "build",
+            f"-DSOC_VERSION={soc}",
+            f"-DASCEND_CANN_PACKAGE_PATH={tc.cann.home}",
+            f"-DSTRATA_DEVICE_DIR={resource_dir('runtime') / 'device'}",
+            f"-DSHMEM_HOME={tc.shmem.home}",
+            "-DCMAKE_BUILD_TYPE=Release",
+            # the launcher finds the kernels library next to itself once both sit in the cache
+            "-DCMAKE_BUILD_RPATH=$ORIGIN"]
+
+
+def build_command(tc: Toolchain) -> list[str]:
+    return [tc.cmake.path, "--build", "build", "--parallel", str(os.cpu_count() or 2)]
+
+
+def _run_tool(cmd: list[str], cwd: Path, what: str, files: dict[str, str]) -> None:
+    """Runs one build step (an argument list, no shell); tests replace this function."""
+    _cache._run(cmd, cwd, what, files)
+
+
+def kernels_library_name(schedule: str) -> str:
+    return f"lib{schedule}_kernels.so"
+
+
+def _kernels_valid(d: Path, schedule: str) -> bool:
+    try:
+        want = json.loads((d / "npu.json").read_text())["kernels_sha256"]
+        return _cache._sha256(d / kernels_library_name(schedule)) == want
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def build(output: codegen.Output, soc: str, *, env: Mapping[str, str] | None = None,
+          toolchain: Toolchain | None = None) -> _cache.Built:
+    """Builds the generated sources with CANN for `soc`, through the cache. Built.library is the
+    launcher (lib<schedule>.so); the kernels (lib<schedule>_kernels.so) sit next to it."""
+    if soc not in passes.SOCS:
+        raise StrataError(error(Codes.BAD_ENGINE, f"unknown SoC {soc!r}; known: "
+                                f"{', '.join(passes.SOCS)}"))
+    s = output.schedule
+    planned = s.kernel.soc if s.kernel is not None else soc
+    if planned != soc:
+        raise StrataError(error(Codes.BAD_ENGINE, f"{s.name} was compiled for {planned} "
+                                f"({passes.SOCS[planned]} vector cores) but the build asks "
+                                f"for {soc}: compile it with --soc {soc}"))
+    tc = toolchain or find_toolchain(env)
+    files_digest = hashlib.sha256(json.dumps(output.files, sort_keys=True).encode()).hexdigest()
+    key_src = json.dumps({"files": files_digest, "stratac": compiler_digest(), "target": "npu",
+                          "soc": soc, "toolchain": tc.identity()}, sort_keys=True)
+    key = f"{s.name}-npu-" + hashlib.sha256(key_src.encode()).hexdigest()[:24]
+    libname = f"lib{s.name}.so"
+    kernels = kernels_library_name(s.name)
+
+    def do_build(tmp: Path) -> None:
+        for name, text in output.files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        configure = configure_command(tc, soc)
+        _run_tool(configure, tmp, f"configuring {s.name} for {soc} (cmake)", output.files)
+        _run_tool(build_command(tc), tmp, f"building {s.name} for {soc} with CANN", output.files)
+        built = {p.name: p for p in sorted((tmp / "build").rglob("*.so"), reverse=True)}
+        for want in (libname, kernels):
+            if want not in built:
+                found = ", ".join(sorted(built)) or "no shared library"
+                raise StrataError(error(Codes.BUILD, f"the CANN build of {s.name} produced no "
+                                        f"{want} (found: {found})"))
+            shutil.copy2(built[want], tmp / want)
+        (tmp / "npu.json").write_text(json.dumps({
+            "soc": soc, "toolchain": tc.identity(), "configure": configure,
+            "kernels": kernels, "kernels_sha256": _cache._sha256(tmp / kernels)}, indent=2))
+        shutil.rmtree(tmp / "build", ignore_errors=True)
+
+    root = _cache.cache_root()
+    d, cached = _cache._publish(root, key, libname, do_build)
+    if not _kernels_valid(d, s.name):
+        # the launcher is intact but its kernels library is not: rebuild the entry
+        with _cache._Lock(root / f"{key}.lock"):
+            if not _kernels_valid(d, s.name):
+                shutil.rmtree(d, ignore_errors=True)
+        d, cached = _cache._publish(root, key, libname, do_build)
+    manifest = json.loads((d / "manifest.json").read_text())
+    return _cache.Built(d / libname, manifest, d, cached)
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtime: SHMEM for Ascend through cffi
+
+# The host API subset, from SHMEM's public headers (include/host/...; hicann/shmem v1.3.0):
+# aclshmemx_uniqueid_t {int32 version; int my_pe; int n_pes; char internal[124]} and
+# aclshmemx_init_attr_t with its optional-attribute block. Enums are int-sized.
+SHMEM_CDEF = """
+typedef struct { int32_t version; int my_pe; int n_pes; char internal[124]; } aclshmemx_uniqueid_t;
+typedef struct {
+    int version; int data_op_engine_type; uint32_t shm_init_timeout; uint32_t shm_create_timeout;
+    uint32_t control_operation_timeout; int32_t sockFd;
+} aclshmem_init_optional_attr_t;
+typedef struct {
+    int my_pe; int n_pes; char ip_port[64]; uint64_t local_mem_size;
+    aclshmem_init_optional_attr_t option_attr; void* comm_args; uint64_t instance_id;
+} aclshmemx_init_attr_t;
+int aclshmemx_get_uniqueid(aclshmemx_uniqueid_t* uid);
+int aclshmemx_set_attr_uniqueid_args(int my_pe, int n_pes, int64_t local_mem_size,
+                                     aclshmemx_uniqueid_t* uid, aclshmemx_init_attr_t* attr);
+int aclshmemx_init_attr(unsigned int bootstrap_flags, aclshmemx_init_attr_t* attr);
+int aclshmemx_init_status(void);
+int aclshmem_finalize(void);
+void* aclshmem_malloc(size_t size);
+void* aclshmem_calloc(size_t nmemb, size_t size);
+void aclshmem_free(void* ptr);
+uint64_t util_get_ffts_config(void);
+void aclshmem_info_get_version(int* major, int* minor);
+"""
+INIT_WITH_UNIQUEID = 1 << 3               # aclshmemx_bootstrap_t ACLSHMEMX_INIT_WITH_UNIQUEID
+DATA_OP = {"mte": 0x01, "sdma": 0x02, "roce": 0x04, "udma": 0x08}
+DEFAULT_ENGINES = ("mte", "sdma")         # stratac kernels copy with MTE and SDMA
+DEFAULT_TIMEOUT_S = 120                   # SHMEM's DEFAULT_TIMEOUT for the three init timeouts
+SHMEM_ERRORS = {-1: "invalid parameter", -2: "invalid value", -3: "SMEM error",
+                -4: "internal error", -5: "not initialised", -6: "bootstrap error", -7: "timeout"}
+
+
+def shmem_ffi():
+    """The cffi description of SHMEM's host API (no library loaded)."""
+    import cffi
+    ffi = cffi.FFI()
+    ffi.cdef(SHMEM_CDEF)
+    return ffi
+
+
+def uniqueid_version(ffi) -> int:
+    """ACLSHMEM_UNIQUEID_VERSION = (1 << 16) + sizeof(aclshmemx_uniqueid_t)."""
+    return (1 << 16) + ffi.sizeof("aclshmemx_uniqueid_t")
+
+
+def optional_attr_version(ffi) -> int:
+    """The option_attr.version aclshmemx_init_attr_t's default initialiser sets."""
+    return (1 << 16) + ffi.sizeof("aclshmem_init_optional_attr_t")
+
+
+def _shmem_runtime_error(what: str, rc: int) -> Exception:
+    from .comm import StrataRuntimeError
+    return StrataRuntimeError(f"{what} failed: SHMEM error {rc} "
+                              f"({SHMEM_ERRORS.get(rc, 'unknown')})")
+
+
+class NpuCommunicator:
+    """One rank's view of the SHMEM symmetric heap on its NPU: the NPU twin of
+    stratac.Communicator. Create it on every rank, in the same order.
+
+        import torch, torch.distributed as dist, stratac.npu
+        dist.init_process_group("gloo")                  # bootstraps the unique id exchange
+        comm = stratac.npu.NpuCommunicator.from_process_group(heap_bytes=1 << 30)
+        mod = comm.load("examples/allreduce_twoshot.strata")
+        x = comm.empty(1 << 20, dtype=torch.float32)     # aclshmem_malloc, as a torch_npu tensor
+        x.copy_(data); mod.allreduce_twoshot(x)          # launched on torch.npu.current_stream()
+        comm.close()
+
+    Launches are asynchronous in the order of torch_npu's current stream, like any NPU op:
+    synchronise the stream before timing or reading results on the host.
+
+    torch_npu is imported by the constructor, not before. Where torch_npu is installed but CANN is
+    not, `import torch` fails on its own (torch auto-loads torch_npu): export
+    TORCH_DEVICE_BACKEND_AUTOLOAD=0 there to keep the CPU target working.
+    """
+
+    def __init__(self, rank: int, world: int, *, exchange_uid: Callable[[bytes | None], bytes],
+                 heap_bytes: int = DEFAULT_HEAP_BYTES, device: int | None = None,
+                 engines: tuple[str, ...] = DEFAULT_ENGINES,
+                 barrier: Callable[[], None] | None = None, env: Mapping[str, str] | None = None):
+        """exchange_uid(uid) is called on every rank: rank 0 passes its SHMEM unique id (bytes),
+        the others None; it returns rank 0's id on every rank."""
+        self._open = False
+        self.toolchain = require_npu(env)
+        self._torch_npu = import_torch_npu()
+        import torch
+
+        from .comm import StrataRuntimeError, StrataUsageError
+        if not 0 <= rank < world:
+            raise StrataUsageError(f"rank {rank} is outside world size {world}")
+        bad = [e for e in engines if e not in DATA_OP]
+        if bad or not engines:
+            raise StrataUsageError(f"unknown SHMEM data engine(s) {bad}; known: "
+                                   f"{', '.join(DATA_OP)}")
+        self.rank, self.world = rank, world
+        self._barrier = barrier or (lambda: None)
+        self._npu = self._torch_npu.npu      # what torch.npu aliases once torch_npu is imported
+        if device is None:
+            count = self._npu.device_count()
+            if count < 1:
+                raise StrataRuntimeError("torch_npu sees no NPU (device_count() is 0): check the "
+                                         "driver and ASCEND_RT_VISIBLE_DEVICES")
+            device = int(os.environ.get("LOCAL_RANK", rank)) % count
+        self.device = int(device)
+        self.torch_device = torch.device("npu", self.device)
+        self._npu.set_device(self.device)
+
+        self._ffi = shmem_ffi()
+        try:
+            self._lib = self._ffi.dlopen(str(self.toolchain.shmem.library),
+                                         self._ffi.RTLD_NOW | self._ffi.RTLD_GLOBAL)
+        except OSError as exc:
+            raise StrataError(error(Codes.TOOLCHAIN, f"cannot load {self.toolchain.shmem.library}: "
+                                    f"{exc}", None,
+                                    Note("run `source <install>/shmem/latest/set_env.sh` so that "
+                                         "libshmem_utils.so and CANN's libraries are on "
+                                         "LD_LIBRARY_PATH"))) from None
+        uid = self._ffi.new("aclshmemx_uniqueid_t*")
+        uid.version = uniqueid_version(self._ffi)
+        mine = None
+        if rank == 0:
+            rc = self._lib.aclshmemx_get_uniqueid(uid)
+            if rc != 0:
+                raise _shmem_runtime_error("aclshmemx_get_uniqueid on rank 0", rc)
+            mine = bytes(self._ffi.buffer(uid))
+        shared = exchange_uid(mine)
+        if not isinstance(shared, (bytes, bytearray)) or len(shared) != self._ffi.sizeof(uid[0]):
+            raise StrataUsageError(f"exchange_uid must return rank 0's "
+                                   f"{self._ffi.sizeof(uid[0])}-byte SHMEM unique id on every rank")
+        self._ffi.memmove(uid, bytes(shared), len(shared))
+        self.heap_bytes = -(-max(int(heap_bytes), HEAP_ALIGN) // HEAP_ALIGN) * HEAP_ALIGN
+        attr = self._ffi.new("aclshmemx_init_attr_t*")
+        rc = self._lib.aclshmemx_set_attr_uniqueid_args(rank, world, self.heap_bytes, uid, attr)
+        if rc != 0:
+            raise _shmem_runtime_error("aclshmemx_set_attr_uniqueid_args", rc)
+        # the C++ default member initialisers of aclshmemx_init_attr_t, which cffi does not run
+        attr.option_attr.version = optional_attr_version(self._ffi)
+        attr.option_attr.data_op_engine_type = sum(DATA_OP[e] for e in set(engines))
+        attr.option_attr.shm_init_timeout = DEFAULT_TIMEOUT_S
+        attr.option_attr.shm_create_timeout = DEFAULT_TIMEOUT_S
+        attr.option_attr.control_operation_timeout = DEFAULT_TIMEOUT_S
+        self._uid, self._attr = uid, attr   # attr.comm_args points into uid: keep both alive
+        rc = self._lib.aclshmemx_init_attr(INIT_WITH_UNIQUEID, attr)
+        if rc != 0:
+            raise _shmem_runtime_error(f"aclshmemx_init_attr (rank {rank} of {world}, engines "
+                                       f"{'+'.join(engines)}, heap {self.heap_bytes} bytes)", rc)
+        self._open = True
+        self._ffts = int(self._lib.util_get_ffts_config())
+        self._allocs: dict[int, int] = {}
+        self._sync = self._alloc((world + SYNC_SLOTS) * 4, zero=True)
+        self._epoch = 0
+        self._modules: list[NpuModule] = []
+
+    # ---- construction from a job
+    @classmethod
+    def from_process_group(cls, heap_bytes: int = DEFAULT_HEAP_BYTES, device: int | None = None,
+                           engines: tuple[str, ...] = DEFAULT_ENGINES) -> "NpuCommunicator":
+        """Every rank of an initialised torch.distributed job (any backend; gloo suffices)."""
+        require_npu()       # before any collective, so that every rank fails alike
+        import torch.distributed as dist
+
+        from .comm import StrataUsageError
+        if not dist.is_initialized():
+            raise StrataUsageError("torch.distributed is not initialised: call "
+                                   "dist.init_process_group(...) first (or use torchrun)")
+
+        def exchange(uid: bytes | None) -> bytes:
+            box = [uid]
+            dist.broadcast_object_list(box, src=0)
+            return box[0]
+
+        return cls(dist.get_rank(), dist.get_world_size(), exchange_uid=exchange,
+                   heap_bytes=heap_bytes, device=device, engines=engines, barrier=dist.barrier)
+
+    @classmethod
+    def from_store(cls, rank: int, world: int, store, heap_bytes: int = DEFAULT_HEAP_BYTES,
+                   device: int | None = None, engines: tuple[str, ...] = DEFAULT_ENGINES,
+                   timeout: float = 300.0, prefix: str = "stratac-npu") -> "NpuCommunicator":
+        """Bootstrap from a torch.distributed Store (TCPStore, FileStore, ...): rank 0 puts the
+        unique id in the store, the others read it."""
+        require_npu()
+
+        def exchange(uid: bytes | None) -> bytes:
+            if uid is not None:
+                store.set(f"{prefix}/uid", uid)
+            return bytes(store.get(f"{prefix}/uid"))
+
+        rounds = [0]
+
+        def barrier() -> None:
+            from .comm import StrataRuntimeError
+            rounds[0] += 1
+            key = f"{prefix}/barrier/{rounds[0]}"
+            store.add(key, 1)
+            deadline = time.monotonic() + timeout
+            while int(store.add(key, 0)) < world:
+                if time.monotonic() > deadline:
+                    raise StrataRuntimeError(f"store barrier {rounds[0]} timed out after "
+                                             f"{timeout} s")
+                time.sleep(0.001)
+
+        return cls(rank, world, exchange_uid=exchange, heap_bytes=heap_bytes, device=device,
+                   engines=engines, barrier=barrier)
+
+    # ---- heap
+    def _check_open(self) -> None:
+        if not self._open:
+            from .comm import StrataUsageError
+            raise StrataUsageError("the communicator is closed")
+
+    def _alloc(self, nbytes: int, zero: bool = False) -> int:
+        self._check_open()
+        n = max(int(nbytes), 1)
+        p = self._lib.aclshmem_calloc(1, n) if zero else self._lib.aclshmem_malloc(n)
+        if p == self._ffi.NULL:
+            from .comm import StrataRuntimeError
+            raise StrataRuntimeError(f"symmetric heap exhausted: {n} more bytes do not fit in the "
+                                     f"{self.heap_bytes}-byte heap per rank (create the "
+                                     "communicator with a larger heap_bytes)")
+        ptr = int(self._ffi.cast("uintptr_t", p))
+        self._allocs[ptr] = n
+        return ptr
+
+    def _wrap(self, ptr: int, shape: tuple[int, ...], dtype):
+        """A torch_npu tensor over SHMEM memory. torch_npu has no public constructor from a device
+        pointer; this is the pair of its private constructors that SHMEM's own Python package
+        uses (shmem/construct_tensor.py). The storage does not own the memory: free() does."""
+        C = self._torch_npu._C
+        make_storage = getattr(C, "_construct_storage_from_data_pointer", None)
+        make_tensor = getattr(C, "_construct_NPU_Tensor_From_Storage_And_Metadata", None)
+        if not (callable(make_storage) and callable(make_tensor)):
+            from .comm import StrataRuntimeError
+            raise StrataRuntimeError(
+                f"this torch_npu ({torch_npu_installed()}) lacks "
+                "_construct_storage_from_data_pointer/_construct_NPU_Tensor_From_Storage_And_"
+                "Metadata, the only way found to view "
+                "SHMEM memory as a tensor: use a torch_npu release that has them")
+        import torch
+        elem = torch.empty(0, dtype=dtype).element_size()
+        stride, acc = [], 1
+        for d in reversed(shape):
+            stride.append(acc)
+            acc *= d
+        nbytes = acc * elem
+        meta = {"data_ptr": ptr, "device": self.torch_device, "nbytes": nbytes, "dtype": dtype,
+                "size": tuple(shape), "stride": tuple(reversed(stride)), "storage_offset": 0}
+        return make_tensor(meta, make_storage(ptr, self.torch_device, nbytes))
+
+    def empty(self, *shape, dtype=None):
+        """A tensor on the symmetric heap. Every rank must allocate the same shapes in the same
+        order (aclshmem_malloc is collective and symmetric)."""
+        import torch
+        dtype = torch.float32 if dtype is None else dtype
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+            shape = tuple(shape[0])
+        shape = tuple(int(d) for d in shape)
+        numel = 1
+        for d in shape:
+            numel *= d
+        ptr = self._alloc(numel * torch.empty(0, dtype=dtype).element_size())
+        return self._wrap(ptr, shape, dtype)
+
+    def zeros(self, *shape, dtype=None):
+        t = self.empty(*shape, dtype=dtype)
+        t.zero_()
+        return t
+
+    def free(self, t) -> None:
+        """Returns a heap tensor's memory (collective, like allocation). Waits for the stream
+        first, so that no queued kernel still uses it."""
+        from .comm import StrataUsageError
+        self.offset_of(t, "tensor")
+        if t.data_ptr() not in self._allocs:
+            raise StrataUsageError("free takes a tensor returned by comm.empty/comm.zeros, "
+                                   "not a view")
+        self._npu.current_stream(self.device).synchronize()
+        self._lib.aclshmem_free(self._ffi.cast("void*", t.data_ptr()))
+        del self._allocs[t.data_ptr()]
+
+    def offset_of(self, t, what: str) -> int:
+        """Checks that t lies inside one heap allocation; returns its offset from the first."""
+        import torch
+
+        from .comm import StrataUsageError
+        if not isinstance(t, torch.Tensor):
+            raise StrataUsageError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "npu":
+            raise StrataUsageError(f"{what} is on {t.device}; the npu target runs on NPU tensors "
+                                   "allocated with comm.empty(...)")
+        lo = t.data_ptr()
+        hi = lo + t.numel() * t.element_size()
+        if not any(p <= lo and hi <= p + n for p, n in self._allocs.items()):
+            raise StrataUsageError(f"{what} is not on the symmetric heap: allocate it with "
+                                   "comm.empty(shape, dtype=...) (stratac never copies user "
+                                   "tensors)")
+        if not t.is_contiguous():
+            raise StrataUsageError(f"{what} must be contiguous")
+        return lo - min(self._allocs)
+
+    @property
+    def heap_used(self) -> int:
+        """Bytes this communicator has allocated (SHMEM has no query for it)."""
+        return sum(self._allocs.values())
+
+    # ---- compiled schedules
+    def load(self, path_or_source, *, options: passes.Options | None = None,
+             name: str = "<source>") -> "NpuModule":
+        """Compiles every schedule of a .strata file or source text and builds it with CANN
+        (through the cache)."""
+        from . import comm as cpu
+        from . import frontend
+        from .diagnostics import Source
+        self._check_open()
+        options = options or passes.Options(soc=self.soc() or passes.DEFAULT_SOC)
+        options.check()
+        here = self.soc()
+        if here is not None and here != options.soc:
+            raise cpu.StrataUsageError(f"this NPU is {here}; the schedules were asked for "
+                                       f"{options.soc}: load them with Options(soc={here!r})")
+        if isinstance(path_or_source, Path) or (isinstance(path_or_source, str)
+                                                and path_or_source.endswith(".strata")
+                                                and "\n" not in path_or_source):
+            source = frontend.load_source(path_or_source)
+        else:
+            source = Source(name, str(path_or_source))
+        compiled = cpu.compile_source(source, options, worlds=[self.world])
+        mod = NpuModule(self, [(c.schedule, build(c.output, options.soc, toolchain=self.toolchain))
+                               for c in compiled])
+        self._modules.append(mod)
+        return mod
+
+    def soc(self) -> str | None:
+        """The SoC name of this NPU as torch_npu reports it, if it is one stratac knows."""
+        try:
+            name = str(self._npu.get_device_name(self.device))
+        except (AttributeError, RuntimeError):
+            return None
+        return name if name in passes.SOCS else None
+
+    def next_epoch(self, stamps: int) -> int:
+        epoch = self._epoch
+        self._epoch += stamps + 1
+        if self._epoch >= 2**31 - 1:
+            from .comm import StrataRuntimeError
+            raise StrataRuntimeError("flag stamps exhausted (2^31 per communicator): create a "
+                                     "new one")
+        return epoch
+
+    def stream_handle(self) -> int:
+        """The aclrtStream of torch_npu's current stream. Reading Stream.npu_stream calls
+        NPUStream::stream(), which first empties torch_npu's task queue, so a launch on the
+        handle is ordered after every op already queued on that stream."""
+        return int(self._npu.current_stream(self.device).npu_stream)
+
+    # the CPU model's per-core counters have no NPU equivalent here
+    def reset_counters(self) -> None:
+        pass
+
+    def counters(self) -> list[dict[str, int]]:
+        return []
+
+    def barrier(self) -> None:
+        self._barrier()
+
+    def close(self, collective: bool = True) -> None:
+        """Waits for the device, unloads the schedules and finalises SHMEM. Collective: every
+        rank must call it (SHMEM finalises symmetrically)."""
+        if not self._open:
+            return
+        self._npu.synchronize(self.device)
+        if collective:
+            self._barrier()
+        for mod in self._modules:
+            mod.unload()
+        self._modules.clear()
+        self._open = False
+        rc = self._lib.aclshmem_finalize()
+        if rc != 0:
+            raise _shmem_runtime_error("aclshmem_finalize", rc)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+NpuBackend = NpuCommunicator
+
+
+class NpuModule:
+    """The schedules of one .strata source on the NPU, each a callable attribute."""
+
+    def __init__(self, comm: NpuCommunicator, built: list[tuple[ir.Schedule, _cache.Built]]):
+        cls = npu_schedule_class()
+        self.schedules: dict = {}
+        for s, b in built:
+            fn = cls(comm, s, b)
+            self.schedules[s.name] = fn
+            setattr(self, s.name, fn)
+
+    def __getitem__(self, name: str):
+        return self.schedules[name]
+
+    def unload(self) -> None:
+        for fn in self.schedules.values():
+            fn.unload()
+
+
+@functools.lru_cache(maxsize=1)
+def npu_schedule_class():
+    """NpuSchedule, a stratac.comm.Schedule that launches on the NPU. Made on first use, so that
+    importing stratac.npu does not import torch."""
+    from .comm import Schedule, StrataRuntimeError, StrataUsageError
+
+    class NpuSchedule(Schedule):
+        """A schedule built for the NPU, bound to an NpuCommunicator: call it with heap tensors.
+        Argument checks (and scratch buffers) are the CPU target's; the launch is the NPU's."""
+
+        def __init__(self, comm: NpuCommunicator, s: ir.Schedule, built: _cache.Built):
+            import cffi
+            # the kernels first, globally: the launcher's dependency on them is then satisfied
+            self._kernels_ffi = cffi.FFI()
+            self._kernels = self._kernels_ffi.dlopen(
+                str(built.directory / kernels_library_name(s.name)),
+                self._kernels_ffi.RTLD_NOW | self._kernels_ffi.RTLD_GLOBAL)
+            super().__init__(comm, s, built)
+            self.max_cores = passes.SOCS[s.kernel.soc]
+
+        def unload(self) -> None:
+            super().unload()
+            if self._kernels is not None:
+                self._kernels_ffi.dlclose(self._kernels)
+                self._kernels = None
+
+        def __call__(self, *tensors, cores: int | None = None, **named) -> None:
+            self.comm._check_open()
+            if self._launch is None:
+                raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
+            bound = self.bind(*tensors, **named)
+            dtype, sizes, ptrs = bound[:3]
+            scalars = bound[3] if len(bound) > 3 else {}
+            blocks = cores or self.cores
+            if not 1 <= blocks <= self.max_cores:
+                raise StrataUsageError(f"cores must be between 1 and {self.max_cores} on "
+                                       f"{self.ir.kernel.soc}, got {blocks}")
+            op_param = getattr(self.ir, "op_param", None)
+            fixed = {"dtype": dtype.code, "op": scalars.get(op_param.name, 0) if op_param else 0,
+                     "blocks": blocks, "ffts": self.comm._ffts,
+                     "sync": self._ffi.cast("void*", self.comm._sync),
+                     "epoch": self.comm.next_epoch(self.ir.sync_ops),
+                     # read last: reading it flushes torch_npu's queue (see stream_handle)
+                     "stream": self._ffi.cast("void*", self.comm.stream_handle())}
+            pointers = iter(ptrs)
+            args = []
+            for a in abi.args(self.ir):     # the launcher's parameters, in ABI order
+                if a.role in fixed:
+                    args.append(fixed[a.role])
+                elif a.role in ("tensor", "scratch"):
+                    args.append(next(pointers))
+                elif a.role == "size":
+                    args.append(sizes[a.name])
+                else:
+                    args.append(scalars[a.name])
+            rc = self._launch(*args)
+            if rc != 0:
+                raise StrataRuntimeError(f"{self.name}: launching the {dtype.short} kernel on rank "
+                                         f"{self.comm.rank} failed (the launcher returned {rc})")
+
+    return NpuSchedule
