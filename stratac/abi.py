@@ -1,11 +1,14 @@
 """The one description of the kernel ABI. The launcher's C signature (templates/launch.cpp.j2), the
 kernel entry's parameter list, the cffi cdef and manifest.json are all derived from it.
 
-Launcher:  int strata_launch_<schedule>(int32_t dtype, uint32_t blocks, void* stream,
+Launcher:  int strata_launch_<schedule>(int32_t dtype, int32_t op, uint32_t blocks, void* stream,
                                          uint64_t ffts, void* sync, int32_t epoch,
-                                         void* <tensor>..., uint64_t <size>...)
-Kernel:    one entry per element type, <schedule>_<dtype>(ffts, sync, epoch, tensors..., sizes...).
-`dtype` is ir.DType.code; `sync` is the symmetric flag area; `epoch` the call's first flag stamp.
+                                         void* <tensor>..., void* <scratch>..., uint64_t <size>...,
+                                         int32_t <rank parameter>...)
+Kernel:    one entry per element type (and reduction, for a schedule with a redop parameter),
+           <schedule>_<dtype>[_<op>](ffts, sync, epoch, tensors..., scratch..., sizes..., ranks...).
+`dtype` is ir.DType.code, `op` the index in OPS (ignored without a redop parameter); `sync` is the
+symmetric flag area; `epoch` the call's first flag stamp.
 """
 
 from __future__ import annotations
@@ -27,8 +30,16 @@ def launcher_name(s: ir.Schedule) -> str:
     return f"strata_launch_{s.name}"
 
 
-def kernel_name(s: ir.Schedule, dtype: ir.DType) -> str:
-    return f"{s.name}_{dtype.short}"
+OPS = (ir.ReduceOp.SUM, ir.ReduceOp.MAX, ir.ReduceOp.MIN)
+
+
+def ops(s: ir.Schedule) -> list[ir.ReduceOp | None]:
+    """The reductions a schedule is built for: all of them for a redop parameter."""
+    return list(OPS) if s.op_param else [None]
+
+
+def kernel_name(s: ir.Schedule, dtype: ir.DType, op: ir.ReduceOp | None = None) -> str:
+    return f"{s.name}_{dtype.short}" + (f"_{op.value}" if op else "")
 
 
 def dtypes(s: ir.Schedule) -> list[ir.DType]:
@@ -42,14 +53,17 @@ def dtypes(s: ir.Schedule) -> list[ir.DType]:
 def args(s: ir.Schedule) -> list[Arg]:
     out = [
         Arg("dtype", "int32_t", "", "dtype"),
+        Arg("op", "int32_t", "", "op"),
         Arg("blocks", "uint32_t", "", "blocks"),
         Arg("stream", "void*", "", "stream"),
         Arg("ffts", "uint64_t", "uint64_t", "ffts"),
         Arg("sync", "void*", "GM_ADDR", "sync"),
         Arg("epoch", "int32_t", "int32_t", "epoch"),
     ]
-    out += [Arg(p.name, "void*", "GM_ADDR", "tensor") for p in s.params]
+    out += [Arg(p.name, "void*", "GM_ADDR", "tensor") for p in s.tensors]
+    out += [Arg(p.name, "void*", "GM_ADDR", "scratch") for p in s.scratch]
     out += [Arg(n, "uint64_t", "uint64_t", "size") for n in s.sizes]
+    out += [Arg(x.name, "int32_t", "int32_t", "rank") for x in s.rank_params]
     return out
 
 

@@ -75,7 +75,7 @@ class SplitCall:
 
 @dataclass(frozen=True)
 class ReduceCall:
-    op: str  # sum | max | min
+    op: str  # sum | max | min | the name of a redop parameter
     operand: Ref
     var: str
     domain: str  # ranks | peers
@@ -89,6 +89,44 @@ class Assign:
     target: Ref
     value: Ref | SplitCall | ReduceCall
     span: Span
+
+
+@dataclass(frozen=True)
+class Accum:
+    """dst op= src: reduce on write (an atomic DMA accumulate into dst)."""
+
+    target: Ref
+    op: str  # sum | max | min | the name of a redop parameter
+    value: Ref
+    span: Span
+
+
+@dataclass(frozen=True)
+class Cond:
+    op: str  # == != < <= > >=
+    lhs: Expr
+    rhs: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class If:
+    cond: Cond
+    then: tuple["Stmt", ...]
+    orelse: tuple["Stmt", ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class ScratchDecl:
+    """A buffer the schedule needs besides its parameters (only the staging baselines do)."""
+
+    name: str
+    symmetric: bool
+    dtype: str
+    size: Expr
+    span: Span
+    dtype_span: Span
 
 
 @dataclass(frozen=True)
@@ -131,17 +169,19 @@ class Wait:
     span: Span
 
 
-Stmt = Union[Assign, Barrier, Stage, For, FlagDecl, Signal, Wait]
+Stmt = Union[Assign, Accum, If, ScratchDecl, Barrier, Stage, For, FlagDecl, Signal, Wait]
 
 
 # ---- declarations ----
 
 @dataclass(frozen=True)
 class Param:
+    """A tensor parameter (size given) or a scalar one (size None; dtype is rank or redop)."""
+
     name: str
     symmetric: bool
     dtype: str
-    size: Expr
+    size: Expr | None
     span: Span
     dtype_span: Span
 

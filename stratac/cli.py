@@ -111,7 +111,8 @@ def cmd_run(args) -> int:
         print("stratac: error: give --count or --size, not both", file=sys.stderr)
         return EXIT_USAGE
     case = runner.Case(dtype=args.dtype, count=args.count,
-                       size=args.size if args.size is not None else (None if args.count else 1 << 20))
+                       size=args.size if args.size is not None else (None if args.count else 1 << 20),
+                       op=args.op, root=args.root)
     spec = runner.RunSpec(file=args.file, world=args.world, cases=[case], iters=args.iters,
                           timeout=args.timeout, check=args.check, seed=args.seed, soc=args.soc,
                           cores=args.cores)
@@ -121,6 +122,13 @@ def cmd_run(args) -> int:
     for f in outcome.failures:
         print(f"stratac: {f}", file=sys.stderr)
     return outcome.exit_code
+
+
+def cmd_doctor(args) -> int:
+    from . import doctor
+    text, status = doctor.report()
+    print(text)
+    return status
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--count", type=_positive, help="elements per rank of the input")
     r.add_argument("--size", type=_bytes, help="bytes (nccl-tests' S), e.g. 64M (default 1M)")
     r.add_argument("--dtype", choices=[d.short for d in ir.DType], default="f32")
+    r.add_argument("--op", choices=["sum", "max", "min"], default="sum",
+                   help="the reduction, for schedules with a redop parameter (default sum)")
+    r.add_argument("--root", type=int, default=0, help="the root rank, for broadcast and reduce")
     r.add_argument("--iters", type=_positive, default=5)
     r.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take")
     r.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
@@ -163,16 +174,21 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     target_opts(r)
     r.set_defaults(fn=cmd_run)
+
+    d = sub.add_parser("doctor", help="what this machine can build and run, and what is missing")
+    d.set_defaults(fn=cmd_doctor)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "target", "cpu") == "npu":
-        from . import npu
-        print(f"stratac: error: {npu.missing_toolchain_message()}", file=sys.stderr)
-        return EXIT_FAIL
     try:
+        if getattr(args, "target", "cpu") == "npu":
+            from . import npu
+            npu.require_npu()   # names every missing piece (CANN, SHMEM, torch_npu, a device)
+            print("stratac: error: `stratac run --target npu` is not wired to the NPU runtime yet; "
+                  "use stratac.npu.NpuCommunicator from Python", file=sys.stderr)
+            return EXIT_FAIL
         return args.fn(args)
     except StrataError as exc:
         for d in exc.diagnostics:

@@ -13,6 +13,7 @@ from pathlib import Path
 import jinja2
 
 from . import abi, ir
+from .passes import stages as passes_stages
 from .resources import resource_dir
 
 GENERATOR = "stratac"
@@ -52,16 +53,30 @@ def _region(r: ir.Region) -> dict:
             "pe": c(r.rank) if r.rank is not None else "rank"}
 
 
+def _red(op: ir.Op) -> str:
+    """A reduction as C++: a strata::Red constant, or the kernel's OP template parameter."""
+    if isinstance(op, ir.OpParam):
+        return "OP"
+    return "strata::Red::" + {ir.ReduceOp.SUM: "kSum", ir.ReduceOp.MAX: "kMax",
+                              ir.ReduceOp.MIN: "kMin"}[op]
+
+
 def _node(op, engine: ir.Engine) -> dict:
     if isinstance(op, ir.Loop):
         return {"kind": "loop", "var": _cname(op.var), "peers": op.domain is ir.Domain.PEERS,
                 "line": op.span.line, "body": [_node(o, engine) for o in op.body]}
+    if isinstance(op, ir.If):
+        return {"kind": "if", "line": op.span.line, "cond": c(op.cond),
+                "then": [_node(o, engine) for o in op.then],
+                "orelse": [_node(o, engine) for o in op.orelse]}
     if isinstance(op, ir.Copy):
         via = {ir.Engine.AIV: "kAiv", ir.Engine.SDMA: "kSdma", ir.Engine.AUTO: "kAuto"}[engine]
         return {"kind": "copy", "line": op.span.line, "via": via, "dst": _region(op.dst),
                 "src": _region(op.src)}
-    red = {ir.ReduceOp.SUM: "kSum", ir.ReduceOp.MAX: "kMax", ir.ReduceOp.MIN: "kMin"}[op.op]
-    return {"kind": "reduce", "line": op.span.line, "op": red, "var": _cname(op.var),
+    if isinstance(op, ir.Accumulate):
+        return {"kind": "accumulate", "line": op.span.line, "op": _red(op.op), "dst": _region(op.dst),
+                "src": _region(op.src)}
+    return {"kind": "reduce", "line": op.span.line, "op": _red(op.op), "var": _cname(op.var),
             "peers": op.domain is ir.Domain.PEERS, "dst": _region(op.dst), "src": _region(op.src)}
 
 
@@ -80,6 +95,10 @@ def _statements(s: ir.Schedule) -> list[dict]:
     out: list[dict] = []
 
     def sync_node(op) -> dict:
+        if isinstance(op, ir.If):
+            return {"kind": "if", "line": op.span.line, "cond": c(op.cond),
+                    "then": [sync_node(o) for o in op.then],
+                    "orelse": [sync_node(o) for o in op.orelse]}
         if isinstance(op, ir.Loop):
             return {"kind": "loop", "var": _cname(op.var), "peers": op.domain is ir.Domain.PEERS,
                     "line": op.span.line, "body": [sync_node(o) for o in op.body]}
@@ -89,20 +108,36 @@ def _statements(s: ir.Schedule) -> list[dict]:
             return {"kind": "signal", "line": op.span.line, "slot": slot, "seq": f.seq, "pe": c(op.rank)}
         return {"kind": "wait", "line": op.span.line, "slot": slot, "seq": f.seq}
 
-    for op in s.body:
-        if isinstance(op, ir.Barrier):
-            out.append({"kind": "barrier", "line": op.span.line, "seq": op.seq})
-        elif isinstance(op, ir.Stage):
-            out.append({"kind": "stage", "line": op.span.line, "index": op.index,
-                        "engine": op.engine.value, "sdma": op.plan.copies_on_sdma,
-                        "body": [_node(o, op.engine) for o in op.body]})
-        else:
-            node = sync_node(op)
-            if out and out[-1]["kind"] == "control":
-                out[-1]["body"].append(node)
-            else:
-                out.append({"kind": "control", "line": op.span.line, "body": [node]})
-    return out
+    def is_control(op) -> bool:
+        """Signals and waits, possibly under loops and ifs, and nothing else."""
+        if isinstance(op, (ir.Signal, ir.Wait)):
+            return True
+        if isinstance(op, ir.Loop):
+            return all(is_control(o) for o in op.body)
+        if isinstance(op, ir.If):
+            return all(is_control(o) for o in op.then + op.orelse)
+        return False
+
+    def top(ops) -> list[dict]:
+        out: list[dict] = []
+        for op in ops:
+            if isinstance(op, ir.Barrier):
+                out.append({"kind": "barrier", "line": op.span.line, "seq": op.seq})
+            elif isinstance(op, ir.Stage):
+                out.append({"kind": "stage", "line": op.span.line, "index": op.index,
+                            "engine": op.engine.value, "body": [_node(o, op.engine) for o in op.body]})
+            elif is_control(op):
+                node = sync_node(op)
+                if out and out[-1]["kind"] == "control":
+                    out[-1]["body"].append(node)
+                else:
+                    out.append({"kind": "control", "line": op.span.line, "body": [node]})
+            else:  # an if around stages or barriers: every core of the rank takes the same arm
+                out.append({"kind": "if", "line": op.span.line, "cond": c(op.cond),
+                            "then": top(op.then), "orelse": top(op.orelse)})
+        return out
+
+    return top(s.body)
 
 
 def manifest(s: ir.Schedule) -> dict:
@@ -115,10 +150,15 @@ def manifest(s: ir.Schedule) -> dict:
         "contract": str(s.contract),
         "launcher": abi.launcher_name(s),
         "args": [{"name": a.name, "ctype": a.ctype, "role": a.role} for a in abi.args(s)],
-        "kernels": {d.short: abi.kernel_name(s, d) for d in abi.dtypes(s)},
+        "kernels": [{"dtype": d.short, "op": op.value if op else None,
+                     "name": abi.kernel_name(s, d, op)} for d in abi.dtypes(s) for op in abi.ops(s)],
         "params": [{"name": p.name, "dtype": p.dtype.short if p.dtype else None,
                     "typevar": p.typevar, "symmetric": p.symmetric, "size": str(p.size)}
-                   for p in s.params],
+                   for p in s.tensors],
+        "scratch": [{"name": p.name, "dtype": p.dtype.short if p.dtype else None,
+                     "typevar": p.typevar, "symmetric": p.symmetric, "size": str(p.size)}
+                    for p in s.scratch],
+        "scalars": [{"name": x.name, "kind": x.kind.value} for x in s.scalars],
         "sizes": list(s.sizes),
         "flags": {"barrier_slots": "world",
                   "named": [{"name": f.name, "size": str(f.size), "seq": f.seq} for f in s.flags],
@@ -128,7 +168,7 @@ def manifest(s: ir.Schedule) -> dict:
         "cores": k.cores,
         "soc": k.soc,
         "stages": [{"index": op.index, "engine": op.engine.value, "line": op.span.line}
-                   for op in s.body if isinstance(op, ir.Stage)],
+                   for op in passes_stages(s.body)],
         "kernel_type": "KERNEL_TYPE_MIX_AIV_1_0",
     }
 
@@ -143,17 +183,22 @@ def generate(s: ir.Schedule) -> Output:
         "source": src,
         "name": s.name,
         "kernel_class": "".join(w.capitalize() for w in s.name.split("_")),
-        "dtypes": [{"short": d.short, "ctype": d.ctype, "code": d.code,
-                    "kernel": abi.kernel_name(s, d)} for d in abi.dtypes(s)],
+        "kernels": [{"dtype": d.short, "ctype": d.ctype, "code": d.code,
+                     "op": op.value if op else None,
+                     "op_code": abi.OPS.index(op) if op else None,
+                     "red": _red(op) if op else "strata::Red::kSum",
+                     "name": abi.kernel_name(s, d, op)} for d in abi.dtypes(s) for op in abi.ops(s)],
+        "has_op": s.op_param is not None,
+        "ranks": [{"name": x.name, "c": _cname(x.name)} for x in s.rank_params],
         "kernel_args": abi.kernel_args(s),
         "launcher_args": abi.args(s),
         "launcher": abi.launcher_name(s),
         "prototype": abi.c_prototype(s),
-        "tensors": [{"name": p.name, "c": _cname(p.name)} for p in s.params],
+        "tensors": [{"name": p.name, "c": _cname(p.name)} for p in s.tensors + s.scratch],
         "sizes": [{"name": n, "c": _cname(n)} for n in s.sizes],
         "plan": k,
         "statements": _statements(s),
-        "sdma_threshold": next((op.plan.sdma_threshold for op in s.body if isinstance(op, ir.Stage)), 0),
+        "sdma_threshold": next((op.plan.sdma_threshold for op in passes_stages(s.body)), 0),
         "contract": str(s.contract),
     }
     files = {

@@ -308,7 +308,8 @@ class Module:
 
 
 class Schedule:
-    """A compiled schedule bound to a communicator: call it with heap tensors."""
+    """A compiled schedule bound to a communicator: call it with heap tensors (and, if the schedule
+    has them, `op=` a reduction and rank parameters such as `root=` as keywords)."""
 
     def __init__(self, comm: Communicator, s: ir.Schedule, built: build.Built):
         self.comm, self.ir, self.built = comm, s, built
@@ -317,33 +318,57 @@ class Schedule:
         self._ffi.cdef(abi.cdef(s))
         self._lib = self._ffi.dlopen(str(built.library))
         self._launch = getattr(self._lib, abi.launcher_name(s))
+        self._scratch: dict[str, torch.Tensor] = {}
         self.cores = s.kernel.cores
-        self.__doc__ = f"{s.name}({', '.join(p.name for p in s.params)}): implements {s.contract}"
+        params = [p.name for p in s.tensors] + [x.name for x in s.scalars]
+        self.__doc__ = f"{s.name}({', '.join(params)}): implements {s.contract}"
+        kw = inspect.Parameter.KEYWORD_ONLY
         self.__signature__ = inspect.Signature(
             [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                annotation=f"{'sym ' if p.symmetric else ''}{p.type_text}[{p.size}]")
-             for p in s.params]
-            + [inspect.Parameter("cores", inspect.Parameter.KEYWORD_ONLY, default=None)])
+             for p in s.tensors]
+            + [inspect.Parameter(x.name, kw, annotation=x.kind.value) for x in s.scalars]
+            + [inspect.Parameter("cores", kw, default=None)])
 
     def unload(self) -> None:
         if self._lib is not None:
             self._ffi.dlclose(self._lib)
             self._lib = self._launch = None
 
-    def bind(self, *tensors: torch.Tensor, **named: torch.Tensor) -> tuple[ir.DType, dict[str, int], list]:
-        """Checks the tensors against the schedule's parameters; returns dtype, sizes, pointers."""
-        params = self.ir.params
+    def bind(self, *tensors: torch.Tensor, **named) -> tuple[ir.DType, dict[str, int], list, dict]:
+        """Checks the arguments against the schedule's parameters before anything is launched;
+        returns dtype, sizes, tensor pointers and scalar values (the op as its index in abi.OPS)."""
+        params = self.ir.tensors
+        names = [p.name for p in params]
         if len(tensors) > len(params):
             raise StrataUsageError(f"{self.name} takes {len(params)} tensors "
-                                   f"({', '.join(p.name for p in params)}), got {len(tensors)}")
-        given = dict(zip((p.name for p in params), tensors))
+                                   f"({', '.join(names)}), got {len(tensors)}")
+        given = dict(zip(names, tensors))
+        scalars = {x.name: x for x in self.ir.scalars}
+        values: dict[str, object] = {}
         for k, v in named.items():
-            if k not in {p.name for p in params}:
+            if k in scalars:
+                values[k] = v
+            elif k in names:
+                given[k] = v
+            else:
                 raise StrataUsageError(f"{self.name} has no parameter {k!r}")
-            given[k] = v
-        missing = [p.name for p in params if p.name not in given]
+        missing = [n for n in names if n not in given] + [n for n in scalars if n not in values]
         if missing:
-            raise StrataUsageError(f"{self.name}: missing tensor(s) {', '.join(missing)}")
+            raise StrataUsageError(f"{self.name}: missing argument(s) {', '.join(missing)}")
+        scalar_args = {}
+        for name, x in scalars.items():
+            v = values[name]
+            if x.kind is ir.ScalarKind.REDOP:
+                ops = {o.value: i for i, o in enumerate(abi.OPS)}
+                if v not in ops:
+                    raise StrataUsageError(f"{self.name}: {name} must be one of {', '.join(ops)}, got {v!r}")
+                scalar_args[name] = ops[v]
+            else:
+                if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < self.comm.world:
+                    raise StrataUsageError(f"{self.name}: {name} must be a rank in [0, {self.comm.world}), "
+                                           f"got {v!r}")
+                scalar_args[name] = v
         dtype: ir.DType | None = None
         for p in params:
             t = given[p.name]
@@ -362,8 +387,11 @@ class Schedule:
                                            f"earlier {p.typevar} parameter is {_TORCH_DTYPES[dtype]}")
                 dtype = got
         dtype = dtype or next(p.dtype for p in params)
-        sizes = {n: given[next(p.name for p in params if p.size == ir.Var(n))].numel()
-                 for n in self.ir.sizes}
+        sizes = {}
+        for n in self.ir.sizes:
+            p, k = next((p, k) for p in params if (k := ir.size_scale(p.size, n)) is not None)
+            scale = k.eval({"world": self.comm.world})
+            sizes[n] = given[p.name].numel() // scale if scale else 0
         env = {"world": self.comm.world, **sizes}
         for p in params:
             want = p.size.eval(env)
@@ -371,20 +399,38 @@ class Schedule:
                 raise StrataUsageError(f"{self.name}: parameter {p.name} must have {p.size} = {want} "
                                        f"elements, got {given[p.name].numel()}")
         ptrs = [self._ffi.cast("void*", given[p.name].data_ptr()) for p in params]
-        return dtype, sizes, ptrs
+        ptrs += [self._ffi.cast("void*", t.data_ptr()) for t in self._scratch_for(dtype, env)]
+        return dtype, sizes, ptrs, scalar_args
 
-    def __call__(self, *tensors: torch.Tensor, cores: int | None = None, **named: torch.Tensor) -> None:
+    def _scratch_for(self, dtype: ir.DType, env: dict) -> list[torch.Tensor]:
+        """Scratch buffers (staging baselines only), allocated on the heap at the first call of a
+        size and kept; allocation is collective, like every call."""
+        out = []
+        for p in self.ir.scratch:
+            n = p.size.eval(env)
+            tdtype = _TORCH_DTYPES[p.dtype or dtype]
+            have = self._scratch.get(p.name)
+            if have is None or have.numel() != n or have.dtype != tdtype:
+                if have is not None:
+                    self.comm.free(have)
+                have = self._scratch[p.name] = self.comm.empty(max(n, 1), dtype=tdtype)
+            out.append(have)
+        return out
+
+    def __call__(self, *tensors: torch.Tensor, cores: int | None = None, **named) -> None:
         self.comm._check_open()
         if self._launch is None:
             raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
-        dtype, sizes, ptrs = self.bind(*tensors, **named)
+        dtype, sizes, ptrs, scalars = self.bind(*tensors, **named)
         blocks = cores or self.cores
         if not 1 <= blocks <= abi.MAX_CORES:
             raise StrataUsageError(f"cores must be between 1 and {abi.MAX_CORES}, got {blocks}")
         epoch = self.comm.next_epoch(self.ir.sync_ops)
         sync = self._ffi.cast("void*", self.comm._base + self.comm._sync)
-        rc = self._launch(dtype.code, blocks, self._ffi.NULL, 0, sync, epoch, *ptrs,
-                          *(sizes[n] for n in self.ir.sizes))
+        op = scalars.get(self.ir.op_param.name, 0) if self.ir.op_param else 0
+        rc = self._launch(dtype.code, op, blocks, self._ffi.NULL, 0, sync, epoch, *ptrs,
+                          *(sizes[n] for n in self.ir.sizes),
+                          *(scalars[x.name] for x in self.ir.rank_params))
         if rc != 0:
             raise StrataRuntimeError(f"{self.name} failed on rank {self.comm.rank}: "
                                      f"{_last_error(self.comm._lib, self.comm._ffi)}")

@@ -35,14 +35,17 @@ class Access:
     write: bool
     instance: int      # accesses of one move share it (a move may read and write the same elements)
     span: Span
+    accumulate: str | None = None   # the op of an atomic accumulate (a write that commutes with
+                                    # other accumulates of the same op)
 
 
 @dataclass(frozen=True)
 class Move:
     dst: tuple[int, str, int, int]                # owner, buffer, lo, hi
     srcs: tuple[tuple[int, str, int, int], ...]
-    op: ir.ReduceOp | None                        # None: a copy (one source)
+    op: ir.Op | None                              # None: a copy (one source)
     span: Span
+    accumulate: bool = False                      # dst op= src (the sources are added to dst)
 
 
 @dataclass
@@ -125,8 +128,13 @@ def _env_text(env: dict) -> str:
 
 
 def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int]) -> Instance:
+    """sizes gives every size symbol and every rank parameter a value."""
     if world < 1:
         raise StrataError(error(Codes.BAD_WORLD, f"world size must be at least 1, got {world}", s.span))
+    for x in s.rank_params:
+        if not 0 <= sizes[x.name] < world:
+            raise StrataError(error(Codes.BAD_WORLD, f"{x.name} = {sizes[x.name]} is not a rank of a "
+                                    f"world of {world}", x.span))
     base = {"world": world, **sizes}
     buffer_sizes = {p.name: _ev(p.size, base, p.span, f"the size of {p.name}") for p in s.params}
     for name, n in buffer_sizes.items():
@@ -175,16 +183,22 @@ class _Builder:
                 ev = last if last.kind is EventKind.WAIT else new(EventKind.WAIT, op.span)
                 ev.waits.append((op.flag, slot, op.span))
 
-        for op in self.s.body:
-            if isinstance(op, ir.Barrier):
-                new(EventKind.BARRIER, op.span, barrier=barriers)
-                barriers += 1
-            elif isinstance(op, ir.Stage):
-                ev = new(EventKind.STAGE, op.span, stage=op)
-                for inner in op.body:
-                    self.moves(inner, env, ev)
-            else:
-                sync(op, env)
+        def top(ops, env):
+            nonlocal barriers
+            for op in ops:
+                if isinstance(op, ir.Barrier):
+                    new(EventKind.BARRIER, op.span, barrier=barriers)
+                    barriers += 1
+                elif isinstance(op, ir.Stage):
+                    ev = new(EventKind.STAGE, op.span, stage=op)
+                    for inner in op.body:
+                        self.moves(inner, env, ev)
+                elif isinstance(op, ir.If):
+                    top(op.then if _ev(op.cond, env, op.span, "a condition") else op.orelse, env)
+                else:
+                    sync(op, env)
+
+        top(self.s.body, env)
         events.append(Event(EventKind.EXIT, rank, len(events), None))
         return events
 
@@ -222,11 +236,15 @@ class _Builder:
                 for o in op.body:
                     self.moves(o, inner, ev)
             return
+        if isinstance(op, ir.If):
+            for o in (op.then if _ev(op.cond, env, op.span, "a condition") else op.orelse):
+                self.moves(o, env, ev)
+            return
         self.instance += 1
         dst = self.region(op.dst, env)
-        if isinstance(op, ir.Copy):
+        if isinstance(op, (ir.Copy, ir.Accumulate)):
             srcs = (self.region(op.src, env),)
-            red = None
+            red = op.op if isinstance(op, ir.Accumulate) else None
         else:
             srcs = []
             for v in self.domain(op.domain, env["rank"]):
@@ -241,11 +259,13 @@ class _Builder:
                     Codes.SHAPE, f"this moves {src[3] - src[2]} elements ({src[1]}[{src[2]}:{src[3]}]"
                     f"@{src[0]}) into {dst[3] - dst[2]} ({dst[1]}[{dst[2]}:{dst[3]}]@{dst[0]}) with "
                     f"{_env_text(env)}", op.span))
-        ev.moves.append(Move(dst, srcs, red, op.span))
+        acc = isinstance(op, ir.Accumulate)
+        ev.moves.append(Move(dst, srcs, red, op.span, accumulate=acc))
         for src in srcs:
             if src[3] > src[2]:
                 ev.accesses.append(Access(src[0], src[1], src[2], src[3], False, self.instance, op.span))
         if dst[3] > dst[2]:
-            ev.accesses.append(Access(dst[0], dst[1], dst[2], dst[3], True, self.instance, op.span))
+            ev.accesses.append(Access(dst[0], dst[1], dst[2], dst[3], True, self.instance, op.span,
+                                      accumulate=op.op.value if acc else None))
 
 

@@ -55,6 +55,29 @@ class ReduceOp(enum.Enum):
 class ContractKind(enum.Enum):
     ALLREDUCE = "allreduce"
     ALLGATHER = "allgather"
+    REDUCESCATTER = "reducescatter"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    ALLTOALL = "alltoall"
+
+
+class ScalarKind(enum.Enum):
+    RANK = "rank"       # a rank of the world, e.g. the root of a broadcast
+    REDOP = "redop"     # a reduction operation, chosen at the call
+
+
+@dataclass(frozen=True)
+class OpParam:
+    """A reduction given by a redop parameter: the kernel is built for sum, max and min."""
+
+    name: str
+
+    @property
+    def value(self) -> str:
+        return self.name
+
+
+Op = Union[ReduceOp, OpParam]
 
 
 # ---- integer expressions ----
@@ -94,7 +117,12 @@ class BinKind(enum.Enum):
     DIV = "/"   # floor division; operands are never negative in a valid program
     MOD = "%"
     MIN = "min"
-    LT = "<"    # 1 if lhs < rhs else 0
+    LT = "<"    # comparisons give 1 or 0
+    LE = "<="
+    GT = ">"
+    GE = ">="
+    EQ = "=="
+    NE = "!="
 
 
 @dataclass(frozen=True)
@@ -122,7 +150,7 @@ class Bin:
             return a % b
         if k is BinKind.MIN:
             return min(a, b)
-        return int(a < b)
+        return int(_COMPARE[k](a, b))
 
     def names(self) -> frozenset[str]:
         return self.lhs.names() | self.rhs.names()
@@ -134,6 +162,10 @@ class Bin:
 
 
 IExpr = Union[Const, Var, Bin]
+
+_COMPARE = {BinKind.LT: lambda a, b: a < b, BinKind.LE: lambda a, b: a <= b,
+            BinKind.GT: lambda a, b: a > b, BinKind.GE: lambda a, b: a >= b,
+            BinKind.EQ: lambda a, b: a == b, BinKind.NE: lambda a, b: a != b}
 
 
 def add(a: IExpr, b: IExpr) -> IExpr:
@@ -180,6 +212,30 @@ def simplify(e: IExpr) -> IExpr:
     return Bin(k, a, b)
 
 
+def size_scale(size: IExpr, sym: str) -> IExpr | None:
+    """If size = sym * k with k independent of sym (k may use world), returns k; else None.
+    Decided numerically over a few worlds: exact for the polynomial sizes the language allows."""
+    if not size.names() <= {sym, "world"} or sym not in size.names():
+        return None
+    k = simplify(_subst(size, sym, Const(1)))
+    for world in (1, 2, 3, 7):
+        for n in (0, 2, 5):
+            try:
+                if size.eval({sym: n, "world": world}) != n * k.eval({"world": world}):
+                    return None
+            except ZeroDivisionError:
+                return None
+    return k
+
+
+def _subst(e: IExpr, name: str, value: IExpr) -> IExpr:
+    if isinstance(e, Var):
+        return value if e.name == name else e
+    if isinstance(e, Bin):
+        return Bin(e.kind, _subst(e.lhs, name, value), _subst(e.rhs, name, value))
+    return e
+
+
 def split_part(total: IExpr, parts: IExpr, index: IExpr) -> tuple[IExpr, IExpr]:
     """(offset, length) of part `index` of `total` elements split into `parts` balanced parts:
     the first total % parts parts get one element more."""
@@ -202,6 +258,7 @@ class Buffer:
     symmetric: bool
     size: IExpr
     span: Span
+    scratch: bool = False   # declared in the body: the runtime allocates it, the caller never sees it
 
     @property
     def type_text(self) -> str:
@@ -235,7 +292,7 @@ class Reduce:
     """dst = op over var in domain of src (src mentions var)."""
 
     dst: Region
-    op: ReduceOp
+    op: Op
     src: Region
     var: str
     domain: Domain
@@ -243,10 +300,28 @@ class Reduce:
 
 
 @dataclass(frozen=True)
+class Accumulate:
+    """dst op= src: reduce on write, an atomic DMA accumulate (concurrent accumulates commute)."""
+
+    dst: Region
+    op: Op
+    src: Region
+    span: Span
+
+
+@dataclass(frozen=True)
+class If:
+    cond: IExpr          # nonzero: then; it may depend on rank, so ranks can take different arms
+    then: tuple["Node", ...]
+    orelse: tuple["Node", ...]
+    span: Span
+
+
+@dataclass(frozen=True)
 class Loop:
     var: str
     domain: Domain
-    body: tuple["Op", ...]
+    body: tuple["Node", ...]
     span: Span
 
 
@@ -276,7 +351,7 @@ class KernelPlan:
 @dataclass(frozen=True)
 class Stage:
     engine: Engine
-    body: tuple["Op", ...]
+    body: tuple["Node", ...]
     span: Span
     index: int
     plan: Plan | None = None
@@ -311,21 +386,33 @@ class Wait:
     span: Span
 
 
-Op = Union[Copy, Reduce, Loop, Stage, Barrier, Signal, Wait]
+Node = Union[Copy, Reduce, Accumulate, If, Loop, Stage, Barrier, Signal, Wait]
 
 
 @dataclass(frozen=True)
 class Contract:
     kind: ContractKind
     inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    op: ReduceOp | None
+    outputs: tuple[str, ...]     # equal to inputs for an in-place contract
+    op: Op | None
     span: Span
+    root: str | None = None      # the rank parameter naming the root
+
+    @property
+    def in_place(self) -> bool:
+        return self.inputs == self.outputs
 
     def __str__(self) -> str:
-        if self.kind is ContractKind.ALLREDUCE:
-            return f"allreduce({self.inputs[0]}, {self.op.value})"
-        return f"{self.kind.value}({', '.join(self.inputs)} -> {', '.join(self.outputs)})"
+        data = self.inputs[0] if self.in_place else f"{self.inputs[0]} -> {self.outputs[0]}"
+        extra = [a for a in (self.op.value if self.op else None, self.root) if a]
+        return f"{self.kind.value}({', '.join([data, *extra])})"
+
+
+@dataclass(frozen=True)
+class Scalar:
+    name: str
+    kind: ScalarKind
+    span: Span
 
 
 @dataclass(frozen=True)
@@ -336,14 +423,33 @@ class Schedule:
     sizes: tuple[str, ...]          # size symbols, each the whole size of some parameter
     flags: tuple[Flag, ...]
     contract: Contract
-    body: tuple[Op, ...]
+    body: tuple[Node, ...]
     span: Span
     sync_ops: int = 0               # stamps one call uses (barriers + flags; the epoch pass sets it)
     kernel: KernelPlan | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
+    scalars: tuple[Scalar, ...] = ()
+
     def param(self, name: str) -> Buffer:
         return next(p for p in self.params if p.name == name)
+
+    @property
+    def tensors(self) -> tuple[Buffer, ...]:
+        """The buffers a caller passes (parameters that are not scratch)."""
+        return tuple(p for p in self.params if not p.scratch)
+
+    @property
+    def scratch(self) -> tuple[Buffer, ...]:
+        return tuple(p for p in self.params if p.scratch)
+
+    @property
+    def op_param(self) -> Scalar | None:
+        return next((x for x in self.scalars if x.kind is ScalarKind.REDOP), None)
+
+    @property
+    def rank_params(self) -> tuple[Scalar, ...]:
+        return tuple(x for x in self.scalars if x.kind is ScalarKind.RANK)
 
     @property
     def typevars(self) -> tuple[str, ...]:
@@ -357,11 +463,13 @@ class Schedule:
 # ---- printer ----
 
 def dump(s: Schedule) -> str:
-    params = ", ".join(f"{p.name}: {'sym ' if p.symmetric else ''}{p.type_text}[{p.size}]"
-                       for p in s.params)
+    params = ", ".join([f"{p.name}: {'sym ' if p.symmetric else ''}{p.type_text}[{p.size}]"
+                        for p in s.tensors] + [f"{x.name}: {x.kind.value}" for x in s.scalars])
     out = [f"schedule {s.name}({params}) implements {s.contract}"]
     if s.sizes:
         out.append(f"  sizes {', '.join(s.sizes)}")
+    for p in s.scratch:
+        out.append(f"  scratch {p.name}: {'sym ' if p.symmetric else ''}{p.type_text}[{p.size}]")
     for f in s.flags:
         out.append(f"  flag {f.name}[{f.size}] seq={f.seq}")
     for op in s.body:
@@ -380,7 +488,7 @@ def _line(span: Span) -> str:
     return f"  # line {span.line}"
 
 
-def _dump_op(op: Op, depth: int, out: list[str]) -> None:
+def _dump_op(op: Node, depth: int, out: list[str]) -> None:
     pad = "  " * depth
     if isinstance(op, Stage):
         plan = ""
@@ -402,6 +510,16 @@ def _dump_op(op: Op, depth: int, out: list[str]) -> None:
     elif isinstance(op, Reduce):
         out.append(f"{pad}{op.dst} = {op.op.value}({op.src} for {op.var} in {op.domain.value})"
                    f"{_line(op.span)}")
+    elif isinstance(op, Accumulate):
+        out.append(f"{pad}{op.dst} {op.op.value}= {op.src}{_line(op.span)}")
+    elif isinstance(op, If):
+        out.append(f"{pad}if {op.cond}:{_line(op.span)}")
+        for inner in op.then:
+            _dump_op(inner, depth + 1, out)
+        if op.orelse:
+            out.append(f"{pad}else:")
+            for inner in op.orelse:
+                _dump_op(inner, depth + 1, out)
     elif isinstance(op, Barrier):
         out.append(f"{pad}barrier seq={op.seq}{_line(op.span)}")
     elif isinstance(op, Signal):
@@ -421,8 +539,8 @@ def py_source(e: IExpr) -> str:
     a, b = py_source(e.lhs), py_source(e.rhs)
     if e.kind is BinKind.MIN:
         return f"min({a}, {b})"
-    if e.kind is BinKind.LT:
-        return f"int({a} < {b})"
+    if e.kind in _COMPARE:
+        return f"int({a} {e.kind.value} {b})"
     op = {BinKind.DIV: "//"}.get(e.kind, e.kind.value)
     return f"({a} {op} {b})"
 
@@ -436,6 +554,6 @@ def c_source(e: IExpr, names: Mapping[str, str]) -> str:
     a, b = c_source(e.lhs, names), c_source(e.rhs, names)
     if e.kind is BinKind.MIN:
         return f"strata::Min({a}, {b})"
-    if e.kind is BinKind.LT:
-        return f"int64_t({a} < {b})"
+    if e.kind in _COMPARE:
+        return f"int64_t({a} {e.kind.value} {b})"
     return f"({a} {e.kind.value} {b})"

@@ -67,28 +67,40 @@ def _moves(ops):
     for op in ops:
         if isinstance(op, ir.Loop):
             yield from _moves(op.body)
+        elif isinstance(op, ir.If):
+            yield from _moves(op.then + op.orelse)
         else:
             yield op
 
 
-def place_engines(s: ir.Schedule, opts: Options) -> ir.Schedule:
-    body = []
-    for op in s.body:
+def stages(ops):
+    """Every stage, including those under ifs, in program order."""
+    for op in ops:
         if isinstance(op, ir.Stage):
-            moves = list(_moves(op.body))
-            has_copy = any(isinstance(m, ir.Copy) for m in moves)
-            plan = ir.Plan(
-                copies_on_aiv=has_copy and op.engine in (ir.Engine.AIV, ir.Engine.AUTO),
-                copies_on_sdma=has_copy and op.engine in (ir.Engine.SDMA, ir.Engine.AUTO),
-                reduces=any(isinstance(m, ir.Reduce) for m in moves),
-                sdma_threshold=opts.sdma_threshold)
-            op = replace(op, plan=plan)
-        body.append(op)
-    return replace(s, body=tuple(body))
+            yield op
+        elif isinstance(op, ir.If):
+            yield from stages(op.then + op.orelse)
+
+
+def place_engines(s: ir.Schedule, opts: Options) -> ir.Schedule:
+    def plan(op):
+        if isinstance(op, ir.If):
+            return replace(op, then=tuple(map(plan, op.then)), orelse=tuple(map(plan, op.orelse)))
+        if not isinstance(op, ir.Stage):
+            return op
+        moves = list(_moves(op.body))
+        # an accumulate goes through the copy queue, with the DMA's atomic mode on
+        copies = any(isinstance(m, (ir.Copy, ir.Accumulate)) for m in moves)
+        return replace(op, plan=ir.Plan(
+            copies_on_aiv=copies and op.engine in (ir.Engine.AIV, ir.Engine.AUTO),
+            copies_on_sdma=copies and op.engine in (ir.Engine.SDMA, ir.Engine.AUTO),
+            reduces=any(isinstance(m, ir.Reduce) for m in moves),
+            sdma_threshold=opts.sdma_threshold))
+    return replace(s, body=tuple(map(plan, s.body)))
 
 
 def tile_ub(s: ir.Schedule, opts: Options) -> ir.Schedule:
-    plans = [op.plan for op in s.body if isinstance(op, ir.Stage)]
+    plans = [op.plan for op in stages(s.body)]
     copy_tiles = QUEUE_DEPTH if any(p.copies_on_aiv for p in plans) else 0
     reduce_tiles = 2 * QUEUE_DEPTH if any(p.reduces for p in plans) else 0
     tiles = copy_tiles + reduce_tiles

@@ -29,6 +29,8 @@ class Case:
     dtype: str = "f32"
     count: int | None = None     # elements of the size symbol, or
     size: int | None = None      # bytes, nccl-tests' S
+    op: str = "sum"              # for schedules with a redop parameter
+    root: int = 0                # for schedules with rank parameters
 
 
 @dataclass
@@ -74,6 +76,10 @@ def _heap_bytes(spec: RunSpec, schedules) -> int:
 def run(spec: RunSpec, echo=print) -> RunOutcome:
     if spec.world < 1:
         raise StrataError(error(Codes.BAD_WORLD, f"--world must be at least 1, got {spec.world}"))
+    for case in spec.cases:
+        if not 0 <= case.root < spec.world:
+            raise StrataError(error(Codes.BAD_WORLD, f"--root {case.root} is not a rank of a world of "
+                                    f"{spec.world}"))
     source = load_source(spec.file)
     opts = passes.Options(soc=spec.soc, cores=spec.cores)
     opts.check()
@@ -160,7 +166,7 @@ def _fmt_bytes(n: float) -> str:
 def report(outcome: RunOutcome, check: bool) -> list[str]:
     """One line per schedule (rank 0's view; time is the slowest rank's)."""
     lines = []
-    head = (f"{'schedule':<22} {'world':>5} {'size':>9} {'count':>10} {'type':>4} {'time(us)':>10} "
+    head = (f"{'schedule':<26} {'world':>5} {'size':>9} {'count':>10} {'type':>4} {'op':>4} {'time(us)':>10} "
             f"{'algbw':>7} {'busbw':>7} {'aiv bytes':>10} {'sdma bytes':>10} {'core max/mean':>13} "
             f"{'heap/rank':>10}  result")
     lines.append(head)
@@ -177,8 +183,8 @@ def report(outcome: RunOutcome, check: bool) -> list[str]:
         result = "OK" if r["ranks_wrong"] == 0 else f"WRONG ({r['ranks_wrong']} ranks)"
         if not check:
             result = "unchecked"
-        lines.append(f"{r['schedule']:<22} {r['world']:>5} {_fmt_bytes(r['size']):>9} {r['count']:>10} "
-                     f"{r['dtype']:>4} {t * 1e6:>10.1f} {algbw:>7.2f} {busbw:>7.2f} {aiv:>10} {sdma:>10} "
+        lines.append(f"{r['schedule']:<26} {r['world']:>5} {_fmt_bytes(r['size']):>9} {r['count']:>10} "
+                     f"{r['dtype']:>4} {r.get('op') or '-':>4} {t * 1e6:>10.1f} {algbw:>7.2f} {busbw:>7.2f} {aiv:>10} {sdma:>10} "
                      f"{balance:>13} {_fmt_bytes(r['heap_bytes']):>10}  {result}")
     for r in outcome.results:
         if not r["ok"] and r["why"]:

@@ -34,6 +34,26 @@ class _Lowering:
         self.stage_count = 0
         self.loop_vars_seen: set[str] = set()
         self.bad_types: set[str] = set()   # parameters whose element type was already reported
+        self.scalars: dict[str, ir.Scalar] = {}
+
+    def taken(self, name: str) -> bool:
+        return (name in RESERVED or name in self.params or name in self.views or name in self.flags
+                or name in self.scalars)
+
+    def env(self, loop_vars=()) -> set[str]:
+        """Names an index or rank expression may use."""
+        ranks = {x.name for x in self.scalars.values() if x.kind is ir.ScalarKind.RANK}
+        return {"rank", "world", *self.sizes, *ranks, *loop_vars}
+
+    def op(self, name: str, span: Span) -> ir.Op | None:
+        if name in {o.value for o in ir.ReduceOp}:
+            return ir.ReduceOp(name)
+        x = self.scalars.get(name)
+        if x is not None and x.kind is ir.ScalarKind.REDOP:
+            return ir.OpParam(name)
+        self.err(Codes.UNKNOWN_NAME, f"{name!r} is not a reduction: use sum, max, min or a parameter "
+                 f"declared `{name}: redop`", span)
+        return None
 
     def err(self, code: str, msg: str, span: Span | None, *notes: Note) -> None:
         self.diags.append(error(code, msg, span, *notes))
@@ -61,14 +81,23 @@ class _Lowering:
         s = self.s
         size_names: set[str] = set()
         for p in s.params:
-            size_names |= _names(p.size)
+            if p.size is not None:
+                size_names |= _names(p.size)
         size_names -= RESERVED
         self.sizes = sorted(size_names)
         size_env = set(self.sizes) | {"world"}
         typevar_seen: dict[str, Span] = {}
         for p in s.params:
-            if p.name in self.params or p.name in RESERVED:
+            if self.taken(p.name):
                 self.err(Codes.DUPLICATE_NAME, f"parameter {p.name!r} is already defined", p.span)
+                continue
+            if p.size is None:
+                kinds = {k.value: k for k in ir.ScalarKind}
+                if p.dtype not in kinds or p.symmetric:
+                    self.err(Codes.BAD_TYPE, f"{p.name} has no size, so it is a scalar: its type is "
+                             "`rank` or `redop` (a tensor needs a size: T[n])", p.dtype_span)
+                    continue
+                self.scalars[p.name] = ir.Scalar(p.name, kinds[p.dtype], p.span)
                 continue
             dtype = ir.DType.parse(p.dtype)
             typevar = None
@@ -87,16 +116,31 @@ class _Lowering:
             names = sorted(typevar_seen)
             self.err(Codes.BAD_TYPE, f"one type variable per schedule is supported, found {names}",
                      typevar_seen[names[1]])
+            self.bad_types |= {p.name for p in self.params.values() if p.typevar not in (None, names[0])}
         for sym in self.sizes:
-            if not any(isinstance(p.size, ir.Var) and p.size.name == sym for p in self.params.values()):
-                self.err(Codes.BAD_SIZE, f"size {sym!r} must be the whole size of some parameter, so "
-                         "it can be read off the tensors at a call", s.span)
+            if not any(ir.size_scale(p.size, sym) is not None for p in self.params.values()):
+                self.err(Codes.BAD_SIZE, f"size {sym!r} must be read off some parameter's size, which "
+                         f"must be {sym} times a factor of world (such as {sym} or {sym} * world)",
+                         s.span)
+        if sum(x.kind is ir.ScalarKind.REDOP for x in self.scalars.values()) > 1:
+            self.err(Codes.BAD_TYPE, "one redop parameter per schedule is supported", s.span)
         contract = self.contract(s.contract)
         body = self.block(s.body, top=True, loop_vars=())
         if self.diags or contract is None:
             raise StrataError(self.diags)
         return ir.Schedule(s.name, self.source_name, tuple(self.params.values()), tuple(self.sizes),
-                           tuple(self.flags.values()), contract, tuple(body), s.span)
+                           tuple(self.flags.values()), contract, tuple(body), s.span,
+                           scalars=tuple(self.scalars.values()))
+
+    # kind: (takes an op, takes a root, may be in place, may be out of place)
+    CONTRACTS = {
+        ir.ContractKind.ALLREDUCE: (True, False, True, True),
+        ir.ContractKind.ALLGATHER: (False, False, False, True),
+        ir.ContractKind.REDUCESCATTER: (True, False, False, True),
+        ir.ContractKind.BROADCAST: (False, True, True, True),
+        ir.ContractKind.REDUCE: (True, True, True, True),
+        ir.ContractKind.ALLTOALL: (False, False, False, True),
+    }
 
     def contract(self, c: ast.Contract) -> ir.Contract | None:
         kinds = {k.value: k for k in ir.ContractKind}
@@ -105,35 +149,46 @@ class _Lowering:
                      c.span)
             return None
         kind = kinds[c.kind]
-        for a in c.args:
-            for n in (a.name, a.out):
-                if n and n not in self.params and n not in {o.value for o in ir.ReduceOp}:
-                    self.err(Codes.UNKNOWN_NAME, f"the contract names {n!r}, which is not a parameter",
-                             a.span)
-        if self.diags:
+        takes_op, takes_root, in_place, out_of_place = self.CONTRACTS[kind]
+        form = [f"{c.kind}(x{' -> out' if not in_place else ''}"
+                + (", sum|max|min|OP" if takes_op else "") + (", ROOT" if takes_root else "") + ")"]
+        usage = f"{c.kind} is written {form[0]}" + (" (or x -> out)" if in_place and out_of_place else "")
+        if not c.args:
+            self.err(Codes.BAD_CONTRACT, usage, c.span)
             return None
-        if kind is ir.ContractKind.ALLREDUCE:
-            ok = (len(c.args) == 2 and c.args[0].out is None and c.args[0].name in self.params
-                  and c.args[1].name in {o.value for o in ir.ReduceOp})
-            if not ok:
-                self.err(Codes.BAD_CONTRACT, "allreduce takes a buffer and an operation: "
-                         "allreduce(x, sum|max|min)", c.span)
+        data, rest = c.args[0], c.args[1:]
+        for n in (data.name, data.out):
+            if n and n not in self.params:
+                self.err(Codes.UNKNOWN_NAME, f"the contract names {n!r}, which is not a tensor parameter",
+                         data.span)
                 return None
-            return ir.Contract(kind, (c.args[0].name,), (c.args[0].name,),
-                               ir.ReduceOp(c.args[1].name), c.span)
-        ok = len(c.args) == 1 and c.args[0].out is not None
-        if not ok:
-            self.err(Codes.BAD_CONTRACT, "allgather takes input -> output: allgather(x -> out)", c.span)
+        if (data.out is None and not in_place) or (data.out is not None and not out_of_place):
+            self.err(Codes.BAD_CONTRACT, usage, c.span)
             return None
-        src, dst = self.params[c.args[0].name], self.params[c.args[0].out]
+        op, root = None, None
+        for a in rest:
+            x = self.scalars.get(a.name)
+            if a.out is None and (a.name in {o.value for o in ir.ReduceOp}
+                                  or (x and x.kind is ir.ScalarKind.REDOP)) and takes_op and op is None:
+                op = self.op(a.name, a.span)
+            elif a.out is None and x and x.kind is ir.ScalarKind.RANK and takes_root and root is None:
+                root = a.name
+            else:
+                self.err(Codes.BAD_CONTRACT, f"unexpected {a.name!r}: {usage}", a.span)
+                return None
+        if (takes_op and op is None) or (takes_root and root is None):
+            self.err(Codes.BAD_CONTRACT, usage, c.span)
+            return None
+        src = self.params[data.name]
+        dst = self.params[data.out] if data.out else src
         if src.type_text != dst.type_text and not {src.name, dst.name} & self.bad_types:
-            self.err(Codes.BAD_TYPE, f"allgather needs {src.name} and {dst.name} of one element type",
+            self.err(Codes.BAD_TYPE, f"{c.kind} needs {src.name} and {dst.name} of one element type",
                      c.span)
-        return ir.Contract(kind, (src.name,), (dst.name,), None, c.span)
+        return ir.Contract(kind, (src.name,), (dst.name,), op, c.span, root)
 
     # ---- statements
     def block(self, stmts, top: bool, loop_vars: tuple[str, ...], engine: ir.Engine | None = None):
-        out: list[ir.Op] = []
+        out: list[ir.Node] = []
         for st in stmts:
             op = self.stmt(st, top, loop_vars, engine)
             if op is not None:
@@ -149,12 +204,26 @@ class _Lowering:
             if not top:
                 self.err(Codes.BAD_REF, "flags are declared at the top of a schedule", st.span)
                 return None
-            if st.name in self.flags or st.name in self.params or st.name in self.views:
+            if self.taken(st.name):
                 self.err(Codes.DUPLICATE_NAME, f"{st.name!r} is already defined", st.span)
                 return None
             self.flags[st.name] = ir.Flag(st.name, self.expr(st.size, set(self.sizes) | {"world"},
                                                             f"the size of flag {st.name}"), st.span)
             return None
+        if isinstance(st, ast.ScratchDecl):
+            self.scratch_decl(st, top)
+            return None
+        if isinstance(st, ast.If):
+            cond = self.cond(st.cond, loop_vars)
+            then = self.block(st.then, top=False, loop_vars=loop_vars, engine=engine)
+            orelse = self.block(st.orelse, top=False, loop_vars=loop_vars, engine=engine)
+            return ir.If(cond, tuple(then), tuple(orelse), st.span)
+        if isinstance(st, ast.Accum):
+            if not in_stage:
+                self.err(Codes.BAD_ENGINE, "data movement needs an engine: write it inside `on aiv:`",
+                         st.span)
+                return None
+            return self.accum(st, loop_vars, engine)
         if isinstance(st, ast.Barrier):
             if in_stage or loop_vars:
                 self.err(Codes.BAD_ENGINE, "a barrier is a statement of its own, outside stages and "
@@ -174,8 +243,7 @@ class _Lowering:
             self.stage_count += 1
             return ir.Stage(eng, tuple(body), st.span, self.stage_count)
         if isinstance(st, ast.For):
-            if (st.var in loop_vars or st.var in RESERVED or st.var in self.params or st.var in self.views
-                    or st.var in self.flags):
+            if st.var in loop_vars or self.taken(st.var):
                 self.err(Codes.DUPLICATE_NAME, f"loop variable {st.var!r} shadows another name",
                          st.var_span)
                 return None
@@ -198,7 +266,7 @@ class _Lowering:
             self.err(Codes.BAD_REF, "a split is named at the top of a schedule: `part = split(x, k)`",
                      st.span)
             return
-        if t.name in self.params or t.name in self.views or t.name in self.flags or t.name in RESERVED:
+        if self.taken(t.name):
             self.err(Codes.DUPLICATE_NAME, f"{t.name!r} is already defined", t.name_span)
             return
         if call.buffer not in self.params:
@@ -221,7 +289,7 @@ class _Lowering:
         if not isinstance(ref.selector, ast.Index):
             self.err(Codes.BAD_REF, f"pick one slot of flag {ref.name}: {ref.name}[i]", ref.span)
             return None
-        env = {"rank", "world", *self.sizes, *loop_vars}
+        env = self.env(loop_vars)
         index = self.expr(ref.selector.index, env, "a flag index")
         if isinstance(st, ast.Signal):
             if ref.rank is None:
@@ -234,7 +302,7 @@ class _Lowering:
         return ir.Wait(ref.name, index, st.span)
 
     def region(self, ref: ast.Ref, loop_vars, role: str) -> tuple[ir.Region, ir.Buffer] | None:
-        env = {"rank", "world", *self.sizes, *loop_vars}
+        env = self.env(loop_vars)
         if ref.name in self.views:
             view = self.views[ref.name]
             buf = self.params[view.buffer]
@@ -280,8 +348,7 @@ class _Lowering:
             if engine is ir.Engine.SDMA:
                 self.err(Codes.BAD_ENGINE, "SDMA cannot compute: reductions run `on aiv`", rc.span)
                 return None
-            if (rc.var in loop_vars or rc.var in RESERVED or rc.var in self.params
-                    or rc.var in self.views or rc.var in self.flags):
+            if rc.var in loop_vars or self.taken(rc.var):
                 self.err(Codes.DUPLICATE_NAME, f"{rc.var!r} shadows another name", rc.span)
                 return None
             reported = len(self.diags)
@@ -293,7 +360,9 @@ class _Lowering:
             if len(self.diags) == reported and rc.var not in used:
                 self.err(Codes.BAD_REF, f"the reduction's operand does not depend on {rc.var}, so every "
                          "term is the same element", rc.operand.span)
-            op = ir.ReduceOp(rc.op)
+            op = self.op(rc.op, rc.span)
+            if op is None:
+                return None
             return ir.Reduce(dst[0], op, src[0], rc.var, ir.Domain(rc.domain), st.span)
         src = self.region(st.value, loop_vars, "source")
         if dst is None or src is None:
@@ -304,6 +373,44 @@ class _Lowering:
                      "side must be local (no @)", st.span)
             return None
         return ir.Copy(dst[0], src[0], st.span)
+
+    def accum(self, st: ast.Accum, loop_vars, engine: ir.Engine):
+        if engine is not ir.Engine.AIV:
+            self.err(Codes.BAD_ENGINE, "reduce on write is an atomic accumulate of the vector cores' "
+                     "DMA: write it `on aiv`", st.span)
+            return None
+        op = self.op(st.op, st.span)
+        dst = self.region(st.target, loop_vars, "destination")
+        src = self.region(st.value, loop_vars, "source")
+        if op is None or dst is None or src is None:
+            return None
+        self._same_type(dst[1], src[1], st.span)
+        return ir.Accumulate(dst[0], op, src[0], st.span)
+
+    def cond(self, c: ast.Cond, loop_vars) -> ir.IExpr:
+        kind = {k.value: k for k in (ir.BinKind.LT, ir.BinKind.LE, ir.BinKind.GT, ir.BinKind.GE,
+                                     ir.BinKind.EQ, ir.BinKind.NE)}[c.op]
+        env = self.env(loop_vars)
+        return ir.Bin(kind, self.expr(c.lhs, env, "a condition"), self.expr(c.rhs, env, "a condition"))
+
+    def scratch_decl(self, st: ast.ScratchDecl, top: bool) -> None:
+        if not top:
+            self.err(Codes.BAD_REF, "scratch buffers are declared at the top of a schedule", st.span)
+            return
+        if self.taken(st.name):
+            self.err(Codes.DUPLICATE_NAME, f"{st.name!r} is already defined", st.span)
+            return
+        dtype = ir.DType.parse(st.dtype)
+        typevar = None
+        if dtype is None:
+            if st.dtype not in {p.typevar for p in self.params.values() if p.typevar}:
+                self.err(Codes.BAD_TYPE, f"unknown element type {st.dtype!r}: use f32, f16, bf16, i32 "
+                         "or the schedule's type variable", st.dtype_span)
+                return
+            typevar = st.dtype
+        size = self.expr(st.size, set(self.sizes) | {"world"}, f"the size of {st.name}")
+        self.params[st.name] = ir.Buffer(st.name, dtype, typevar, st.symmetric, size, st.span,
+                                         scratch=True)
 
     def _same_type(self, a: ir.Buffer, b: ir.Buffer, span: Span) -> None:
         if a.type_text != b.type_text and not {a.name, b.name} & self.bad_types:
@@ -329,7 +436,11 @@ def check_contract_ops(s: ir.Schedule) -> list[Diagnostic]:
         for op in ops:
             if isinstance(op, (ir.Stage, ir.Loop)):
                 walk(op.body)
-            elif isinstance(op, ir.Reduce) and s.contract.op is not None and op.op is not s.contract.op:
+            elif isinstance(op, ir.If):
+                walk(op.then)
+                walk(op.orelse)
+            elif isinstance(op, (ir.Reduce, ir.Accumulate)) and s.contract.op is not None \
+                    and op.op != s.contract.op:
                 diags.append(error(Codes.CONTRACT, f"this reduces with {op.op.value}, but the schedule "
                                    f"implements {s.contract}", op.span,
                                    Note("the contract is declared here", s.contract.span)))

@@ -31,7 +31,8 @@ _PRETTY = {
     "COLON": "':'", "COMMA": "','", "EQUAL": "'='", "AT": "'@'", "PLUS": "'+'", "MINUS": "'-'",
     "STAR": "'*'", "SLASH": "'/'", "PERCENT": "'%'", "NAME": "a name", "INT": "an integer",
     "REDOP": "sum/max/min", "ENGINE": "an engine (aiv, sdma, auto)", "DOMAIN": "ranks or peers",
-    "SYM": "'sym'", "$END": "end of file",
+    "SYM": "'sym'", "$END": "end of file", "CMP": "a comparison (== != < <= > >=)",
+    "PLUSEQUAL": "'+='", "LESSTHAN": "'<'", "MORETHAN": "'>'",
 }
 
 
@@ -125,6 +126,25 @@ class _Builder(Transformer):
     # ---- statements
     def assign(self, meta, children):
         return ast.Assign(children[0], children[1], self._span(meta))
+
+    def accum_sum(self, meta, children):
+        return ast.Accum(children[0], "sum", children[1], self._span(meta))
+
+    def accum_op(self, meta, children):
+        return ast.Accum(children[0], str(children[1]), children[2], self._span(meta))
+
+    def if_stmt(self, meta, children):
+        cond, then, orelse = children
+        return ast.If(cond, then, orelse or (), self._span(meta))
+
+    def cond(self, meta, children):
+        lhs, op, rhs = children
+        return ast.Cond(str(op), lhs, rhs, self._span(meta))
+
+    def scratch_decl(self, meta, children):
+        name, sym, dtype, size = children
+        return ast.ScratchDecl(str(name), sym is not None, str(dtype), size, self._span(meta),
+                               _tok_span(self.source, dtype))
 
     def split_call(self, meta, children):
         buf, parts = children

@@ -46,21 +46,31 @@ class Result:
 
 def default_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
     """Sizes to check at a world size: one element, an odd size around the world size (so splits
-    are uneven), and a larger odd size, each kept only while the simulation stays within budget."""
+    are uneven), and a larger odd size, each kept only while the simulation stays within budget;
+    each with the first, the last and a middle rank as the value of every rank parameter."""
     candidates = [1, world + 3, 2 * world + 5]
     out: list[dict[str, int]] = []
+    roots = list(dict.fromkeys([0, world - 1, world // 2]))
     for n in dict.fromkeys(candidates):
-        sizes = {sym: n for sym in s.sizes}
-        env = {"world": world, **sizes}
-        try:
-            total = sum(p.size.eval(env) for p in s.params) * world
-        except ZeroDivisionError:
-            total = 0  # instantiate reports it as a diagnostic, with the span of the size
-        if total <= SIM_ELEMENT_BUDGET or not out:
-            out.append(sizes)
+        for root in roots:
+            sizes = {sym: n for sym in s.sizes}
+            sizes.update({x.name: root for x in s.rank_params})
+            if _within_budget(s, world, sizes) or not out:
+                out.append(sizes)
+            if not s.rank_params:
+                break
         if not s.sizes:
             break
     return out
+
+
+def _within_budget(s: ir.Schedule, world: int, sizes: dict[str, int]) -> bool:
+    env = {"world": world, **sizes}
+    try:
+        total = sum(p.size.eval(env) for p in s.params) * world
+    except ZeroDivisionError:
+        total = 0  # instantiate reports it as a diagnostic, with the span of the size
+    return total <= SIM_ELEMENT_BUDGET
 
 
 def verify(s: ir.Schedule, world: int, sizes: dict[str, int]) -> Result:
@@ -253,12 +263,14 @@ def _races(inst: Instance, ex: _Execution) -> list[Diagnostic]:
             for b, bev in against:
                 if a.instance == b.instance and (a.lo, a.hi) == (b.lo, b.hi):
                     continue  # one elementwise move reading and writing the same elements
+                if a.accumulate and a.accumulate == b.accumulate:
+                    continue  # atomic accumulates of one operation commute
                 if bev is not ev and (ex.hb(bev.rank, bev.index, ev.rank, ev.index)
                                       or ex.hb(ev.rank, ev.index, bev.rank, bev.index)):
                     continue
                 lo, hi = max(a.lo, b.lo), min(a.hi, b.hi)
-                what_a = "writes" if a.write else "reads"
-                what_b = "writes" if b.write else "reads"
+                what_a = _verb(a)
+                what_b = _verb(b)
                 diags.append(error(
                     Codes.RACE, f"race on {buf}[{lo}:{hi}]@{owner} ({_ctx(inst)}): rank {ev.rank} "
                     f"{what_a} it here and rank {bev.rank} {what_b} it, unordered", a.span,
@@ -269,6 +281,12 @@ def _races(inst: Instance, ex: _Execution) -> list[Diagnostic]:
             (active_writes if a.write else active_reads).append((a, ev))
     del W
     return diags
+
+
+def _verb(a: Access) -> str:
+    if a.accumulate:
+        return f"accumulates ({a.accumulate}) into"
+    return "writes" if a.write else "reads"
 
 
 # ---- 3. the contract by provenance ----
@@ -301,7 +319,9 @@ class _Values:
                 if hi <= lo:
                     continue
                 vals = [self.cur[(o, b)][l:h] for o, b, l, h in mv.srcs]
-                if mv.op is None:
+                if mv.accumulate:
+                    out = self.cur[(owner, buf)][lo:hi] + vals[0]
+                elif mv.op is None:
                     out = vals[0].copy()
                 else:
                     out = np.zeros(hi - lo, dtype=np.uint64)
@@ -313,32 +333,76 @@ class _Values:
 def _contract(inst: Instance, ex: _Execution) -> list[Diagnostic]:
     s, W, vals = inst.schedule, inst.world, ex.values
     c = s.contract
-    expected: dict[tuple[int, str], np.ndarray] = {}
+    x, out = c.inputs[0], c.outputs[0]
+    nx, nout = inst.buffer_sizes[x], inst.buffer_sizes[out]
+    K = ir.ContractKind
+    expected: dict[tuple[int, str], np.ndarray | None] = {}   # None: the contract says nothing
     describe: dict[str, str] = {}
-    if c.kind is ir.ContractKind.ALLREDUCE:
-        x = c.inputs[0]
-        total = np.zeros(inst.buffer_sizes[x], dtype=np.uint64)
+
+    def shape(want: int, why: str) -> list[Diagnostic]:
+        return [error(Codes.SHAPE, f"{c.kind.value} needs {why}: {want} elements, but {out} has {nout} "
+                      f"and {x} has {nx} ({_ctx(inst)})", s.param(out).span)]
+
+    def total(part: slice = slice(None)) -> np.ndarray:
+        acc = np.zeros(len(range(nx)[part]), dtype=np.uint64)
         with np.errstate(over="ignore"):
             for r in range(W):
-                total += vals.init[(r, x)]
+                acc += vals.init[(r, x)][part]
+        return acc
+
+    opname = c.op.value if c.op else ""
+    if c.kind is K.ALLREDUCE:
+        if nout != nx:
+            return shape(nx, f"{out} as large as {x}")
+        t = total()
         for r in range(W):
-            expected[(r, x)] = total
-        describe[x] = f"the {c.op.value} over all ranks of {x}[i]"
-    else:
-        x, out = c.inputs[0], c.outputs[0]
-        n = inst.buffer_sizes[x]
-        if inst.buffer_sizes[out] != n * W:
-            return [error(Codes.SHAPE, f"allgather needs {out} to hold world x {x}: {W} x {n} = "
-                          f"{W * n} elements, but it has {inst.buffer_sizes[out]} ({_ctx(inst)})",
-                          s.param(out).span)]
-        gathered = np.concatenate([vals.init[(p, x)] for p in range(W)]) if n else \
-            np.zeros(0, dtype=np.uint64)
+            expected[(r, out)] = t
+        describe[out] = f"the {opname} over all ranks of {x}[i]"
+    elif c.kind is K.ALLGATHER:
+        if nout != nx * W:
+            return shape(nx * W, f"{out} to hold world x {x}")
+        gathered = np.concatenate([vals.init[(p, x)] for p in range(W)])
         for r in range(W):
             expected[(r, out)] = gathered
-        describe[out] = f"block i // {n} of the gather: {x}[i % {n}] of rank i // {n}"
+        describe[out] = f"block i // {nx} of the gather: {x}[i % {nx}] of rank i // {nx}"
+    elif c.kind is K.REDUCESCATTER:
+        if nx != nout * W:
+            return shape(nout * W, f"{x} to hold world x {out}")
+        for r in range(W):
+            expected[(r, out)] = total(slice(r * nout, (r + 1) * nout))
+        describe[out] = f"the {opname} over all ranks of block `rank` of {x}"
+    elif c.kind is K.BROADCAST:
+        if nout != nx:
+            return shape(nx, f"{out} as large as {x}")
+        root = inst.sizes[c.root]
+        for r in range(W):
+            expected[(r, out)] = vals.init[(root, x)]
+        describe[out] = f"{x}[i] of the root, rank {root}"
+    elif c.kind is K.REDUCE:
+        if nout != nx:
+            return shape(nx, f"{out} as large as {x}")
+        root = inst.sizes[c.root]
+        for r in range(W):
+            if r == root:
+                expected[(r, out)] = total()
+            elif not c.in_place:
+                expected[(r, out)] = None
+        describe[out] = f"on the root (rank {root}), the {opname} over all ranks of {x}[i]"
+    else:  # ALLTOALL
+        if nx != nout or nx % W:
+            return shape(nx - nx % W if nx % W else nx,
+                         f"{x} and {out} of one size, a multiple of the world size")
+        m = nx // W
+        for r in range(W):
+            expected[(r, out)] = np.concatenate([vals.init[(p, x)][r * m:(r + 1) * m] for p in range(W)])
+        describe[out] = f"block p of {out} on rank r is block r of {x} on rank p (blocks of {m})"
     for r in range(W):
         for b in vals.names:
+            if s.param(b).scratch:
+                continue
             want = expected.get((r, b), vals.init[(r, b)])
+            if want is None:
+                continue
             got = vals.cur[(r, b)]
             bad = np.nonzero(got != want)[0]
             if bad.size == 0:

@@ -75,17 +75,17 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
         count = case["count"]
     else:
         count = Workload.count_for_bytes(s, world, case["size"], dtype.nbytes)
-    wl = Workload(s, world, count)
+    wl = Workload(s, world, count, op=case.get("op") or "sum", root=case.get("root") or 0)
     heap_before = comm.heap_used
-    tensors = {p.name: comm.empty(wl.numel(p), dtype=tdtype) for p in s.params}
-    heap_bytes = comm.heap_used
+    tensors = {p.name: comm.empty(wl.numel(p), dtype=tdtype) for p in s.tensors}
+    args = dict(tensors, **wl.scalars)
     blocks = spec["cores"] or s.kernel.cores
 
     def checked(seed: int) -> tuple[bool, str]:
         wl.fill(tensors, rank, seed)
         comm.barrier()
-        fn(**tensors, cores=blocks)
-        for p in s.params:
+        fn(**args, cores=blocks)
+        for p in s.tensors:
             want = wl.expected(p.name, rank, seed, tdtype)
             if want is None:
                 continue
@@ -100,12 +100,13 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
     comm.reset_counters()
     ok, why = checked(spec["seed"])
     counters = comm.counters()
+    heap_bytes = comm.heap_used   # after the first call: includes a staging baseline's scratch
     for _ in range(spec["warmup"]):
-        fn(**tensors, cores=blocks)
+        fn(**args, cores=blocks)
     comm.barrier()
     t0 = time.perf_counter()
     for _ in range(spec["iters"]):
-        fn(**tensors, cores=blocks)
+        fn(**args, cores=blocks)
     elapsed = (time.perf_counter() - t0) / max(1, spec["iters"])
     comm.barrier()
     if ok:  # still correct after back-to-back calls (flag epochs)
@@ -114,10 +115,11 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     flags = torch.tensor([0 if ok else 1], dtype=torch.int64)
     dist.all_reduce(flags)
-    for p in reversed(s.params):
+    for p in reversed(s.tensors):
         comm.free(tensors[p.name])
     return {
         "schedule": s.name, "rank": rank, "world": world, "dtype": dtype.short,
+        "op": wl.reduce_op if s.contract.op else None, "root": wl.root if s.rank_params else None,
         "count": count, "size": wl.size_bytes(dtype.nbytes), "time_s": float(t.item()),
         "busbw_factor": wl.busbw_factor(), "ok": ok, "why": why,
         "ranks_wrong": int(flags.item()), "cores": blocks, "counters": counters,

@@ -3,8 +3,9 @@
 Inputs are small integers (in [-8, 8]) in the element type, so every reference result is exact in
 every dtype up to world 16 and results are compared bit for bit. Buffers the contract writes start
 as a sentinel so that an element the schedule forgot to write is caught.
-Bandwidth follows nccl-tests: algbw = S / t; busbw = algbw x factor (AllReduce 2(n-1)/n, AllGather
-(n-1)/n with S the whole gathered buffer).
+Bandwidth follows nccl-tests: algbw = S / t; busbw = algbw x factor: AllReduce 2(n-1)/n; AllGather,
+ReduceScatter and AllToAll (n-1)/n; Broadcast and Reduce 1. S is the whole gathered (AllGather) or
+scattered (ReduceScatter) buffer, one rank's send buffer for AllToAll, the buffer otherwise.
 """
 
 from __future__ import annotations
@@ -15,38 +16,62 @@ import torch
 
 from . import ir
 
-SENTINEL = -3  # a value no reference result of these inputs can take by accident everywhere
+SENTINEL = -3  # an output element the schedule never wrote keeps it; inputs never sum to it everywhere
+
+K = ir.ContractKind
 
 
 @dataclass(frozen=True)
 class Workload:
     schedule: ir.Schedule
     world: int
-    count: int          # the size symbol's value (elements per rank of the input)
+    count: int          # the value of the size symbol(s)
+    op: str = "sum"     # for a schedule with a redop parameter
+    root: int = 0       # for every rank parameter
 
     @property
     def sizes(self) -> dict[str, int]:
         return {n: self.count for n in self.schedule.sizes}
 
+    @property
+    def scalars(self) -> dict[str, object]:
+        out: dict[str, object] = {x.name: self.root for x in self.schedule.rank_params}
+        if self.schedule.op_param:
+            out[self.schedule.op_param.name] = self.op
+        return out
+
+    @property
+    def reduce_op(self) -> str:
+        op = self.schedule.contract.op
+        return self.op if isinstance(op, ir.OpParam) else (op.value if op else "sum")
+
     def numel(self, p: ir.Buffer) -> int:
         return p.size.eval({"world": self.world, **self.sizes})
 
     @staticmethod
+    def main_buffer(s: ir.Schedule) -> ir.Buffer:
+        c = s.contract
+        return s.param(c.outputs[0] if c.kind is K.ALLGATHER else c.inputs[0])
+
+    @staticmethod
     def count_for_bytes(s: ir.Schedule, world: int, nbytes: int, elem: int) -> int:
-        """n such that S (nccl-tests' size) is nbytes."""
-        if s.contract.kind is ir.ContractKind.ALLGATHER:
-            return max(1, nbytes // (elem * world))
-        return max(1, nbytes // elem)
+        """The size symbol's value that makes S (nccl-tests' size) nbytes."""
+        main = Workload.main_buffer(s)
+        scale = 1
+        if s.sizes:
+            k = ir.size_scale(main.size, s.sizes[0])
+            scale = k.eval({"world": world}) if k is not None else 1
+        return max(1, nbytes // (elem * max(scale, 1)))
 
     def size_bytes(self, elem: int) -> int:
-        if self.schedule.contract.kind is ir.ContractKind.ALLGATHER:
-            return self.count * self.world * elem
-        return self.count * elem
+        return self.numel(self.main_buffer(self.schedule)) * elem
 
     def busbw_factor(self) -> float:
-        n = self.world
-        if self.schedule.contract.kind is ir.ContractKind.ALLREDUCE:
+        n, kind = self.world, self.schedule.contract.kind
+        if kind is K.ALLREDUCE:
             return 2 * (n - 1) / n
+        if kind in (K.BROADCAST, K.REDUCE):
+            return 1.0
         return (n - 1) / n
 
     def input(self, name: str, rank: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
@@ -56,25 +81,37 @@ class Workload:
 
     def fill(self, tensors: dict[str, torch.Tensor], rank: int, seed: int) -> None:
         c = self.schedule.contract
-        for p in self.schedule.params:
+        for p in self.schedule.tensors:
             t = tensors[p.name]
             if p.name in c.inputs:
                 t.copy_(self.input(p.name, rank, seed, t.dtype))
             else:
                 t.fill_(SENTINEL)
 
+    def _reduce(self, name: str, seed: int, part: slice = slice(None)) -> torch.Tensor:
+        stack = torch.stack([self.input(name, r, seed, torch.float64)[part] for r in range(self.world)])
+        return {"sum": lambda: stack.sum(0), "max": lambda: stack.max(0).values,
+                "min": lambda: stack.min(0).values}[self.reduce_op]()
+
     def expected(self, name: str, rank: int, seed: int, dtype: torch.dtype) -> torch.Tensor | None:
         """The reference value of a parameter after the call, or None if the contract says nothing."""
         c = self.schedule.contract
-        if c.kind is ir.ContractKind.ALLREDUCE:
-            if name != c.inputs[0]:
-                return None
-            stack = torch.stack([self.input(name, r, seed, torch.float64) for r in range(self.world)])
-            red = {ir.ReduceOp.SUM: stack.sum(0), ir.ReduceOp.MAX: stack.max(0).values,
-                   ir.ReduceOp.MIN: stack.min(0).values}[c.op]
-            return red.to(dtype)
-        if name == c.outputs[0]:
-            return torch.cat([self.input(c.inputs[0], r, seed, dtype) for r in range(self.world)])
-        if name in c.inputs:
-            return self.input(name, rank, seed, dtype)
-        return None
+        x, out = c.inputs[0], c.outputs[0]
+        if name != out:
+            return self.input(name, rank, seed, dtype) if name in c.inputs else None
+        if c.kind is K.ALLREDUCE:
+            return self._reduce(x, seed).to(dtype)
+        if c.kind is K.ALLGATHER:
+            return torch.cat([self.input(x, r, seed, dtype) for r in range(self.world)])
+        if c.kind is K.REDUCESCATTER:
+            m = self.numel(self.schedule.param(out))
+            return self._reduce(x, seed, slice(rank * m, (rank + 1) * m)).to(dtype)
+        if c.kind is K.BROADCAST:
+            return self.input(x, self.root, seed, dtype)
+        if c.kind is K.REDUCE:
+            if rank == self.root:
+                return self._reduce(x, seed).to(dtype)
+            return self.input(x, rank, seed, dtype) if c.in_place else None
+        m = self.numel(self.schedule.param(x)) // self.world   # ALLTOALL
+        return torch.cat([self.input(x, p, seed, dtype)[rank * m:(rank + 1) * m]
+                          for p in range(self.world)])

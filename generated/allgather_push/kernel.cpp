@@ -11,7 +11,7 @@ constexpr uint32_t kReduceTiles = 0;
 constexpr uint32_t kScratchBytes = 256;
 constexpr int64_t kSdmaThreshold = 262144;
 
-template <typename T>
+template <typename T, strata::Red OP>
 class AllgatherPush {
  public:
   __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
@@ -66,7 +66,7 @@ class AllgatherPush {
 extern "C" __global__ __aicore__ void allgather_push_f32(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   util_set_ffts_config(ffts);
-  AllgatherPush<float> op;
+  AllgatherPush<float, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }
@@ -74,7 +74,7 @@ extern "C" __global__ __aicore__ void allgather_push_f32(uint64_t ffts, GM_ADDR 
 extern "C" __global__ __aicore__ void allgather_push_f16(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   util_set_ffts_config(ffts);
-  AllgatherPush<half> op;
+  AllgatherPush<half, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }
@@ -82,7 +82,7 @@ extern "C" __global__ __aicore__ void allgather_push_f16(uint64_t ffts, GM_ADDR 
 extern "C" __global__ __aicore__ void allgather_push_bf16(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   util_set_ffts_config(ffts);
-  AllgatherPush<bfloat16_t> op;
+  AllgatherPush<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }
@@ -90,7 +90,7 @@ extern "C" __global__ __aicore__ void allgather_push_bf16(uint64_t ffts, GM_ADDR
 extern "C" __global__ __aicore__ void allgather_push_i32(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   util_set_ffts_config(ffts);
-  AllgatherPush<int32_t> op;
+  AllgatherPush<int32_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }

@@ -91,9 +91,26 @@ class Mover {
     }
   }
 
-  // Tile reduction: call Accumulate once per source (first = true for the first), then Store.
+  // Reduce on write: dst op= src through UB, the write an atomic DMA accumulate, so that several
+  // cores and ranks may accumulate into the same elements at once.
   template <Red op>
-  __aicore__ inline void Accumulate(__gm__ T* src, uint32_t m, bool first) {
+  __aicore__ inline void AccumulateInto(__gm__ T* dst, int64_t dstPe, __gm__ T* src, int64_t srcPe,
+                                        int64_t n) {
+    if (n <= 0) return;
+    if (op == Red::kSum) {
+      AscendC::SetAtomicAdd<T>();
+    } else if (op == Red::kMax) {
+      AscendC::SetAtomicMax<T>();
+    } else {
+      AscendC::SetAtomicMin<T>();
+    }
+    AivCopy(At(dst, 0, dstPe), At(src, 0, srcPe), n);
+    AscendC::SetAtomicNone();
+  }
+
+  // Tile reduction: call Fold once per source (first = true for the first), then Store.
+  template <Red op>
+  __aicore__ inline void Fold(__gm__ T* src, uint32_t m, bool first) {
     AscendC::GlobalTensor<T> g;
     g.SetGlobalBuffer(src, m);
     AscendC::LocalTensor<T> in = inQ_.template AllocTensor<T>();

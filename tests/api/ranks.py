@@ -39,7 +39,7 @@ def interleaved(comm, rank, world):
         x = comm.empty(n, dtype=torch.float32)
         xs = inputs(world, n, it)
         x.copy_(xs[rank])
-        ar.allreduce_twoshot(x, cores=3)
+        ar.allreduce_twoshot(x, op="sum", cores=3)
         assert torch.equal(x, torch.stack(xs).sum(0)), it
         out = comm.empty(n * world, dtype=torch.float32)
         x.copy_(xs[rank])
@@ -52,9 +52,14 @@ def interleaved(comm, rank, world):
 def bad_input(comm, rank, world):
     ar = comm.load(AR)
     expect_error(StrataUsageError, "not on the symmetric heap: allocate it with comm.empty",
-                 ar.allreduce_twoshot, torch.zeros(8))
+                 ar.allreduce_twoshot, torch.zeros(8), op="sum")
     x = comm.empty(8, dtype=torch.float64)
-    expect_error(StrataUsageError, "parameter x has dtype torch.float64", ar.allreduce_twoshot, x)
+    expect_error(StrataUsageError, "parameter x has dtype torch.float64", ar.allreduce_twoshot, x,
+                 op="sum")
+    x32 = comm.empty(8, dtype=torch.float32)
+    expect_error(StrataUsageError, "missing argument(s) op", ar.allreduce_twoshot, x32)
+    expect_error(StrataUsageError, "op must be one of sum, max, min, got 'avg'", ar.allreduce_twoshot,
+                 x32, op="avg")
     ag = comm.load(AG)
     x = comm.empty(8, dtype=torch.float32)
     out = comm.empty(8 * world + 1, dtype=torch.float32)
@@ -63,10 +68,10 @@ def bad_input(comm, rank, world):
     y = comm.empty(8 * world, dtype=torch.float16)
     expect_error(StrataUsageError, "parameter out is torch.float16 but an earlier T parameter is "
                  "torch.float32", ag.allgather_push, x, y)
-    expect_error(StrataUsageError, "missing tensor(s) out", ag.allgather_push, x)
+    expect_error(StrataUsageError, "missing argument(s) out", ag.allgather_push, x)
     expect_error(StrataUsageError, "has no parameter 'y'", ag.allgather_push, x, out=y, y=y)
     expect_error(StrataUsageError, "must be contiguous", ar.allreduce_twoshot,
-                 comm.empty(4, 4, dtype=torch.float32).t())
+                 comm.empty(4, 4, dtype=torch.float32).t(), op="sum")
     expect_error(StrataRuntimeError, "symmetric heap exhausted", comm.empty, 1 << 40)
     import inspect
     sig = str(inspect.signature(ag.allgather_push))
@@ -88,7 +93,7 @@ def closed(comm, rank, world):
     x = comm.empty(4)
     comm.close()
     expect_error(StrataUsageError, "closed", comm.empty, 4)
-    expect_error(StrataUsageError, "closed", ar.allreduce_twoshot, x)
+    expect_error(StrataUsageError, "closed", ar.allreduce_twoshot, x, op="sum")
 
 
 SCENARIOS = {f.__name__: f for f in (interleaved, bad_input, segment_gone, closed)}

@@ -1,6 +1,7 @@
 """Every example on the CPU build: real rank processes, real shared memory, results checked
-against torch (stratac.workload) for every dtype, one element, a size that is not a multiple of
-32 bytes or of the world size, and several MiB."""
+against torch (stratac.workload) for every dtype and reduction, roots at both ends and in the
+middle, one element, sizes that are not a multiple of 32 bytes or of the world size, and several
+MiB. All examples run in one job per world size (their sources concatenated) to keep CI short."""
 
 from pathlib import Path
 
@@ -11,8 +12,22 @@ from stratac import runner
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.strata"))
 
 DTYPES = ["f32", "f16", "bf16", "i32"]
-CASES = ([runner.Case(dtype=d, count=c) for d in DTYPES for c in (1, 1001)]
-         + [runner.Case(dtype=d, size=3 << 20) for d in ("f32", "bf16")])
+
+
+def cases(world):
+    out = [runner.Case(dtype=d, count=count, op=op, root=root) for d in DTYPES
+           for count, op, root in ((1, "sum", world - 1), (1001, "max", 0), (4099, "min", world // 2))]
+    return out + [runner.Case(dtype=d, size=3 << 20, op="sum", root=world // 2) for d in ("f32", "bf16")]
+
+
+CASES = cases(1)
+
+
+@pytest.fixture(scope="module")
+def all_examples(tmp_path_factory):
+    path = tmp_path_factory.mktemp("examples") / "all.strata"
+    path.write_text("\n".join(p.read_text() for p in EXAMPLES))
+    return path
 
 
 def _run(path, world, cases=CASES, **kw):
@@ -22,15 +37,15 @@ def _run(path, world, cases=CASES, **kw):
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
-def test_example_runs_correctly(example, world):
-    out = _run(example, world)
+def test_every_example_runs_correctly(all_examples, world):
+    out = _run(all_examples, world, cases(world))
     assert out.failures == []
-    assert out.exit_code == 0
-    # every rank reported every case, and every one matched torch
-    assert len(out.results) == world * len(CASES)
-    wrong = [(r["rank"], r["dtype"], r["count"], r["why"]) for r in out.results if not r["ok"]]
+    # every rank reported every case of every schedule, and every one matched torch
+    assert len(out.results) == world * len(cases(world)) * len(EXAMPLES)
+    wrong = [(r["schedule"], r["rank"], r["dtype"], r["count"], r["op"], r["why"])
+             for r in out.results if not r["ok"]]
     assert wrong == []
+    assert out.exit_code == 0
 
 
 def test_counters_show_the_engines_the_schedule_names(root):
@@ -63,8 +78,9 @@ def test_heap_holds_only_user_tensors_and_flags(root):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
-def test_example_world_8(example):
-    out = _run(example, 8, [runner.Case("f32", count=4099), runner.Case("bf16", count=33)])
+def test_every_example_world_8(all_examples):
+    out = _run(all_examples, 8, [runner.Case("f32", count=4099, op="max", root=5),
+                                 runner.Case("bf16", count=33, op="sum", root=0)])
     assert out.exit_code == 0, out.failures
+    assert len(out.results) == 8 * 2 * len(EXAMPLES)
     assert all(r["ok"] for r in out.results)

@@ -26,15 +26,15 @@ PART = ("x[((rank * (n / world)) + min(rank, (n % world))) "
         "+: ((n / world) + (rank < (n % world)))]")
 
 ALLREDUCE_GOLDEN = f"""\
-schedule allreduce_twoshot(x: sym T[n]) implements allreduce(x, sum)
+schedule allreduce_twoshot(x: sym T[n], op: redop) implements allreduce(x, op)
   sizes n
-  barrier seq=0  # line 10
-  stage 1 on aiv:  # line 11
-    {PART} = sum({PART}@p for p in ranks)  # line 11
-  stage 2 on sdma:  # line 12
-    for p in peers:  # line 12
-      {PART}@p = {PART}  # line 12
-  barrier seq=0  # line 13
+  barrier seq=0  # line 11
+  stage 1 on aiv:  # line 12
+    {PART} = op({PART}@p for p in ranks)  # line 12
+  stage 2 on sdma:  # line 13
+    for p in peers:  # line 13
+      {PART}@p = {PART}  # line 13
+  barrier seq=0  # line 14
 """
 
 ALLGATHER_GOLDEN = """\
@@ -101,18 +101,20 @@ def test_lowered_structure_of_allreduce():
     assert s.typevars == ("T",)
     c = s.contract
     assert (c.kind, c.inputs, c.outputs, c.op) == (ir.ContractKind.ALLREDUCE, ("x",), ("x",),
-                                                   ir.ReduceOp.SUM)
+                                                   ir.OpParam("op"))
+    assert [(x.name, x.kind) for x in s.scalars] == [("op", ir.ScalarKind.REDOP)]
     b0, st1, st2, b1 = s.body
     assert isinstance(b0, ir.Barrier) and isinstance(b1, ir.Barrier)
     assert (st1.engine, st1.index, st2.engine, st2.index) == (ir.Engine.AIV, 1, ir.Engine.SDMA, 2)
     red, = st1.body
     assert isinstance(red, ir.Reduce) and red.var == "p" and red.domain is ir.Domain.RANKS
+    assert red.op == ir.OpParam("op")
     assert red.src.rank == Var("p") and red.dst.rank is None and red.src.lo == red.dst.lo
     loop, = st2.body
     assert isinstance(loop, ir.Loop) and loop.domain is ir.Domain.PEERS
     copy, = loop.body
     assert isinstance(copy, ir.Copy) and copy.dst.rank == Var("p") and copy.src.rank is None
-    assert (red.span.line, red.span.col, copy.span.line) == (11, 11, 12)
+    assert (red.span.line, red.span.col, copy.span.line) == (12, 11, 13)
 
 
 def test_lowering_keeps_every_schedule_of_a_file_in_order():
