@@ -243,7 +243,7 @@ class _Lowering:
             self.stage_count += 1
             return ir.Stage(eng, tuple(body), st.span, self.stage_count)
         if isinstance(st, ast.For):
-            if st.var in loop_vars or self.taken(st.var):
+            if st.var in loop_vars or self.taken(st.var) or st.var in self.sizes:
                 self.err(Codes.DUPLICATE_NAME, f"loop variable {st.var!r} shadows another name",
                          st.var_span)
                 return None
@@ -348,7 +348,7 @@ class _Lowering:
             if engine is ir.Engine.SDMA:
                 self.err(Codes.BAD_ENGINE, "SDMA cannot compute: reductions run `on aiv`", rc.span)
                 return None
-            if rc.var in loop_vars or self.taken(rc.var):
+            if rc.var in loop_vars or self.taken(rc.var) or rc.var in self.sizes:
                 self.err(Codes.DUPLICATE_NAME, f"{rc.var!r} shadows another name", rc.span)
                 return None
             reported = len(self.diags)
@@ -371,6 +371,11 @@ class _Lowering:
         if engine is ir.Engine.SDMA and dst[0].rank is not None and src[0].rank is not None:
             self.err(Codes.BAD_ENGINE, "an SDMA copy reads or writes the running rank's memory: one "
                      "side must be local (no @)", st.span)
+            return None
+        if engine is ir.Engine.AUTO and dst[0].rank is not None and src[0].rank is not None:
+            # `auto` sends large copies to SDMA at run time, where one side must be local
+            self.err(Codes.BAD_ENGINE, "an `on auto` copy may go to SDMA, which reads or writes the "
+                     "running rank's memory: make one side local (no @), or copy `on aiv`", st.span)
             return None
         return ir.Copy(dst[0], src[0], st.span)
 
