@@ -417,6 +417,12 @@ class Schedule:
             out.append(have)
         return out
 
+    def release_scratch(self) -> None:
+        """Frees the scratch buffers a staging baseline keeps between calls. Collective."""
+        for t in reversed(list(self._scratch.values())):
+            self.comm.free(t)
+        self._scratch.clear()
+
     def __call__(self, *tensors: torch.Tensor, cores: int | None = None, **named) -> None:
         self.comm._check_open()
         if self._launch is None:

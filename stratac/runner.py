@@ -69,7 +69,8 @@ def _heap_bytes(spec: RunSpec, schedules) -> int:
             n = case.count if case.count is not None else \
                 Workload.count_for_bytes(s, spec.world, case.size, elem)
             wl = Workload(s, spec.world, n)
-            need = max(need, sum((wl.numel(p) * elem + 511) // 512 * 512 for p in s.params))
+            # tensors and scratch (s.params has both), each rounded to the allocator's 512 bytes
+            need = max(need, sum((max(wl.numel(p), 1) * elem + 511) // 512 * 512 for p in s.params))
     return need + (spec.world + comm.SYNC_SLOTS) * 4 + (1 << 20)
 
 
@@ -96,7 +97,8 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
     segment = comm._segment_name()
     outcome = RunOutcome()
     with tempfile.TemporaryDirectory(prefix="stratac-run-") as tmp:
-        procs = []
+        procs: list[subprocess.Popen] = []
+        logs = []
         env = dict(os.environ, OMP_NUM_THREADS="1")
         for r in range(spec.world):
             wspec = {"file": str(Path(spec.file).resolve()), "rank": r, "world": spec.world,
@@ -104,41 +106,58 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
                      "timeout": spec.timeout, "soc": spec.soc, "cores": spec.cores,
                      "cases": [vars(c) for c in spec.cases],
                      "iters": spec.iters, "warmup": spec.warmup, "seed": spec.seed}
+            # output goes to files, not pipes: a rank never blocks on a full pipe that nobody reads
+            out_f = open(Path(tmp) / f"rank{r}.out", "w+")
+            err_f = open(Path(tmp) / f"rank{r}.err", "w+")
+            logs.append((out_f, err_f))
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "stratac.worker", json.dumps(wspec)],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                start_new_session=True))
+                stdout=out_f, stderr=err_f, text=True, env=env, start_new_session=True))
         # the deadline covers start-up, the timed iterations and the checks of every schedule
         deadline = time.monotonic() + 60 + spec.timeout * (2 + len(compiled) * len(spec.cases))
         try:
-            for r, p in enumerate(procs):
-                left = max(0.1, deadline - time.monotonic())
-                try:
-                    out, err = p.communicate(timeout=left)
-                except subprocess.TimeoutExpired:
-                    outcome.failures.append(f"rank {r}: still running at the deadline; stopped")
-                    _kill_all(procs)
-                    out, err = p.communicate()
-                for line in out.splitlines():
-                    if line.startswith(RESULT_PREFIX):
-                        outcome.results.append(json.loads(line[len(RESULT_PREFIX):]))
-                    elif line.strip():
-                        echo(f"[rank {r}] {line}")
-                if p.returncode != 0:
-                    msg = err.strip().splitlines()
-                    detail = "\n".join(msg[-12:]) if msg else ""
-                    outcome.failures.append(f"rank {r} exited with status {p.returncode}"
-                                            + (f":\n{detail}" if detail else ""))
-                    _kill_all(procs)
+            failed = _wait_all(procs, deadline, outcome)
+            if failed:
+                _kill_all(procs)
         finally:
             _kill_all(procs)
             comm.unlink_segment(segment)   # normally gone already: rank 0 removes it once all mapped
+        for r, (p, (out_f, err_f)) in enumerate(zip(procs, logs)):
+            out_f.seek(0)
+            err_f.seek(0)
+            for line in out_f.read().splitlines():
+                if line.startswith(RESULT_PREFIX):
+                    outcome.results.append(json.loads(line[len(RESULT_PREFIX):]))
+                elif line.strip():
+                    echo(f"[rank {r}] {line}")
+            if p.returncode not in (0, None):
+                msg = err_f.read().strip().splitlines()
+                detail = "\n".join(msg[-12:]) if msg else ""
+                outcome.failures.append(f"rank {r} exited with status {p.returncode}"
+                                        + (f":\n{detail}" if detail else ""))
+            out_f.close()
+            err_f.close()
     wrong = [r for r in outcome.results if not r["ok"]]
     if outcome.failures:
         outcome.exit_code = 1
     elif spec.check and wrong:
         outcome.exit_code = 1
     return outcome
+
+
+def _wait_all(procs, deadline: float, outcome: RunOutcome) -> bool:
+    """Waits for every rank; returns True as soon as one fails or the deadline passes."""
+    while True:
+        codes = [p.poll() for p in procs]
+        if any(c not in (None, 0) for c in codes):
+            return True
+        if all(c == 0 for c in codes):
+            return False
+        if time.monotonic() > deadline:
+            running = [r for r, c in enumerate(codes) if c is None]
+            outcome.failures.append(f"ranks {running} still running at the deadline; stopped")
+            return True
+        time.sleep(0.02)
 
 
 def _kill_all(procs) -> None:

@@ -27,7 +27,10 @@ def main(spec_text: str) -> int:
     torch.set_num_threads(1)
     rank, world = spec["rank"], spec["world"]
     dist.init_process_group("gloo", init_method=f"file://{spec['store']}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=spec["timeout"]))
+                            world_size=world,
+                            # host collectives outlast every kernel wait, so the diagnosis of a stuck
+                            # wait (which rank, which flag) is what reports a hang, not gloo
+                            timeout=timedelta(seconds=2 * spec["timeout"] + 30))
     comm = None
     clean = False
     try:
@@ -117,6 +120,7 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
     dist.all_reduce(flags)
     for p in reversed(s.tensors):
         comm.free(tensors[p.name])
+    fn.release_scratch()
     return {
         "schedule": s.name, "rank": rank, "world": world, "dtype": dtype.short,
         "op": wl.reduce_op if s.contract.op else None, "root": wl.root if s.rank_params else None,
