@@ -24,8 +24,8 @@ class Source:
         return Source(str(path), p.read_text(encoding="utf-8"))
 
     def line(self, lineno: int) -> str:
-        lines = self.text.splitlines()
-        return lines[lineno - 1] if 0 < lineno <= len(lines) else ""
+        lines = self.text.split("\n")   # as lark counts lines (splitlines also breaks at \f, ...)
+        return lines[lineno - 1].rstrip("\r") if 0 < lineno <= len(lines) else ""
 
 
 @dataclass(frozen=True)

@@ -222,6 +222,12 @@ class _Builder:
         self.check_rank(owner, r.span, env)
         lo = _ev(r.lo, env, r.span, "an offset")
         n = _ev(r.length, env, r.span, "a length")
+        if r.part is not None:
+            index = _ev(r.part[0], env, r.span, "a part index")
+            parts = _ev(r.part[1], env, r.span, "the number of parts")
+            if not 0 <= index < parts:
+                raise StrataError(error(Codes.SHAPE, f"part {index} of a split of {r.buffer} into "
+                                        f"{parts} parts does not exist (with {_env_text(env)})", r.span))
         size = self.buffer_sizes[r.buffer]
         if n < 0 or lo < 0 or lo + n > size:
             raise StrataError(error(Codes.SHAPE, f"{r.buffer}[{lo}:{lo + n}] is outside {r.buffer}, "

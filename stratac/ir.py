@@ -274,6 +274,7 @@ class Region:
     length: IExpr
     rank: IExpr | None
     span: Span
+    part: tuple[IExpr, IExpr] | None = None   # (index, parts) when it is a part of a split
 
     def __str__(self) -> str:
         at = f"@{self.rank}" if self.rank is not None else ""

@@ -312,6 +312,7 @@ class _Lowering:
                 return None
             index = self.expr(ref.selector.index, env, "a part index")
             lo, length = ir.split_part(buf.size, view.parts, index)
+            part = (index, view.parts)
         elif ref.name in self.params:
             buf = self.params[ref.name]
             if isinstance(ref.selector, ast.Index):
@@ -324,6 +325,7 @@ class _Lowering:
                 length = ir.Bin(ir.BinKind.SUB, hi, lo)
             else:
                 lo, length = ir.Const(0), buf.size
+            part = None
         else:
             known = self.flags.keys() | self.params.keys() | self.views.keys()
             what = "a flag, not data" if ref.name in self.flags else "not defined"
@@ -339,7 +341,7 @@ class _Lowering:
                          f"do not exist: declare it `{buf.name}: sym ...`", ref.span,
                          Note(f"{buf.name} is declared here", buf.span))
                 return None
-        return ir.Region(buf.name, lo, length, rank, ref.span), buf
+        return ir.Region(buf.name, lo, length, rank, ref.span, part), buf
 
     def move(self, st: ast.Assign, loop_vars, engine: ir.Engine):
         dst = self.region(st.target, loop_vars, "destination")

@@ -98,11 +98,13 @@ def test_random_text_over_the_language_alphabet(text):
 # ---- token soups ----
 
 KEYWORDS = ["schedule", "implements", "sym", "split", "sum", "max", "min", "for", "in", "barrier",
-            "on", "aiv", "sdma", "auto", "ranks", "peers", "flag", "signal", "wait",
-            "allreduce", "allgather", "rank", "world"]
-PUNCT = ["{", "}", "(", ")", "[", "]", ":", ",", "->", "=", "@", "+", "-", "*", "/", "%"]
+            "on", "aiv", "sdma", "auto", "ranks", "peers", "flag", "signal", "wait", "if", "else",
+            "scratch", "allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall",
+            "rank", "world", "redop"]
+PUNCT = ["{", "}", "(", ")", "[", "]", ":", ",", "->", "=", "@", "+", "-", "*", "/", "%", "+=",
+         "==", "!=", "<", "<=", ">", ">="]
 NAMES = ["x", "out", "part", "blk", "p", "q", "n", "m", "T", "U", "f32", "f16", "bf16", "i32",
-         "f64", "ready", "done", "s"]
+         "f64", "ready", "done", "s", "op", "root", "buf"]
 INTS = ["0", "1", "2", "3", "7", "16", "1000"]
 TOKENS = KEYWORDS + PUNCT + NAMES + INTS
 SEPARATORS = [" ", " ", " ", "\n", "\n  ", "", "\t", "  # a comment\n"]

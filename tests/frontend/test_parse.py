@@ -286,9 +286,6 @@ def test_unexpected_eof_points_past_the_last_line():
     assert text.split("\n")[2] == " " * (len("   2 | ") + 48) + "^"
 
 
-@pytest.mark.xfail(strict=True, reason="Source.line() splits lines with str.splitlines(), which also "
-                   "breaks at form feeds, \\x1c-\\x1e, \\x85 and \\u2028, while lark (and so every "
-                   "span) counts only \\n: the excerpt shows the wrong line. Fix: text.split('\\n').")
 def test_excerpt_shows_the_spans_line_after_a_form_feed():
     from stratac import frontend
     src = "# a\x0cb\n" + HEAD + "  on aiv: y = x\n}\n"
