@@ -46,6 +46,7 @@ class RunSpec:
     soc: str = passes.DEFAULT_SOC
     cores: int | None = None
     heap_bytes: int | None = None
+    bench: dict | None = None    # `stratac bench`: peer measurements and gate (stratac.benchpeer)
 
 
 @dataclass
@@ -105,7 +106,8 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
                      "store": str(Path(tmp) / "store"), "segment": segment, "heap_bytes": heap,
                      "timeout": spec.timeout, "soc": spec.soc, "cores": spec.cores,
                      "cases": [vars(c) for c in spec.cases],
-                     "iters": spec.iters, "warmup": spec.warmup, "seed": spec.seed}
+                     "iters": spec.iters, "warmup": spec.warmup, "seed": spec.seed,
+                     "bench": spec.bench}
             # output goes to files, not pipes: a rank never blocks on a full pipe that nobody reads
             out_f = open(Path(tmp) / f"rank{r}.out", "w+")
             err_f = open(Path(tmp) / f"rank{r}.err", "w+")

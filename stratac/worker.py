@@ -38,10 +38,16 @@ def main(spec_text: str) -> int:
                                                segment=spec["segment"])
         opts = passes.Options(soc=spec["soc"], cores=spec["cores"])
         mod = comm.load(spec["file"], options=opts)
-        for case in spec["cases"]:
+        bench = spec.get("bench")   # `stratac bench`: peers measured between cases (benchpeer)
+        if bench:
+            from . import benchpeer
+            benchpeer.before_cases(bench)
+        for i, case in enumerate(spec["cases"]):
             for name, fn in mod.schedules.items():
                 result = _run_case(comm, fn, case, spec, rank, world)
                 print(RESULT_PREFIX + json.dumps(result), flush=True)
+            for rec in benchpeer.after_case(bench, i, rank, world) if bench else ():
+                print(RESULT_PREFIX + json.dumps(rec), flush=True)
         clean = True
         return 0
     except StrataError as exc:

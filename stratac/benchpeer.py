@@ -1,0 +1,269 @@
+"""The peers of `stratac bench`: the same collective measured with torch.distributed (gloo) and with
+MPI (mpi4py), interleaved with stratac's own measurement at every size.
+
+gloo runs inside stratac's rank processes (stratac.worker already holds a gloo process group),
+right after the stratac schedules of a case. MPI runs as its own job under mpirun
+(`python -m stratac.benchpeer SPEC`). The two jobs take turns through a *gate*, a directory of
+marker files: stratac measures case i and marks `stratac-i`; the MPI ranks, which wait for that
+mark, measure case i and mark `mpi-i`; stratac waits for that before case i+1. So no two systems
+ever measure at the same time, and the waiting side sleeps (it polls a file every few ms).
+
+Every peer measurement is checked once: inputs are small integers, the expected result is
+computed in float64 with numpy, and `errors` counts the ranks whose result differed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+PEER_PREFIX = "STRATAC-PEER "      # the MPI job's result lines
+RESULT_PREFIX = "STRATAC-RESULT "  # = worker.RESULT_PREFIX (gloo lines go out through the worker)
+
+KINDS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall")
+
+# what each system calls the collective (reported in the JSON as the peer's `schedule`)
+GLOO_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather_into_tensor",
+              "reducescatter": "reduce_scatter_tensor", "broadcast": "broadcast", "reduce": "reduce",
+              "alltoall": "all_to_all_single"}
+MPI_NAMES = {"allreduce": "MPI_Allreduce", "allgather": "MPI_Allgather",
+             "reducescatter": "MPI_Reduce_scatter_block", "broadcast": "MPI_Bcast",
+             "reduce": "MPI_Reduce", "alltoall": "MPI_Alltoall"}
+
+
+# ---- the gate: turn-taking between the stratac job and the MPI job
+
+class Gate:
+    ABORT = "abort"
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def mark(self, name: str, text: str = "") -> None:
+        tmp = self.path / f".{name}.{os.getpid()}"
+        tmp.write_text(text)
+        os.replace(tmp, self.path / name)
+
+    def has(self, name: str) -> bool:
+        return (self.path / name).exists()
+
+    def wait(self, name: str, timeout: float) -> bool:
+        """True once `name` is marked; False on abort or after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        pause = 0.0005
+        while not self.has(name):
+            if self.has(self.ABORT) or time.monotonic() > deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
+        return True
+
+
+# ---- inputs and references (numpy, so the MPI job needs neither torch nor the compiler)
+
+def peer_input(task: dict, rank: int):
+    import numpy as np
+    n = task["in_numel"]
+    return (((np.arange(n, dtype=np.int64) * 5 + rank * 3 + 1) % 17) - 8).astype(np.float64)
+
+
+def peer_expected(task: dict, rank: int, world: int):
+    """The reference result on `rank` (float64), or None where the contract says nothing."""
+    import numpy as np
+    kind, root = task["kind"], task["root"]
+    ins = [peer_input(task, r) for r in range(world)]
+
+    def red(xs):
+        st = np.stack(xs)
+        return {"sum": st.sum(0), "max": st.max(0), "min": st.min(0)}[task["op"]]
+
+    if kind == "allreduce":
+        return red(ins)
+    if kind == "allgather":
+        return np.concatenate(ins)
+    if kind == "reducescatter":
+        m = task["out_numel"]
+        return red(ins)[rank * m:(rank + 1) * m]
+    if kind == "broadcast":
+        return ins[root]
+    if kind == "reduce":
+        return red(ins) if rank == root else None
+    m = task["in_numel"] // world   # alltoall
+    return np.concatenate([ins[p][rank * m:(rank + 1) * m] for p in range(world)])
+
+
+def _timed(call, barrier, iters: int, warmup: int) -> float:
+    for _ in range(warmup):
+        call()
+    barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    return (time.perf_counter() - t0) / max(1, iters)
+
+
+def _record(system: str, task: dict, world: int, time_s: float | None, errors: int | None,
+            note: str = "") -> dict:
+    return {"system": system, "kind": task["kind"], "world": world, "dtype": task["dtype"],
+            "op": task["op"], "root": task["root"], "count": task["in_numel"], "size": task["size"],
+            "busbw_factor": task["busbw_factor"], "time_s": time_s, "errors": errors, "note": note,
+            "case": task["case"],
+            "schedule": (GLOO_NAMES if system == "gloo" else MPI_NAMES)[task["kind"]],
+            # the keys stratac.runner reads from every result line
+            "rank": 0, "ok": True, "why": ""}
+
+
+# ---- gloo, inside stratac's rank processes
+
+def gloo_task(task: dict, rank: int, world: int, iters: int, warmup: int) -> dict | None:
+    """Measures one collective with torch.distributed on the worker's gloo process group; returns
+    rank 0's record (None on the other ranks)."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+             "i32": torch.int32}[task["dtype"]]
+    kind, root = task["kind"], task["root"]
+    op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[task["op"]]
+    x = torch.empty(task["in_numel"], dtype=dtype)
+    out = torch.empty(task["out_numel"], dtype=dtype) if task["out_numel"] is not None else None
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    call = {
+        "allreduce": lambda: dist.all_reduce(x, op=op),
+        "allgather": lambda: gather(out, x),
+        "reducescatter": lambda: scatter(out, x, op=op),
+        "broadcast": lambda: dist.broadcast(x, src=root),
+        "reduce": lambda: dist.reduce(x, dst=root, op=op),
+        "alltoall": lambda: dist.all_to_all_single(out, x),
+    }[kind]
+    note = ""
+    try:
+        x.copy_(torch.from_numpy(peer_input(task, rank)).to(dtype))
+        call()
+        want = peer_expected(task, rank, world)
+        got = (out if out is not None else x).to(torch.float64).numpy()
+        wrong = int(want is not None and not np.array_equal(got, want))
+        elapsed = _timed(call, dist.barrier, iters, warmup)
+    except RuntimeError as exc:   # gloo refuses a dtype or an op: say which, keep going
+        wrong, elapsed = 0, float("nan")
+        note = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+    flags = torch.tensor([elapsed, wrong, 1.0 if note else 0.0], dtype=torch.float64)
+    dist.all_reduce(flags[:1], op=dist.ReduceOp.MAX)
+    dist.all_reduce(flags[1:])
+    if rank != 0:
+        return None
+    if flags[2] > 0:
+        return _record("gloo", task, world, None, None, note or "failed on another rank")
+    return _record("gloo", task, world, float(flags[0]), int(flags[1]))
+
+
+def after_case(bench: dict, index: int, rank: int, world: int) -> list[dict]:
+    """Called by stratac.worker after the stratac schedules of case `index`: the gloo
+    measurements of that case, then the hand-over to the MPI job and the wait for it."""
+    out = []
+    if "gloo" in bench["peers"]:
+        for task in bench["tasks"][index]:
+            rec = gloo_task(task, rank, world, bench["iters"], bench["warmup"])
+            if rec is not None:
+                out.append(rec)
+    gate = Gate(bench["gate"])
+    if rank == 0:
+        gate.mark(f"stratac-{index}")
+    if "mpi" in bench["peers"]:
+        gate.wait(f"mpi-{index}", bench["peer_timeout"])   # on abort or timeout: go on alone
+    return out
+
+
+def before_cases(bench: dict) -> None:
+    """Called by stratac.worker before its first case: the MPI job must be up (started, imported,
+    MPI_Init done) so that its start-up does not run beside stratac's first measurement."""
+    if "mpi" in bench["peers"]:
+        Gate(bench["gate"]).wait("mpi-ready", bench["peer_timeout"])
+
+
+# ---- MPI, as its own job: mpirun -np W python -m stratac.benchpeer SPEC
+
+def _mpi_dtype(MPI, dtype: str):
+    return {"f32": MPI.FLOAT, "i32": MPI.INT32_T, "f16": None, "bf16": None}[dtype]
+
+
+def mpi_task(MPI, comm, task: dict, iters: int, warmup: int) -> dict | None:
+    import numpy as np
+    rank, world = comm.Get_rank(), comm.Get_size()
+    kind, root, dt = task["kind"], task["root"], task["dtype"]
+    npdt = {"f32": np.float32, "i32": np.int32, "f16": np.float16, "bf16": np.uint16}[dt]
+    mdt = _mpi_dtype(MPI, dt)
+    reduces = kind in ("allreduce", "reducescatter", "reduce")
+    if mdt is None and reduces:
+        return _record("mpi", task, world, None, None, f"MPI has no {dt} reduction") if rank == 0 else None
+    op = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[task["op"]]
+    x = np.empty(task["in_numel"], dtype=npdt)
+    out = np.empty(task["out_numel"], dtype=npdt) if task["out_numel"] is not None else None
+
+    def buf(a):   # f16/bf16 move as bytes: data movement only (reductions were refused above)
+        return [a, mdt] if mdt is not None else [a.view(np.uint8), MPI.BYTE]
+
+    call = {
+        "allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, buf(x), op=op),
+        "allgather": lambda: comm.Allgather(buf(x), buf(out)),
+        "reducescatter": lambda: comm.Reduce_scatter_block(buf(x), buf(out), op=op),
+        "broadcast": lambda: comm.Bcast(buf(x), root=root),
+        "reduce": lambda: comm.Reduce(MPI.IN_PLACE if rank == root else buf(x),
+                                      buf(x) if rank == root else None, op=op, root=root),
+        "alltoall": lambda: comm.Alltoall(buf(x), buf(out)),
+    }[kind]
+    src = peer_input(task, rank)
+    if dt == "bf16":   # float64 -> bfloat16 bits (small integers: exact)
+        x[:] = (src.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    else:
+        x[:] = src.astype(npdt)
+    call()
+    want = peer_expected(task, rank, world)
+    got = out if out is not None else x
+    got = ((got.astype(np.uint32) << 16).view(np.float32) if dt == "bf16" else got).astype(np.float64)
+    wrong = int(want is not None and not np.array_equal(got, want))
+    elapsed = _timed(call, comm.Barrier, iters, warmup)
+    elapsed = comm.allreduce(elapsed, op=MPI.MAX)
+    wrong = comm.allreduce(wrong, op=MPI.SUM)
+    return _record("mpi", task, world, elapsed, wrong) if rank == 0 else None
+
+
+def mpi_main(spec: dict) -> int:
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        print(f"stratac bench: mpi4py cannot be imported in the MPI job: {exc}", file=sys.stderr)
+        return 2
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    gate = Gate(spec["gate"])
+    if comm.Get_size() != spec["world"]:
+        if rank == 0:
+            print(f"stratac bench: mpirun started {comm.Get_size()} ranks, expected {spec['world']}",
+                  file=sys.stderr)
+        return 2
+    comm.Barrier()
+    if rank == 0:
+        gate.mark("mpi-ready", f"{MPI.Get_library_version().strip().splitlines()[0]}")
+    for i, tasks in enumerate(spec["tasks"]):
+        ok = gate.wait(f"stratac-{i}", spec["peer_timeout"])
+        # every rank must agree before the next collective: one that timed out stops them all
+        if not comm.allreduce(int(ok), op=MPI.MIN):
+            return 1
+        for task in tasks:
+            rec = mpi_task(MPI, comm, task, spec["iters"], spec["warmup"])
+            if rec is not None:
+                print(PEER_PREFIX + json.dumps(rec), flush=True)
+        comm.Barrier()
+        if rank == 0:
+            gate.mark(f"mpi-{i}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(mpi_main(json.loads(Path(sys.argv[1]).read_text())))
