@@ -92,7 +92,6 @@ def _flag_bases(s: ir.Schedule) -> dict[str, str]:
 def _statements(s: ir.Schedule) -> list[dict]:
     flags = {f.name: f for f in s.flags}
     bases = _flag_bases(s)
-    out: list[dict] = []
 
     def sync_node(op) -> dict:
         if isinstance(op, ir.If):

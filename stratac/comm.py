@@ -48,6 +48,24 @@ def unlink_segment(name: str) -> None:
         pass
 
 
+def store_barrier(store, world: int, timeout: float, prefix: str):
+    """A barrier over a torch.distributed Store: one counter key per round."""
+    rounds = [0]
+
+    def barrier() -> None:
+        rounds[0] += 1
+        key = f"{prefix}/barrier/{rounds[0]}"
+        store.add(key, 1)
+        deadline = time.monotonic() + timeout
+        while int(store.add(key, 0)) < world:
+            if time.monotonic() > deadline:
+                raise StrataRuntimeError(f"store barrier {rounds[0]} timed out after {timeout} s: "
+                                         f"{int(store.add(key, 0))} of {world} ranks arrived")
+            time.sleep(0.001)
+
+    return barrier
+
+
 class StrataRuntimeError(RuntimeError):
     """A launch failed: a rule of the machine was broken, a wait timed out, a peer died."""
 
@@ -125,20 +143,8 @@ class Communicator:
         if rank == 0:
             store.set(f"{prefix}/segment", _segment_name())
         name = store.get(f"{prefix}/segment").decode()
-        rounds = [0]
-
-        def barrier() -> None:
-            rounds[0] += 1
-            key = f"{prefix}/barrier/{rounds[0]}"
-            store.add(key, 1)
-            deadline = time.monotonic() + timeout
-            while int(store.add(key, 0)) < world:
-                if time.monotonic() > deadline:
-                    raise StrataRuntimeError(f"store barrier {rounds[0]} timed out after {timeout} s: "
-                                             f"{int(store.add(key, 0))} of {world} ranks arrived")
-                time.sleep(0.001)
-
-        return cls._bootstrap(rank, world, name, heap_bytes, timeout, barrier)
+        return cls._bootstrap(rank, world, name, heap_bytes, timeout,
+                              store_barrier(store, world, timeout, prefix))
 
     @classmethod
     def _bootstrap(cls, rank, world, name, heap_bytes, timeout, barrier) -> "Communicator":

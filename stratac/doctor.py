@@ -14,7 +14,6 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
 from typing import Mapping
 
 from . import npu

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import ir
-from .diagnostics import Codes, Diagnostic, Span, StrataError, error
+from .diagnostics import Codes, Span, StrataError, error
 
 
 class EventKind(enum.Enum):

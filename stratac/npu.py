@@ -37,7 +37,6 @@ import platform
 import re
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
@@ -611,22 +610,9 @@ class NpuCommunicator:
                 store.set(f"{prefix}/uid", uid)
             return bytes(store.get(f"{prefix}/uid"))
 
-        rounds = [0]
-
-        def barrier() -> None:
-            from .comm import StrataRuntimeError
-            rounds[0] += 1
-            key = f"{prefix}/barrier/{rounds[0]}"
-            store.add(key, 1)
-            deadline = time.monotonic() + timeout
-            while int(store.add(key, 0)) < world:
-                if time.monotonic() > deadline:
-                    raise StrataRuntimeError(f"store barrier {rounds[0]} timed out after "
-                                             f"{timeout} s")
-                time.sleep(0.001)
-
+        from .comm import store_barrier
         return cls(rank, world, exchange_uid=exchange, heap_bytes=heap_bytes, device=device,
-                   engines=engines, barrier=barrier)
+                   engines=engines, barrier=store_barrier(store, world, timeout, prefix))
 
     # ---- heap
     def _check_open(self) -> None:
