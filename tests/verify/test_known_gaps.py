@@ -1,5 +1,6 @@
-"""Known gaps, pinned as strict xfails: each states what should happen. When a fix lands the test
-XPASSes, which fails the run: then drop the xfail marker and, if it fits, add a corpus file."""
+"""Known gaps of the front end and the verifier, pinned as strict xfails that state what should
+happen. When a fix lands the test XPASSes, which fails the run: then drop the marker (the test stays
+as a regression test) and, if it fits, add a corpus file. No gap is open at the moment."""
 
 from __future__ import annotations
 
