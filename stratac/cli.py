@@ -124,6 +124,52 @@ def cmd_run(args) -> int:
     return outcome.exit_code
 
 
+def cmd_bench(args) -> int:
+    from . import bench
+    echo = lambda line: print(line, file=sys.stderr)
+    try:
+        if args.setup_mpi:
+            version = bench.setup_mpi(echo)
+            if args.file is None:
+                print(f"MPI ready: {version}")
+                return EXIT_OK
+        if args.file is None:
+            print("stratac: error: bench needs a FILE (or --setup-mpi alone)", file=sys.stderr)
+            return EXIT_USAGE
+        if args.world is None:
+            print("stratac: error: bench needs --world", file=sys.stderr)
+            return EXIT_USAGE
+        peers = [p.strip() for p in args.vs.split(",") if p.strip()] if args.vs else []
+        progress = sys.stderr.isatty() if args.progress is None else args.progress
+        spec = bench.BenchSpec(file=args.file, world=args.world, sizes=args.sizes, dtype=args.dtype,
+                               op=args.op, root=args.root, iters=args.iters, warmup=args.warmup,
+                               cores=args.cores, peers=peers, timeout=args.timeout, seed=args.seed,
+                               soc=args.soc, progress=progress)
+        res = bench.run(spec, echo=echo)
+        for line in bench.table(res):
+            print(line)
+        if args.json:
+            bench.write_json(res, args.json)
+            print(f"# wrote {args.json}")
+        if args.plot:
+            bench.plot(res, args.plot)
+            print(f"# wrote {args.plot}")
+    except bench.BenchError as exc:
+        print(f"stratac bench: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    for f in res.failures:
+        print(f"stratac: {f}", file=sys.stderr)
+    return res.exit_code
+
+
+def _sizes(text: str) -> list[int]:
+    from . import bench
+    try:
+        return bench.parse_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def cmd_doctor(args) -> int:
     from . import doctor
     text, status = doctor.report()
@@ -174,6 +220,30 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     target_opts(r)
     r.set_defaults(fn=cmd_run)
+
+    b = sub.add_parser("bench", help="sweep sizes for every schedule of a file; nccl-tests style "
+                       "figures, optionally against gloo and MPI, and the copies each engine made")
+    b.add_argument("file", nargs="?")
+    b.add_argument("--world", type=_positive)
+    b.add_argument("--sizes", type=_sizes, default="8:256M",
+                   help="MIN:MAX doubling (MIN:MAX:FACTOR, or a comma list) of S in bytes "
+                   "(default 8:256M)")
+    b.add_argument("--dtype", choices=[d.short for d in ir.DType], default="f32")
+    b.add_argument("--op", choices=["sum", "max", "min"], default="sum")
+    b.add_argument("--root", type=int, default=0, help="the root, for broadcast and reduce")
+    b.add_argument("--iters", type=_positive, default=20, help="timed calls per size (default 20)")
+    b.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
+    b.add_argument("--vs", metavar="PEERS", help="also measure gloo and/or mpi, e.g. --vs gloo,mpi")
+    b.add_argument("--setup-mpi", action="store_true",
+                   help="install Open MPI (apt-get) and mpi4py (pip) if missing, then go on")
+    b.add_argument("--json", metavar="OUT", help="write every figure as JSON")
+    b.add_argument("--plot", metavar="OUT.png", help="busbw against size, one line per system")
+    b.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar on stderr (default: when stderr is a terminal)")
+    b.add_argument("--timeout", type=float, default=120.0, help="seconds any wait may take")
+    b.add_argument("--seed", type=int, default=0)
+    target_opts(b)
+    b.set_defaults(fn=cmd_bench)
 
     d = sub.add_parser("doctor", help="what this machine can build and run, and what is missing")
     d.set_defaults(fn=cmd_doctor)

@@ -1,0 +1,644 @@
+"""`stratac bench`: sweep sizes for every schedule of a file on the CPU build and report nccl-tests
+style figures, optionally side by side with torch.distributed (gloo) and MPI, interleaved at every
+size, plus the copies each engine made (from the CPU model's counters).
+
+One stratac job per run (stratac.runner, one Case per size); gloo is measured inside its rank
+processes and MPI in a separate mpirun job; they take turns through a gate (stratac.benchpeer).
+
+Metrics (DESIGN.md §7, nccl-tests): algbw = S / t, busbw = algbw x factor, GB = 1e9 B; factor
+AllReduce 2(n-1)/n, AllGather/ReduceScatter/AllToAll (n-1)/n, Broadcast/Reduce 1; S is the whole
+gathered/scattered buffer for AllGather/ReduceScatter, one rank's send buffer for AllToAll, the
+buffer otherwise. t is the slowest rank's mean time per call over --iters calls after --warmup.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import benchpeer, comm, passes, runner
+from .frontend import load_source
+
+PEERS = ("gloo", "mpi")
+MPI_APT = ["openmpi-bin", "libopenmpi-dev"]
+
+
+class BenchError(Exception):
+    """Something the bench cannot do, said in one message (the CLI prints it, no traceback)."""
+
+
+@dataclass
+class BenchSpec:
+    file: str
+    world: int
+    sizes: list[int] = field(default_factory=lambda: parse_sizes("8:256M"))
+    dtype: str = "f32"
+    op: str = "sum"
+    root: int = 0
+    iters: int = 20
+    warmup: int = 5
+    cores: int | None = None
+    peers: list[str] = field(default_factory=list)
+    timeout: float = 120.0
+    seed: int = 0
+    soc: str = passes.DEFAULT_SOC
+    progress: bool = False
+    ceiling_bytes: int = 256 << 20
+
+
+# ---------------------------------------------------------------------------------------------
+# sizes
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def _size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.I)
+    if not m:
+        raise ValueError(f"{text!r} is not a size (e.g. 8, 64K, 256M)")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'8:256M' -> 8, 16, ..., 256 MiB (doubling, like nccl-tests -b 8 -e 256M -f 2);
+    'MIN:MAX:F' multiplies by F; a comma list of sizes or ranges is the union, sorted."""
+    out: set[int] = set()
+    for part in text.split(","):
+        bits = part.split(":")
+        if len(bits) == 1:
+            out.add(_size(bits[0]))
+            continue
+        if len(bits) > 3:
+            raise ValueError(f"{part!r}: a range is MIN:MAX or MIN:MAX:FACTOR")
+        lo, hi = _size(bits[0]), _size(bits[1])
+        f = int(bits[2]) if len(bits) == 3 else 2
+        if lo < 1 or hi < lo or f < 2:
+            raise ValueError(f"{part!r}: need 1 <= MIN <= MAX and FACTOR >= 2")
+        s = lo
+        while s <= hi:
+            out.add(s)
+            s *= f
+    if not out or min(out) < 1:
+        raise ValueError(f"{text!r}: sizes must be at least 1 byte")
+    return sorted(out)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.4g}{unit}"
+        n /= 1024
+    return str(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# the copy ceiling
+
+def copy_ceiling(nbytes: int = 256 << 20, reps: int = 5) -> dict:
+    """The best of `reps` torch copies of `nbytes` (GB/s = bytes copied / s; each byte is read
+    once and written once), with one thread and with all of torch's threads."""
+    import torch
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.zeros(nbytes, dtype=torch.uint8)   # both touched: no page faults in the timing
+    threads = torch.get_num_threads()
+    out = {"bytes": nbytes, "threads": threads}
+    try:
+        for key, n in (("gbps_1_thread", 1), ("gbps_all_threads", threads)):
+            torch.set_num_threads(n)
+            dst.copy_(src)
+            best = math.inf
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                dst.copy_(src)
+                best = min(best, time.perf_counter() - t0)
+            out[key] = nbytes / best / 1e9
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# MPI: find it, install it
+
+def _mpi_problem() -> str | None:
+    """None when mpirun and mpi4py are usable, else what is missing."""
+    if shutil.which("mpirun") is None:
+        return "mpirun is not on PATH"
+    probe = subprocess.run([sys.executable, "-c", "import mpi4py, mpi4py.MPI"],
+                           capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["import failed"])[-1]
+        return f"mpi4py cannot be imported ({last})"
+    return None
+
+
+def _step(cmd: list[str], echo, env=None) -> None:
+    echo("stratac bench: $ " + " ".join(cmd))
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    except FileNotFoundError:
+        raise BenchError(f"cannot set up MPI: {cmd[0]} is not installed") from None
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"cannot set up MPI: `{' '.join(cmd)}` did not finish in 30 minutes") from None
+    if p.returncode != 0:
+        tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-12:])
+        raise BenchError(f"cannot set up MPI: `{' '.join(cmd)}` failed with status {p.returncode}"
+                         + (f":\n{tail}" if tail else ""))
+
+
+def setup_mpi(echo=print) -> str:
+    """Installs Open MPI (apt-get) and mpi4py (pip) where they are missing; returns the library
+    version line. Raises BenchError with the failing step's output on failure."""
+    problem = _mpi_problem()
+    if problem is None:
+        return mpi_version()
+    echo(f"stratac bench: MPI is not ready ({problem}); installing Open MPI "
+         f"({' '.join(MPI_APT)}, apt-get) and mpi4py (pip)")
+    if shutil.which("mpirun") is None or shutil.which("mpicc") is None:
+        if shutil.which("apt-get") is None:
+            raise BenchError("cannot set up MPI: no apt-get here; install Open MPI (mpirun) and "
+                             "mpi4py yourself, then run the bench again")
+        if os.geteuid() != 0:
+            raise BenchError("cannot set up MPI: apt-get needs root; run `sudo apt-get install -y "
+                             f"{' '.join(MPI_APT)} && pip install mpi4py`, then the bench again")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        try:
+            _step(["apt-get", "install", "-y", "-q", *MPI_APT], echo, env)
+        except BenchError:   # a stale package list is the usual cause: refresh it once
+            _step(["apt-get", "update", "-q"], echo, env)
+            _step(["apt-get", "install", "-y", "-q", *MPI_APT], echo, env)
+    probe = subprocess.run([sys.executable, "-c", "import mpi4py.MPI"], capture_output=True)
+    if probe.returncode != 0:
+        _step([sys.executable, "-m", "pip", "install", "-q", "mpi4py"], echo)
+    problem = _mpi_problem()
+    if problem is not None:
+        raise BenchError(f"MPI is still not usable after the setup: {problem}")
+    version = mpi_version()
+    echo(f"stratac bench: MPI ready: {version}")
+    return version
+
+
+def mpi_version() -> str:
+    p = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; "
+                        "print(MPI.Get_library_version().strip().splitlines()[0])"],
+                       capture_output=True, text=True, timeout=120)
+    mpi4py = subprocess.run([sys.executable, "-c", "import mpi4py; print(mpi4py.__version__)"],
+                            capture_output=True, text=True, timeout=120).stdout.strip()
+    lib = p.stdout.strip().split(",")[0] if p.returncode == 0 else "unknown MPI"
+    return f"mpi4py {mpi4py} on {lib}"
+
+
+def mpirun_command(world: int, script: list[str]) -> list[str]:
+    cmd = [shutil.which("mpirun") or "mpirun"]
+    ver = subprocess.run(cmd + ["--version"], capture_output=True, text=True, timeout=60)
+    if "Open MPI" in ver.stdout + ver.stderr:
+        # more ranks than cores is the point on a small machine; no pinning, like stratac's ranks
+        cmd += ["--oversubscribe", "--bind-to", "none"]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+    return cmd + ["-np", str(world)] + script
+
+
+# ---------------------------------------------------------------------------------------------
+# planning: cases (one per size) and the peers' tasks of each case
+
+@dataclass
+class Plan:
+    compiled: list            # comm.Compiled
+    cases: list[runner.Case]
+    tasks: list[list[dict]]   # per case: the distinct collectives the peers run
+
+
+def _min_copies(kind: str, world: int, in_place: bool) -> float:
+    """Bytes the contract needs written into GM per rank (mean over ranks), per payload byte S."""
+    w = world
+    if w == 1 and in_place:
+        return 0.0
+    return {"allreduce": 1.0, "allgather": (w - 1) / w if in_place else 1.0,
+            "reducescatter": 1 / w, "broadcast": (w - 1) / w if in_place else 1.0,
+            "reduce": 1 / w, "alltoall": (w - 1) / w if in_place else 1.0}[kind]
+
+
+def plan(spec: BenchSpec) -> Plan:
+    from .ir import DType
+    from .workload import Workload
+    source = load_source(spec.file)
+    opts = passes.Options(soc=spec.soc, cores=spec.cores)
+    opts.check()
+    compiled = comm.compile_source(source, opts, worlds=[spec.world])
+    if not compiled:
+        raise BenchError(f"{spec.file} holds no schedule")
+    elem = DType.parse(spec.dtype).nbytes
+    cases, tasks, seen_counts = [], [], None
+    for size in spec.sizes:
+        counts = tuple(Workload.count_for_bytes(c.schedule, spec.world, size, elem) for c in compiled)
+        if counts == seen_counts:   # below the smallest size a schedule can take: same case again
+            continue
+        seen_counts = counts
+        case_tasks: dict[tuple, dict] = {}
+        for c, n in zip(compiled, counts):
+            s = c.schedule
+            wl = Workload(s, spec.world, n, op=spec.op, root=spec.root)
+            kind = s.contract.kind.value
+            x = s.param(s.contract.inputs[0])
+            out_numel = None
+            if kind in ("allgather", "reducescatter", "alltoall"):
+                out_numel = wl.numel(s.param(s.contract.outputs[0]))
+                if s.contract.in_place:   # the peers run out of place: the output's own size
+                    out_numel = {"allgather": wl.numel(x) * spec.world,
+                                 "reducescatter": wl.numel(x) // spec.world,
+                                 "alltoall": wl.numel(x)}[kind]
+            task = {"kind": kind, "in_numel": wl.numel(x), "out_numel": out_numel,
+                    "dtype": spec.dtype, "op": spec.op, "root": spec.root,
+                    "size": wl.size_bytes(elem), "busbw_factor": wl.busbw_factor(),
+                    "case": len(cases)}
+            case_tasks.setdefault((kind, task["in_numel"], out_numel), task)
+        cases.append(runner.Case(dtype=spec.dtype, size=size, op=spec.op, root=spec.root))
+        tasks.append(list(case_tasks.values()))
+    return Plan(compiled, cases, tasks)
+
+
+# ---------------------------------------------------------------------------------------------
+# progress
+
+class Progress:
+    """A one-line bar on stderr: cases done (and the MPI job's turns), the size, the time."""
+
+    def __init__(self, gate: benchpeer.Gate, cases: list[runner.Case], mpi: bool, enabled: bool):
+        self.gate, self.cases, self.mpi, self.enabled = gate, cases, mpi, enabled
+        self.total = len(cases) * (2 if mpi else 1)
+        self.t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = None
+
+    def done(self) -> int:
+        n = sum(self.gate.has(f"stratac-{i}") for i in range(len(self.cases)))
+        if self.mpi:
+            n += sum(self.gate.has(f"mpi-{i}") for i in range(len(self.cases)))
+        return n
+
+    def line(self, width: int = 30) -> str:
+        d = self.done()
+        fill = int(width * d / self.total) if self.total else width
+        i = min(len(self.cases) - 1, sum(self.gate.has(f"stratac-{k}") for k in range(len(self.cases))))
+        now = f"{fmt_bytes(self.cases[i].size)}" if self.cases else ""
+        return (f"\r[{'#' * fill}{'.' * (width - fill)}] {d}/{self.total} "
+                f"{'measurements' if self.mpi else 'sizes'}  next {now:<9} "
+                f"{time.monotonic() - self.t0:6.0f} s")
+
+    def _loop(self):
+        while not self._stop.wait(0.5):
+            sys.stderr.write(self.line())
+            sys.stderr.flush()
+
+    def __enter__(self):
+        if self.enabled:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            sys.stderr.write(self.line() + "\n")
+            sys.stderr.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+
+@dataclass
+class BenchResult:
+    meta: dict
+    records: list[dict]          # every system, every size (the JSON's "results")
+    failures: list[str]
+    exit_code: int
+
+
+def run(spec: BenchSpec, echo=print) -> BenchResult:
+    for p in spec.peers:
+        if p not in PEERS:
+            raise BenchError(f"--vs {p}: the peers are {', '.join(PEERS)}")
+    if spec.world < 1:
+        raise BenchError(f"--world must be at least 1, got {spec.world}")
+    if not 0 <= spec.root < spec.world:
+        raise BenchError(f"--root {spec.root} is not a rank of a world of {spec.world}")
+    meta: dict = {"file": str(spec.file), "world": spec.world, "dtype": spec.dtype, "op": spec.op,
+                  "root": spec.root, "iters": spec.iters, "warmup": spec.warmup,
+                  "cores": spec.cores, "peers": list(spec.peers), "cpus": os.cpu_count()}
+    import torch
+    meta["torch"] = torch.__version__
+    if "mpi" in spec.peers:
+        meta["mpi"] = setup_mpi(echo)
+    meta["copy_ceiling"] = copy_ceiling(spec.ceiling_bytes)   # before anything else runs
+    pl = plan(spec)
+    meta["cores"] = spec.cores or pl.compiled[0].schedule.kernel.cores
+    records: list[dict] = []
+    failures: list[str] = []
+    mpi = "mpi" in spec.peers
+    with tempfile.TemporaryDirectory(prefix="stratac-bench-") as tmp:
+        gate = benchpeer.Gate(Path(tmp) / "gate")
+        gate.path.mkdir()
+        bench = {"peers": list(spec.peers), "tasks": pl.tasks, "gate": str(gate.path),
+                 "iters": spec.iters, "warmup": spec.warmup, "peer_timeout": spec.timeout * 4}
+        mpi_proc = mpi_out = mpi_err = None
+        if mpi:
+            spec_file = Path(tmp) / "mpi.json"
+            spec_file.write_text(json.dumps(dict(bench, world=spec.world)))
+            mpi_out = open(Path(tmp) / "mpi.out", "w+")
+            mpi_err = open(Path(tmp) / "mpi.err", "w+")
+            pkg_root = str(Path(__file__).resolve().parent.parent)
+            env = dict(os.environ, OMP_NUM_THREADS="1",
+                       PYTHONPATH=os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")])))
+            mpi_proc = subprocess.Popen(
+                mpirun_command(spec.world, [sys.executable, "-m", "stratac.benchpeer", str(spec_file)]),
+                stdout=mpi_out, stderr=mpi_err, env=env, start_new_session=True)
+        stop_watch = threading.Event()
+
+        def watch_mpi():   # the MPI job died: stop the stratac ranks from waiting for it
+            while not stop_watch.wait(0.2):
+                if mpi_proc.poll() is not None:
+                    gate.mark(gate.ABORT)
+                    return
+
+        watcher = threading.Thread(target=watch_mpi, daemon=True) if mpi else None
+        if watcher:
+            watcher.start()
+        rspec = runner.RunSpec(file=spec.file, world=spec.world, cases=pl.cases, iters=spec.iters,
+                               warmup=spec.warmup, timeout=spec.timeout, check=True, seed=spec.seed,
+                               soc=spec.soc, cores=spec.cores, bench=bench)
+        try:
+            with Progress(gate, pl.cases, mpi, spec.progress):
+                outcome = runner.run(rspec, echo=echo)
+        finally:
+            stop_watch.set()
+            gate.mark(gate.ABORT)   # an MPI job still waiting for a turn stops now
+            if mpi_proc is not None:
+                try:
+                    mpi_proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    _killpg(mpi_proc)
+        failures += outcome.failures
+        if mpi_proc is not None:
+            mpi_out.seek(0)
+            mpi_err.seek(0)
+            for line in mpi_out.read().splitlines():
+                if line.startswith(benchpeer.PEER_PREFIX):
+                    outcome.results.append(json.loads(line[len(benchpeer.PEER_PREFIX):]))
+            if mpi_proc.returncode != 0:
+                tail = "\n".join(mpi_err.read().strip().splitlines()[-12:])
+                failures.append(f"the MPI job (mpirun) exited with status {mpi_proc.returncode}"
+                                + (f":\n{tail}" if tail else ""))
+            mpi_out.close()
+            mpi_err.close()
+    records = _records(outcome.results, pl, spec)
+    exit_code = outcome.exit_code or (1 if failures else 0)
+    return BenchResult(meta, records, failures, exit_code)
+
+
+def _killpg(p: subprocess.Popen) -> None:
+    import signal
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _figures(size: int, time_s: float | None, factor: float) -> dict:
+    if time_s is None or not time_s > 0:
+        return {"time_us": None, "algbw": None, "busbw": None}
+    algbw = size / time_s / 1e9
+    return {"time_us": time_s * 1e6, "algbw": algbw, "busbw": algbw * factor}
+
+
+def _records(results: list[dict], pl: Plan, spec: BenchSpec) -> list[dict]:
+    """One record per system, schedule (or peer collective) and size."""
+    scheds = {c.schedule.name: c.schedule for c in pl.compiled}
+    w = spec.world
+    peers = [r for r in results if "system" in r]
+    ours: dict[tuple, list[dict]] = {}
+    for r in results:
+        if "system" not in r:
+            ours.setdefault((r["schedule"], r["count"], r["dtype"]), []).append(r)
+    out = []
+    for (name, count, dtype), ranks in ours.items():
+        ranks.sort(key=lambda r: r["rank"])
+        r0 = ranks[0]
+        s = scheds[name]
+        kind = s.contract.kind.value
+        size = r0["size"]
+        per_rank = []
+        for r in ranks:
+            ctr = r["counters"]
+            tot = {k: sum(c[k] for c in ctr) for k in ("mte_in", "mte_out", "sdma",
+                                                        "remote_read", "remote_write")}
+            cores = [c["mte_in"] + c["mte_out"] + c["sdma"] for c in ctr]
+            mean = sum(cores) / len(cores) if cores else 0
+            per_rank.append({"rank": r["rank"], "aiv_in": tot["mte_in"], "aiv_out": tot["mte_out"],
+                             "sdma": tot["sdma"], "remote_read": tot["remote_read"],
+                             "remote_write": tot["remote_write"],
+                             "core_balance": max(cores) / mean if mean else None,
+                             "per_core": [{"core": i, "aiv_in": c["mte_in"], "aiv_out": c["mte_out"],
+                                           "sdma": c["sdma"]} for i, c in enumerate(ctr)],
+                             "heap_bytes": r["heap_bytes"]})
+        n = len(per_rank)
+        mean_of = lambda k: sum(p[k] for p in per_rank) / n
+        engines = {k: mean_of(k) for k in ("aiv_in", "aiv_out", "sdma", "remote_read", "remote_write")}
+        landed = engines["aiv_out"] + engines["sdma"]
+        balances = [p["core_balance"] for p in per_rank if p["core_balance"] is not None]
+        rec = {"system": "stratac", "schedule": name, "kind": kind, "world": w, "size": size,
+               "count": count, "dtype": dtype, "op": r0["op"], "root": r0["root"],
+               **_figures(size, r0["time_s"], r0["busbw_factor"]),
+               "errors": r0["ranks_wrong"], "why": [r["why"] for r in ranks if r["why"]],
+               "cores": r0["cores"], "engines": engines,
+               "copies_per_byte": landed / size if size else None,
+               "min_copies_per_byte": _min_copies(kind, w, s.contract.in_place),
+               "fabric_per_byte": (engines["remote_read"] + engines["remote_write"]) / size if size else None,
+               "min_fabric_per_byte": r0["busbw_factor"] if w > 1 else 0.0,
+               "core_balance": max(balances) if balances else None,
+               "heap_bytes": max(p["heap_bytes"] for p in per_rank),
+               "staging": bool(s.scratch), "per_rank": per_rank}
+        out.append(rec)
+    for p in peers:
+        rec = {"system": p["system"], "schedule": p["schedule"], "kind": p["kind"], "world": w,
+               "size": p["size"], "count": p["count"], "dtype": p["dtype"],
+               "op": p["op"] if p["kind"] in ("allreduce", "reducescatter", "reduce") else None,
+               "root": p["root"] if p["kind"] in ("broadcast", "reduce") else None,
+               **_figures(p["size"], p["time_s"], p["busbw_factor"]),
+               "errors": p["errors"], "note": p["note"]}
+        out.append(rec)
+    # stratac/peer: the ratio of busbw (equivalently of the peer's time to stratac's) at that size
+    index = {(r["system"], r["kind"], r["size"]): r for r in out if r["system"] != "stratac"}
+    for r in out:
+        if r["system"] == "stratac":
+            r["ratio"] = {}
+            for peer in spec.peers:
+                q = index.get((peer, r["kind"], r["size"]))
+                r["ratio"][peer] = (r["busbw"] / q["busbw"] if q and q["busbw"] and r["busbw"]
+                                    else None)
+    order = {name: i for i, name in enumerate(scheds)}
+    out.sort(key=lambda r: (r["system"] != "stratac", order.get(r["schedule"], 0), r["kind"],
+                            r["system"], r["size"]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# output
+
+def _f(v, spec: str, width: int) -> str:
+    return f"{'n/a':>{width}}" if v is None else f"{v:>{width}{spec}}"
+
+
+TABLE_COLUMNS = ["size", "count", "type", "redop", "root", "time(us)", "algbw", "busbw", "#wrong"]
+PEER_COLUMNS = ["time(us)", "busbw", "#wrong", "ratio"]
+ENGINE_COLUMNS = ["aiv in", "aiv out", "sdma", "copies/B"]
+
+
+def table(res: BenchResult) -> list[str]:
+    m = res.meta
+    peers = m["peers"]
+    lines = [f"# stratac bench {m['file']}  world {m['world']}  dtype {m['dtype']}  op {m['op']}  "
+             f"cores {m['cores']}  iters {m['iters']}  warmup {m['warmup']}  ({m['cpus']} CPUs)"]
+    c = m["copy_ceiling"]
+    lines.append(f"# copy ceiling (torch copy_ of {fmt_bytes(c['bytes'])}): "
+                 f"{c['gbps_1_thread']:.2f} GB/s on 1 thread, {c['gbps_all_threads']:.2f} GB/s on "
+                 f"{c['threads']} threads")
+    lines.append(f"# peers: {', '.join(peers) or 'none'}"
+                 + (f"  (gloo: torch.distributed {m['torch']} in stratac's rank processes)" if "gloo" in peers else "")
+                 + (f"  (mpi: {m['mpi']}, mpirun -np {m['world']})" if "mpi" in peers else ""))
+    lines.append("# time: slowest rank, mean per call; algbw = size/time, busbw = algbw x factor "
+                 "(GB/s, nccl-tests); ratio = stratac busbw / peer busbw; #wrong = ranks whose "
+                 "result differed from the reference; engine bytes: per rank and call, mean over ranks")
+    peer_recs = {(r["system"], r["kind"], r["size"]): r for r in res.records if r["system"] != "stratac"}
+    notes: list[str] = []
+    by_sched: dict[str, list[dict]] = {}
+    for r in res.records:
+        if r["system"] == "stratac":
+            by_sched.setdefault(r["schedule"], []).append(r)
+    for name, recs in by_sched.items():
+        lines.append("#")
+        lines.append(f"# {name}: {recs[0]['kind']}, world {m['world']}"
+                     + ("  (staging baseline: copies through a scratch buffer)" if recs[0]["staging"] else ""))
+        head1 = f"# {'':>10} {'':>11} {'':>5} {'':>5} {'':>4} {'stratac':^35}"
+        for p in peers:
+            head1 += f" | {p:^34}"
+        head1 += f" | {'engine bytes per rank and call':^44}"
+        head2 = (f"# {'size':>10} {'count':>11} {'type':>5} {'redop':>5} {'root':>4} {'time(us)':>10} "
+                 f"{'algbw':>7} {'busbw':>7} {'#wrong':>7}")
+        for p in peers:
+            head2 += f" | {'time(us)':>10} {'busbw':>7} {'#wrong':>6} {'ratio':>6}"
+        head2 += f" | {'aiv in':>10} {'aiv out':>10} {'sdma':>10} {'copies/B':>9}"
+        lines += [head1, head2]
+        for r in recs:
+            e = r["engines"]
+            row = (f"  {r['size']:>10} {r['count']:>11} {r['dtype']:>5} {r['op'] or '-':>5} "
+                   f"{'-' if r['root'] is None else r['root']:>4} {_f(r['time_us'], '.1f', 10)} "
+                   f"{_f(r['algbw'], '.3f', 7)} {_f(r['busbw'], '.3f', 7)} {r['errors']:>7}")
+            for p in peers:
+                q = peer_recs.get((p, r["kind"], r["size"]))
+                if q is None or q["time_us"] is None:
+                    why = q["note"] if q else "not measured"
+                    if f"# {p}: {why}" not in notes:
+                        notes.append(f"# {p}: {why}")
+                    row += f" | {'n/a':>10} {'n/a':>7} {'-':>6} {'-':>6}"
+                    continue
+                ratio = r["ratio"].get(p)
+                row += (f" | {q['time_us']:>10.1f} {q['busbw']:>7.3f} {q['errors']:>6} "
+                        f"{_f(ratio, '.2f', 5)}x" if ratio is not None else
+                        f" | {q['time_us']:>10.1f} {q['busbw']:>7.3f} {q['errors']:>6} {'n/a':>6}")
+            row += (f" | {e['aiv_in']:>10.0f} {e['aiv_out']:>10.0f} {e['sdma']:>10.0f} "
+                    f"{_f(r['copies_per_byte'], '.2f', 9)}")
+            lines.append(row)
+    lines += notes
+    lines += copies_table(res)
+    return lines
+
+
+def copies_table(res: BenchResult) -> list[str]:
+    """Copies and engines at the largest size: per engine, per payload byte, against the minimum."""
+    ours = [r for r in res.records if r["system"] == "stratac"]
+    if not ours:
+        return []
+    top = max(r["size"] for r in ours)
+    at = [r for r in ours if r["size"] == top] or ours
+    lines = ["#", f"# copies and engines at {fmt_bytes(top)} (bytes per payload byte S, per rank and "
+             "call, mean over ranks; CPU model counters)",
+             "#   copies/B = (aiv out + sdma) / S, the bytes landed in GM; min = what the contract "
+             "must land; fabric/B = (remote read + remote write) / S; min = nccl-tests' bus factor",
+             f"# {'schedule':<28} {'aiv in/B':>8} {'aiv out/B':>9} {'sdma/B':>7} {'copies/B':>8} "
+             f"{'min':>5} {'extra/B':>7} {'fabric/B':>8} {'min':>5} {'core max/mean':>13} {'heap/rank':>10}"]
+    for r in at:
+        s, e = r["size"], r["engines"]
+        extra = r["copies_per_byte"] - r["min_copies_per_byte"]
+        lines.append(f"  {r['schedule']:<28} {e['aiv_in'] / s:>8.2f} {e['aiv_out'] / s:>9.2f} "
+                     f"{e['sdma'] / s:>7.2f} {r['copies_per_byte']:>8.2f} {r['min_copies_per_byte']:>5.2f} "
+                     f"{extra:>7.2f} {r['fabric_per_byte']:>8.2f} {r['min_fabric_per_byte']:>5.2f} "
+                     f"{_f(r['core_balance'], '.2f', 13)} {fmt_bytes(r['heap_bytes']):>10}")
+        if len({(p["aiv_in"], p["aiv_out"], p["sdma"]) for p in r["per_rank"]}) > 1:
+            for p in r["per_rank"]:
+                lines.append(f"    rank {p['rank']:<21} {p['aiv_in'] / s:>8.2f} {p['aiv_out'] / s:>9.2f} "
+                             f"{p['sdma'] / s:>7.2f} {(p['aiv_out'] + p['sdma']) / s:>8.2f}")
+    for kind in sorted({r["kind"] for r in at}):
+        same = [r for r in at if r["kind"] == kind]
+        best = min(same, key=lambda r: r["copies_per_byte"])
+        for r in same:
+            if r["staging"]:
+                d = r["copies_per_byte"] - best["copies_per_byte"]
+                lines.append(f"# {r['schedule']} lands {r['copies_per_byte']:.2f} B per payload byte, "
+                             f"{best['schedule']} {best['copies_per_byte']:.2f}: the staging copies are "
+                             f"{d:.2f} B/B more ({d * s:.0f} bytes per rank and call at this size), "
+                             f"and {fmt_bytes(r['heap_bytes'] - best['heap_bytes'])} more heap per rank")
+    return lines
+
+
+def write_json(res: BenchResult, path: str) -> None:
+    Path(path).write_text(json.dumps({"meta": res.meta, "results": res.records}, indent=1) + "\n")
+
+
+def plot(res: BenchResult, path: str) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise BenchError("--plot needs matplotlib: pip install 'stratac[bench]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    lines: dict[str, list] = {}
+    for r in res.records:
+        if r["busbw"] is None:
+            continue
+        label = f"stratac {r['schedule']}" if r["system"] == "stratac" else f"{r['system']} {r['schedule']}"
+        lines.setdefault(label, []).append((r["size"], r["busbw"]))
+    for label, pts in lines.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
+                linestyle="-" if label.startswith("stratac") else "--", label=label)
+    c = res.meta["copy_ceiling"]
+    ax.axhline(c["gbps_1_thread"], color="grey", linewidth=0.8, linestyle=":",
+               label=f"copy ceiling, 1 thread ({c['gbps_1_thread']:.1f} GB/s)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size S (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    m = res.meta
+    ax.set_title(f"{Path(m['file']).name}: world {m['world']}, {m['dtype']}, CPU model "
+                 f"({m['cpus']} CPUs)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110)
+    plt.close(fig)
