@@ -9,7 +9,6 @@ Consecutive signals (or waits) merge into one event, since nothing happens betwe
 from __future__ import annotations
 
 import enum
-import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -105,9 +104,21 @@ def _py(e: ir.IExpr) -> str:
     return ir.py_source(e)
 
 
-@functools.lru_cache(maxsize=4096)
+_COMPILED: dict[int, tuple[ir.IExpr, Callable[[dict], int]]] = {}
+
+
 def _compiled(e: ir.IExpr) -> Callable[[dict], int]:
-    return eval(f"lambda env: {_py(e)}", {"_div": _div, "_mod": _mod})  # noqa: S307 - from the IR only
+    """The expression as a Python function, cached by node identity: hashing a frozen expression
+    tree on every evaluation cost more than evaluating it (the entry keeps the node alive, so its
+    id cannot be reused)."""
+    hit = _COMPILED.get(id(e))
+    if hit is not None and hit[0] is e:
+        return hit[1]
+    fn = eval(f"lambda env: {_py(e)}", {"_div": _div, "_mod": _mod})  # noqa: S307 - from the IR only
+    if len(_COMPILED) > 65536:
+        _COMPILED.clear()
+    _COMPILED[id(e)] = (e, fn)
+    return fn
 
 
 def _ev(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
