@@ -4,8 +4,6 @@ as a regression test) and, if it fits, add a corpus file. No gap is open at the 
 
 from __future__ import annotations
 
-import pytest
-
 from stratac import frontend, verify
 from stratac.diagnostics import Codes, Source, StrataError
 
