@@ -93,6 +93,8 @@ void strata_cpu_reset_counters(void);
 int strata_cpu_read_counters(uint64_t* out, int max_cores);
 int strata_cpu_aborted(void);
 const char* strata_cpu_abort_message(void);
+void strata_cpu_trace_enable(int on);
+int strata_cpu_trace_write(const char* path);
 void* aclshmem_malloc(size_t size);
 void* aclshmem_calloc(size_t count, size_t size);
 void aclshmem_free(void* ptr);

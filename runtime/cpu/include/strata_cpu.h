@@ -37,6 +37,12 @@ int strata_cpu_read_counters(uint64_t* out, int max_cores);
 // Abort state of the pool: nonzero once any rank failed; its message is returned by
 // strata_cpu_abort_message().
 int strata_cpu_aborted(void);
+// Trace: while enabled, every core's kernel, stages (strata: lines), flag waits, SyncAll and SDMA
+// quiets, and every SDMA copy are recorded as spans (CLOCK_MONOTONIC). trace_write appends them to
+// `path` as Chrome trace events, one JSON object per line (pid = rank; tid = core, or 1000 + core
+// for that core's SDMA queue), and forgets them.
+void strata_cpu_trace_enable(int on);
+int strata_cpu_trace_write(const char* path);
 const char* strata_cpu_abort_message(void);
 
 // Host barrier over the pool's ranks (all `world` processes must call it the same number of times).

@@ -164,6 +164,30 @@ double Now() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Trace (strata_cpu_trace_*): spans on CLOCK_MONOTONIC, recorded only while enabled. Track (tid)
+// = core index for a core's kernel, stages (strata: lines), waits and quiets; kSdmaTid + core for
+// the copies of that core's SDMA queue.
+
+constexpr int kSdmaTid = 1000;
+
+struct TraceSpan {
+  double t0, t1;
+  int tid;
+  std::string name, cat, args;  // args: a JSON object body (may be empty)
+};
+
+std::atomic<bool> g_trace{false};
+std::mutex g_trace_mu;
+std::vector<TraceSpan> g_trace_spans;
+
+inline bool Tracing() { return g_trace.load(std::memory_order_relaxed); }
+
+void TraceAdd(int tid, double t0, double t1, std::string name, const char* cat, std::string args = "") {
+  std::lock_guard<std::mutex> lk(g_trace_mu);
+  g_trace_spans.push_back(TraceSpan{t0, t1, tid, std::move(name), cat, std::move(args)});
+}
+
+// ---------------------------------------------------------------------------------------------
 // Launches and cores
 
 struct CoreUnwind {};  // unwinds a core's thread; deliberately not a std::exception
@@ -172,6 +196,7 @@ struct SdmaJob {
   void* dst;
   const void* src;
   uint64_t bytes;
+  int core;
 };
 
 struct SdmaEngine {
@@ -191,9 +216,14 @@ struct SdmaEngine {
       SdmaJob job = queue.front();
       queue.pop_front();
       lk.unlock();
+      double t0 = Tracing() ? Now() : 0;
       if (delay_us) usleep(delay_us);
       std::memmove(job.dst, job.src, job.bytes);
       std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (t0 > 0)
+        TraceAdd(kSdmaTid + job.core, t0, Now(), "sdma copy", "sdma",
+                 Sprintf("\"bytes\": %llu, \"from_rank\": %d, \"to_rank\": %d", (unsigned long long)job.bytes,
+                         OwnerOf(job.src), OwnerOf(job.dst)));
       lk.lock();
       ++done;
       cv_done.notify_all();
@@ -234,7 +264,17 @@ struct CoreState {
   void* pipe = nullptr;
   uint64_t sdma_unquieted = 0;
   uint32_t poll_calls = 0;
+  int trace_line = 0;        // the strata: line whose stage span is open (tracing only)
+  double trace_line_t0 = 0;
 };
+
+void TraceStage(CoreState* c, int line) {  // closes the open stage span, opens one for `line`
+  double now = Now();
+  if (c->trace_line > 0)
+    TraceAdd(c->idx, c->trace_line_t0, now, Sprintf("strata:%d", c->trace_line), "stage");
+  c->trace_line = line;
+  c->trace_line_t0 = now;
+}
 
 thread_local CoreState* t_core = nullptr;
 
@@ -411,6 +451,8 @@ void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
   std::memset(cs.ub, 0xff, kUbBytes);  // UB starts as garbage: NaN for floats, -1 for integers
   t_core = &cs;
   bool normal = false;
+  bool traced = Tracing();
+  double t_start = traced ? Now() : 0;
   try {
     fn(ctx);
     if (cs.sdma_unquieted > 0)
@@ -422,6 +464,10 @@ void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
     RecordFailure(&cs, Sprintf("uncaught C++ exception: %s", e.what()));
   } catch (...) {
     RecordFailure(&cs, "uncaught C++ exception of unknown type");
+  }
+  if (traced) {
+    TraceStage(&cs, 0);
+    TraceAdd(idx, t_start, Now(), L->kernel, "kernel", normal ? "" : "\"failed\": true");
   }
   {
     std::lock_guard<std::mutex> lk(L->bar_mu);
@@ -504,7 +550,9 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
 }
 
 STRATA_EXPORT void SetLine(int line) {
-  if (t_core) t_core->line = line;
+  if (!t_core) return;
+  if (line != t_core->trace_line && Tracing()) TraceStage(t_core, line);
+  t_core->line = line;
 }
 
 STRATA_EXPORT void Fail(const char* fmt, ...) {
@@ -764,6 +812,13 @@ STRATA_EXPORT void SyncAllCores(bool aiv_only) {
     FailStr("SyncAll<false>() also waits for cube cores, which a MIX_AIV_1_0 kernel does not launch (hangs)");
   AbortCheck(c, "SyncAll");
   Launch* L = c->launch;
+  struct Span {  // the wait shows in a trace
+    CoreState* c;
+    double t0;
+    ~Span() {
+      if (t0 > 0) TraceAdd(c->idx, t0, Now(), "SyncAll", "wait");
+    }
+  } span{c, Tracing() ? Now() : 0};
   std::atomic_thread_fence(std::memory_order_seq_cst);
   std::unique_lock<std::mutex> lk(L->bar_mu);
   uint64_t gen = L->bar_gen;
@@ -844,9 +899,16 @@ STRATA_EXPORT int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value)
   CheckGmImpl(sig_addr, 4, op);
   double deadline = -1;
   Backoff backoff;
+  double t0 = Tracing() ? Now() : 0;
   for (uint64_t iter = 0;; ++iter) {
     int32_t v = __atomic_load_n(sig_addr, __ATOMIC_SEQ_CST);
-    if (Compare(v, cmp, value)) return v;
+    if (Compare(v, cmp, value)) {
+      if (t0 > 0)
+        TraceAdd(c->idx, t0, Now(), "wait flag", "wait",
+                 Sprintf("\"flag\": \"%s\", \"until\": \"%s %d\", \"seen\": %d, \"polls\": %llu",
+                         GmWhere(sig_addr).c_str(), CmpName(cmp), value, v, (unsigned long long)iter));
+      return v;
+    }
     AbortCheck(c, op);
     if (iter >= 8) {
       double now = Now();
@@ -890,7 +952,7 @@ STRATA_EXPORT void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes
   std::atomic_thread_fence(std::memory_order_seq_cst);
   {
     std::lock_guard<std::mutex> lk(e->mu);
-    e->queue.push_back(SdmaJob{d, s, bytes});
+    e->queue.push_back(SdmaJob{d, s, bytes, c->idx});
     ++e->posted;
   }
   e->cv_work.notify_one();
@@ -901,6 +963,7 @@ STRATA_EXPORT void SdmaQuiet(const void* ub_buf, uint32_t ub_size, const char* o
   CoreState* c = Cur(op);
   CheckSdmaScratch(c, ub_buf, ub_size, op);
   SdmaEngine* e = c->launch->sdma[c->idx].get();
+  double t_quiet = Tracing() ? Now() : 0;
   if (e) {
     double deadline = Now() + c->launch->timeout;
     std::unique_lock<std::mutex> lk(e->mu);
@@ -922,6 +985,7 @@ STRATA_EXPORT void SdmaQuiet(const void* ub_buf, uint32_t ub_size, const char* o
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
   c->sdma_unquieted = 0;
+  if (t_quiet > 0) TraceAdd(c->idx, t_quiet, Now(), "sdma quiet", "wait");
 }
 
 }  // namespace strata_cpu
@@ -1050,6 +1114,27 @@ STRATA_EXPORT int strata_cpu_read_counters(uint64_t* out, int max_cores) {
   for (int i = 0; out && i < n; ++i)
     for (int k = 0; k < STRATA_NUM_CTRS; ++k) out[i * STRATA_NUM_CTRS + k] = g_ctr[i].v[k].load();
   return g_max_cores.load();
+}
+
+STRATA_EXPORT void strata_cpu_trace_enable(int on) { g_trace.store(on != 0); }
+
+STRATA_EXPORT int strata_cpu_trace_write(const char* path) {
+  std::vector<TraceSpan> spans;
+  {
+    std::lock_guard<std::mutex> lk(g_trace_mu);
+    spans.swap(g_trace_spans);
+  }
+  FILE* f = fopen(path, "a");
+  if (!f) return Error(Sprintf("strata_cpu_trace_write: cannot open %s: %s", path, strerror(errno)));
+  int pid = g_pool.inited ? g_pool.rank : 0;
+  for (const TraceSpan& s : spans)
+    fprintf(f,
+            "{\"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, \"name\": \"%s\", "
+            "\"cat\": \"%s\", \"args\": {%s}}\n",
+            pid, s.tid, s.t0 * 1e6, (s.t1 - s.t0) * 1e6, s.name.c_str(), s.cat.c_str(), s.args.c_str());
+  bool ok = fflush(f) == 0;
+  fclose(f);
+  return ok ? 0 : Error(Sprintf("strata_cpu_trace_write: cannot write %s", path));
 }
 
 STRATA_EXPORT int strata_cpu_aborted(void) { return AbortState() != 0; }
