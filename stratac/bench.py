@@ -54,6 +54,7 @@ class BenchSpec:
     soc: str = passes.DEFAULT_SOC
     progress: bool = False
     ceiling_bytes: int = 256 << 20
+    trace: str | None = None      # write a Chrome/Perfetto trace of one call per schedule and size
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,7 +337,8 @@ def run(spec: BenchSpec, echo=print) -> BenchResult:
         raise BenchError(f"--root {spec.root} is not a rank of a world of {spec.world}")
     meta: dict = {"file": str(spec.file), "world": spec.world, "dtype": spec.dtype, "op": spec.op,
                   "root": spec.root, "iters": spec.iters, "warmup": spec.warmup,
-                  "cores": spec.cores, "peers": list(spec.peers), "cpus": os.cpu_count()}
+                  "cores": spec.cores, "peers": list(spec.peers), "cpus": os.cpu_count(),
+                  "loadavg_before": os.getloadavg()[0]}
     import torch
     meta["torch"] = torch.__version__
     if "mpi" in spec.peers:
@@ -351,7 +353,11 @@ def run(spec: BenchSpec, echo=print) -> BenchResult:
         gate = benchpeer.Gate(Path(tmp) / "gate")
         gate.path.mkdir()
         bench = {"peers": list(spec.peers), "tasks": pl.tasks, "gate": str(gate.path),
-                 "iters": spec.iters, "warmup": spec.warmup, "peer_timeout": spec.timeout * 4}
+                 "iters": spec.iters, "warmup": spec.warmup, "peer_timeout": spec.timeout * 4,
+                 "trace": None}
+        if spec.trace:
+            bench["trace"] = str(Path(tmp) / "trace")
+            Path(bench["trace"]).mkdir()
         mpi_proc = mpi_out = mpi_err = None
         if mpi:
             spec_file = Path(tmp) / "mpi.json"
@@ -359,7 +365,10 @@ def run(spec: BenchSpec, echo=print) -> BenchResult:
             mpi_out = open(Path(tmp) / "mpi.out", "w+")
             mpi_err = open(Path(tmp) / "mpi.err", "w+")
             pkg_root = str(Path(__file__).resolve().parent.parent)
+            # waits yield (what Open MPI picks itself when oversubscribed, and what stratac's CPU
+            # model does): busy polling on a machine with fewer CPUs than processes is noise
             env = dict(os.environ, OMP_NUM_THREADS="1",
+                       OMPI_MCA_mpi_yield_when_idle=os.environ.get("OMPI_MCA_mpi_yield_when_idle", "1"),
                        PYTHONPATH=os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")])))
             mpi_proc = subprocess.Popen(
                 mpirun_command(spec.world, [sys.executable, "-m", "stratac.benchpeer", str(spec_file)]),
@@ -402,6 +411,9 @@ def run(spec: BenchSpec, echo=print) -> BenchResult:
                                 + (f":\n{tail}" if tail else ""))
             mpi_out.close()
             mpi_err.close()
+        if spec.trace:
+            meta["trace"] = write_trace(Path(bench["trace"]), spec, meta)
+    meta["loadavg_after"] = os.getloadavg()[0]
     records = _records(outcome.results, pl, spec)
     exit_code = outcome.exit_code or (1 if failures else 0)
     return BenchResult(meta, records, failures, exit_code)
@@ -500,6 +512,13 @@ def _records(results: list[dict], pl: Plan, spec: BenchSpec) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 # output
 
+def fmt_ratio(x: float | None) -> str:
+    """2 decimals, or 2 significant digits below 0.1 (so a small ratio does not read 0.00x)."""
+    if x is None:
+        return "n/a"
+    return f"{x:.2f}x" if x >= 0.1 else f"{x:.2g}x"
+
+
 def _f(v, spec: str, width: int) -> str:
     return f"{'n/a':>{width}}" if v is None else f"{v:>{width}{spec}}"
 
@@ -513,7 +532,8 @@ def table(res: BenchResult) -> list[str]:
     m = res.meta
     peers = m["peers"]
     lines = [f"# stratac bench {m['file']}  world {m['world']}  dtype {m['dtype']}  op {m['op']}  "
-             f"cores {m['cores']}  iters {m['iters']}  warmup {m['warmup']}  ({m['cpus']} CPUs)"]
+             f"cores {m['cores']}  iters {m['iters']}  warmup {m['warmup']}  ({m['cpus']} CPUs, load "
+             f"average {m['loadavg_before']:.1f} before, {m['loadavg_after']:.1f} after)"]
     c = m["copy_ceiling"]
     lines.append(f"# copy ceiling (torch copy_ of {fmt_bytes(c['bytes'])}): "
                  f"{c['gbps_1_thread']:.2f} GB/s on 1 thread, {c['gbps_all_threads']:.2f} GB/s on "
@@ -536,12 +556,12 @@ def table(res: BenchResult) -> list[str]:
                      + ("  (staging baseline: copies through a scratch buffer)" if recs[0]["staging"] else ""))
         head1 = f"# {'':>10} {'':>11} {'':>5} {'':>5} {'':>4} {'stratac':^35}"
         for p in peers:
-            head1 += f" | {p:^34}"
+            head1 += f" | {p:^36}"
         head1 += f" | {'engine bytes per rank and call':^44}"
         head2 = (f"# {'size':>10} {'count':>11} {'type':>5} {'redop':>5} {'root':>4} {'time(us)':>10} "
                  f"{'algbw':>7} {'busbw':>7} {'#wrong':>7}")
         for p in peers:
-            head2 += f" | {'time(us)':>10} {'busbw':>7} {'#wrong':>6} {'ratio':>6}"
+            head2 += f" | {'time(us)':>10} {'busbw':>7} {'#wrong':>6} {'ratio':>8}"
         head2 += f" | {'aiv in':>10} {'aiv out':>10} {'sdma':>10} {'copies/B':>9}"
         lines += [head1, head2]
         for r in recs:
@@ -555,12 +575,10 @@ def table(res: BenchResult) -> list[str]:
                     why = q["note"] if q else "not measured"
                     if f"# {p}: {why}" not in notes:
                         notes.append(f"# {p}: {why}")
-                    row += f" | {'n/a':>10} {'n/a':>7} {'-':>6} {'-':>6}"
+                    row += f" | {'n/a':>10} {'n/a':>7} {'-':>6} {'-':>8}"
                     continue
-                ratio = r["ratio"].get(p)
                 row += (f" | {q['time_us']:>10.1f} {q['busbw']:>7.3f} {q['errors']:>6} "
-                        f"{_f(ratio, '.2f', 5)}x" if ratio is not None else
-                        f" | {q['time_us']:>10.1f} {q['busbw']:>7.3f} {q['errors']:>6} {'n/a':>6}")
+                        f"{fmt_ratio(r['ratio'].get(p)):>8}")
             row += (f" | {e['aiv_in']:>10.0f} {e['aiv_out']:>10.0f} {e['sdma']:>10.0f} "
                     f"{_f(r['copies_per_byte'], '.2f', 9)}")
             lines.append(row)
@@ -604,6 +622,47 @@ def copies_table(res: BenchResult) -> list[str]:
                              f"{d:.2f} B/B more ({d * s:.0f} bytes per rank and call at this size), "
                              f"and {fmt_bytes(r['heap_bytes'] - best['heap_bytes'])} more heap per rank")
     return lines
+
+
+def write_trace(trace_dir: Path, spec: BenchSpec, meta: dict) -> dict:
+    """Merges the ranks' spans into one Chrome trace (chrome://tracing, ui.perfetto.dev): a
+    process per rank; a track per vector core (kernel, stages named by their .strata line, flag
+    waits, SyncAll, SDMA quiets), one per SDMA queue (copies), one for the whole call."""
+    lines = load_source(spec.file).text.splitlines()
+    events = []
+    for path in sorted(trace_dir.glob("rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                events.append(json.loads(line))
+    t0 = min((e["ts"] for e in events), default=0.0)
+    tracks: set[tuple[int, int]] = set()
+    for e in events:
+        e["ts"] = round(e["ts"] - t0, 3)
+        tracks.add((e["pid"], e["tid"]))
+        m = re.fullmatch(r"strata:(\d+)", e["name"])
+        if m:
+            n = int(m.group(1))
+            text = lines[n - 1].strip() if 0 < n <= len(lines) else ""
+            e["name"] = f"L{n}: {text}" if text else e["name"]
+    meta_events = []
+    for pid in sorted({p for p, _ in tracks}):
+        meta_events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"rank {pid}"}})
+        meta_events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
+    for pid, tid in sorted(tracks):
+        if tid == benchpeer.HOST_TID:
+            name, order = "call (host)", -1
+        elif tid >= 1000:
+            name, order = f"sdma queue {tid - 1000}", 2 * (tid - 1000) + 1
+        else:
+            name, order = f"core {tid}", 2 * tid
+        meta_events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}})
+        meta_events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index",
+                            "args": {"sort_index": order}})
+    Path(spec.trace).write_text(json.dumps(
+        {"traceEvents": meta_events + events, "displayTimeUnit": "ms",
+         "otherData": {"stratac": "bench --trace: one call per schedule and size, CPU model",
+                       "file": str(spec.file), "world": spec.world}}) + "\n")
+    return {"path": str(spec.trace), "events": len(events)}
 
 
 def write_json(res: BenchResult, path: str) -> None:

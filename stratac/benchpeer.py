@@ -186,6 +186,32 @@ def before_cases(bench: dict) -> None:
         Gate(bench["gate"]).wait("mpi-ready", bench["peer_timeout"])
 
 
+# ---- trace: one recorded call per schedule and case (stratac bench --trace)
+
+HOST_TID = 999   # the track of the whole call, as the host saw it
+
+
+def traced_call(comm, call, trace_dir: str, label: str, rank: int) -> None:
+    """Runs `call` once with the CPU model's trace on and appends this rank's spans (Chrome trace
+    events, one per line) to trace_dir/rank<r>.jsonl, plus one span for the whole call."""
+    lib, ffi = comm._lib, comm._ffi
+    path = Path(trace_dir) / f"rank{rank}.jsonl"
+    comm.barrier()
+    t0 = time.monotonic()    # CLOCK_MONOTONIC, the model's clock
+    lib.strata_cpu_trace_enable(1)
+    try:
+        call()
+    finally:
+        lib.strata_cpu_trace_enable(0)
+    t1 = time.monotonic()
+    if lib.strata_cpu_trace_write(str(path).encode()) != 0:
+        raise RuntimeError(ffi.string(lib.strata_cpu_last_error()).decode(errors="replace"))
+    with open(path, "a") as f:
+        f.write(json.dumps({"ph": "X", "pid": rank, "tid": HOST_TID, "ts": t0 * 1e6,
+                            "dur": (t1 - t0) * 1e6, "name": label, "cat": "call", "args": {}}) + "\n")
+    comm.barrier()
+
+
 # ---- MPI, as its own job: mpirun -np W python -m stratac.benchpeer SPEC
 
 def _mpi_dtype(MPI, dtype: str):

@@ -144,7 +144,7 @@ def cmd_bench(args) -> int:
         spec = bench.BenchSpec(file=args.file, world=args.world, sizes=args.sizes, dtype=args.dtype,
                                op=args.op, root=args.root, iters=args.iters, warmup=args.warmup,
                                cores=args.cores, peers=peers, timeout=args.timeout, seed=args.seed,
-                               soc=args.soc, progress=progress)
+                               soc=args.soc, progress=progress, trace=args.trace)
         res = bench.run(spec, echo=echo)
         for line in bench.table(res):
             print(line)
@@ -154,6 +154,9 @@ def cmd_bench(args) -> int:
         if args.plot:
             bench.plot(res, args.plot)
             print(f"# wrote {args.plot}")
+        if args.trace:
+            print(f"# wrote {args.trace} ({res.meta['trace']['events']} spans; open it in "
+                  "ui.perfetto.dev or chrome://tracing)")
     except bench.BenchError as exc:
         print(f"stratac bench: error: {exc}", file=sys.stderr)
         return EXIT_FAIL
@@ -238,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="install Open MPI (apt-get) and mpi4py (pip) if missing, then go on")
     b.add_argument("--json", metavar="OUT", help="write every figure as JSON")
     b.add_argument("--plot", metavar="OUT.png", help="busbw against size, one line per system")
+    b.add_argument("--trace", metavar="OUT.json", help="a Chrome/Perfetto trace of one extra call per "
+                   "schedule and size (ranks, cores, SDMA queues, stages, flag waits)")
     b.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar on stderr (default: when stderr is a terminal)")
     b.add_argument("--timeout", type=float, default=120.0, help="seconds any wait may take")

@@ -118,6 +118,10 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
         fn(**args, cores=blocks)
     elapsed = (time.perf_counter() - t0) / max(1, spec["iters"])
     comm.barrier()
+    if (spec.get("bench") or {}).get("trace"):   # `stratac bench --trace`: one more call, recorded
+        from . import benchpeer
+        benchpeer.traced_call(comm, lambda: fn(**args, cores=blocks), spec["bench"]["trace"],
+                              f"{s.name} {wl.size_bytes(dtype.nbytes)} B", rank)
     if ok:  # still correct after back-to-back calls (flag epochs)
         ok, why = checked(spec["seed"] + 1)
     t = torch.tensor([elapsed], dtype=torch.float64)
