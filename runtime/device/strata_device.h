@@ -12,8 +12,12 @@
 #include "strata_cpu.h"
 // Tells the CPU model which .strata line the core is executing, for its error messages.
 #define STRATA_LINE(n) ::strata_cpu::SetLine(n)
+// Tells the CPU model what the next wait is for (`what` over `count` slots at `group`, waiting on
+// slot `index`), so that a timeout can say which flag and who has not arrived.
+#define STRATA_WAIT_NOTE(what, group, count, index) ::strata_cpu::NoteWait(what, group, count, index)
 #else
 #define STRATA_LINE(n) ((void)0)
+#define STRATA_WAIT_NOTE(what, group, count, index) ((void)0)
 #endif
 
 namespace strata {
@@ -242,7 +246,10 @@ __aicore__ inline void Barrier(__gm__ int32_t* slots, int32_t stamp) {
   AscendC::PipeBarrier<PIPE_ALL>();
   AscendC::SyncAll<true>();
   for (int64_t p = c; p < world; p += cores) Signal(slots + me, stamp, p);
-  for (int64_t p = c; p < world; p += cores) WaitFlag(slots + p, stamp);
+  for (int64_t p = c; p < world; p += cores) {
+    STRATA_WAIT_NOTE("barrier", slots, world, p);
+    WaitFlag(slots + p, stamp);
+  }
   AscendC::SyncAll<true>();
 }
 

@@ -11,7 +11,10 @@ import ctypes
 import math
 import os
 import re
+import signal
 import subprocess
+import sys
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -577,3 +580,127 @@ def test_pool_lifecycle_and_host_api(lib):
     assert mode == 0o600
     assert lib.strata_cpu_finalize(1) == 0
     assert not os.path.exists("/dev/shm" + name.decode())
+
+
+# ---------------------------------------------------------------------------------------------
+# what a wait that never completes says (STRATA_WAIT_NOTE, strata_cpu_describe_sync), dead ranks
+
+def test_barrier_timeout_names_the_rank_that_never_arrived(driver, tmp_path):
+    """Case 20: a barrier as strata_device.h's Barrier does it (with STRATA_WAIT_NOTE) on 3 ranks x
+    2 cores; rank 2 never arrives. Ranks 0 and 1 stop at the 0.5 s deadline naming its slot."""
+    out = run_driver(driver, tmp_path, "fail", 20, 3, 2, 0.5)
+    times = []
+    for r in (0, 1):
+        elapsed, message = field(out[r], "LAUNCH_FAILED").split(" ", 1)
+        times.append(float(elapsed))
+        # its own timeout, or the abort of the rank that timed out first (which quotes it)
+        assert re.search(r"rank ([01]) core 0 strata:31 kernel fail_kernel: aclshmem_signal_wait_until timed out "
+                         r"after 0.5 s: barrier slot of rank 2 \(flag at rank \1 heap offset 1032 \(0x408\)\): "
+                         r"ACLSHMEM_CMP_GE \(expected >= 5\), seen 0 \(never signalled\); ranks that have not "
+                         r"arrived at this barrier: 2$", message), message
+    assert max(times) >= 0.5 and max(times) < 3.0, times
+    assert field(out[2], "LAUNCH_OK")
+
+
+def test_named_flag_timeout_names_the_flag_the_slot_and_what_is_missing(driver, tmp_path):
+    """Case 21: the sync area is described (barrier slots, then go[4]); go[1] holds this call's
+    stamp, go[2] an earlier one: the wait for go[2] names it and the slots still below the stamp."""
+    out = run_driver(driver, tmp_path, "fail", 21, 1, 4, 0.5)
+    message = field(out[0], "LAUNCH_FAILED").split(" ", 1)[1]
+    assert message == ("rank 0 core 3 strata:44 kernel fail_kernel: aclshmem_signal_wait_until timed out after "
+                       "0.5 s: flag go[2] (flag at rank 0 heap offset 2060 (0x80c)): ACLSHMEM_CMP_GE (expected "
+                       ">= 5), seen 3 (an earlier stamp); slots of go on rank 0 not yet signalled in this call: "
+                       "0, 2, 3 (of 4)")
+
+
+CHILD = """
+import ctypes, os, sys, time
+lib = ctypes.CDLL(sys.argv[1])
+lib.strata_cpu_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int]
+assert lib.strata_cpu_init(1, 2, sys.argv[2].encode(), 65536, 0) == 0
+print("JOINED", flush=True)
+if sys.argv[3] == "leave":
+    lib.strata_cpu_finalize(0)
+    sys.exit(0)
+time.sleep(60)
+"""
+
+
+def _join_child(libstratacpu, name: bytes, how: str) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(libstratacpu), name.decode(), how],
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "JOINED"
+    return child
+
+
+def test_a_dead_rank_is_detected_and_a_departed_one_is_not(lib, libstratacpu):
+    """Rank 1 in another process: while it lives, no rank is dead; SIGKILLed (a zombie until we
+    reap it, then gone) it is reported by strata_cpu_dead_rank and ends a host barrier at once,
+    aborting the pool. A rank that left through strata_cpu_finalize is not dead: a barrier waiting
+    for it runs into its deadline and names it."""
+    lib.strata_cpu_dead_rank.restype = ctypes.c_int
+    name = _name("dead")
+    assert lib.strata_cpu_init(0, 2, name, 65536, 1) == 0
+    lib.strata_cpu_set_timeout(30.0)
+    child = _join_child(lib_path := libstratacpu, name, "sleep")
+    try:
+        assert lib.strata_cpu_dead_rank() == -1
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while lib.strata_cpu_dead_rank() != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lib.strata_cpu_last_error().decode() == (
+            f"rank 1 is gone: process {child.pid} has exited (a zombie, not yet reaped) (killed or crashed) "
+            "without leaving the pool")
+        t0 = time.monotonic()
+        assert lib.strata_cpu_barrier() == -1
+        assert time.monotonic() - t0 < 1.0        # not the 30 s deadline
+        assert lib.strata_cpu_last_error().decode().startswith("strata_cpu_barrier: rank 0: rank 1 is gone: ")
+        assert lib.strata_cpu_aborted() == 1
+    finally:
+        child.kill()
+        child.wait()
+    assert lib.strata_cpu_finalize(1) == 0
+    # reaped: gone altogether
+    name = _name("left")
+    assert lib.strata_cpu_init(0, 2, name, 65536, 1) == 0
+    lib.strata_cpu_set_timeout(0.3)
+    child = _join_child(lib_path, name, "leave")
+    child.wait()
+    assert lib.strata_cpu_dead_rank() == -1       # it left: not dead
+    assert lib.strata_cpu_barrier() == -1
+    assert lib.strata_cpu_last_error().decode() == (
+        "strata_cpu_barrier: rank 0 timed out after 0.3 s in host barrier 1; ranks that have not arrived: 1")
+    assert lib.strata_cpu_finalize(1) == 0
+    name = _name("gone")
+    assert lib.strata_cpu_init(0, 2, name, 65536, 1) == 0
+    child = _join_child(lib_path, name, "sleep")
+    child.kill()
+    child.wait()
+    assert lib.strata_cpu_dead_rank() == 1
+    assert lib.strata_cpu_last_error().decode() == (
+        f"rank 1 is gone: process {child.pid} no longer exists (killed or crashed) without leaving the pool")
+    assert lib.strata_cpu_finalize(1) == 0
+
+
+@pytest.mark.parametrize("mode,uid", [(0o644, None), (0o600, 4242)])
+def test_a_segment_someone_else_could_have_made_is_refused(lib, mode, uid):
+    if uid is not None and os.geteuid() != 0:
+        pytest.skip("needs root to give a file to another user")
+    name = _name("planted")
+    path = "/dev/shm" + name.decode()
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode)
+    try:
+        os.ftruncate(fd, 128 * 1024 + 65536)
+        os.fchmod(fd, mode)
+        if uid is not None:
+            os.fchown(fd, uid, uid)
+        assert lib.strata_cpu_init(0, 1, name, 65536, 0) == -1
+        owner = uid if uid is not None else os.geteuid()
+        assert lib.strata_cpu_last_error().decode() == (
+            f"strata_cpu_init: refusing segment {name.decode()}: it is owned by uid {owner} with mode {mode:04o}, "
+            f"but a pool must belong to this user (uid {os.geteuid()}) with mode 0600 (was it created by "
+            "someone else?)")
+    finally:
+        os.close(fd)
+        os.unlink(path)

@@ -18,10 +18,23 @@ enum { STRATA_CTR_MTE_IN = 0, STRATA_CTR_MTE_OUT = 1, STRATA_CTR_SDMA = 2,
 enum { STRATA_MAX_CORES = 64, STRATA_SDMA_MAX_CORE = 48 };
 
 // Map the pool. `create` = 1 on exactly one process (it creates the segment with mode 0600 and
-// fails if the name exists); the others open it after the creator returned. heap_bytes is per rank.
+// fails if the name exists); the others open it after the creator returned, and refuse a segment
+// that is not owned by this user with mode 0600. heap_bytes is per rank. The rank's pid is
+// recorded in the pool's header so that peers can tell when its process dies.
 int strata_cpu_init(int rank, int world, const char* shm_name, uint64_t heap_bytes, int create);
-// Unmap; `unlink` = 1 removes the segment name (call on one rank, after every rank is done).
+// Unmap; `unlink` = 1 removes the segment name (call on one rank, after every rank is done). The
+// rank is marked as having left the pool: its exit is then not a death.
 int strata_cpu_finalize(int unlink_segment);
+// Marks this rank as having left the pool without unmapping it (for an exit without finalize).
+void strata_cpu_leave(void);
+// The lowest rank whose process died (killed, crashed: gone, a zombie, or its pid reused) without
+// leaving the pool, or -1. When one is found, strata_cpu_last_error() says which and how.
+// Waits (kernel flag waits and the host barrier) check this every 50 ms and fail with that text.
+int strata_cpu_dead_rank(void);
+// Names the sync area of the launches to come, for wait-timeout messages: `sync` is this rank's
+// flag area, slots [0, barrier_slots) are barrier slots (slot p: rank p), then `layout` lists the
+// named flags as "name base size;..." in int32 slots from the start of the area.
+void strata_cpu_describe_sync(const void* sync, int64_t barrier_slots, const char* layout);
 const char* strata_cpu_last_error(void);
 
 void* strata_cpu_heap_base(void);        // this rank's heap instance
@@ -46,7 +59,8 @@ int strata_cpu_trace_write(const char* path);
 const char* strata_cpu_abort_message(void);
 
 // Host barrier over the pool's ranks (all `world` processes must call it the same number of times).
-// Honours the pool abort flag and the timeout; returns 0, or -1 with the last error set.
+// Honours the pool abort flag, dead peers and the timeout (whose message lists the ranks that have
+// not arrived; a timeout or a dead peer aborts the pool); returns 0, or -1 with the last error set.
 int strata_cpu_barrier(void);
 
 // Symmetric allocation (SHMEM host API names). Every rank must make the same calls in the same
@@ -116,6 +130,10 @@ int NPes();
 void* PeerPtr(const void* local_sym, int pe, const char* op);
 void SignalOp(int32_t* sig_addr, int32_t signal, int sig_op, int pe);
 int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value);
+// STRATA_WAIT_NOTE (strata_device.h, CPU model only): the calling core's next SignalWaitUntil is
+// on slot `index` of `count` int32 slots at `group`, which are `what` ("barrier": slot p is rank
+// p's arrival). A timeout then names the slot and lists the slots still below the stamp.
+void NoteWait(const char* what, const int32_t* group, int64_t count, int64_t index);
 // put: dst local symmetric (translated to pe), src any pool address; get: src local symmetric
 // (translated to pe), dst any pool address.
 void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes, const void* ub_buf,

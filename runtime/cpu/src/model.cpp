@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +34,10 @@
 
 #include "strata_cpu.h"
 
-#define STRATA_EXPORT __attribute__((visibility("default")))
+// Exported, but bound inside the library ("protected"): the model's own calls to its exported
+// functions (aclshmem_calloc -> aclshmem_malloc, SignalOp -> PeerPtr, ...) never go to another copy
+// of the model that an earlier dlopen(RTLD_GLOBAL) put first in the symbol search order.
+#define STRATA_EXPORT __attribute__((visibility("protected")))
 
 namespace strata_cpu {
 namespace {
@@ -42,9 +46,20 @@ namespace {
 // Pool (shared by the ranks)
 
 constexpr uint64_t kMagic = 0x53545241544131ULL;  // "STRATA1"
-constexpr uint32_t kVersion = 1;
-constexpr uint64_t kHeaderBytes = 4096;
+constexpr uint32_t kVersion = 2;
+constexpr uint64_t kHeaderBytes = 128 << 10;
 constexpr uint64_t kAlign = 512;
+constexpr int kMaxWorld = 4096;
+
+// One per rank: who maps the pool, so that waiting ranks can tell a dead peer from a slow one.
+enum RankState : int32_t { kRankAbsent = 0, kRankJoined = 1, kRankLeft = 2 };
+struct RankSlot {
+  int32_t state;        // RankState
+  int32_t pid;          // of the process that joined as this rank
+  uint64_t start;       // its start time (/proc/<pid>/stat field 22): a reused pid is not the rank
+  int32_t barriers;     // host barriers this rank has entered
+  int32_t pad;
+};
 
 struct PoolHeader {
   uint64_t magic;  // written last by the creator
@@ -57,8 +72,9 @@ struct PoolHeader {
   int32_t bar_count;    // host barrier
   int32_t bar_gen;
   char abort_msg[3072];
+  RankSlot ranks[kMaxWorld];
 };
-static_assert(sizeof(PoolHeader) <= kHeaderBytes, "header page");
+static_assert(sizeof(PoolHeader) <= kHeaderBytes, "header pages");
 
 struct Pool {
   bool inited = false;
@@ -188,6 +204,122 @@ void TraceAdd(int tid, double t0, double t1, std::string name, const char* cat, 
 }
 
 // ---------------------------------------------------------------------------------------------
+// Liveness of the pool's ranks. A rank records its pid and start time when it maps the pool and
+// marks itself as left when it unmaps it (or exits through strata_cpu_leave). A joined rank whose
+// process is gone, a zombie, or a different process under a reused pid is dead: waits check this
+// (at most every kPeerCheckSec per process) and stop instead of running into their deadline.
+
+constexpr double kPeerCheckSec = 0.05;
+
+// Reads state and start time of /proc/<pid>/stat; false if the process does not exist.
+bool ProcStat(int pid, char* state, uint64_t* start) {
+  char path[64];
+  if (pid > 0)
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  else
+    snprintf(path, sizeof path, "/proc/self/stat");
+  FILE* f = fopen(path, "r");
+  if (!f) return false;
+  char buf[1024];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char* p = strrchr(buf, ')');  // the command name may hold spaces and parentheses
+  if (!p) return false;
+  ++p;
+  // fields after the name: 3 state, 4 ppid, ..., 22 starttime
+  int field = 2;
+  *state = '?';
+  *start = 0;
+  while (*p) {
+    while (*p == ' ') ++p;
+    if (!*p) break;
+    ++field;
+    if (field == 3) *state = *p;
+    if (field == 22) {
+      *start = strtoull(p, nullptr, 10);
+      break;
+    }
+    while (*p && *p != ' ') ++p;
+  }
+  return true;
+}
+
+uint64_t SelfStart() {
+  char state;
+  uint64_t start = 0;
+  ProcStat(0, &state, &start);
+  return start;
+}
+
+// Why the process of a joined rank is not alive, or "" if it is.
+std::string WhyDead(const RankSlot& slot) {
+  int pid = slot.pid;
+  if (pid <= 0) return "";
+  if (kill(pid, 0) != 0 && errno == ESRCH) return Sprintf("process %d no longer exists", pid);
+  char state;
+  uint64_t start;
+  if (!ProcStat(pid, &state, &start)) {
+    if (errno == ENOENT) return Sprintf("process %d no longer exists", pid);
+    return "";  // no /proc: kill(pid, 0) is all we can tell
+  }
+  if (state == 'Z' || state == 'X') return Sprintf("process %d has exited (a zombie, not yet reaped)", pid);
+  if (slot.start != 0 && start != 0 && start != slot.start)
+    return Sprintf("process %d has exited (its pid now belongs to another process)", pid);
+  return "";
+}
+
+std::mutex g_live_mu;
+double g_live_next = 0;
+int g_live_dead = -1;
+std::string g_live_why;
+
+// The lowest rank whose process died without leaving the pool, or -1 (why: what happened).
+// Scans at most every kPeerCheckSec per process; callers in between get the last answer.
+int DeadRank(std::string* why, bool force = false) {
+  if (!g_pool.inited) return -1;
+  std::unique_lock<std::mutex> lk(g_live_mu, std::defer_lock);
+  if (force) {
+    lk.lock();
+  } else if (!lk.try_lock()) {
+    return -1;  // another core is scanning right now
+  }
+  double now = Now();
+  if (!force && now < g_live_next) {
+    if (g_live_dead >= 0 && why) *why = g_live_why;
+    return g_live_dead;
+  }
+  g_live_next = now + kPeerCheckSec;
+  if (g_live_dead < 0) {  // once dead, always dead
+    int me_pid = getpid();
+    for (int r = 0; r < g_pool.world && r < kMaxWorld; ++r) {
+      if (r == g_pool.rank) continue;
+      RankSlot slot;
+      slot.state = __atomic_load_n(&g_pool.hdr->ranks[r].state, __ATOMIC_ACQUIRE);
+      if (slot.state != kRankJoined) continue;
+      slot.pid = __atomic_load_n(&g_pool.hdr->ranks[r].pid, __ATOMIC_ACQUIRE);
+      slot.start = __atomic_load_n(&g_pool.hdr->ranks[r].start, __ATOMIC_ACQUIRE);
+      if (slot.pid == me_pid) continue;
+      std::string w = WhyDead(slot);
+      // it may have left in between
+      if (w.empty() || __atomic_load_n(&g_pool.hdr->ranks[r].state, __ATOMIC_ACQUIRE) != kRankJoined) continue;
+      g_live_dead = r;
+      g_live_why = Sprintf("rank %d is gone: %s (killed or crashed) without leaving the pool", r, w.c_str());
+      break;
+    }
+  }
+  if (g_live_dead >= 0 && why) *why = g_live_why;
+  return g_live_dead;
+}
+
+void LiveReset() {
+  std::lock_guard<std::mutex> lk(g_live_mu);
+  g_live_next = 0;
+  g_live_dead = -1;
+  g_live_why.clear();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Launches and cores
 
 struct CoreUnwind {};  // unwinds a core's thread; deliberately not a std::exception
@@ -266,7 +398,24 @@ struct CoreState {
   uint32_t poll_calls = 0;
   int trace_line = 0;        // the strata: line whose stage span is open (tracing only)
   double trace_line_t0 = 0;
+  // STRATA_WAIT_NOTE: what the next wait is for (consumed by the next SignalWaitUntil)
+  const char* note_what = nullptr;
+  const int32_t* note_group = nullptr;
+  int64_t note_count = 0, note_index = 0;
 };
+
+// The sync area of the launches to come (strata_cpu_describe_sync), to name flags in messages.
+struct SyncFlag {
+  std::string name;
+  int64_t base, size;  // int32 slots from the start of the sync area
+};
+struct SyncLayout {
+  const uint8_t* sync = nullptr;
+  int64_t barrier_slots = 0;
+  std::vector<SyncFlag> flags;
+};
+std::mutex g_sync_mu;
+SyncLayout g_sync;
 
 void TraceStage(CoreState* c, int line) {  // closes the open stage span, opens one for `line`
   double now = Now();
@@ -890,14 +1039,93 @@ STRATA_EXPORT void SignalOp(int32_t* sig_addr, int32_t signal, int sig_op, int p
     FailStr(Sprintf("%s: sig_op %d is neither ACLSHMEM_SIGNAL_SET nor ACLSHMEM_SIGNAL_ADD", op, sig_op));
 }
 
+namespace {
+// Indices i in [0, count) with group[i] < stamp, as "1, 3, 5" (at most 16, then how many in all).
+std::string SlotsBelow(const int32_t* group, int64_t count, int32_t stamp) {
+  std::string out;
+  int64_t n = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    if (__atomic_load_n(group + i, __ATOMIC_SEQ_CST) >= stamp) continue;
+    if (n < 16) out += Sprintf("%s%lld", n ? ", " : "", (long long)i);
+    ++n;
+  }
+  if (n > 16) out += Sprintf(", ... (%lld in all)", (long long)n);
+  return out;
+}
+
+// What a wait is for, from the core's STRATA_WAIT_NOTE or the described sync area:
+// e.g. "barrier slot of rank 2", plus who has not arrived ("" when unknown).
+void DescribeWait(const char* note_what, const int32_t* group, int64_t count, int64_t index,
+                  const int32_t* addr, int cmp, int32_t value, std::string* what, std::string* pending) {
+  what->clear();
+  pending->clear();
+  bool ge = cmp == 3;  // ACLSHMEM_CMP_GE: the device library's stamp waits
+  if (note_what && group + index == addr) {
+    if (strcmp(note_what, "barrier") == 0) {
+      *what = Sprintf("barrier slot of rank %lld", (long long)index);
+      std::string below = ge ? SlotsBelow(group, count, value) : "";
+      if (!below.empty()) *pending = "; ranks that have not arrived at this barrier: " + below;
+    } else {
+      *what = Sprintf("%s slot %lld", note_what, (long long)index);
+      std::string below = ge ? SlotsBelow(group, count, value) : "";
+      if (!below.empty()) *pending = Sprintf("; slots of %s not yet signalled in this call: ", note_what) + below;
+    }
+    return;
+  }
+  std::lock_guard<std::mutex> lk(g_sync_mu);
+  const uint8_t* a = reinterpret_cast<const uint8_t*>(addr);
+  if (!g_sync.sync || a < g_sync.sync || (a - g_sync.sync) % 4 != 0) return;
+  int64_t slot = (a - g_sync.sync) / 4;
+  const int32_t* base = reinterpret_cast<const int32_t*>(g_sync.sync);
+  if (slot < g_sync.barrier_slots) {
+    *what = Sprintf("barrier slot of rank %lld", (long long)slot);
+    std::string below = ge ? SlotsBelow(base, g_sync.barrier_slots, value) : "";
+    if (!below.empty()) *pending = "; ranks that have not arrived at this barrier: " + below;
+    return;
+  }
+  for (const SyncFlag& f : g_sync.flags) {
+    if (slot < f.base || slot >= f.base + f.size) continue;
+    *what = Sprintf("flag %s[%lld]", f.name.c_str(), (long long)(slot - f.base));
+    std::string below = ge ? SlotsBelow(base + f.base, f.size, value) : "";
+    if (!below.empty())
+      *pending = Sprintf("; slots of %s on rank %d not yet signalled in this call: %s (of %lld)", f.name.c_str(),
+                         g_pool.rank, below.c_str(), (long long)f.size);
+    return;
+  }
+}
+
+// "barrier slot of rank 2 (flag at rank 0 heap offset ...): ACLSHMEM_CMP_GE (expected >= 9), seen 6 (...)"
+std::string WaitText(const std::string& what, const int32_t* addr, int cmp, int32_t value, int32_t seen) {
+  std::string where = what.empty() ? Sprintf("flag at %s", GmWhere(addr).c_str())
+                                   : Sprintf("%s (flag at %s)", what.c_str(), GmWhere(addr).c_str());
+  const char* why = "";
+  if (!what.empty() && cmp == 3 && seen < value) why = seen == 0 ? " (never signalled)" : " (an earlier stamp)";
+  return Sprintf("%s: %s (expected %s %d), seen %d%s", where.c_str(), CmpApi(cmp), CmpName(cmp), value, seen, why);
+}
+}  // namespace
+
+STRATA_EXPORT void NoteWait(const char* what, const int32_t* group, int64_t count, int64_t index) {
+  CoreState* c = t_core;
+  if (!c) return;
+  c->note_what = what;
+  c->note_group = group;
+  c->note_count = count;
+  c->note_index = index;
+}
+
 STRATA_EXPORT int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value) {
   const char* op = "aclshmem_signal_wait_until";
   CoreState* c = Cur(op);
+  const char* note_what = c->note_what;
+  const int32_t* note_group = c->note_group;
+  int64_t note_count = c->note_count, note_index = c->note_index;
+  c->note_what = nullptr;
+  c->note_group = nullptr;
   if (cmp < 0 || cmp > 5) FailStr(Sprintf("%s: invalid comparison %d", op, cmp));
   if (reinterpret_cast<uintptr_t>(sig_addr) % 4 != 0)
     FailStr(Sprintf("%s: signal address %p is not 4-byte aligned", op, (void*)sig_addr));
   CheckGmImpl(sig_addr, 4, op);
-  double deadline = -1;
+  double deadline = -1, next_live = 0;
   Backoff backoff;
   double t0 = Tracing() ? Now() : 0;
   for (uint64_t iter = 0;; ++iter) {
@@ -912,12 +1140,26 @@ STRATA_EXPORT int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value)
     AbortCheck(c, op);
     if (iter >= 8) {
       double now = Now();
-      if (deadline < 0) deadline = now + c->launch->timeout;
-      if (now > deadline) {
+      if (deadline < 0) {
+        deadline = now + c->launch->timeout;
+        next_live = now + kPeerCheckSec;
+      }
+      bool expired = now > deadline;
+      std::string gone;
+      if (!expired && now >= next_live) {
+        next_live = now + kPeerCheckSec;
+        DeadRank(&gone);
+      }
+      if (expired || !gone.empty()) {
         v = __atomic_load_n(sig_addr, __ATOMIC_SEQ_CST);
         if (Compare(v, cmp, value)) return v;
-        FailStr(Sprintf("%s timed out after %g s: flag at %s: %s (expected %s %d), seen %d", op,
-                        c->launch->timeout, GmWhere(sig_addr).c_str(), CmpApi(cmp), CmpName(cmp), value, v));
+        AbortCheck(c, op);
+        std::string what, pending;
+        DescribeWait(note_what, note_group, note_count, note_index, sig_addr, cmp, value, &what, &pending);
+        std::string text = WaitText(what, sig_addr, cmp, value, v);
+        if (!gone.empty())
+          FailStr(Sprintf("%s: %s; this core was waiting for %s%s", op, gone.c_str(), text.c_str(), pending.c_str()));
+        FailStr(Sprintf("%s timed out after %g s: %s%s", op, c->launch->timeout, text.c_str(), pending.c_str()));
       }
       backoff.Pause();
     }
@@ -1013,6 +1255,12 @@ STRATA_EXPORT int strata_cpu_init(int rank, int world, const char* shm_name, uin
   if (create) {
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) return Error(Sprintf("strata_cpu_init: shm_open(%s, O_CREAT|O_EXCL): %s", name.c_str(), strerror(errno)));
+    if (fchmod(fd, 0600) != 0) {  // whatever the umask: private to the user
+      int err = errno;
+      close(fd);
+      shm_unlink(name.c_str());
+      return Error(Sprintf("strata_cpu_init: fchmod(%s, 0600): %s", name.c_str(), strerror(err)));
+    }
     if (ftruncate(fd, off_t(total)) != 0) {
       int err = errno;
       close(fd);
@@ -1024,7 +1272,20 @@ STRATA_EXPORT int strata_cpu_init(int rank, int world, const char* shm_name, uin
     fd = shm_open(name.c_str(), O_RDWR, 0);
     if (fd < 0) return Error(Sprintf("strata_cpu_init: shm_open(%s): %s (has the creator run?)", name.c_str(), strerror(errno)));
     struct stat st;
-    if (fstat(fd, &st) != 0 || uint64_t(st.st_size) != total) {
+    if (fstat(fd, &st) != 0) {
+      int err = errno;
+      close(fd);
+      return Error(Sprintf("strata_cpu_init: fstat(%s): %s", name.c_str(), strerror(err)));
+    }
+    // Only a segment this user created privately is a pool: anything else may be someone's trap.
+    if (st.st_uid != geteuid() || (st.st_mode & 07777) != 0600) {
+      close(fd);
+      return Error(Sprintf("strata_cpu_init: refusing segment %s: it is owned by uid %u with mode %04o, but a "
+                           "pool must belong to this user (uid %u) with mode 0600 (was it created by someone "
+                           "else?)",
+                           name.c_str(), unsigned(st.st_uid), unsigned(st.st_mode & 07777), unsigned(geteuid())));
+    }
+    if (uint64_t(st.st_size) != total) {
       close(fd);
       return Error(Sprintf("strata_cpu_init: segment %s has %lld bytes, expected %llu for world %d and heap_bytes "
                            "%llu",
@@ -1072,13 +1333,21 @@ STRATA_EXPORT int strata_cpu_init(int rank, int world, const char* shm_name, uin
     std::lock_guard<std::mutex> lk(g_alloc_mu);
     AllocReset();
   }
+  LiveReset();
+  RankSlot& me = hdr->ranks[rank];
+  __atomic_store_n(&me.state, int32_t(kRankAbsent), __ATOMIC_RELEASE);
+  __atomic_store_n(&me.pid, int32_t(getpid()), __ATOMIC_RELEASE);
+  __atomic_store_n(&me.start, SelfStart(), __ATOMIC_RELEASE);
+  __atomic_store_n(&me.state, int32_t(kRankJoined), __ATOMIC_RELEASE);
   return 0;
 }
 
 STRATA_EXPORT int strata_cpu_finalize(int unlink_segment) {
   if (!g_pool.inited) return Error("strata_cpu_finalize: not initialised");
   std::string name = g_pool.name;
+  __atomic_store_n(&g_pool.hdr->ranks[g_pool.rank].state, int32_t(kRankLeft), __ATOMIC_RELEASE);
   munmap(g_pool.base, g_pool.total);
+  LiveReset();
   g_pool = Pool();
   {
     std::lock_guard<std::mutex> lk(g_alloc_mu);
@@ -1155,13 +1424,14 @@ STRATA_EXPORT const char* strata_cpu_abort_message(void) {
 STRATA_EXPORT int strata_cpu_barrier(void) {
   if (!g_pool.inited) return Error("strata_cpu_barrier: not initialised");
   PoolHeader* h = g_pool.hdr;
+  int32_t mine = __atomic_add_fetch(&h->ranks[g_pool.rank].barriers, 1, __ATOMIC_ACQ_REL);
   int32_t gen = __atomic_load_n(&h->bar_gen, __ATOMIC_ACQUIRE);
   if (__atomic_add_fetch(&h->bar_count, 1, __ATOMIC_ACQ_REL) == g_pool.world) {
     __atomic_store_n(&h->bar_count, 0, __ATOMIC_RELEASE);
     __atomic_add_fetch(&h->bar_gen, 1, __ATOMIC_ACQ_REL);
     return 0;
   }
-  double deadline = Now() + g_timeout.load();
+  double start = Now(), deadline = start + g_timeout.load();
   Backoff backoff;
   while (__atomic_load_n(&h->bar_gen, __ATOMIC_ACQUIRE) == gen) {
     if (AbortState() != 0) {
@@ -1170,11 +1440,59 @@ STRATA_EXPORT int strata_cpu_barrier(void) {
       ReadAbort(&rank, &msg);
       return Error(Sprintf("strata_cpu_barrier: the pool is aborted: rank %d failed: %s", rank, msg.c_str()));
     }
-    if (Now() > deadline)
-      return Error(Sprintf("strata_cpu_barrier: rank %d timed out after %g s", g_pool.rank, g_timeout.load()));
+    std::string gone;
+    if (DeadRank(&gone) >= 0) {
+      std::string msg = Sprintf("strata_cpu_barrier: rank %d: %s", g_pool.rank, gone.c_str());
+      PoolAbort(g_pool.rank, msg);
+      return Error(msg);
+    }
+    if (Now() > deadline) {
+      std::string late;
+      int n = 0;
+      for (int r = 0; r < g_pool.world; ++r) {
+        if (__atomic_load_n(&h->ranks[r].barriers, __ATOMIC_ACQUIRE) >= mine) continue;
+        if (n < 16) late += Sprintf("%s%d", n ? ", " : "", r);
+        ++n;
+      }
+      if (n > 16) late += Sprintf(", ... (%d in all)", n);
+      std::string msg = Sprintf("strata_cpu_barrier: rank %d timed out after %g s in host barrier %d; ranks that "
+                                "have not arrived: %s",
+                                g_pool.rank, g_timeout.load(), mine, late.empty() ? "(none)" : late.c_str());
+      PoolAbort(g_pool.rank, msg);
+      return Error(msg);
+    }
     backoff.Pause();
   }
   return 0;
+}
+
+STRATA_EXPORT int strata_cpu_dead_rank(void) {
+  std::string why;
+  int r = DeadRank(&why, /*force=*/true);
+  if (r >= 0) SetLastError(why);
+  return r;
+}
+
+STRATA_EXPORT void strata_cpu_leave(void) {
+  if (g_pool.inited) __atomic_store_n(&g_pool.hdr->ranks[g_pool.rank].state, int32_t(kRankLeft), __ATOMIC_RELEASE);
+}
+
+STRATA_EXPORT void strata_cpu_describe_sync(const void* sync, int64_t barrier_slots, const char* layout) {
+  SyncLayout d;
+  d.sync = static_cast<const uint8_t*>(sync);
+  d.barrier_slots = barrier_slots;
+  const char* p = layout ? layout : "";
+  while (*p) {  // "name base size;name base size;..."
+    char name[128];
+    long long base = 0, size = 0;
+    int used = 0;
+    if (sscanf(p, "%127s %lld %lld%n", name, &base, &size, &used) != 3) break;
+    d.flags.push_back(SyncFlag{name, base, size});
+    p += used;
+    while (*p == ';' || *p == ' ') ++p;
+  }
+  std::lock_guard<std::mutex> lk(g_sync_mu);
+  g_sync = std::move(d);
 }
 
 STRATA_EXPORT void* aclshmem_malloc(size_t size) {

@@ -173,6 +173,9 @@ static int Numeric(uint32_t n) {
 static int FailCase(int which, int W, int C, double timeout) {
   return RunRanks(W, kHeap, timeout, [&](int r) {
     uint8_t* buf = Alloc(r, 4096);
+    char layout[64];
+    snprintf(layout, sizeof layout, "go %d 4", W);
+    strata_cpu_describe_sync(buf + 2048, W, layout);  // names the flags of case 21
     if (strata_cpu_barrier() != 0) Die(r, "barrier");
     timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);

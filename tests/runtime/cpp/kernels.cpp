@@ -246,6 +246,7 @@ enum FailCase {
   kUbOverflow = 0, kDataCopy36, kGmPastSize, kGmOutsidePool, kSyncAllAivOnly, kSyncAllUndeclared,
   kSdmaNoQuiet, kSdmaSmallScratch, kSdmaCore48, kWaitTimeout, kQueExhausted, kWaitFlagUnset, kUbBounds,
   kShmemPtrForeign, kPadBlockCount, kSyncAllExited, kThrow, kPeerAbort, kTBufOffset, kDeQueEmpty,
+  kBarrierMissingRank, kNamedFlagTimeout,
 };
 
 extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
@@ -371,6 +372,30 @@ extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
         TQue<TPosition::VECOUT, 1> q;
         pipe.InitBuffer(q, 1, 256);
         q.DeQue<float>();
+      }
+      break;
+    case kBarrierMissingRank: {
+      // a barrier as strata_device.h's Barrier does it (with its STRATA_WAIT_NOTE), over slots at
+      // buf + 1 KiB (not described to the model); the last rank never arrives
+      int32_t* slots = reinterpret_cast<int32_t*>(buf + 1024);
+      const int me = aclshmem_my_pe(), W = aclshmem_n_pes();
+      if (me == W - 1) break;
+      strata_cpu::SetLine(31);
+      for (int p = int(c); p < W; p += int(C)) aclshmemx_signal_op(slots + me, 5, ACLSHMEM_SIGNAL_SET, p);
+      for (int p = int(c); p < W; p += int(C)) {
+        strata_cpu::NoteWait("barrier", slots, W, p);
+        aclshmem_signal_wait_until(slots + p, ACLSHMEM_CMP_GE, 5);
+      }
+      break;
+    }
+    case kNamedFlagTimeout:
+      // the driver described the sync area at buf + 2 KiB: barrier slots [0, W), then go[4]
+      if (actor) {
+        int32_t* go = reinterpret_cast<int32_t*>(buf + 2048) + aclshmem_n_pes();
+        strata_cpu::SetLine(44);
+        aclshmemx_signal_op(go + 1, 5, ACLSHMEM_SIGNAL_SET, 0);
+        aclshmemx_signal_op(go + 2, 3, ACLSHMEM_SIGNAL_SET, 0);   // a stamp of an earlier call
+        aclshmem_signal_wait_until(go + 2, ACLSHMEM_CMP_GE, 5);
       }
       break;
     default:
