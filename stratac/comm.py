@@ -15,7 +15,9 @@ bootstrapped through torch.distributed.
 
 from __future__ import annotations
 
+import atexit
 import inspect
+import math
 import os
 import secrets
 import time
@@ -48,19 +50,32 @@ def unlink_segment(name: str) -> None:
         pass
 
 
-def store_barrier(store, world: int, timeout: float, prefix: str):
-    """A barrier over a torch.distributed Store: one counter key per round."""
+def store_barrier(store, world: int, timeout: float, prefix: str, rank: int | None = None, check=None):
+    """A barrier over a torch.distributed Store: one counter key per round (and, given this rank, a
+    key per rank, so that a timeout names the ranks that never came). `check(where)`, called every
+    ~50 ms while waiting, may raise to end the wait early (a failed or dead peer)."""
     rounds = [0]
 
     def barrier() -> None:
         rounds[0] += 1
         key = f"{prefix}/barrier/{rounds[0]}"
+        if rank is not None:
+            store.set(f"{key}/{rank}", b"1")
         store.add(key, 1)
         deadline = time.monotonic() + timeout
+        polls = 0
         while int(store.add(key, 0)) < world:
             if time.monotonic() > deadline:
-                raise StrataRuntimeError(f"store barrier {rounds[0]} timed out after {timeout} s: "
-                                         f"{int(store.add(key, 0))} of {world} ranks arrived")
+                who = f"rank {rank}: " if rank is not None else ""
+                late = ""
+                if rank is not None:
+                    missing = [str(r) for r in range(world) if not store.check([f"{key}/{r}"])]
+                    late = f"; not arrived: {', '.join(missing) or '(none)'}"
+                raise StrataRuntimeError(f"{who}store barrier {rounds[0]} timed out after {timeout} s: "
+                                         f"{int(store.add(key, 0))} of {world} ranks arrived{late}")
+            polls += 1
+            if check is not None and polls % 50 == 0:
+                check(f"store barrier {rounds[0]}")
             time.sleep(0.001)
 
     return barrier
@@ -94,6 +109,17 @@ def _last_error(lib, ffi) -> str:
     return ffi.string(p).decode(errors="replace") if p != ffi.NULL else "unknown error"
 
 
+def _check_pool(lib, rank: int, where: str) -> None:
+    """Raises if the pool was aborted by a failing rank or a peer's process died (no-op before the
+    heap is mapped)."""
+    ffi = _runtime_ffi
+    if lib.strata_cpu_aborted():
+        msg = ffi.string(lib.strata_cpu_abort_message()).decode(errors="replace")
+        raise StrataRuntimeError(f"rank {rank}: {where}: the job is aborted: {msg}")
+    if lib.strata_cpu_dead_rank() >= 0:
+        raise StrataRuntimeError(f"rank {rank}: {where}: {_last_error(lib, ffi)}")
+
+
 class Communicator:
     """One rank's view of the symmetric heap. Create it on every rank, in the same order."""
 
@@ -102,6 +128,8 @@ class Communicator:
                  barrier=None):
         if not 0 <= rank < world:
             raise StrataUsageError(f"rank {rank} is outside world size {world}")
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+            raise StrataUsageError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.rank, self.world = rank, world
         self.segment = segment
         heap_bytes = (int(heap_bytes) + 4095) // 4096 * 4096   # the model maps whole pages
@@ -112,6 +140,8 @@ class Communicator:
         if rc != 0:
             raise StrataRuntimeError(f"cannot map the symmetric heap: {_last_error(self._lib, self._ffi)}")
         self._open = True
+        # a process that exits without close() has left the pool: its peers must not take it for dead
+        atexit.register(self._leave)
         self._lib.strata_cpu_set_timeout(float(timeout))
         self.timeout = timeout
         base = self._lib.strata_cpu_heap_base()
@@ -143,8 +173,13 @@ class Communicator:
         if rank == 0:
             store.set(f"{prefix}/segment", _segment_name())
         name = store.get(f"{prefix}/segment").decode()
+        _, lib = _runtime()
+
+        def check(where: str) -> None:   # once the heap is mapped: a failed or dead peer ends the wait
+            _check_pool(lib, rank, where)
+
         return cls._bootstrap(rank, world, name, heap_bytes, timeout,
-                              store_barrier(store, world, timeout, prefix))
+                              store_barrier(store, world, timeout, prefix, rank=rank, check=check))
 
     @classmethod
     def _bootstrap(cls, rank, world, name, heap_bytes, timeout, barrier) -> "Communicator":
@@ -249,6 +284,17 @@ class Communicator:
     def barrier(self) -> None:
         self._barrier()
 
+    def dead_rank(self) -> tuple[int, str] | None:
+        """(rank, what happened) for the lowest rank whose process died without leaving the heap
+        (killed, crashed), or None. Waits check this themselves; this is for host-side code."""
+        self._check_open()
+        r = self._lib.strata_cpu_dead_rank()
+        return (r, _last_error(self._lib, self._ffi)) if r >= 0 else None
+
+    def _leave(self) -> None:
+        if getattr(self, "_open", False):
+            self._lib.strata_cpu_leave()
+
     def _check_open(self) -> None:
         if not getattr(self, "_open", False):
             raise StrataUsageError("the communicator is closed")
@@ -260,6 +306,7 @@ class Communicator:
             return
         if collective:
             self._barrier()
+        atexit.unregister(self._leave)
         del self._heap
         self._buffer = None
         self._open = False
@@ -281,6 +328,7 @@ class Communicator:
 class Compiled:
     schedule: ir.Schedule
     output: codegen.Output
+    worlds: tuple[int, ...] = ()       # the world sizes it was verified for
 
 
 def compile_source(source: Source, options: passes.Options, worlds: list[int]) -> list[Compiled]:
@@ -291,8 +339,42 @@ def compile_source(source: Source, options: passes.Options, worlds: list[int]) -
             if not res.ok:
                 raise StrataError(res.diagnostics)
         lowered = passes.pipeline(s, options)
-        out.append(Compiled(lowered, codegen.generate(lowered)))
+        out.append(Compiled(lowered, codegen.generate(lowered), tuple(worlds)))
     return out
+
+
+def _written_params(s: ir.Schedule) -> set[str]:
+    """The parameters a schedule writes (destinations of its moves, and its contract's outputs)."""
+    names = {p.name for p in s.params}
+    out = {n for n in getattr(s.contract, "outputs", ()) if n in names}
+
+    def walk(ops) -> None:
+        for op in ops:
+            dst = getattr(op, "dst", None)
+            if getattr(dst, "buffer", None) in names:
+                out.add(dst.buffer)
+            for attr in ("body", "then", "orelse"):
+                sub = getattr(op, attr, None)
+                if isinstance(sub, (tuple, list)):
+                    walk(sub)
+
+    walk(s.body)
+    return out
+
+
+def _check_manifest(s: ir.Schedule, built: build.Built, world: int, worlds: tuple[int, ...]) -> None:
+    """The library about to be loaded is the one this schedule was compiled to, for this world."""
+    m = built.manifest
+    if m.get("schedule") != s.name or m.get("launcher") != abi.launcher_name(s):
+        raise StrataUsageError(f"{s.name}: the built library's manifest ({built.directory / 'manifest.json'}) "
+                               f"describes {m.get('schedule')!r} with launcher {m.get('launcher')!r}, not this "
+                               "schedule: refusing to load it")
+    mworlds = m.get("worlds")
+    if worlds and world not in worlds or mworlds and world not in mworlds:
+        raise StrataUsageError(f"{s.name} was verified for world size(s) "
+                               f"{', '.join(map(str, worlds or mworlds))}, but the communicator has world "
+                               f"{world}: load it through this communicator (comm.load) so that it is "
+                               "verified for its world")
 
 
 class Module:
@@ -301,7 +383,7 @@ class Module:
     def __init__(self, comm: Communicator, compiled: list[Compiled]):
         self.schedules: dict[str, Schedule] = {}
         for c in compiled:
-            fn = Schedule(comm, c.schedule, build.build_cpu(c.output))
+            fn = Schedule(comm, c.schedule, build.build_cpu(c.output), worlds=c.worlds)
             self.schedules[c.schedule.name] = fn
             setattr(self, c.schedule.name, fn)
 
@@ -317,9 +399,13 @@ class Schedule:
     """A compiled schedule bound to a communicator: call it with heap tensors (and, if the schedule
     has them, `op=` a reduction and rank parameters such as `root=` as keywords)."""
 
-    def __init__(self, comm: Communicator, s: ir.Schedule, built: build.Built):
+    def __init__(self, comm: Communicator, s: ir.Schedule, built: build.Built,
+                 worlds: tuple[int, ...] = ()):
         self.comm, self.ir, self.built = comm, s, built
         self.name = s.name
+        _check_manifest(s, built, comm.world, worlds)
+        self._written = _written_params(s)
+        self._sync_described: tuple | None = None
         self._ffi = cffi.FFI()
         self._ffi.cdef(abi.cdef(s))
         self._lib = self._ffi.dlopen(str(built.library))
@@ -404,6 +490,7 @@ class Schedule:
             if given[p.name].numel() != want:
                 raise StrataUsageError(f"{self.name}: parameter {p.name} must have {p.size} = {want} "
                                        f"elements, got {given[p.name].numel()}")
+        self._check_aliasing(given)
         ptrs = [self._ffi.cast("void*", given[p.name].data_ptr()) for p in params]
         ptrs += [self._ffi.cast("void*", t.data_ptr()) for t in self._scratch_for(dtype, env)]
         return dtype, sizes, ptrs, scalar_args
@@ -429,6 +516,39 @@ class Schedule:
             self.comm.free(t)
         self._scratch.clear()
 
+    def _check_aliasing(self, given: dict) -> None:
+        """Two tensors that share memory are refused when the schedule writes either: the verifier
+        proved the schedule for separate buffers (an in-place variant is a different schedule)."""
+        spans = [(name, t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+                 for name, t in given.items() if isinstance(t, torch.Tensor) and t.numel() > 0]
+        for i, (a, lo_a, hi_a) in enumerate(spans):
+            for b, lo_b, hi_b in spans[i + 1:]:
+                if lo_a < hi_b and lo_b < hi_a and (a in self._written or b in self._written):
+                    w = " and ".join(n for n in (a, b) if n in self._written)
+                    raise StrataUsageError(
+                        f"{self.name}: parameters {a} and {b} share memory (heap bytes "
+                        f"[{max(lo_a, lo_b) - self.comm._base}, {min(hi_a, hi_b) - self.comm._base}) "
+                        f"overlap) and the schedule writes {w}: pass separate tensors")
+
+    def _describe_sync(self, sizes: dict[str, int]) -> None:
+        """Names the flag slots of this call's sync area for the model's wait-timeout messages, and
+        refuses flags that would not fit the area (nothing may be written outside it)."""
+        key = tuple(sorted(sizes.items()))
+        if self._sync_described != key:
+            env = {"world": self.comm.world, **sizes}
+            base, parts = self.comm.world, []
+            for f in self.ir.flags:
+                n = int(f.size.eval(env))
+                parts.append(f"{f.name} {base} {n}")
+                base += n
+            if base > self.comm.world + SYNC_SLOTS:
+                raise StrataUsageError(f"{self.name}: its flags need {base - self.comm.world} slots at these "
+                                       f"sizes, more than the {SYNC_SLOTS} of the communicator's sync area")
+            self._layout = ";".join(parts).encode()
+            self._sync_described = key
+        self.comm._lib.strata_cpu_describe_sync(self._ffi.cast("void*", self.comm._base + self.comm._sync),
+                                                self.comm.world, self._layout)
+
     def __call__(self, *tensors: torch.Tensor, cores: int | None = None, **named) -> None:
         self.comm._check_open()
         if self._launch is None:
@@ -437,6 +557,7 @@ class Schedule:
         blocks = cores or self.cores
         if not 1 <= blocks <= abi.MAX_CORES:
             raise StrataUsageError(f"cores must be between 1 and {abi.MAX_CORES}, got {blocks}")
+        self._describe_sync(sizes)
         epoch = self.comm.next_epoch(self.ir.sync_ops)
         sync = self._ffi.cast("void*", self.comm._base + self.comm._sync)
         op = scalars.get(self.ir.op_param.name, 0) if self.ir.op_param else 0

@@ -1,0 +1,139 @@
+"""Helpers of the fault tests: rank processes of tests/faults/ranks.py, /dev/shm and process
+snapshots (nothing may be left behind). Test modules import it as `faultkit` (this folder is put
+on sys.path by conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def shm_names() -> set[str]:
+    """The pools in /dev/shm (stratac's Python names and the C++ drivers' names)."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(("stratac-", "strata_"))}
+
+
+def leftover_shm(before: set[str], wait: float = 2.0) -> set[str]:
+    """Pools that appeared since `before` and are still there after up to `wait` seconds (another
+    job on the machine may hold one for a moment; a leaked one stays)."""
+    deadline = time.monotonic() + wait
+    while True:
+        new = shm_names() - before
+        if not new or time.monotonic() > deadline:
+            return new
+        time.sleep(0.1)
+
+
+def descendants(pid: int) -> list[int]:
+    """Live (or zombie) processes below pid, from /proc."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        ppid = int(text[text.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def processes_matching(text: str) -> list[int]:
+    """Processes whose command line contains text."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            found.append(int(d))
+    return found
+
+
+@dataclass
+class Rank:
+    proc: subprocess.Popen
+    out: str = ""
+    err: str = ""
+    lines: list[str] = field(default_factory=list)
+
+    def first(self, tag: str) -> str | None:
+        """The rest of the first line that starts with tag ("" if the line is just the tag)."""
+        return next((ln[len(tag) + 1:] for ln in self.lines if ln == tag or ln.startswith(tag + " ")), None)
+
+
+class Ranks:
+    """The processes of one scenario of ranks.py; stdout is read line by line as it comes."""
+
+    def __init__(self, scenario: str, world: int, tmp: Path, timeout: float, arg: str = ""):
+        self.tmp = tmp
+        self.ranks: list[Rank] = []
+        for r in range(world):
+            out = open(tmp / f"rank{r}.out", "w")
+            err = open(tmp / f"rank{r}.err", "w")
+            p = subprocess.Popen([sys.executable, str(HERE / "ranks.py"), scenario, str(r), str(world),
+                                  str(tmp / "store"), str(timeout), arg],
+                                 stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                 env=dict(os.environ, OMP_NUM_THREADS="1"))
+            out.close()
+            err.close()
+            self.ranks.append(Rank(p))
+
+    def read(self) -> None:
+        for r, rk in enumerate(self.ranks):
+            rk.out = (self.tmp / f"rank{r}.out").read_text()
+            rk.err = (self.tmp / f"rank{r}.err").read_text()
+            rk.lines = rk.out.splitlines()
+
+    def wait_for(self, tag: str, ranks, limit: float = 120) -> None:
+        """Until every rank in `ranks` printed a line starting with tag."""
+        deadline = time.monotonic() + limit
+        while True:
+            self.read()
+            if all(self.ranks[r].first(tag) is not None for r in ranks):
+                return
+            dead = [r for r in ranks if self.ranks[r].proc.poll() is not None]
+            if dead:
+                raise AssertionError(f"rank {dead[0]} ended before printing {tag}:\n"
+                                     f"{self.ranks[dead[0]].out}\n{self.ranks[dead[0]].err}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {tag} from ranks {list(ranks)} within {limit} s")
+            time.sleep(0.02)
+
+    def wait(self, limit: float = 180) -> None:
+        deadline = time.monotonic() + limit
+        for rk in self.ranks:
+            try:
+                rk.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"ranks still running after {limit} s") from None
+        self.read()
+
+    def kill(self) -> None:
+        for rk in self.ranks:
+            if rk.proc.poll() is None:
+                rk.proc.send_signal(signal.SIGKILL)
+        for rk in self.ranks:
+            rk.proc.wait()
+
+

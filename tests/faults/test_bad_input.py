@@ -1,0 +1,112 @@
+"""Bad input is refused before anything is written: every class of wrong argument raises
+StrataUsageError with a message saying what is wrong, no kernel is launched (the flag epoch does
+not move) and the tensors keep their contents."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from faultkit import ROOT
+
+from stratac import comm as C
+from stratac import frontend, passes
+
+AR = ROOT / "examples" / "allreduce_twoshot.strata"
+AG = ROOT / "examples" / "allgather_push.strata"
+
+
+@pytest.fixture(scope="module")
+def comm():
+    c = C.Communicator(0, 1, segment=C._segment_name(), create=True, heap_bytes=4 << 20, timeout=10)
+    C.unlink_segment(c.segment)
+    yield c
+    c.close(collective=False)
+
+
+@pytest.fixture(scope="module")
+def mods(comm):
+    return comm.load(AR), comm.load(AG)
+
+
+def refused(comm, text: str, fn, *args, keep=(), **kw) -> str:
+    """fn(*args) raises StrataUsageError containing text; no launch, `keep` tensors unchanged."""
+    epoch = comm._epoch
+    saved = [t.clone() for t in keep]
+    with pytest.raises(C.StrataUsageError) as exc:
+        fn(*args, **kw)
+    assert text in str(exc.value), str(exc.value)
+    assert comm._epoch == epoch, "a kernel was launched"
+    for t, s in zip(keep, saved):
+        assert torch.equal(t, s), "a tensor was written"
+    return str(exc.value)
+
+
+def test_tensors_of_the_wrong_kind(comm, mods):
+    ar, ag = mods
+    x = comm.empty(64, dtype=torch.float32)
+    x.copy_(torch.arange(64))
+    refused(comm, "has dtype torch.float64", ar.allreduce_twoshot, comm.empty(64, dtype=torch.float64),
+            op="sum")
+    refused(comm, "not on the symmetric heap: allocate it with comm.empty", ar.allreduce_twoshot,
+            torch.arange(64, dtype=torch.float32), op="sum")
+    refused(comm, "is on meta", ar.allreduce_twoshot, torch.empty(64, device="meta"), op="sum")
+    refused(comm, "must be contiguous", ar.allreduce_twoshot, comm.empty(8, 8).t(), op="sum")
+    out = comm.empty(65, dtype=torch.float32)
+    refused(comm, "parameter out must have", ag.allgather_push, x, out, keep=(x, out))
+    out16 = comm.empty(64, dtype=torch.float16)
+    refused(comm, "parameter out is torch.float16 but an earlier T parameter is torch.float32",
+            ag.allgather_push, x, out16, keep=(x, out16))
+    refused(comm, "cores must be between 1 and 64", ar.allreduce_twoshot, x, op="sum", cores=65, keep=(x,))
+    # a tensor of another heap (another communicator's, or freed and reused memory) is not this heap's
+    with pytest.raises(C.StrataUsageError, match="not on the symmetric heap"):
+        ar.allreduce_twoshot(torch.empty(1 << 20, dtype=torch.float32)[:64], op="sum")
+
+
+def test_aliasing_where_the_schedule_writes(comm, mods):
+    """AllGather writes `out`: an input that shares memory with it is refused, whether it is the
+    same tensor or a slice of it. AllReduce has one parameter, in place by contract."""
+    ar, ag = mods
+    out = comm.empty(64, dtype=torch.float32)
+    out.copy_(torch.arange(64))
+    msg = refused(comm, "allgather_push: parameters x and out share memory", ag.allgather_push, out, out,
+                  keep=(out,))
+    assert "and the schedule writes out: pass separate tensors" in msg
+    big = comm.empty(128, dtype=torch.float32)
+    refused(comm, "parameters x and out share memory (heap bytes", ag.allgather_push, big[32:96], big[64:128],
+            keep=(big,))
+    # disjoint parts of one allocation are fine
+    big.copy_(torch.arange(128))
+    ag.allgather_push(big[:64], big[64:])
+    assert torch.equal(big[64:], torch.arange(64, dtype=torch.float32))
+    ar.allreduce_twoshot(out, op="sum")   # one tensor in place: what the contract says
+
+
+def test_world_size_and_manifest_mismatch(comm):
+    """A schedule verified for another world than the communicator's, or a library whose manifest
+    describes another schedule, is refused when it is bound."""
+    src = frontend.load_source(AG)
+    compiled = C.compile_source(src, passes.Options(cores=2), worlds=[2, 4])
+    with pytest.raises(C.StrataUsageError, match=r"allgather_push was verified for world size\(s\) 2, 4, but "
+                       r"the communicator has world 1"):
+        C.Module(comm, compiled)
+    ar = C.compile_source(frontend.load_source(AR), passes.Options(cores=2), worlds=[1])[0]
+    ag = C.compile_source(src, passes.Options(cores=2), worlds=[1])[0]
+    from stratac import build
+    with pytest.raises(C.StrataUsageError, match=r"allreduce_twoshot: the built library's manifest .* describes "
+                       r"'allgather_push' with launcher 'strata_launch_allgather_push', not this schedule"):
+        C.Schedule(comm, ar.schedule, build.build_cpu(ag.output), worlds=(1,))
+
+
+@pytest.mark.parametrize("timeout", [0, -1, math.inf, math.nan, "10"])
+def test_a_bad_timeout_is_refused(timeout):
+    with pytest.raises(C.StrataUsageError, match="timeout must be a positive number of seconds"):
+        C.Communicator(0, 1, segment=C._segment_name(), create=True, timeout=timeout)
+
+
+def test_heap_exhaustion_is_refused_with_the_numbers(comm):
+    with pytest.raises(C.StrataRuntimeError, match=r"symmetric heap exhausted: aclshmem_malloc\(\d+\): "
+                       r"symmetric heap exhausted: request of \d+ bytes"):
+        comm.empty(1 << 30)
