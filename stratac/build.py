@@ -8,8 +8,10 @@ Cache entries live under $STRATAC_CACHE_DIR (default ~/.cache/stratac). The key 
 generated sources (hence the IR and options), a hash of stratac's own code, templates and
 runtime, the compiler's identity and flags. An entry is built in a private temporary directory and
 published with one rename, under a file lock, so concurrent builds of the same schedule share one
-result. entry.json records the library's sha256; a library that does not match it (truncated,
-corrupted, replaced) is never loaded: the entry is rebuilt.
+result. entry.json records the sha256 of every file of the entry (library, manifest, sources); an
+entry whose files do not match it (truncated, corrupted, replaced), or that is not this user's own
+(directory or files owned by someone else, or writable by group or others) is never loaded: it is
+moved aside and rebuilt.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -36,7 +40,7 @@ CXX_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-pthread"]
 def cache_root() -> Path:
     env = os.environ.get("STRATAC_CACHE_DIR")
     root = Path(env) if env else Path.home() / ".cache" / "stratac"
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
     return root
 
 
@@ -115,16 +119,39 @@ class _Lock:
         self.f.close()
 
 
+def _own(path: Path, directory: bool) -> bool:
+    """path is a real file or directory (no symlink) of this user, not writable by group or others."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    kind = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    return kind and st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _entry_files(d: Path) -> dict[str, str]:
+    """sha256 of every regular file under d except entry.json, by relative path."""
+    return {str(f.relative_to(d)): _sha256(f) for f in sorted(d.rglob("*"))
+            if f.is_file() and not f.is_symlink() and f.name != "entry.json"}
+
+
 def _entry_valid(d: Path, libname: str) -> bool:
+    """The entry is complete, intact and this user's own: every file entry.json lists (the library
+    among them) has its recorded sha256; nothing belongs to or is writable by anyone else."""
     meta = d / "entry.json"
-    lib = d / libname
-    if not (meta.is_file() and lib.is_file()):
+    if not (_own(d, True) and _own(meta, False)):
         return False
     try:
-        want = json.loads(meta.read_text())["sha256"]
-    except (ValueError, KeyError, OSError):
+        files = json.loads(meta.read_text())["files"]
+        if not isinstance(files, dict) or libname not in files:
+            return False
+        for name, want in files.items():
+            f = d / name
+            if ".." in Path(name).parts or not _own(f, False) or _sha256(f) != want:
+                return False
+    except (ValueError, KeyError, TypeError, OSError):
         return False
-    return _sha256(lib) == want
+    return True
 
 
 def _publish(root: Path, key: str, libname: str, build) -> tuple[Path, bool]:
@@ -138,9 +165,18 @@ def _publish(root: Path, key: str, libname: str, build) -> tuple[Path, bool]:
         tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp.", dir=root))
         try:
             build(tmp)
-            (tmp / "entry.json").write_text(json.dumps({"sha256": _sha256(tmp / libname)}))
-            if final.exists():
-                shutil.rmtree(final)   # an invalid entry: replaced under the lock
+            files = _entry_files(tmp)
+            (tmp / "entry.json").write_text(json.dumps({"sha256": files[libname], "files": files},
+                                                       indent=1))
+            if final.exists() or final.is_symlink():
+                # an invalid entry (corrupt, foreign, tampered): moved aside under the lock, so that
+                # even one we cannot delete is never looked at again
+                stale = root / f"{key}.stale.{secrets.token_hex(6)}"
+                os.rename(final, stale)
+                if stale.is_symlink() or not stale.is_dir():
+                    stale.unlink()
+                else:
+                    shutil.rmtree(stale, ignore_errors=True)
             os.rename(tmp, final)
         finally:
             if tmp.exists():
@@ -164,7 +200,18 @@ def runtime_library() -> Path:
     return d / "libstratacpu.so"
 
 
+def check_source_name(name: str) -> None:
+    """A source name ends up in comments of the generated C++ and CMake files: a line break there
+    would turn the rest of the name into code. Refused (file names with spaces, quotes or shell
+    characters are fine: nothing reaches a shell)."""
+    bad = next((ch for ch in name if ord(ch) < 32 or ord(ch) == 127), None)
+    if bad is not None:
+        raise StrataError(error(Codes.SYNTAX, f"the source name {name!r} contains the control character "
+                                f"{bad!r}; rename the file (it would be written into generated code)"))
+
+
 def build_cpu(out: Output) -> Built:
+    check_source_name(out.schedule.source_name)
     cxx = _cxx()
     rt = resource_dir("runtime")
     rtlib = runtime_library()

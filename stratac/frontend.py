@@ -10,6 +10,8 @@ from .syntax import parse
 
 
 def load_source(path: str | Path) -> Source:
+    from .build import check_source_name
+    check_source_name(str(path))   # the name is written into generated files: no line breaks
     try:
         return Source.from_path(path)
     except FileNotFoundError:

@@ -1,0 +1,176 @@
+"""The build cache never loads what it did not build: a truncated or corrupt library or manifest,
+a tampered, foreign-owned or group-writable entry is moved aside and rebuilt; concurrent builds of
+one schedule on an empty cache all succeed and share one entry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from faultkit import ROOT
+
+from stratac import build
+
+LIB = "libfake.so"
+
+
+class Fake:
+    """A stand-in for the compiler: writes a 'library' and a manifest, counts the builds."""
+
+    def __init__(self):
+        self.builds = 0
+
+    def __call__(self, tmp: Path) -> None:
+        self.builds += 1
+        (tmp / LIB).write_bytes(b"\x7fELF" + bytes(range(256)) * 64)
+        (tmp / "manifest.json").write_text(json.dumps({"schedule": "fake", "launcher": "strata_launch_fake"}))
+        (tmp / "kernel.cpp").write_text("// kernel\n")
+
+
+@pytest.fixture
+def entry(tmp_path):
+    """(root, key, fake, publish): publish() -> (directory, cached) through build._publish."""
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    fake = Fake()
+    key = "fake-0123456789abcdef01234567"
+
+    def publish():
+        return build._publish(root, key, LIB, fake)
+
+    d, cached = publish()
+    assert not cached and fake.builds == 1
+    assert publish() == (d, True) and fake.builds == 1
+    meta = json.loads((d / "entry.json").read_text())
+    assert set(meta["files"]) == {LIB, "manifest.json", "kernel.cpp"}
+    return root, d, fake, publish
+
+
+def _truncate(d):
+    with open(d / LIB, "r+b") as f:
+        f.truncate(100)
+
+
+def _flip_manifest(d):
+    text = (d / "manifest.json").read_text()
+    (d / "manifest.json").write_text(text.replace("fake", "fakf", 1))
+
+
+def _drop_manifest(d):
+    (d / "manifest.json").unlink()
+
+
+def _garbage_entry_json(d):
+    (d / "entry.json").write_text("{not json")
+
+
+def _old_format_entry_json(d):
+    # the library's checksum only (entries of earlier versions): the manifest is unprotected
+    (d / "entry.json").write_text(json.dumps({"sha256": build._sha256(d / LIB)}))
+
+
+def _replace_library(d):
+    # another library, and its checksum forged into entry.json's top-level field only
+    (d / LIB).write_bytes(b"\x7fELF something else entirely")
+    meta = json.loads((d / "entry.json").read_text())
+    meta["sha256"] = build._sha256(d / LIB)
+    (d / "entry.json").write_text(json.dumps(meta))
+
+
+def _foreign_directory(d):
+    os.chown(d, 4242, 4242)
+
+
+def _foreign_library(d):
+    os.chown(d / LIB, 4242, 4242)
+
+
+def _group_writable(d):
+    os.chmod(d, 0o770)
+
+
+def _world_writable_manifest(d):
+    os.chmod(d / "manifest.json", 0o666)
+
+
+def _path_escape(d):
+    meta = json.loads((d / "entry.json").read_text())
+    meta["files"]["../outside"] = "0" * 64
+    (d / "entry.json").write_text(json.dumps(meta))
+
+
+def _symlinked_entry(d):
+    elsewhere = d.parent / "elsewhere"
+    os.rename(d, elsewhere)
+    os.symlink(elsewhere, d)
+
+
+DAMAGE = [_truncate, _flip_manifest, _drop_manifest, _garbage_entry_json, _old_format_entry_json,
+          _replace_library, _foreign_directory, _foreign_library, _group_writable,
+          _world_writable_manifest, _path_escape, _symlinked_entry]
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=lambda f: f.__name__.strip("_"))
+def test_a_damaged_or_foreign_entry_is_rebuilt_not_loaded(entry, damage):
+    root, d, fake, publish = entry
+    if damage in (_foreign_directory, _foreign_library) and os.geteuid() != 0:
+        pytest.skip("needs root to give a file to another user")
+    damage(d)
+    assert not build._entry_valid(d, LIB)
+    d2, cached = publish()
+    assert d2 == d and not cached and fake.builds == 2
+    assert build._entry_valid(d, LIB)
+    assert d.is_dir() and not d.is_symlink() and os.stat(d).st_uid == os.geteuid()
+    assert (d / LIB).stat().st_size > 100 and json.loads((d / "manifest.json").read_text())["schedule"] == "fake"
+    assert publish() == (d, True) and fake.builds == 2
+    # the bad entry was moved aside and removed: only the entry, its lock and what the damage made
+    assert sorted(p.name for p in root.iterdir() if "stale" in p.name or ".tmp." in p.name) == []
+
+
+BUILDER = textwrap.dedent("""
+    import json, sys
+    from stratac import build, codegen, frontend, passes
+    s = frontend.schedules(frontend.load_source(sys.argv[1]))[0]
+    out = codegen.generate(passes.pipeline(s, passes.Options(cores=2)))
+    b = build.build_cpu(out)
+    print(json.dumps({"library": str(b.library), "cached": b.cached, "sha": build._sha256(b.library)}))
+""")
+
+
+def test_concurrent_builds_share_one_entry_and_a_truncated_library_is_rebuilt(tmp_path):
+    """Three processes build the same schedule at once on an empty cache (the CPU model library
+    too): all succeed with the same library, exactly one built it, no temporary directory is left.
+    Then the library is truncated: the next build notices, rebuilds, and the result loads."""
+    cache = tmp_path / "cache"
+    env = dict(os.environ, STRATAC_CACHE_DIR=str(cache))
+    src = ROOT / "examples" / "allgather_push.strata"
+    procs = [subprocess.Popen([sys.executable, "-c", BUILDER, str(src)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        results.append(json.loads(out))
+    assert len({r["library"] for r in results}) == 1
+    assert len({r["sha"] for r in results}) == 1
+    assert sorted(r["cached"] for r in results) == [False, True, True]
+    entries = sorted(p.name for p in cache.iterdir() if p.is_dir())
+    assert len(entries) == 2 and entries[0].startswith("allgather_push-") and entries[1].startswith("runtime-")
+    assert [p.name for p in cache.iterdir() if ".tmp." in p.name or ".stale." in p.name] == []
+    assert (cache.stat().st_mode & 0o777) == 0o700
+    lib = Path(results[0]["library"])
+    with open(lib, "r+b") as f:
+        f.truncate(lib.stat().st_size // 2)
+    p = subprocess.run([sys.executable, "-c", BUILDER, str(src)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    again = json.loads(p.stdout)
+    assert again["cached"] is False and again["sha"] == results[0]["sha"]   # the build is reproducible
+    import cffi
+    cffi.FFI().dlopen(str(lib))   # a whole library again
