@@ -64,6 +64,16 @@ def _positive(text: str) -> int:
     return v
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (v > 0 and v < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return v
+
+
 def _options(args) -> passes.Options:
     return passes.Options(soc=args.soc, cores=args.cores)
 
@@ -217,7 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the reduction, for schedules with a redop parameter (default sum)")
     r.add_argument("--root", type=int, default=0, help="the root rank, for broadcast and reduce")
     r.add_argument("--iters", type=_positive, default=5)
-    r.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take")
+    r.add_argument("--timeout", type=_seconds, default=60.0,
+                   help="seconds any wait may take (default 60); the whole run gets 60 s plus a few "
+                   "timeouts per schedule")
     r.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="compare every result with torch (default on)")
     r.add_argument("--seed", type=int, default=0)

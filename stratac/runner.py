@@ -3,7 +3,10 @@ the CPU build, check the results against torch and report nccl-tests style figur
 
 The runner compiles and builds first (so ranks find the kernels in the cache), names the
 shared-memory segment, starts the ranks in their own process group, and enforces an overall
-deadline. Whatever happens, it stops every rank it started and removes the segment.
+deadline. It watches all ranks at once: when one fails, the others get a few seconds to report
+(they normally stop by themselves) and are then stopped. Whatever happens (a failure, the
+deadline, SIGTERM or Ctrl-C to the runner), it stops every rank it started, reaps them and removes
+the segment; a rank whose runner dies is killed too (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -101,44 +104,55 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
         procs: list[subprocess.Popen] = []
         logs = []
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        for r in range(spec.world):
-            wspec = {"file": str(Path(spec.file).resolve()), "rank": r, "world": spec.world,
-                     "store": str(Path(tmp) / "store"), "segment": segment, "heap_bytes": heap,
-                     "timeout": spec.timeout, "soc": spec.soc, "cores": spec.cores,
-                     "cases": [vars(c) for c in spec.cases],
-                     "iters": spec.iters, "warmup": spec.warmup, "seed": spec.seed,
-                     "bench": spec.bench}
-            # output goes to files, not pipes: a rank never blocks on a full pipe that nobody reads
-            out_f = open(Path(tmp) / f"rank{r}.out", "w+")
-            err_f = open(Path(tmp) / f"rank{r}.err", "w+")
-            logs.append((out_f, err_f))
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "stratac.worker", json.dumps(wspec)],
-                stdout=out_f, stderr=err_f, text=True, env=env, start_new_session=True))
         # the deadline covers start-up, the timed iterations and the checks of every schedule
-        deadline = time.monotonic() + 60 + spec.timeout * (2 + len(compiled) * len(spec.cases))
+        limit = 60 + spec.timeout * (2 + len(compiled) * len(spec.cases))
+        stopped: dict[int, tuple[float, str]] = {}
         try:
-            failed = _wait_all(procs, deadline, outcome)
-            if failed:
-                _kill_all(procs)
+            with _terminate_as_exit():
+                for r in range(spec.world):
+                    wspec = {"file": str(Path(spec.file).resolve()), "rank": r, "world": spec.world,
+                             "store": str(Path(tmp) / "store"), "segment": segment, "heap_bytes": heap,
+                             "timeout": spec.timeout, "soc": spec.soc, "cores": spec.cores,
+                             "cases": [vars(c) for c in spec.cases],
+                             "iters": spec.iters, "warmup": spec.warmup, "seed": spec.seed,
+                             "bench": spec.bench}
+                    # output goes to files, not pipes: a rank never blocks on a full pipe nobody reads
+                    out = open(Path(tmp) / f"rank{r}.out", "w+", encoding="utf-8", errors="replace")
+                    err = open(Path(tmp) / f"rank{r}.err", "w+", encoding="utf-8", errors="replace")
+                    logs.append((out, err))
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "stratac.worker", json.dumps(wspec)],
+                        stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
+                        start_new_session=True, preexec_fn=_die_with_parent))
+                stopped = _supervise(procs, time.monotonic() + limit, limit)
         finally:
             _kill_all(procs)
             comm.unlink_segment(segment)   # normally gone already: rank 0 removes it once all mapped
-        for r, (p, (out_f, err_f)) in enumerate(zip(procs, logs)):
-            out_f.seek(0)
-            err_f.seek(0)
-            for line in out_f.read().splitlines():
+        ended = sorted(stopped, key=lambda r: (stopped[r][0], r))   # the first failure first
+        for r, p in enumerate(procs):
+            out, err = logs[r]
+            out.seek(0)
+            for line in out.read().splitlines():
                 if line.startswith(RESULT_PREFIX):
                     outcome.results.append(json.loads(line[len(RESULT_PREFIX):]))
                 elif line.strip():
                     echo(f"[rank {r}] {line}")
-            if p.returncode not in (0, None):
-                msg = err_f.read().strip().splitlines()
-                detail = "\n".join(msg[-12:]) if msg else ""
-                outcome.failures.append(f"rank {r} exited with status {p.returncode}"
-                                        + (f":\n{detail}" if detail else ""))
-            out_f.close()
-            err_f.close()
+        for r in ended:
+            p = procs[r]
+            out, err = logs[r]
+            err.seek(0)
+            msg = err.read().strip().splitlines()
+            detail = "\n".join(msg[-12:]) if msg else ""
+            tail = f":\n{detail}" if detail else ""
+            if r in stopped and stopped[r][1]:
+                outcome.failures.append(f"rank {r}: {stopped[r][1]}; stopped" + tail)
+            elif p.returncode is not None and p.returncode < 0:
+                outcome.failures.append(f"rank {r} was killed by {_signame(-p.returncode)}" + tail)
+            elif p.returncode != 0:
+                outcome.failures.append(f"rank {r} exited with status {p.returncode}" + tail)
+        for out, err in logs:
+            out.close()
+            err.close()
     wrong = [r for r in outcome.results if not r["ok"]]
     if outcome.failures:
         outcome.exit_code = 1
@@ -147,19 +161,82 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
     return outcome
 
 
-def _wait_all(procs, deadline: float, outcome: RunOutcome) -> bool:
-    """Waits for every rank; returns True as soon as one fails or the deadline passes."""
+GRACE_S = 2.0   # how long the other ranks may take to report after one rank failed
+
+
+def _supervise(procs, deadline: float, limit: float) -> dict[int, tuple[float, str]]:
+    """Waits for every rank. Once one fails, the others get GRACE_S to report (they normally stop
+    by themselves: the failing rank aborts the heap, a dead one is noticed within 50 ms) and are
+    then stopped; at the overall deadline everything still running is stopped. Returns, for each
+    rank that ended badly, when (for ordering: the first failure is the cause) and, if the runner
+    stopped it, why."""
+    ended: dict[int, tuple[float, str]] = {}
+    done: set[int] = set()
+    first_fail: tuple[float, int] | None = None
     while True:
-        codes = [p.poll() for p in procs]
-        if any(c not in (None, 0) for c in codes):
-            return True
-        if all(c == 0 for c in codes):
-            return False
-        if time.monotonic() > deadline:
-            running = [r for r, c in enumerate(codes) if c is None]
-            outcome.failures.append(f"ranks {running} still running at the deadline; stopped")
-            return True
+        now = time.monotonic()
+        running = []
+        for r, p in enumerate(procs):
+            if r in done:
+                continue
+            rc = p.poll()
+            if rc is None:
+                running.append(r)
+                continue
+            done.add(r)
+            if rc != 0:
+                ended[r] = (now, "")
+                if first_fail is None:
+                    first_fail = (now, r)
+        if not running:
+            return ended
+        why = ""
+        if now > deadline:
+            why = f"still running at the run's deadline ({limit:.0f} s)"
+        elif first_fail is not None and now > first_fail[0] + GRACE_S:
+            why = f"still running {GRACE_S:.0f} s after rank {first_fail[1]} failed"
+        if why:
+            for r in running:
+                ended[r] = (now, why)
+            _kill_all(procs)
+            return ended
         time.sleep(0.02)
+
+
+def _die_with_parent() -> None:
+    """In a rank process before exec: SIGKILL it if the runner dies (Linux PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except Exception:   # noqa: BLE001 - best effort; the overall deadline still applies
+        pass
+
+
+class _terminate_as_exit:
+    """SIGTERM/SIGHUP to the runner unwind it like Ctrl-C, so that it stops the ranks it started."""
+
+    def __enter__(self):
+        import threading
+        self.saved = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                self.saved[sig] = signal.signal(sig, _raise_exit)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self.saved.items():
+            signal.signal(sig, old)
+
+
+def _raise_exit(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _signame(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
 
 
 def _kill_all(procs) -> None:

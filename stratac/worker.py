@@ -8,6 +8,7 @@ results against torch, and prints one JSON line per schedule (prefix RESULT_PREF
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from datetime import timedelta
@@ -58,8 +59,8 @@ def main(spec_text: str) -> int:
         return 1
     except RuntimeError as exc:  # torch.distributed: a peer went away or a collective timed out
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"rank {rank}: the job's bootstrap or a host collective failed (a peer probably "
-              f"stopped first): {first}", file=sys.stderr, flush=True)
+        print(f"rank {rank}: the job's bootstrap or a host collective failed ({_peer_state(comm)}): "
+              f"{first}", file=sys.stderr, flush=True)
         return 1
     finally:
         if comm is not None:
@@ -67,6 +68,21 @@ def main(spec_text: str) -> int:
             comm.close(collective=clean)
         if clean:
             dist.destroy_process_group()
+
+
+def _peer_state(comm) -> str:
+    """Why a host collective probably failed, as far as the heap can tell."""
+    try:
+        if comm is not None:
+            if comm._lib.strata_cpu_aborted():
+                msg = comm._ffi.string(comm._lib.strata_cpu_abort_message()).decode(errors="replace")
+                return f"the job was aborted: {msg.splitlines()[0] if msg else '?'}"
+            dead = comm.dead_rank()
+            if dead is not None:
+                return dead[1]
+    except Exception:   # noqa: BLE001 - only a diagnosis
+        pass
+    return "a peer probably stopped first"
 
 
 def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
@@ -142,4 +158,9 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    status = main(sys.argv[1])
+    # everything is released in main's finally; skip the interpreter's teardown of torch (about
+    # half a second of CPU per rank, which the runner would wait for)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
