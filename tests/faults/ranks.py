@@ -1,0 +1,236 @@
+"""Fault scenarios, one process per rank: `python ranks.py SCENARIOS RANK WORLD STORE TIMEOUT [ARG]`.
+
+SCENARIOS is one name or several joined by commas, run one after the other in the same processes,
+each on a fresh communicator bootstrapped through one FileStore (Communicator.from_store with the
+scenario's name as prefix); TIMEOUT is the wait timeout of skip_call and hang_flag (the others use
+60 s).
+Lines on stdout the tests read (SCEN: the scenario's name):
+  ENTER SCEN <t>              about to call the schedule (t: time.time())
+  READY SCEN <t>              (a victim) alive and not calling
+  ERROR SCEN <elapsed> <msg>  the call (or what followed) raised; msg on one line
+  STATS SCEN <json>           measurements (soak, oversubscription)
+  PASS SCEN                   everything this rank checked held
+The exit status is 3 if any scenario raised. Ranks end with os._exit: the interpreter's teardown
+of torch costs about half a second of CPU per process, which adds up on a two-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from stratac import codegen, frontend, passes
+from stratac.comm import Communicator, Compiled, Module
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+AR = ROOT / "examples" / "allreduce_twoshot.strata"
+AG = ROOT / "examples" / "allgather_push.strata"
+
+
+CURRENT = ["?"]   # the scenario running
+
+
+def say(tag: str, *parts) -> None:
+    print(tag, CURRENT[0], *parts, flush=True)
+
+
+class Failed(Exception):
+    """A scenario's call raised (already reported with say("ERROR", ...))."""
+
+
+def report(t0: float, exc: BaseException) -> None:
+    say("ERROR", f"{time.monotonic() - t0:.3f}", str(exc).replace("\n", " | "))
+
+
+def load_unverified_for_tests(comm: Communicator, path: Path) -> Module:
+    """TEST HOOK: compiles a schedule the verifier would reject (a wait that never comes) by
+    running the passes, code generation and build directly, without stratac.verify. Production
+    code has no way to skip verification."""
+    compiled = []
+    for s in frontend.schedules(frontend.load_source(path)):
+        lowered = passes.pipeline(s, passes.Options(cores=2))
+        compiled.append(Compiled(lowered, codegen.generate(lowered), (comm.world,)))
+    return Module(comm, compiled)
+
+
+def inputs(world: int, n: int, it: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Small integers: exact in every dtype, sums of 4 ranks included (< 256 for bf16)."""
+    i = torch.arange(n)
+    return [(((r + 1) * (i % 13) + it) % 61).to(dtype) for r in range(world)]
+
+
+# ---- a rank that never arrives -------------------------------------------------------------
+
+def skip_call(comm, rank, world, arg):
+    """Every rank but the last calls the two-shot AllReduce; the last never does (it waits in a host
+    barrier, which ends when the others fail)."""
+    ar = comm.load(AR)
+    x = comm.empty(4096, dtype=torch.float32)
+    comm.barrier()
+    t0 = time.monotonic()
+    try:
+        if rank != world - 1:
+            say("ENTER", time.time())
+            ar.allreduce_twoshot(x, op="sum", cores=2)
+        comm.barrier()
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        report(t0, exc)
+        raise Failed from exc
+
+
+def hang_flag(comm, rank, world, arg):
+    """tests/faults/hang_flag.strata (unverified): rank 0 waits for go[0], which nobody signals."""
+    mod = load_unverified_for_tests(comm, HERE / "hang_flag.strata")
+    x = comm.empty(64, dtype=torch.float32)
+    comm.barrier()
+    t0 = time.monotonic()
+    try:
+        say("ENTER", time.time())
+        mod.hang_flag(x, cores=2)
+        comm.barrier()
+    except Exception as exc:  # noqa: BLE001
+        report(t0, exc)
+        raise Failed from exc
+
+
+def victim(comm, rank, world, arg):
+    """The last rank never calls and waits to be killed; the others call the AllReduce, so they
+    wait in its first barrier for a rank that is about to die."""
+    ar = comm.load(AR)
+    x = comm.empty(4096, dtype=torch.float32)
+    comm.barrier()
+    t0 = time.monotonic()
+    if rank == world - 1:
+        say("READY", time.time())
+        time.sleep(600)
+        return
+    try:
+        say("ENTER", time.time())
+        ar.allreduce_twoshot(x, op="sum", cores=2)
+    except Exception as exc:  # noqa: BLE001
+        report(t0, exc)
+        raise Failed from exc
+
+
+# ---- long runs -------------------------------------------------------------------------------
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32]
+SIZES = [1, 7, 64, 1000, 4099]
+
+
+def soak(comm, rank, world, arg):
+    """`arg` back-to-back calls alternating AllReduce and AllGather, 5 sizes and 4 dtypes (2 cores),
+    every result checked; every 50 calls one tensor is freed and allocated again. RSS and open file
+    descriptors are measured after a warm-up and at the end."""
+    calls = int(arg)
+    ar, ag = comm.load(AR), comm.load(AG)
+    bufs = {}
+    for d in DTYPES:
+        for n in SIZES:
+            bufs[d, n] = (comm.empty(n, dtype=d), comm.empty(n * world, dtype=d))
+    expected = {}
+    for d in DTYPES:
+        for n in SIZES:
+            for k in range(64):
+                xs = inputs(world, n, k, d)
+                expected[d, n, k] = (xs[rank], torch.stack([x.float() for x in xs]).sum(0).to(d),
+                                     torch.cat(xs))
+    warm = min(200, calls // 4)
+    start = None
+    t0 = time.monotonic()
+    for it in range(calls):
+        if it == warm:
+            comm.barrier()
+            start = (_rss(), _fds(), time.monotonic())
+        d = DTYPES[(it // 2) % len(DTYPES)]
+        n = SIZES[(it // 8) % len(SIZES)]
+        mine, total, gathered = expected[d, n, it % 64]
+        x, out = bufs[d, n]
+        x.copy_(mine)
+        if it % 2 == 0:
+            ar.allreduce_twoshot(x, op="sum", cores=2)
+            if not torch.equal(x, total):
+                raise AssertionError(f"call {it}: allreduce {d} n={n} wrong on rank {rank}")
+        else:
+            ag.allgather_push(x, out, cores=2)
+            if not torch.equal(out, gathered):
+                raise AssertionError(f"call {it}: allgather {d} n={n} wrong on rank {rank}")
+        if it % 50 == 49:   # allocator churn: free and allocate the same shape again (collective)
+            comm.free(out)
+            out = comm.empty(n * world, dtype=d)
+            bufs[d, n] = (x, out)
+    comm.barrier()
+    end = (_rss(), _fds(), time.monotonic())
+    say("STATS", json.dumps({"rank": rank, "calls": calls, "seconds": end[2] - t0,
+                             "rss_start": start[0], "rss_end": end[0], "fds_start": start[1],
+                             "fds_end": end[1], "measured_calls": calls - warm,
+                             "measured_seconds": end[2] - start[2], "heap_used": comm.heap_used}))
+
+
+def oversubscribed(comm, rank, world, arg):
+    """Far more threads than CPUs: 20 checked AllReduce calls (64 KiB) with 16 cores per rank, then
+    20 with 48 (each core with its SDMA engine thread)."""
+    ar = comm.load(AR)
+    n = 16384
+    x = comm.empty(n, dtype=torch.float32)
+    stats = {"rank": rank, "calls": 20}
+    for cores in (16, 48):
+        comm.barrier()
+        t0 = time.monotonic()
+        for it in range(20):
+            xs = inputs(world, n, it, torch.float32)
+            x.copy_(xs[rank])
+            ar.allreduce_twoshot(x, op="sum", cores=cores)
+            if not torch.equal(x, torch.stack(xs).sum(0)):
+                raise AssertionError(f"call {it} with {cores} cores wrong on rank {rank}")
+        stats[f"seconds_{cores}"] = time.monotonic() - t0
+    say("STATS", json.dumps(stats))
+
+
+SCENARIOS = {f.__name__: f for f in (skip_call, hang_flag, victim, soak, oversubscribed)}
+
+
+def main(scenarios: str, rank: int, world: int, store_path: str, timeout: float, arg: str) -> int:
+    store = dist.FileStore(store_path, world)
+    status = 0
+    for name in scenarios.split(","):
+        CURRENT[0] = name
+        comm = Communicator.from_store(rank, world, store, heap_bytes=16 << 20,
+                                       timeout=timeout if name in ("skip_call", "hang_flag") else 60.0,
+                                       prefix=name)
+        try:
+            SCENARIOS[name](comm, rank, world, arg)
+        except Failed:
+            comm.close(collective=False)
+            status = 3
+            continue
+        comm.close()
+        say("PASS")
+    return status
+
+
+if __name__ == "__main__":
+    rc = main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5]),
+              sys.argv[6] if len(sys.argv) > 6 else "")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
