@@ -102,7 +102,7 @@ def _statements(s: ir.Schedule) -> list[dict]:
             return {"kind": "loop", "var": _cname(op.var), "peers": op.domain is ir.Domain.PEERS,
                     "line": op.span.line, "body": [sync_node(o) for o in op.body]}
         f = flags[op.flag]
-        slot = f"sync + {bases[op.flag]} + {c(op.index)}"
+        slot = f"sync_ + {bases[op.flag]} + {c(op.index)}"
         if isinstance(op, ir.Signal):
             return {"kind": "signal", "line": op.span.line, "slot": slot, "seq": f.seq, "pe": c(op.rank)}
         return {"kind": "wait", "line": op.span.line, "slot": slot, "seq": f.seq}

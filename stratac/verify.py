@@ -16,6 +16,7 @@ This module shares no code with code generation or the CPU model: it is the inde
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field
 
@@ -229,7 +230,6 @@ def _ranges(rs: list[int]) -> str:
 
 def _races(inst: Instance, ex: _Execution) -> list[Diagnostic]:
     diags: list[Diagnostic] = []
-    W = inst.world
     exit_index = [len(tl) - 1 for tl in inst.timelines]
     groups: dict[tuple[int, str], list[tuple[Access, Event]]] = {}
     for tl in inst.timelines:
@@ -254,32 +254,41 @@ def _races(inst: Instance, ex: _Execution) -> list[Diagnostic]:
                         return diags
     for (owner, buf), items in groups.items():
         items.sort(key=lambda t: t[0].lo)
-        active_reads: list[tuple[Access, Event]] = []
-        active_writes: list[tuple[Access, Event]] = []
-        for a, ev in items:
-            active_reads = [t for t in active_reads if t[0].hi > a.lo]
-            active_writes = [t for t in active_writes if t[0].hi > a.lo]
-            against = active_writes + active_reads if a.write else active_writes
-            for b, bev in against:
-                if a.instance == b.instance and (a.lo, a.hi) == (b.lo, b.hi):
-                    continue  # one elementwise move reading and writing the same elements
-                if a.accumulate and a.accumulate == b.accumulate:
-                    continue  # atomic accumulates of one operation commute
-                if bev is not ev and (ex.hb(bev.rank, bev.index, ev.rank, ev.index)
-                                      or ex.hb(ev.rank, ev.index, bev.rank, bev.index)):
-                    continue
+        # live accesses by kind, each a heap on the end of the interval: "r" reads, "w" plain
+        # writes, and one per accumulate operation (accumulates of one op never conflict, so a
+        # world of accumulates into one slice costs no pairwise checks)
+        active: dict[str, list] = {"r": [], "w": []}
+        for seq, (a, ev) in enumerate(items):
+            for heap in active.values():
+                while heap and heap[0][0] <= a.lo:
+                    heapq.heappop(heap)
+            kind = "r" if not a.write else ("acc:" + a.accumulate if a.accumulate else "w")
+            against = [k for k in active if k != "r" or a.write]
+            if a.accumulate:
+                against = [k for k in against if k != kind]
+            conflict = None
+            for k in against:
+                for _, _, b, bev in active[k]:
+                    if a.instance == b.instance and (a.lo, a.hi) == (b.lo, b.hi):
+                        continue  # one elementwise move reading and writing the same elements
+                    if bev is not ev and (ex.hb(bev.rank, bev.index, ev.rank, ev.index)
+                                          or ex.hb(ev.rank, ev.index, bev.rank, bev.index)):
+                        continue
+                    conflict = (b, bev)
+                    break
+                if conflict:
+                    break
+            if conflict:
+                b, bev = conflict
                 lo, hi = max(a.lo, b.lo), min(a.hi, b.hi)
-                what_a = _verb(a)
-                what_b = _verb(b)
+                what_a, what_b = _verb(a), _verb(b)
                 diags.append(error(
                     Codes.RACE, f"race on {buf}[{lo}:{hi}]@{owner} ({_ctx(inst)}): rank {ev.rank} "
                     f"{what_a} it here and rank {bev.rank} {what_b} it, unordered", a.span,
                     Note(f"rank {bev.rank} {what_b} it here", b.span)))
                 if len(diags) >= MAX_RACES_REPORTED:
                     return diags
-                break
-            (active_writes if a.write else active_reads).append((a, ev))
-    del W
+            heapq.heappush(active.setdefault(kind, []), (a.hi, seq, a, ev))
     return diags
 
 
