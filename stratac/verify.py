@@ -257,7 +257,7 @@ def _races(inst: Instance, ex: _Execution) -> list[Diagnostic]:
         # live accesses by kind, each a heap on the end of the interval: "r" reads, "w" plain
         # writes, and one per accumulate operation (accumulates of one op never conflict, so a
         # world of accumulates into one slice costs no pairwise checks)
-        active: dict[str, list] = {"r": [], "w": []}
+        active: dict[str, list] = {"w": [], "r": []}
         for seq, (a, ev) in enumerate(items):
             for heap in active.values():
                 while heap and heap[0][0] <= a.lo:
@@ -268,7 +268,7 @@ def _races(inst: Instance, ex: _Execution) -> list[Diagnostic]:
                 against = [k for k in against if k != kind]
             conflict = None
             for k in against:
-                for _, _, b, bev in active[k]:
+                for _, _, b, bev in sorted(active[k], key=lambda t: t[1]):   # oldest first
                     if a.instance == b.instance and (a.lo, a.hi) == (b.lo, b.hi):
                         continue  # one elementwise move reading and writing the same elements
                     if bev is not ev and (ex.hb(bev.rank, bev.index, ev.rank, ev.index)
