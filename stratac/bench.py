@@ -230,6 +230,34 @@ def _min_copies(kind: str, world: int, in_place: bool) -> float:
             "reduce": 1 / w, "alltoall": (w - 1) / w if in_place else 1.0}[kind]
 
 
+def _mem_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_needed(spec: BenchSpec, pl: Plan, heap: int) -> int:
+    """A generous estimate of the run's peak memory: per rank the heap, the torch reference check
+    (about 32 bytes per element of the largest tensor: int64 draws, float64 accumulator, the
+    expected tensor) and the gloo buffers; per MPI rank its buffers; 300 MB per process."""
+    from .ir import DType
+    from .workload import Workload
+    elem = DType.parse(spec.dtype).nbytes
+    n_max = 0
+    for case in pl.cases:
+        for c in pl.compiled:
+            s = c.schedule
+            wl = Workload(s, spec.world, Workload.count_for_bytes(s, spec.world, case.size, elem))
+            n_max = max([n_max] + [wl.numel(p) for p in s.params])
+    rank = heap + 32 * n_max + (2 * n_max * elem if "gloo" in spec.peers else 0) + (300 << 20)
+    mpi = 2 * n_max * elem + (300 << 20) if "mpi" in spec.peers else 0
+    return spec.world * (rank + mpi)
+
+
 def plan(spec: BenchSpec) -> Plan:
     from .ir import DType
     from .workload import Workload
@@ -349,6 +377,14 @@ def run(spec: BenchSpec, echo=print) -> BenchResult:
     records: list[dict] = []
     failures: list[str] = []
     mpi = "mpi" in spec.peers
+    rspec = runner.RunSpec(file=spec.file, world=spec.world, cases=pl.cases, iters=spec.iters,
+                           warmup=spec.warmup, timeout=spec.timeout, check=True, seed=spec.seed,
+                           soc=spec.soc, cores=spec.cores)
+    need, avail = memory_needed(spec, pl, runner._heap_bytes(rspec, pl.compiled)), _mem_available()
+    if avail is not None and need > 0.8 * avail:   # an OOM kill would take other processes too
+        raise BenchError(f"the largest size needs about {need / 2**30:.1f} GiB of memory ({spec.world} "
+                         f"ranks: heap, reference check, peer buffers) but {avail / 2**30:.1f} GiB are "
+                         f"available: lower the largest --sizes (now {fmt_bytes(pl.cases[-1].size)})")
     with tempfile.TemporaryDirectory(prefix="stratac-bench-") as tmp:
         gate = benchpeer.Gate(Path(tmp) / "gate")
         gate.path.mkdir()
@@ -384,9 +420,7 @@ def run(spec: BenchSpec, echo=print) -> BenchResult:
         watcher = threading.Thread(target=watch_mpi, daemon=True) if mpi else None
         if watcher:
             watcher.start()
-        rspec = runner.RunSpec(file=spec.file, world=spec.world, cases=pl.cases, iters=spec.iters,
-                               warmup=spec.warmup, timeout=spec.timeout, check=True, seed=spec.seed,
-                               soc=spec.soc, cores=spec.cores, bench=bench)
+        rspec.bench = bench
         try:
             with Progress(gate, pl.cases, mpi, spec.progress):
                 outcome = runner.run(rspec, echo=echo)

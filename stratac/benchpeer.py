@@ -62,37 +62,73 @@ class Gate:
         return True
 
 
-# ---- inputs and references (numpy, so the MPI job needs neither torch nor the compiler)
+# ---- inputs and references (numpy, so the MPI job needs neither torch nor the compiler), computed
+# in chunks from a closed form: rank r's input element i is ((5i + 3r + 1) mod 17) - 8, so a
+# 256 MiB check costs a few MiB of memory, not world copies of the buffer
 
-def peer_input(task: dict, rank: int):
+CHUNK = 1 << 20
+
+
+def _val(r, i):
+    return ((i * 5 + r * 3 + 1) % 17) - 8
+
+
+def peer_input(task: dict, rank: int, lo: int = 0, hi: int | None = None):
+    """Elements [lo, hi) of `rank`'s input, float64."""
     import numpy as np
-    n = task["in_numel"]
-    return (((np.arange(n, dtype=np.int64) * 5 + rank * 3 + 1) % 17) - 8).astype(np.float64)
+    hi = task["in_numel"] if hi is None else hi
+    return _val(rank, np.arange(lo, hi, dtype=np.int64)).astype(np.float64)
 
 
-def peer_expected(task: dict, rank: int, world: int):
-    """The reference result on `rank` (float64), or None where the contract says nothing."""
+def peer_expected(task: dict, rank: int, world: int, lo: int = 0, hi: int | None = None):
+    """Elements [lo, hi) of the reference result on `rank` (float64), or None where the contract
+    says nothing."""
     import numpy as np
     kind, root = task["kind"], task["root"]
-    ins = [peer_input(task, r) for r in range(world)]
+    out_numel = task["out_numel"] if task["out_numel"] is not None else task["in_numel"]
+    hi = out_numel if hi is None else hi
+    j = np.arange(lo, hi, dtype=np.int64)
 
-    def red(xs):
-        st = np.stack(xs)
-        return {"sum": st.sum(0), "max": st.max(0), "min": st.min(0)}[task["op"]]
+    def red(i):
+        acc = _val(0, i)
+        for r in range(1, world):
+            v = _val(r, i)
+            acc = {"sum": acc + v, "max": np.maximum(acc, v), "min": np.minimum(acc, v)}[task["op"]]
+        return acc.astype(np.float64)
 
     if kind == "allreduce":
-        return red(ins)
+        return red(j)
     if kind == "allgather":
-        return np.concatenate(ins)
+        n = task["in_numel"]
+        return _val(j // n, j % n).astype(np.float64)
     if kind == "reducescatter":
-        m = task["out_numel"]
-        return red(ins)[rank * m:(rank + 1) * m]
+        return red(rank * task["out_numel"] + j)
     if kind == "broadcast":
-        return ins[root]
+        return _val(root, j).astype(np.float64)
     if kind == "reduce":
-        return red(ins) if rank == root else None
-    m = task["in_numel"] // world   # alltoall
-    return np.concatenate([ins[p][rank * m:(rank + 1) * m] for p in range(world)])
+        return red(j) if rank == root else None
+    m = task["in_numel"] // world   # alltoall: block p of my output is block `rank` of p's input
+    return _val(j // m, rank * m + j % m).astype(np.float64)
+
+
+def fill_input(x, task: dict, rank: int, convert) -> None:
+    """x[:] = rank's input, chunk by chunk; convert(float64 chunk) -> x's element type."""
+    for lo in range(0, task["in_numel"], CHUNK):
+        hi = min(lo + CHUNK, task["in_numel"])
+        x[lo:hi] = convert(peer_input(task, rank, lo, hi))
+
+
+def check_output(got, task: dict, rank: int, world: int, to_f64) -> bool:
+    """True if `got` (the output buffer) equals the reference; to_f64(chunk) -> float64 array."""
+    import numpy as np
+    for lo in range(0, len(got), CHUNK):
+        hi = min(lo + CHUNK, len(got))
+        want = peer_expected(task, rank, world, lo, hi)
+        if want is None:
+            return True
+        if not np.array_equal(to_f64(got[lo:hi]), want):
+            return False
+    return True
 
 
 def _timed(call, barrier, iters: int, warmup: int) -> float:
@@ -121,7 +157,6 @@ def _record(system: str, task: dict, world: int, time_s: float | None, errors: i
 def gloo_task(task: dict, rank: int, world: int, iters: int, warmup: int) -> dict | None:
     """Measures one collective with torch.distributed on the worker's gloo process group; returns
     rank 0's record (None on the other ranks)."""
-    import numpy as np
     import torch
     import torch.distributed as dist
 
@@ -143,11 +178,10 @@ def gloo_task(task: dict, rank: int, world: int, iters: int, warmup: int) -> dic
     }[kind]
     note = ""
     try:
-        x.copy_(torch.from_numpy(peer_input(task, rank)).to(dtype))
+        fill_input(x, task, rank, lambda a: torch.from_numpy(a).to(dtype))
         call()
-        want = peer_expected(task, rank, world)
-        got = (out if out is not None else x).to(torch.float64).numpy()
-        wrong = int(want is not None and not np.array_equal(got, want))
+        got = out if out is not None else x
+        wrong = int(not check_output(got, task, rank, world, lambda t: t.to(torch.float64).numpy()))
         elapsed = _timed(call, dist.barrier, iters, warmup)
     except RuntimeError as exc:   # gloo refuses a dtype or an op: say which, keep going
         wrong, elapsed = 0, float("nan")
@@ -243,16 +277,15 @@ def mpi_task(MPI, comm, task: dict, iters: int, warmup: int) -> dict | None:
                                       buf(x) if rank == root else None, op=op, root=root),
         "alltoall": lambda: comm.Alltoall(buf(x), buf(out)),
     }[kind]
-    src = peer_input(task, rank)
-    if dt == "bf16":   # float64 -> bfloat16 bits (small integers: exact)
-        x[:] = (src.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    if dt == "bf16":   # float64 <-> bfloat16 bits (small integers: exact)
+        to_x = lambda a: (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        to_f64 = lambda a: (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     else:
-        x[:] = src.astype(npdt)
+        to_x = lambda a: a.astype(npdt)
+        to_f64 = lambda a: a.astype(np.float64)
+    fill_input(x, task, rank, to_x)
     call()
-    want = peer_expected(task, rank, world)
-    got = out if out is not None else x
-    got = ((got.astype(np.uint32) << 16).view(np.float32) if dt == "bf16" else got).astype(np.float64)
-    wrong = int(want is not None and not np.array_equal(got, want))
+    wrong = int(not check_output(out if out is not None else x, task, rank, world, to_f64))
     elapsed = _timed(call, comm.Barrier, iters, warmup)
     elapsed = comm.allreduce(elapsed, op=MPI.MAX)
     wrong = comm.allreduce(wrong, op=MPI.SUM)

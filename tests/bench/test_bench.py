@@ -190,6 +190,16 @@ def test_peer_references():
     assert benchpeer.peer_expected(dict(task, kind="reduce", root=0), 1, 3) is None
 
 
+def test_a_sweep_that_would_not_fit_in_memory_is_refused(tmp_path, monkeypatch):
+    """An OOM kill would take other processes with it: the bench refuses first, and says why."""
+    monkeypatch.setattr(bench, "_mem_available", lambda: 1 << 30)
+    spec = bench.BenchSpec(file=str(ROOT / "examples" / "allreduce_twoshot.strata"), world=4,
+                           sizes=[256 << 20], ceiling_bytes=1 << 20)
+    with pytest.raises(bench.BenchError, match=r"the largest size needs about 1\d\.\d GiB of memory "
+                       r"\(4 ranks.*but 1\.0 GiB are available: lower the largest --sizes \(now 256MiB\)"):
+        bench.run(spec, echo=lambda line: None)
+
+
 def test_progress_line_counts_marks(tmp_path):
     gate = benchpeer.Gate(tmp_path)
     cases = [runner.Case(size=1024), runner.Case(size=2048)]
