@@ -231,11 +231,16 @@ def _ranges(rs: list[int]) -> str:
 def _races(inst: Instance, ex: _Execution) -> list[Diagnostic]:
     diags: list[Diagnostic] = []
     exit_index = [len(tl) - 1 for tl in inst.timelines]
-    groups: dict[tuple[int, str], list[tuple[Access, Event]]] = {}
+    # Accesses separated by a barrier are ordered by it (a barrier joins every rank), so only
+    # accesses between the same two barriers can race: group by (owner, buffer, barrier epoch).
+    groups: dict[tuple[int, str, int], list[tuple[Access, Event]]] = {}
     for tl in inst.timelines:
+        epoch = 0
         for ev in tl:
+            if ev.kind is EventKind.BARRIER:
+                epoch += 1
             for a in ev.accesses:
-                groups.setdefault((a.owner, a.buffer), []).append((a, ev))
+                groups.setdefault((a.owner, a.buffer, epoch), []).append((a, ev))
                 if a.owner != ev.rank:
                     kind = "writes" if a.write else "reads"
                     if not ex.hb(a.owner, 0, ev.rank, ev.index):
@@ -252,7 +257,7 @@ def _races(inst: Instance, ex: _Execution) -> list[Diagnostic]:
                                          "a signal the peer waits for after it")))
                     if len(diags) >= MAX_RACES_REPORTED:
                         return diags
-    for (owner, buf), items in groups.items():
+    for (owner, buf, _), items in groups.items():
         items.sort(key=lambda t: t[0].lo)
         # live accesses by kind, each a heap on the end of the interval: "r" reads, "w" plain
         # writes, and one per accumulate operation (accumulates of one op never conflict, so a
