@@ -258,6 +258,14 @@ def memory_needed(spec: BenchSpec, pl: Plan, heap: int) -> int:
     return spec.world * (rank + mpi)
 
 
+def _min_fabric(kind: str, world: int) -> float:
+    """Bytes that must cross between ranks per rank (mean over ranks), per payload byte S: nccl-tests'
+    bus factor, except Broadcast and Reduce, whose factor 1 counts the root's link: (n-1) ranks
+    each receive (or send) S, (n-1)/n per rank."""
+    w = world
+    return 2 * (w - 1) / w if kind == "allreduce" else (w - 1) / w
+
+
 def plan(spec: BenchSpec) -> Plan:
     from .ir import DType
     from .workload import Workload
@@ -515,7 +523,7 @@ def _records(results: list[dict], pl: Plan, spec: BenchSpec) -> list[dict]:
                "copies_per_byte": landed / size if size else None,
                "min_copies_per_byte": _min_copies(kind, w, s.contract.in_place),
                "fabric_per_byte": (engines["remote_read"] + engines["remote_write"]) / size if size else None,
-               "min_fabric_per_byte": r0["busbw_factor"] if w > 1 else 0.0,
+               "min_fabric_per_byte": _min_fabric(kind, w),
                "core_balance": max(balances) if balances else None,
                "heap_bytes": max(p["heap_bytes"] for p in per_rank),
                "staging": bool(s.scratch), "per_rank": per_rank}
@@ -631,7 +639,7 @@ def copies_table(res: BenchResult) -> list[str]:
     lines = ["#", f"# copies and engines at {fmt_bytes(top)} (bytes per payload byte S, per rank and "
              "call, mean over ranks; CPU model counters)",
              "#   copies/B = (aiv out + sdma) / S, the bytes landed in GM; min = what the contract "
-             "must land; fabric/B = (remote read + remote write) / S; min = nccl-tests' bus factor",
+             "must land; fabric/B = (remote read + remote write) / S; min = what must cross between ranks",
              f"# {'schedule':<28} {'aiv in/B':>8} {'aiv out/B':>9} {'sdma/B':>7} {'copies/B':>8} "
              f"{'min':>5} {'extra/B':>7} {'fabric/B':>8} {'min':>5} {'core max/mean':>13} {'heap/rank':>10}"]
     for r in at:

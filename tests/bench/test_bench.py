@@ -178,6 +178,8 @@ def test_minimum_copies_by_contract():
     assert bench._min_copies("reduce", 4, True) == 0.25
     assert bench._min_copies("alltoall", 4, False) == 1.0
     assert bench._min_copies("allreduce", 1, True) == 0.0
+    assert bench._min_fabric("allreduce", 4) == 1.5 and bench._min_fabric("alltoall", 4) == 0.75
+    assert bench._min_fabric("broadcast", 4) == bench._min_fabric("reduce", 4) == 0.75
 
 
 def test_peer_references():
