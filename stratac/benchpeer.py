@@ -142,12 +142,12 @@ def _timed(call, barrier, iters: int, warmup: int) -> float:
 
 
 def _record(system: str, task: dict, world: int, time_s: float | None, errors: int | None,
-            note: str = "") -> dict:
+            note: str = "", name: str | None = None) -> dict:
     return {"system": system, "kind": task["kind"], "world": world, "dtype": task["dtype"],
             "op": task["op"], "root": task["root"], "count": task["in_numel"], "size": task["size"],
             "busbw_factor": task["busbw_factor"], "time_s": time_s, "errors": errors, "note": note,
             "case": task["case"],
-            "schedule": (GLOO_NAMES if system == "gloo" else MPI_NAMES)[task["kind"]],
+            "schedule": name or (GLOO_NAMES if system == "gloo" else MPI_NAMES)[task["kind"]],
             # the keys stratac.runner reads from every result line
             "rank": 0, "ok": True, "why": ""}
 
@@ -191,9 +191,11 @@ def gloo_task(task: dict, rank: int, world: int, iters: int, warmup: int) -> dic
     dist.all_reduce(flags[1:])
     if rank != 0:
         return None
+    used = {"allgather": gather, "reducescatter": scatter}.get(kind)
+    name = getattr(used, "__name__", None)   # all_gather_single, or the older name where it lacks it
     if flags[2] > 0:
-        return _record("gloo", task, world, None, None, note or "failed on another rank")
-    return _record("gloo", task, world, float(flags[0]), int(flags[1]))
+        return _record("gloo", task, world, None, None, note or "failed on another rank", name)
+    return _record("gloo", task, world, float(flags[0]), int(flags[1]), name=name)
 
 
 def after_case(bench: dict, index: int, rank: int, world: int) -> list[dict]:
