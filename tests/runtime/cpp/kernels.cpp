@@ -401,9 +401,11 @@ extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
     default:
       break;
   }
-  // (the named-flag case ends without SyncAll: the other cores would otherwise time out in it
-  // as well, and which of the two deadlines fires first would depend on the machine's load)
-  if (which == kSyncAllAivOnly || which == kSyncAllUndeclared || which == kNamedFlagTimeout) return;
+  // (the two wait-timeout cases end without SyncAll: cores with nothing to wait for would otherwise
+  // time out in it as well, and which deadline fires first would depend on the machine's load)
+  if (which == kSyncAllAivOnly || which == kSyncAllUndeclared || which == kNamedFlagTimeout ||
+      which == kBarrierMissingRank)
+    return;
   if (!aiv_only) SyncAll();
 }
 
