@@ -152,7 +152,8 @@ class _Execution:
                                     f"in one call ({_ctx(inst)}): a wait cannot tell the two apart",
                                     span, Note(f"rank {first.rank} signalled it here", first.span)))
                                 return diags
-                            signaled[key] = (cur[r].copy(), ev)
+                            # every slot of one signal event shares the event's clock
+                            signaled[key] = (self.vc[(r, ev.index)], ev)
                     elif ev.kind is EventKind.STAGE:
                         self.access_count += len(ev.accesses)
                         self.values.execute(ev)
