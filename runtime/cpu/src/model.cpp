@@ -459,14 +459,18 @@ std::string Prefix(const CoreState* c) {
 void RecordFailure(CoreState* c, const std::string& body) {
   std::string msg = Prefix(c) + body;
   Launch* L = c->launch;
+  bool first = false;
   {
     std::lock_guard<std::mutex> lk(L->fail_mu);
     if (!L->failed.load()) {
       L->first_failure = msg;
       L->failed.store(true);
+      first = true;
     }
   }
-  PoolAbort(g_pool.rank, msg);
+  // only the launch's first failure aborts the pool, so the pool's message and the launch's error
+  // are the same failure even when several cores fail at once
+  if (first) PoolAbort(g_pool.rank, msg);
   {
     std::lock_guard<std::mutex> lk(L->bar_mu);
   }
