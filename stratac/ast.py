@@ -85,9 +85,18 @@ class ReduceCall:
 # ---- statements ----
 
 @dataclass(frozen=True)
+class RouteCall:
+    """A MoE routing construct: histogram, exscan, slots, place or gather, with its operands."""
+
+    kind: str
+    args: tuple["Expr", ...]
+    span: Span
+
+
+@dataclass(frozen=True)
 class Assign:
     target: Ref
-    value: Ref | SplitCall | ReduceCall
+    value: Ref | SplitCall | ReduceCall | RouteCall
     span: Span
 
 
@@ -119,12 +128,12 @@ class If:
 
 @dataclass(frozen=True)
 class ScratchDecl:
-    """A buffer the schedule needs besides its parameters (only the staging baselines do)."""
+    """A buffer the schedule needs besides its parameters (staging baselines, routing offsets)."""
 
     name: str
     symmetric: bool
     dtype: str
-    size: Expr
+    dims: tuple[Expr, ...]
     span: Span
     dtype_span: Span
 
@@ -176,12 +185,12 @@ Stmt = Union[Assign, Accum, If, ScratchDecl, Barrier, Stage, For, FlagDecl, Sign
 
 @dataclass(frozen=True)
 class Param:
-    """A tensor parameter (size given) or a scalar one (size None; dtype is rank or redop)."""
+    """A tensor parameter (dims given) or a scalar one (dims None; dtype is rank or redop)."""
 
     name: str
     symmetric: bool
     dtype: str
-    size: Expr | None
+    dims: tuple[Expr, ...] | None
     span: Span
     dtype_span: Span
 

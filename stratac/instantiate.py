@@ -47,6 +47,24 @@ class Move:
     accumulate: bool = False                      # dst op= src (the sources are added to dst)
 
 
+@dataclass(frozen=True)
+class RouteInst:
+    """A routing construct at concrete sizes. Its data movement depends on values (expert ids,
+    counts, offsets), so the verifier expands it into accesses and moves when it executes it."""
+
+    kind: ir.RouteKind
+    rank: int
+    dst: tuple[int, str, int, int]
+    buffers: dict                  # operand role -> buffer name
+    experts: int
+    span: Span
+    tokens: int = 0
+    topk: int = 0
+    hidden: int = 0
+    rows: int = 0                  # rows of the window (place's destination, gather's source)
+    capacity: int = 0
+
+
 @dataclass
 class Event:
     kind: EventKind
@@ -59,6 +77,7 @@ class Event:
     signals: list[tuple[int, str, int, Span]] = field(default_factory=list)   # owner, flag, slot
     waits: list[tuple[str, int, Span]] = field(default_factory=list)          # flag, slot (own)
     barrier: int = -1
+    routes: list[RouteInst] = field(default_factory=list)
 
 
 @dataclass
@@ -69,6 +88,9 @@ class Instance:
     timelines: list[list[Event]]
     buffer_sizes: dict[str, int]
     flag_sizes: dict[str, int]
+    buffer_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    data: dict = field(default_factory=dict)   # (rank, buffer) -> initial values (MoE expert ids)
+    routing: str | None = None                 # the name of the sample routing data came from
 
 
 class _NegativeOperand(ArithmeticError):
@@ -138,8 +160,9 @@ def _env_text(env: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
 
 
-def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int]) -> Instance:
-    """sizes gives every size symbol and every rank parameter a value."""
+def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | None = None) -> Instance:
+    """sizes gives every size symbol and every rank parameter a value; data the initial values of
+    buffers whose values steer the schedule (expert ids), by (rank, buffer)."""
     if world < 1:
         raise StrataError(error(Codes.BAD_WORLD, f"world size must be at least 1, got {world}", s.span))
     for x in s.rank_params:
@@ -153,9 +176,12 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int]) -> Instance:
             raise StrataError(error(Codes.BAD_WORLD, f"{name} would have {n} elements with "
                                     f"{_env_text(base)}", s.param(name).span))
     flag_sizes = {f.name: _ev(f.size, base, f.span, f"the size of flag {f.name}") for f in s.flags}
+    shapes = {p.name: tuple(_ev(d, base, p.span, f"the shape of {p.name}") for d in p.dims)
+              for p in s.params}
     b = _Builder(s, world, base, buffer_sizes, flag_sizes)
+    b.shapes = shapes
     timelines = [b.timeline(r) for r in range(world)]
-    return Instance(s, world, dict(sizes), timelines, buffer_sizes, flag_sizes)
+    return Instance(s, world, dict(sizes), timelines, buffer_sizes, flag_sizes, shapes, dict(data or {}))
 
 
 class _Builder:
@@ -258,6 +284,9 @@ class _Builder:
                 self.moves(o, env, ev)
             return
         self.instance += 1
+        if isinstance(op, ir.Route):
+            ev.routes.append(self.route(op, env))
+            return
         dst = self.region(op.dst, env)
         if isinstance(op, (ir.Copy, ir.Accumulate)):
             srcs = (self.region(op.src, env),)
@@ -286,3 +315,44 @@ class _Builder:
                                       accumulate=op.op.value if acc else None))
 
 
+
+    def route(self, op: ir.Route, env: dict) -> RouteInst:
+        K = ir.RouteKind
+        dst = self.region(op.dst, env)
+        role = dict(zip(ir.ROUTE_OPERANDS[op.kind], op.operands))
+        world, rank = self.world, env["rank"]
+
+        def fail(msg: str):
+            raise StrataError(error(Codes.SHAPE, f"{op.kind.value}: {msg} (with {_env_text(env)})",
+                                    op.span))
+
+        def experts_of(n: int) -> int:
+            if n % world:
+                fail(f"{n} experts do not divide over {world} ranks: the number of experts must be a "
+                     "multiple of the world size")
+            return n
+        if op.kind is K.HISTOGRAM:
+            return RouteInst(op.kind, rank, dst, role, dst[3] - dst[2], op.span)
+        if op.kind in (K.EXSCAN, K.SLOTS):
+            e = experts_of(dst[3] - dst[2])
+            cap = 0
+            if op.kind is K.EXSCAN and self.buffer_sizes[role["counts"]] != world * e:
+                fail(f"{role['counts']} must hold world x {e} counts (one row per source rank), it has "
+                     f"{self.buffer_sizes[role['counts']]}")
+            if op.kind is K.SLOTS:
+                cap = _ev(op.capacity, env, op.span, "the capacity")
+                if cap < 0:
+                    fail(f"the capacity is {cap}")
+            return RouteInst(op.kind, rank, dst, role, e, op.span, capacity=cap)
+        rows_buf = role["x"] if op.kind is K.PLACE else role["win"]
+        tokens, topk = self.shapes[role["ids"]]
+        e = experts_of(self.buffer_sizes[role["offs"]])
+        hidden = self.shapes[rows_buf][1]
+        win = op.dst.buffer if op.kind is K.PLACE else role["win"]
+        mine = role["x"] if op.kind is K.PLACE else op.dst.buffer
+        if self.shapes[mine][0] != tokens:
+            fail(f"{mine} has {self.shapes[mine][0]} rows but {role['ids']} routes {tokens} tokens")
+        if op.kind is K.GATHER and self.buffer_sizes[role["weights"]] != tokens * topk:
+            fail(f"{role['weights']} must hold {tokens} x {topk} weights, one per entry of {role['ids']}")
+        return RouteInst(op.kind, rank, dst, role, e, op.span, tokens=tokens, topk=topk, hidden=hidden,
+                         rows=self.shapes[win][0])

@@ -59,6 +59,12 @@ class ContractKind(enum.Enum):
     BROADCAST = "broadcast"
     REDUCE = "reduce"
     ALLTOALL = "alltoall"
+    MOE_DISPATCH = "moe_dispatch"
+    MOE_COMBINE = "moe_combine"
+
+    @property
+    def moe(self) -> bool:
+        return self in (ContractKind.MOE_DISPATCH, ContractKind.MOE_COMBINE)
 
 
 class ScalarKind(enum.Enum):
@@ -212,20 +218,56 @@ def simplify(e: IExpr) -> IExpr:
     return Bin(k, a, b)
 
 
-def size_scale(size: IExpr, sym: str) -> IExpr | None:
-    """If size = sym * k with k independent of sym (k may use world), returns k; else None.
-    Decided numerically over a few worlds: exact for the polynomial sizes the language allows."""
-    if not size.names() <= {sym, "world"} or sym not in size.names():
+def size_scale(size: IExpr, sym: str, known: frozenset[str] = frozenset({"world"})) -> IExpr | None:
+    """If size = sym * k with k a function of `known` names only (world by default), returns k;
+    else None. Decided numerically over a few values of the known names: exact for the polynomial
+    sizes the language allows."""
+    if not size.names() <= known | {sym} or sym not in size.names():
         return None
     k = simplify(_subst(size, sym, Const(1)))
-    for world in (1, 2, 3, 7):
+    others = sorted(size.names() - {sym})
+    for v in (1, 2, 3, 7):
+        env = {name: v + i for i, name in enumerate(others)}
         for n in (0, 2, 5):
             try:
-                if size.eval({sym: n, "world": world}) != n * k.eval({"world": world}):
+                if size.eval({**env, sym: n}) != n * k.eval(env):
                     return None
             except ZeroDivisionError:
                 return None
     return k
+
+
+@dataclass(frozen=True)
+class SizeRule:
+    """Size symbol `sym` is dimension `dim` of parameter `param` divided by `scale`."""
+
+    sym: str
+    param: str
+    dim: int
+    scale: IExpr
+
+
+def size_rules(params: tuple["Buffer", ...], syms: tuple[str, ...]) -> tuple[list[SizeRule], list[str]]:
+    """How the size symbols are read off the shapes of the caller's tensors, in an order where each
+    rule's scale uses only world and symbols read before it; and the symbols that cannot be read."""
+    known, rules = {"world"}, []
+    progress = True
+    while progress:
+        progress = False
+        for p in params:
+            if p.scratch:
+                continue
+            for i, d in enumerate(p.dims):
+                todo = d.names() - known
+                if len(todo) != 1:
+                    continue
+                sym = next(iter(todo))
+                k = size_scale(d, sym, frozenset(known))
+                if sym in syms and k is not None:
+                    rules.append(SizeRule(sym, p.name, i, k))
+                    known.add(sym)
+                    progress = True
+    return rules, [x for x in syms if x not in known]
 
 
 def _subst(e: IExpr, name: str, value: IExpr) -> IExpr:
@@ -259,10 +301,19 @@ class Buffer:
     size: IExpr
     span: Span
     scratch: bool = False   # declared in the body: the runtime allocates it, the caller never sees it
+    shape: tuple[IExpr, ...] = ()   # rows, columns (row-major) for a 2-D tensor; () when 1-D
 
     @property
     def type_text(self) -> str:
         return self.dtype.short if self.dtype else str(self.typevar)
+
+    @property
+    def dims(self) -> tuple[IExpr, ...]:
+        return self.shape or (self.size,)
+
+    @property
+    def shape_text(self) -> str:
+        return ", ".join(str(d) for d in self.dims)
 
 
 @dataclass(frozen=True)
@@ -387,7 +438,38 @@ class Wait:
     span: Span
 
 
-Node = Union[Copy, Reduce, Accumulate, If, Loop, Stage, Barrier, Signal, Wait]
+class RouteKind(enum.Enum):
+    """MoE routing constructs (dsl/README.md, "Routing"). ids hold int32 expert ids, -1 = no expert;
+    expert e lives on rank e / (experts / world) as its local expert e % (experts / world)."""
+
+    HISTOGRAM = "histogram"   # dst[e] = the number of entries of ids equal to e
+    EXSCAN = "exscan"         # dst[e] = first window row of this rank's rows for e (packed layout)
+    SLOTS = "slots"           # dst[e] = first window row of this rank's slots for e (fixed capacity)
+    PLACE = "place"           # row t of x -> window row offs[e] + (its place among my rows for e)
+    GATHER = "gather"         # dst row t = sum over k of weights[t, k] * that window row of ids[t, k]
+
+
+ROUTE_OPERANDS = {RouteKind.HISTOGRAM: ("ids",), RouteKind.EXSCAN: ("counts",),
+                  RouteKind.SLOTS: ("capacity",), RouteKind.PLACE: ("x", "ids", "offs"),
+                  RouteKind.GATHER: ("win", "ids", "weights", "offs")}
+
+
+@dataclass(frozen=True)
+class Route:
+    """dst = kind(operands): operands name buffers (ROUTE_OPERANDS), except slots' capacity."""
+
+    kind: RouteKind
+    dst: Region
+    operands: tuple[str, ...]
+    span: Span
+    capacity: IExpr | None = None
+
+    def __str__(self) -> str:
+        args = [str(self.capacity)] if self.capacity is not None else list(self.operands)
+        return f"{self.dst} = {self.kind.value}({', '.join(args)})"
+
+
+Node = Union[Copy, Reduce, Accumulate, Route, If, Loop, Stage, Barrier, Signal, Wait]
 
 
 @dataclass(frozen=True)
@@ -398,14 +480,18 @@ class Contract:
     op: Op | None
     span: Span
     root: str | None = None      # the rank parameter naming the root
+    capacity: str | None = None  # MoE: the size symbol of the slots per (expert, source rank)
 
     @property
     def in_place(self) -> bool:
         return self.inputs == self.outputs
 
     def __str__(self) -> str:
-        data = self.inputs[0] if self.in_place else f"{self.inputs[0]} -> {self.outputs[0]}"
-        extra = [a for a in (self.op.value if self.op else None, self.root) if a]
+        if self.kind.moe:
+            data = f"{', '.join(self.inputs)} -> {', '.join(self.outputs)}"
+        else:
+            data = self.inputs[0] if self.in_place else f"{self.inputs[0]} -> {self.outputs[0]}"
+        extra = [a for a in (self.op.value if self.op else None, self.root, self.capacity) if a]
         return f"{self.kind.value}({', '.join([data, *extra])})"
 
 
@@ -464,13 +550,13 @@ class Schedule:
 # ---- printer ----
 
 def dump(s: Schedule) -> str:
-    params = ", ".join([f"{p.name}: {'sym ' if p.symmetric else ''}{p.type_text}[{p.size}]"
+    params = ", ".join([f"{p.name}: {'sym ' if p.symmetric else ''}{p.type_text}[{p.shape_text}]"
                         for p in s.tensors] + [f"{x.name}: {x.kind.value}" for x in s.scalars])
     out = [f"schedule {s.name}({params}) implements {s.contract}"]
     if s.sizes:
         out.append(f"  sizes {', '.join(s.sizes)}")
     for p in s.scratch:
-        out.append(f"  scratch {p.name}: {'sym ' if p.symmetric else ''}{p.type_text}[{p.size}]")
+        out.append(f"  scratch {p.name}: {'sym ' if p.symmetric else ''}{p.type_text}[{p.shape_text}]")
     for f in s.flags:
         out.append(f"  flag {f.name}[{f.size}] seq={f.seq}")
     for op in s.body:
@@ -513,6 +599,8 @@ def _dump_op(op: Node, depth: int, out: list[str]) -> None:
                    f"{_line(op.span)}")
     elif isinstance(op, Accumulate):
         out.append(f"{pad}{op.dst} {op.op.value}= {op.src}{_line(op.span)}")
+    elif isinstance(op, Route):
+        out.append(f"{pad}{op}{_line(op.span)}")
     elif isinstance(op, If):
         out.append(f"{pad}if {op.cond}:{_line(op.span)}")
         for inner in op.then:

@@ -81,8 +81,8 @@ class _Lowering:
         s = self.s
         size_names: set[str] = set()
         for p in s.params:
-            if p.size is not None:
-                size_names |= _names(p.size)
+            for d in p.dims or ():
+                size_names |= _names(d)
         size_names -= RESERVED
         self.sizes = sorted(size_names)
         size_env = set(self.sizes) | {"world"}
@@ -91,7 +91,7 @@ class _Lowering:
             if self.taken(p.name):
                 self.err(Codes.DUPLICATE_NAME, f"parameter {p.name!r} is already defined", p.span)
                 continue
-            if p.size is None:
+            if p.dims is None:
                 kinds = {k.value: k for k in ir.ScalarKind}
                 if p.dtype not in kinds or p.symmetric:
                     self.err(Codes.BAD_TYPE, f"{p.name} has no size, so it is a scalar: its type is "
@@ -110,18 +110,19 @@ class _Lowering:
                     self.bad_types.add(p.name)
                 else:
                     typevar_seen.setdefault(p.dtype, p.dtype_span)
-            size = self.expr(p.size, size_env, f"the size of {p.name}")
-            self.params[p.name] = ir.Buffer(p.name, dtype, typevar, p.symmetric, size, p.span)
+            size, shape = self.shape(p.dims, size_env, p.name, p.span)
+            self.params[p.name] = ir.Buffer(p.name, dtype, typevar, p.symmetric, size, p.span,
+                                            shape=shape)
         if len(typevar_seen) > 1:
             names = sorted(typevar_seen)
             self.err(Codes.BAD_TYPE, f"one type variable per schedule is supported, found {names}",
                      typevar_seen[names[1]])
             self.bad_types |= {p.name for p in self.params.values() if p.typevar not in (None, names[0])}
-        for sym in self.sizes:
-            if not any(ir.size_scale(p.size, sym) is not None for p in self.params.values()):
-                self.err(Codes.BAD_SIZE, f"size {sym!r} must be read off some parameter's size, which "
-                         f"must be {sym} times a factor of world (such as {sym} or {sym} * world)",
-                         s.span)
+        _, unread = ir.size_rules(tuple(self.params.values()), tuple(self.sizes))
+        for sym in unread:
+            self.err(Codes.BAD_SIZE, f"size {sym!r} must be read off some parameter's shape: some "
+                     f"extent must be {sym} times a factor of world and of sizes read elsewhere (such as "
+                     f"{sym}, {sym} * world or experts * {sym})", s.span)
         if sum(x.kind is ir.ScalarKind.REDOP for x in self.scalars.values()) > 1:
             self.err(Codes.BAD_TYPE, "one redop parameter per schedule is supported", s.span)
         contract = self.contract(s.contract)
@@ -149,6 +150,8 @@ class _Lowering:
                      c.span)
             return None
         kind = kinds[c.kind]
+        if kind.moe:
+            return self.moe_contract(kind, c)
         takes_op, takes_root, in_place, out_of_place = self.CONTRACTS[kind]
         form = [f"{c.kind}(x{' -> out' if not in_place else ''}"
                 + (", sum|max|min|OP" if takes_op else "") + (", ROOT" if takes_root else "") + ")"]
@@ -185,6 +188,67 @@ class _Lowering:
             self.err(Codes.BAD_TYPE, f"{c.kind} needs {src.name} and {dst.name} of one element type",
                      c.span)
         return ir.Contract(kind, (src.name,), (dst.name,), op, c.span, root)
+
+    def shape(self, dims, env: set[str], name: str, span: Span) -> tuple[ir.IExpr, tuple[ir.IExpr, ...]]:
+        """(the element count, the shape) of a declaration T[d] or T[rows, cols]."""
+        if len(dims) > 2:
+            self.err(Codes.BAD_SIZE, f"{name} has {len(dims)} extents; tensors have one or two "
+                     "(T[n] or T[rows, cols])", span)
+        ds = tuple(self.expr(d, env, f"the size of {name}") for d in dims)
+        size = ds[0]
+        for d in ds[1:]:
+            size = ir.Bin(ir.BinKind.MUL, size, d)
+        return ir.simplify(size), (ds if len(ds) > 1 else ())
+
+    MOE_FORMS = {
+        ir.ContractKind.MOE_DISPATCH: "moe_dispatch(x, ids -> win, counts) or moe_dispatch(x, ids -> "
+                                      "win, counts, CAPACITY)",
+        ir.ContractKind.MOE_COMBINE: "moe_combine(win, ids, weights, counts -> y) or moe_combine(win, "
+                                     "ids, weights, counts -> y, CAPACITY)",
+    }
+
+    def moe_contract(self, kind: ir.ContractKind, c: ast.Contract) -> ir.Contract | None:
+        usage = f"{kind.value} is written {self.MOE_FORMS[kind]}"
+        arrows = [i for i, a in enumerate(c.args) if a.out is not None]
+        if len(arrows) != 1:
+            self.err(Codes.BAD_CONTRACT, usage, c.span)
+            return None
+        i = arrows[0]
+        inputs = [a.name for a in c.args[:i + 1]]
+        outputs = [c.args[i].out] + [a.name for a in c.args[i + 1:]]
+        capacity = None
+        if outputs and outputs[-1] in self.sizes:
+            capacity = outputs.pop()
+        if kind is ir.ContractKind.MOE_DISPATCH:
+            roles = [("x", "T", False), ("ids", "i32", False)], [("win", "T", True), ("counts", "i32", True)]
+        else:
+            roles = [("win", "T", True), ("ids", "i32", False), ("weights", "f32", False),
+                     ("counts", "i32", True)], [("y", "T", False)]
+        if len(inputs) != len(roles[0]) or len(outputs) != len(roles[1]):
+            self.err(Codes.BAD_CONTRACT, usage, c.span)
+            return None
+        payload = None
+        for name, (role, dtype, sym) in zip(inputs + outputs, roles[0] + roles[1]):
+            p = self.params.get(name)
+            if p is None:
+                self.err(Codes.UNKNOWN_NAME, f"the contract names {name!r}, which is not a tensor "
+                         "parameter", c.span)
+                return None
+            if dtype == "T":
+                if p.dtype is not None and p.dtype not in (ir.DType.F32, ir.DType.F16, ir.DType.BF16):
+                    self.err(Codes.BAD_TYPE, f"{name} ({role}) carries the tokens: f32, f16, bf16 or a "
+                             "type variable", p.span)
+                if payload is not None and p.type_text != payload.type_text and \
+                        not {p.name, payload.name} & self.bad_types:
+                    self.err(Codes.BAD_TYPE, f"{payload.name} and {name} must have one element type",
+                             c.span)
+                payload = payload or p
+            elif p.type_text != dtype and p.name not in self.bad_types:
+                self.err(Codes.BAD_TYPE, f"{name} ({role}) must be {dtype}, not {p.type_text}", p.span)
+            if sym and not p.symmetric:
+                self.err(Codes.NOT_SYMMETRIC, f"{name} ({role}) is written or read by other ranks: "
+                         f"declare it `{name}: sym ...`", p.span)
+        return ir.Contract(kind, tuple(inputs), tuple(outputs), None, c.span, capacity=capacity)
 
     # ---- statements
     def block(self, stmts, top: bool, loop_vars: tuple[str, ...], engine: ir.Engine | None = None):
@@ -257,6 +321,8 @@ class _Lowering:
                 self.err(Codes.BAD_ENGINE, "data movement needs an engine: write it inside "
                          "`on aiv:`, `on sdma:` or `on auto:`", st.span)
                 return None
+            if isinstance(st.value, ast.RouteCall):
+                return self.route(st, loop_vars, engine)
             return self.move(st, loop_vars, engine)
         raise TypeError(st)  # pragma: no cover
 
@@ -381,6 +447,85 @@ class _Lowering:
             return None
         return ir.Copy(dst[0], src[0], st.span)
 
+    ROUTE_TYPES = {  # operand -> element type ("T": the payload, the destination's type)
+        "ids": "i32", "counts": "i32", "offs": "i32", "weights": "f32", "x": "T", "win": "T"}
+
+    def route(self, st: ast.Assign, loop_vars, engine: ir.Engine) -> ir.Route | None:
+        call: ast.RouteCall = st.value
+        kind = ir.RouteKind(call.kind)
+        want = ir.ROUTE_OPERANDS[kind]
+        form = f"{kind.value}({', '.join(want)})"
+        if len(call.args) != len(want):
+            self.err(Codes.BAD_REF, f"{kind.value} takes {len(want)} operand(s): {form}", call.span)
+            return None
+        if loop_vars:
+            self.err(Codes.BAD_REF, f"{kind.value} covers every rank itself: write it outside loops",
+                     st.span)
+            return None
+        if kind is not ir.RouteKind.PLACE and engine is not ir.Engine.AIV:
+            self.err(Codes.BAD_ENGINE, f"{kind.value} computes on the vector cores: write it `on aiv`",
+                     st.span)
+            return None
+        if st.target.rank is not None:
+            self.err(Codes.BAD_REF, f"{kind.value} writes its result on the running rank: drop the @",
+                     st.target.span)
+            return None
+        whole = kind in (ir.RouteKind.PLACE, ir.RouteKind.GATHER)
+        if whole and st.target.selector is not None:
+            self.err(Codes.BAD_REF, f"{kind.value} fills the whole of its destination: drop the "
+                     "selector", st.target.span)
+            return None
+        got = self.region(st.target, loop_vars, "destination")
+        if got is None:
+            return None
+        dst, dbuf = got
+        capacity = None
+        operands: list[str] = []
+        bufs: dict[str, ir.Buffer] = {}
+        for role, arg in zip(want, call.args):
+            if role == "capacity":
+                capacity = self.expr(arg, set(self.sizes) | {"world"}, "a capacity")
+                continue
+            if not isinstance(arg, ast.Name) or arg.id not in self.params:
+                self.err(Codes.UNKNOWN_NAME, f"operand {role} of {form} must name a tensor parameter",
+                         arg.span)
+                return None
+            p = self.params[arg.id]
+            t = self.ROUTE_TYPES[role]
+            if t == "T":
+                self._same_type(dbuf, p, arg.span)
+            elif p.type_text != t and p.name not in self.bad_types:
+                self.err(Codes.BAD_TYPE, f"operand {role} of {kind.value} holds {t}, but {p.name} holds "
+                         f"{p.type_text}", arg.span)
+            operands.append(p.name)
+            bufs[role] = p
+        if kind in (ir.RouteKind.HISTOGRAM, ir.RouteKind.EXSCAN, ir.RouteKind.SLOTS):
+            if dbuf.type_text != "i32" and dbuf.name not in self.bad_types:
+                self.err(Codes.BAD_TYPE, f"{kind.value} gives int32 per expert, but {dbuf.name} holds "
+                         f"{dbuf.type_text}", st.target.span)
+        else:
+            rows = bufs["x" if kind is ir.RouteKind.PLACE else "win"]
+            for b in (dbuf, rows, bufs["ids"]):
+                if len(b.shape) != 2:
+                    self.err(Codes.BAD_SIZE, f"{kind.value} works on rows: declare {b.name} with a shape "
+                             f"of rows and columns ({b.name}: ...[rows, cols])", b.span)
+                    return None
+            if str(dbuf.shape[1]) != str(rows.shape[1]):
+                self.err(Codes.BAD_SIZE, f"{dbuf.name} has rows of {dbuf.shape[1]} elements, {rows.name} "
+                         f"of {rows.shape[1]}: they must be one row size", st.span)
+            if kind is ir.RouteKind.PLACE and not dbuf.symmetric:
+                self.err(Codes.NOT_SYMMETRIC, f"place writes rows into other ranks' {dbuf.name}: "
+                         f"declare it `{dbuf.name}: sym ...`", dbuf.span)
+            if kind is ir.RouteKind.GATHER:
+                if not rows.symmetric:
+                    self.err(Codes.NOT_SYMMETRIC, f"gather reads rows of other ranks' {rows.name}: "
+                             f"declare it `{rows.name}: sym ...`", rows.span)
+                ids, w = bufs["ids"], bufs["weights"]
+                if w.dims != ids.dims and str(w.size) != str(ids.size):
+                    self.err(Codes.BAD_SIZE, f"weights {w.name} must have the shape of ids {ids.name}",
+                             st.span)
+        return ir.Route(kind, dst, tuple(operands), st.span, capacity)
+
     def accum(self, st: ast.Accum, loop_vars, engine: ir.Engine):
         if engine is not ir.Engine.AIV:
             self.err(Codes.BAD_ENGINE, "reduce on write is an atomic accumulate of the vector cores' "
@@ -415,9 +560,9 @@ class _Lowering:
                          "or the schedule's type variable", st.dtype_span)
                 return
             typevar = st.dtype
-        size = self.expr(st.size, set(self.sizes) | {"world"}, f"the size of {st.name}")
+        size, shape = self.shape(st.dims, set(self.sizes) | {"world"}, st.name, st.span)
         self.params[st.name] = ir.Buffer(st.name, dtype, typevar, st.symmetric, size, st.span,
-                                         scratch=True)
+                                         scratch=True, shape=shape)
 
     def _same_type(self, a: ir.Buffer, b: ir.Buffer, span: Span) -> None:
         if a.type_text != b.type_text and not {a.name, b.name} & self.bad_types:

@@ -31,7 +31,7 @@ _PRETTY = {
     "COLON": "':'", "COMMA": "','", "EQUAL": "'='", "AT": "'@'", "PLUS": "'+'", "MINUS": "'-'",
     "STAR": "'*'", "SLASH": "'/'", "PERCENT": "'%'", "NAME": "a name", "INT": "an integer",
     "REDOP": "sum/max/min", "ENGINE": "an engine (aiv, sdma, auto)", "DOMAIN": "ranks or peers",
-    "SYM": "'sym'", "$END": "end of file", "CMP": "a comparison (== != < <= > >=)",
+    "SYM": "'sym'", "ROUTE": "a routing construct", "$END": "end of file", "CMP": "a comparison (== != < <= > >=)",
     "PLUSEQUAL": "'+='", "LESSTHAN": "'<'", "MORETHAN": "'>'",
 }
 
@@ -100,8 +100,8 @@ class _Builder(Transformer):
                             _tok_span(self.source, name))
 
     def param(self, meta, children):
-        name, sym, dtype, size = children
-        return ast.Param(str(name), sym is not None, str(dtype), size, self._span(meta),
+        name, sym, dtype, dims = children
+        return ast.Param(str(name), sym is not None, str(dtype), dims, self._span(meta),
                          _tok_span(self.source, dtype))
 
     def contract(self, meta, children):
@@ -141,9 +141,12 @@ class _Builder(Transformer):
         lhs, op, rhs = children
         return ast.Cond(str(op), lhs, rhs, self._span(meta))
 
+    def dims(self, meta, children):
+        return tuple(children)
+
     def scratch_decl(self, meta, children):
-        name, sym, dtype, size = children
-        return ast.ScratchDecl(str(name), sym is not None, str(dtype), size, self._span(meta),
+        name, sym, dtype, dims = children
+        return ast.ScratchDecl(str(name), sym is not None, str(dtype), dims, self._span(meta),
                                _tok_span(self.source, dtype))
 
     def split_call(self, meta, children):
@@ -153,6 +156,10 @@ class _Builder(Transformer):
     def reduce_call(self, meta, children):
         op, operand, var, domain = children
         return ast.ReduceCall(str(op), operand, str(var), str(domain), self._span(meta))
+
+    def route_call(self, meta, children):
+        kind, *args = children
+        return ast.RouteCall(str(kind), tuple(a for a in args if a is not None), self._span(meta))
 
     def barrier(self, meta, children):
         return ast.Barrier(self._span(meta))

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import ir
+from . import routing as routing_mod
 from .diagnostics import Codes, Diagnostic, Note, StrataError, error
 from .instantiate import Access, Event, EventKind, Instance, instantiate
 
@@ -45,10 +46,54 @@ class Result:
         return not self.diagnostics
 
 
+class Sample(dict):
+    """Sizes (and rank parameters) of one instance to check; a MoE sample also names a routing."""
+
+    routing: str | None = None
+
+
+MOE_SAMPLES = ((1, "uniform"), (5, "uniform"), (5, "single"), (5, "empty"), (5, "sparse"))
+
+
+def moe_roles(s: ir.Schedule) -> dict[str, str]:
+    """Which size symbol plays which MoE role (tokens, topk, hidden, experts, capacity), read off
+    the contract's tensors: ids [tokens, topk], the tokens [tokens, hidden], counts [world, experts]."""
+    c = s.contract
+    dispatch = c.kind is ir.ContractKind.MOE_DISPATCH
+    tok = s.param(c.inputs[0] if dispatch else c.outputs[0])
+    ids = s.param(c.inputs[1])
+    counts = s.param(c.outputs[1] if dispatch else c.inputs[3])
+    roles = {}
+    for buf, names in ((ids, ("tokens", "topk")), (tok, ("tokens", "hidden")), (counts, (None, "experts"))):
+        for d, role in zip(buf.dims, names):
+            if role and isinstance(d, ir.Var):
+                roles.setdefault(role, d.name)
+    if c.capacity:
+        roles["capacity"] = c.capacity
+    return roles
+
+
+def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
+    """Token counts 1 and 5 (rows of 3 elements, top-2, 2 experts per rank, capacity = tokens),
+    under the routings of MOE_SAMPLES; other size symbols (such as a window's row count) get the
+    bound world * tokens * topk, which any routing fits."""
+    roles = {v: k for k, v in moe_roles(s).items()}
+    out = []
+    for tokens, routing in MOE_SAMPLES:
+        value = {"tokens": tokens, "topk": 2, "hidden": 3, "experts": 2 * world, "capacity": tokens}
+        sample = Sample({sym: value.get(roles.get(sym, ""), world * tokens * 2) for sym in s.sizes})
+        sample.update({x.name: 0 for x in s.rank_params})
+        sample.routing = routing
+        out.append(sample)
+    return out
+
+
 def default_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
     """Sizes to check at a world size: one element, an odd size around the world size (so splits
     are uneven), and a larger odd size, each kept only while the simulation stays within budget;
     each with the first, the last and a middle rank as the value of every rank parameter."""
+    if s.contract.kind.moe:
+        return _moe_samples(s, world)
     candidates = [1, world + 3, 2 * world + 5]
     out: list[dict[str, int]] = []
     roots = list(dict.fromkeys([0, world - 1, world // 2]))
@@ -74,11 +119,13 @@ def _within_budget(s: ir.Schedule, world: int, sizes: dict[str, int]) -> bool:
     return total <= SIM_ELEMENT_BUDGET
 
 
-def verify(s: ir.Schedule, world: int, sizes: dict[str, int]) -> Result:
+def verify(s: ir.Schedule, world: int, sizes: dict[str, int], routing: str | None = None) -> Result:
     t0 = time.perf_counter()
     res = Result(world, dict(sizes))
     try:
         inst = instantiate(s, world, sizes)
+        if s.contract.kind.moe:
+            _route_sample(inst, routing or getattr(sizes, "routing", None) or "uniform")
     except StrataError as exc:
         res.diagnostics = exc.diagnostics
         res.seconds = time.perf_counter() - t0
@@ -104,9 +151,29 @@ def verify(s: ir.Schedule, world: int, sizes: dict[str, int]) -> Result:
     return res
 
 
+def _route_sample(inst: Instance, routing: str) -> None:
+    """Expert ids for every rank from a sample routing; a combine also starts from the counts its
+    dispatch left (its precondition)."""
+    s, c = inst.schedule, inst.schedule.contract
+    ids_name = c.inputs[1]
+    T, K = inst.buffer_shapes[ids_name]
+    counts = c.outputs[1] if c.kind is ir.ContractKind.MOE_DISPATCH else c.inputs[3]
+    E = inst.buffer_shapes[counts][1]
+    if K > E:
+        raise StrataError(error(Codes.SHAPE, f"topk ({K}) exceeds the number of experts ({E}) "
+                                f"({_ctx(inst)})", s.param(ids_name).span))
+    ids = [routing_mod.expert_ids(routing, r, T, K, E) for r in range(inst.world)]
+    inst.routing = routing
+    inst.data = {(r, ids_name): ids[r] for r in range(inst.world)}
+    if c.kind is ir.ContractKind.MOE_COMBINE:
+        matrix = np.stack([np.bincount(i[i >= 0], minlength=E)[:E] for i in ids]).reshape(-1)
+        inst.data.update({(r, counts): matrix for r in range(inst.world)})
+
+
 def _ctx(inst: Instance) -> str:
     sizes = ", ".join(f"{k}={v}" for k, v in sorted(inst.sizes.items()))
-    return f"world={inst.world}" + (f", {sizes}" if sizes else "")
+    routing = f", routing={inst.routing}" if inst.routing else ""
+    return f"world={inst.world}" + (f", {sizes}" if sizes else "") + routing
 
 
 # ---- 1. execution with vector clocks ----
@@ -155,8 +222,8 @@ class _Execution:
                             # every slot of one signal event shares the event's clock
                             signaled[key] = (self.vc[(r, ev.index)], ev)
                     elif ev.kind is EventKind.STAGE:
+                        self.values.execute(ev)   # expands routing constructs into accesses first
                         self.access_count += len(ev.accesses)
-                        self.values.execute(ev)
                     self.order.append(ev)
                     pos[r] += 1
                     progress = True
@@ -232,6 +299,11 @@ def _ranges(rs: list[int]) -> str:
 def _races(inst: Instance, ex: _Execution) -> list[Diagnostic]:
     diags: list[Diagnostic] = []
     exit_index = [len(tl) - 1 for tl in inst.timelines]
+    c = inst.schedule.contract
+    # A dispatch may write its outputs (windows, counts) into peers that have not entered yet: the
+    # previous combine, which ends when every rank has finished reading them, is what makes that
+    # safe (dsl/README.md, "Routing"). Reads and every other buffer keep the entry rule.
+    entry_free = set(c.outputs) if c.kind is ir.ContractKind.MOE_DISPATCH else set()
     # Accesses separated by a barrier are ordered by it (a barrier joins every rank), so only
     # accesses between the same two barriers can race: group by (owner, buffer, barrier epoch).
     groups: dict[tuple[int, str, int], list[tuple[Access, Event]]] = {}
@@ -244,7 +316,8 @@ def _races(inst: Instance, ex: _Execution) -> list[Diagnostic]:
                 groups.setdefault((a.owner, a.buffer, epoch), []).append((a, ev))
                 if a.owner != ev.rank:
                     kind = "writes" if a.write else "reads"
-                    if not ex.hb(a.owner, 0, ev.rank, ev.index):
+                    if not ex.hb(a.owner, 0, ev.rank, ev.index) and not (a.write and
+                                                                          a.buffer in entry_free):
                         diags.append(error(
                             Codes.ENTRY, f"rank {ev.rank} {kind} {a.buffer}[{a.lo}:{a.hi}]@{a.owner} "
                             f"before rank {a.owner} is known to have entered the call ({_ctx(inst)})",
@@ -325,9 +398,15 @@ class _Values:
         self.names = [p.name for p in inst.schedule.params]
         self.init = {(r, b): _tags(r, i, inst.buffer_sizes[b])
                      for r in range(inst.world) for i, b in enumerate(self.names)}
+        for key, values in inst.data.items():
+            self.init[key] = np.asarray(values, dtype=np.int64).reshape(-1).astype(np.uint64)
         self.cur = {k: v.copy() for k, v in self.init.items()}
+        self.faults: list[Diagnostic] = []   # routing that went outside its window
+        self.serial = 1 << 40                # access instances of expanded routing constructs
 
     def execute(self, ev: Event) -> None:
+        for ri in ev.routes:
+            self._route(ri, ev)
         with np.errstate(over="ignore"):
             for mv in ev.moves:
                 owner, buf, lo, hi = mv.dst
@@ -345,9 +424,104 @@ class _Values:
                 self.cur[(owner, buf)][lo:hi] = out
 
 
+    # ---- routing constructs, executed on the simulated values
+
+    def _ints(self, rank: int, buf: str) -> np.ndarray:
+        return self.cur[(rank, buf)].astype(np.int64)
+
+    def _access(self, ev: Event, ri, owner: int, buf: str, lo: int, hi: int, write: bool) -> None:
+        if hi > lo:
+            self.serial += 1
+            ev.accesses.append(Access(owner, buf, lo, hi, write, self.serial, ri.span))
+
+    def _rows(self, ri, ev: Event, owner_rows: list[tuple[int, int]], buf: str, write: bool) -> None:
+        """Accesses to whole rows of a window (owner, row), runs of consecutive rows merged."""
+        H = ri.hidden
+        run = None
+        for owner, row in owner_rows + [(None, None)]:
+            if run and owner == run[0] and row == run[2]:
+                run[2] += 1
+                continue
+            if run:
+                self._access(ev, ri, run[0], buf, run[1] * H, run[2] * H, write)
+            run = [owner, row, row + 1] if owner is not None else None
+
+    def _route(self, ri, ev: Event) -> None:
+        K, W, r = ir.RouteKind, self.inst.world, ri.rank
+        b = ri.buffers
+        owner, dbuf, lo, hi = ri.dst
+        out = self.cur[(owner, dbuf)]
+        if ri.kind is not K.PLACE:   # place writes rows of other ranks' windows, listed below
+            self._access(ev, ri, owner, dbuf, lo, hi, True)
+        for role in ("ids", "counts", "offs", "weights"):
+            if role in b:
+                self._access(ev, ri, r, b[role], 0, self.inst.buffer_sizes[b[role]], False)
+        E = ri.experts
+        if ri.kind is K.HISTOGRAM:
+            ids = self._ints(r, b["ids"])
+            ids = ids[(ids >= 0) & (ids < E)]
+            out[lo:hi] = np.bincount(ids, minlength=E)[:E].astype(np.uint64)
+            return
+        L = E // W
+        if ri.kind is K.EXSCAN:
+            m = self._ints(r, b["counts"]).reshape(W, E)
+            offs = np.zeros(E, dtype=np.int64)
+            with np.errstate(over="ignore"):   # counts read before they are complete: garbage, reported
+                for e in range(E):
+                    o, l = divmod(e, L)
+                    offs[e] = m[:, o * L:o * L + l].sum() + m[:r, e].sum()
+            out[lo:hi] = offs.astype(np.uint64)
+            return
+        if ri.kind is K.SLOTS:
+            e = np.arange(E, dtype=np.int64)
+            out[lo:hi] = (((e % L) * W + r) * ri.capacity).astype(np.uint64)
+            return
+        ids = self._ints(r, b["ids"]).reshape(ri.tokens, ri.topk)
+        offs = self._ints(r, b["offs"])
+        H, seen = ri.hidden, np.zeros(E, dtype=np.int64)
+        place = ri.kind is K.PLACE
+        win = dbuf if place else b["win"]
+        used: list[tuple[int, int]] = []
+        rows_out = np.zeros((ri.tokens, H), dtype=np.uint64)
+        weights = self.cur[(r, b["weights"])] if not place else None
+        x = self.cur[(r, b["x"])] if place else None
+        with np.errstate(over="ignore"):
+            for t in range(ri.tokens):
+                for k in range(ri.topk):
+                    e = int(ids[t, k])
+                    if not 0 <= e < E:
+                        continue
+                    row = int(offs[e]) + int(seen[e])
+                    seen[e] += 1
+                    o = e // L
+                    if not 0 <= row < ri.rows:
+                        if not self.faults:
+                            self.faults.append(error(
+                                Codes.CONTRACT, f"rank {r}: {ri.kind.value} puts token {t} (expert {e}) "
+                                f"at row {row} of {win}@{o}, which has {ri.rows} rows "
+                                f"({_ctx(self.inst)})", ri.span,
+                                Note("the offsets are wrong: are the counts complete when they are read?")))
+                        continue
+                    used.append((o, row))
+                    if place:
+                        self.cur[(o, win)][row * H:(row + 1) * H] = x[t * H:(t + 1) * H]
+                    else:
+                        rows_out[t] += weights[t * ri.topk + k] * self.cur[(o, win)][row * H:(row + 1) * H]
+        if place:
+            self._access(ev, ri, r, b["x"], 0, self.inst.buffer_sizes[b["x"]], False)
+            self._rows(ri, ev, used, win, True)
+        else:
+            self._rows(ri, ev, used, win, False)
+            out[lo:hi] = rows_out.reshape(-1)
+
+
 def _contract(inst: Instance, ex: _Execution) -> list[Diagnostic]:
     s, W, vals = inst.schedule, inst.world, ex.values
     c = s.contract
+    if vals.faults:
+        return vals.faults[:1]
+    if c.kind.moe:
+        return _moe_contract(inst, vals)
     x, out = c.inputs[0], c.outputs[0]
     nx, nout = inst.buffer_sizes[x], inst.buffer_sizes[out]
     K = ir.ContractKind
@@ -432,6 +606,85 @@ def _contract(inst: Instance, ex: _Execution) -> list[Diagnostic]:
     return []
 
 
+def moe_layout(ids: list[np.ndarray], experts: int, capacity: int | None) -> dict:
+    """The window row of every routed entry: {(source rank, token, k): (owner, row)}, by the
+    contract's definition. Packed (capacity None): on each owner, local expert by local expert, the
+    rows from rank 0, then rank 1, ..., each rank's in token order. Slotted: rank s's j-th row for
+    local expert l is row (l * world + s) * capacity + j."""
+    W = len(ids)
+    L = experts // W
+    out = {}
+    for o in range(W):
+        row = 0
+        for l in range(L):
+            e = o * L + l
+            for src in range(W):
+                j = 0
+                for t, k in zip(*np.nonzero(ids[src] == e)):
+                    out[(src, int(t), int(k))] = (o, row if capacity is None else (l * W + src) * capacity + j)
+                    row += 1
+                    j += 1
+    return out
+
+
+def _moe_contract(inst: Instance, vals: _Values) -> list[Diagnostic]:
+    s, W, c = inst.schedule, inst.world, inst.schedule.contract
+    ids_name = c.inputs[1]
+    T, K = inst.buffer_shapes[ids_name]
+    ids = [vals.init[(r, ids_name)].astype(np.int64).reshape(T, K) for r in range(W)]
+    counts_name = c.outputs[1] if c.kind is ir.ContractKind.MOE_DISPATCH else c.inputs[3]
+    E = inst.buffer_shapes[counts_name][1]
+    cap = inst.sizes[c.capacity] if c.capacity else None
+    layout = moe_layout(ids, E, cap)
+    matrix = np.stack([np.bincount(i[(i >= 0) & (i < E)], minlength=E)[:E] for i in ids]).reshape(-1)
+    expected: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}   # values, mask of checked
+    describe: dict[str, str] = {}
+    if c.kind is ir.ContractKind.MOE_DISPATCH:
+        x, win = c.inputs[0], c.outputs[0]
+        H = inst.buffer_shapes[x][1]
+        want = {r: vals.init[(r, win)].copy() for r in range(W)}
+        mask = {r: np.zeros(inst.buffer_sizes[win], dtype=bool) for r in range(W)}
+        for (src, t, _), (o, row) in layout.items():
+            want[o][row * H:(row + 1) * H] = vals.init[(src, x)][t * H:(t + 1) * H]
+            mask[o][row * H:(row + 1) * H] = True
+        for r in range(W):
+            expected[(r, win)] = (want[r], mask[r])
+            expected[(r, counts_name)] = (matrix.astype(np.uint64),
+                                          np.ones(matrix.size, dtype=bool))
+        describe[win] = "the token row the layout puts there"
+        describe[counts_name] = f"the number of entries of {ids_name} on rank i // experts equal to i % experts"
+    else:
+        win, weights, y = c.inputs[0], c.inputs[2], c.outputs[0]
+        H = inst.buffer_shapes[y][1]
+        for r in range(W):
+            out = np.zeros(T * H, dtype=np.uint64)
+            with np.errstate(over="ignore"):
+                for t in range(T):
+                    for k in range(K):
+                        hit = layout.get((r, t, k))
+                        if hit:
+                            o, row = hit
+                            out[t * H:(t + 1) * H] += vals.init[(r, weights)][t * K + k] * \
+                                vals.init[(o, win)][row * H:(row + 1) * H]
+            expected[(r, y)] = (out, np.ones(out.size, dtype=bool))
+        describe[y] = f"the sum over k of {weights}[t, k] times the window row of entry (t, k)"
+    for r in range(W):
+        for b in vals.names:
+            if s.param(b).scratch:
+                continue
+            want, mask = expected.get((r, b), (vals.init[(r, b)], None))
+            got = vals.cur[(r, b)]
+            bad = np.nonzero((got != want) if mask is None else ((got != want) & mask))[0]
+            if bad.size == 0:
+                continue
+            i = int(bad[0])
+            what = describe.get(b, f"its input value (the contract leaves {b} unchanged)")
+            return [error(Codes.CONTRACT, f"the schedule does not implement {c} ({_ctx(inst)}): "
+                          f"{b}@{r}[{i}] should be {what}, but {_explain(vals, int(got[i]))}"
+                          + (f"; {bad.size} elements are wrong" if bad.size > 1 else ""), c.span)]
+    return []
+
+
 def _explain(vals: _Values, value: int) -> str:
     for (r, b), arr in vals.init.items():
         hit = np.nonzero(arr == np.uint64(value))[0]
@@ -445,7 +698,7 @@ def verify_worlds(s: ir.Schedule, worlds: list[int],
     results = []
     for w in worlds:
         for sizes in (samples or default_samples(s, w)):
-            results.append(verify(s, w, sizes))
+            results.append(verify(s, w, sizes, getattr(sizes, "routing", None)))
             if not results[-1].ok:
                 return results
     return results

@@ -73,16 +73,16 @@ def test_module_and_schedules(module):
 def test_params(module):
     x, out = module.schedules[0].params
     assert (x.name, x.symmetric, x.dtype) == ("x", True, "T")
-    assert x.size == ast.Name("n", x.size.span) and start(x.size) == at(1, "n]")
+    assert x.dims[0] == ast.Name("n", x.dims[0].span) and start(x.dims[0]) == at(1, "n]")
     assert start(x) == at(1, "x:") and end(x) == (1, at(1, "]")[1] + 1)
     assert (x.dtype_span.line, x.dtype_span.col) == at(1, "T[")
     assert (out.name, out.symmetric, out.dtype) == ("out", False, "f32")
     assert (out.dtype_span.col, out.dtype_span.end_col) == (at(1, "f32")[1], at(1, "f32")[1] + 3)
-    assert isinstance(out.size, ast.BinOp) and out.size.op == "*"
-    assert (out.size.lhs.id, out.size.rhs.id) == ("n", "world")
-    assert start(out.size) == at(1, "n * world")
+    assert isinstance(out.dims[0], ast.BinOp) and out.dims[0].op == "*"
+    assert (out.dims[0].lhs.id, out.dims[0].rhs.id) == ("n", "world")
+    assert start(out.dims[0]) == at(1, "n * world")
     y, = module.schedules[1].params
-    assert (y.dtype, y.size.value, y.symmetric) == ("i32", 8, False)
+    assert (y.dtype, y.dims[0].value, y.symmetric) == ("i32", 8, False)
 
 
 def test_contracts(module):
@@ -202,7 +202,7 @@ def test_stage_with_loop_block_and_max(body):
 ])
 def test_expression_precedence(text, shape):
     src = f"schedule s(x: T[{text}]) implements allreduce(x, sum) {{}}"
-    size = parse(Source("e", src)).schedules[0].params[0].size
+    size = parse(Source("e", src)).schedules[0].params[0].dims[0]
 
     def tree(e):
         if isinstance(e, ast.IntLit):
@@ -229,7 +229,7 @@ def test_names_that_start_with_keywords_are_names():
     s = parse(Source("k", src)).schedules[0]
     assert s.name == "format"
     assert [p.name for p in s.params] == ["index", "summary", "ranks2"]
-    assert s.params[1].size.id == "sumn"
+    assert s.params[1].dims[0].id == "sumn"
 
 
 # ---- syntax errors: one diagnostic, E0001, at the offending token ----
