@@ -45,6 +45,8 @@ def kernel_name(s: ir.Schedule, dtype: ir.DType, op: ir.ReduceOp | None = None) 
 def dtypes(s: ir.Schedule) -> list[ir.DType]:
     """The element types a schedule is instantiated for: all of them for a type variable."""
     fixed = {p.dtype for p in s.params if p.dtype is not None}
+    if s.contract.kind.moe:   # tokens are floating point; ids, counts and weights have fixed types
+        return [ir.DType.F32, ir.DType.F16, ir.DType.BF16]
     if s.typevars:
         return list(ir.DType)
     return sorted(fixed, key=lambda d: d.code) or [ir.DType.F32]

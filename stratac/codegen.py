@@ -13,6 +13,7 @@ from pathlib import Path
 import jinja2
 
 from . import abi, ir
+from .passes import routes as passes_routes
 from .passes import stages as passes_stages
 from .resources import resource_dir
 
@@ -48,9 +49,48 @@ def c(e: ir.IExpr) -> str:
     return ir.c_source(e, _C)
 
 
+# buffer name -> C element type, for the buffers of a fixed element type (set per schedule)
+_FIXED: dict[str, str] = {}
+
+
 def _region(r: ir.Region) -> dict:
-    return {"base": _cname(r.buffer), "lo": c(r.lo), "len": c(r.length),
-            "pe": c(r.rank) if r.rank is not None else "rank"}
+    """A region in elements of the kernel's type T: a buffer of a fixed element type (counts,
+    ids) is seen as T elements, since copies move bytes."""
+    base, lo, n = _cname(r.buffer), c(r.lo), c(r.length)
+    d = _FIXED.get(r.buffer)
+    if d is not None:
+        ratio = f"strata::Ratio<{d}, T>()"
+        base, lo, n = f"strata::Reinterpret<T>({base})", f"{lo} * {ratio}", f"{n} * {ratio}"
+    return {"base": base, "lo": lo, "len": n, "pe": c(r.rank) if r.rank is not None else "rank"}
+
+
+def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule) -> dict:
+    K = ir.RouteKind
+    role = dict(zip(ir.ROUTE_OPERANDS[op.kind], op.operands))
+    dst = f"{_cname(op.dst.buffer)} + {c(op.dst.lo)}"
+    n = c(op.dst.length)
+    if op.kind is K.HISTOGRAM:
+        call = f"rt_.Histogram({dst}, {_cname(role['ids'])}, {c(s.param(role['ids']).size)}, {n})"
+    elif op.kind is K.EXSCAN:
+        call = f"rt_.Exscan({dst}, {_cname(role['counts'])}, {n}, rank, world)"
+    elif op.kind is K.SLOTS:
+        call = f"rt_.Slots({dst}, {n}, {c(op.capacity)}, rank, world)"
+    else:
+        ids = s.param(role["ids"])
+        tokens, topk = (c(d) for d in (ids.dims + (ir.Const(1),))[:2])   # [tokens, topk] or [tokens]
+        win = s.param(op.dst.buffer if op.kind is K.PLACE else role["win"])
+        rows, hidden = (c(d) for d in win.dims)
+        experts = c(s.param(role["offs"]).size)
+        if op.kind is K.PLACE:
+            via = {ir.Engine.AIV: "kAiv", ir.Engine.SDMA: "kSdma", ir.Engine.AUTO: "kAuto"}[engine]
+            call = (f"rt_.Place(mv_, strata::Via::{via}, {_cname(win.name)}, {rows}, "
+                    f"{_cname(role['x'])}, {_cname(ids.name)}, {_cname(role['offs'])}, {tokens}, "
+                    f"{topk}, {hidden}, {experts}, rank, world, kSdmaThreshold)")
+        else:
+            call = (f"rt_.Gather({_cname(op.dst.buffer)}, {_cname(win.name)}, {rows}, {_cname(ids.name)}, "
+                    f"{_cname(role['weights'])}, {_cname(role['offs'])}, {tokens}, {topk}, {hidden}, "
+                    f"{experts}, world)")
+    return {"kind": "route", "line": op.span.line, "call": call}
 
 
 def _red(op: ir.Op) -> str:
@@ -61,14 +101,16 @@ def _red(op: ir.Op) -> str:
                               ir.ReduceOp.MIN: "kMin"}[op]
 
 
-def _node(op, engine: ir.Engine) -> dict:
+def _node(op, engine: ir.Engine, s: ir.Schedule) -> dict:
     if isinstance(op, ir.Loop):
         return {"kind": "loop", "var": _cname(op.var), "peers": op.domain is ir.Domain.PEERS,
-                "line": op.span.line, "body": [_node(o, engine) for o in op.body]}
+                "line": op.span.line, "body": [_node(o, engine, s) for o in op.body]}
     if isinstance(op, ir.If):
         return {"kind": "if", "line": op.span.line, "cond": c(op.cond),
-                "then": [_node(o, engine) for o in op.then],
-                "orelse": [_node(o, engine) for o in op.orelse]}
+                "then": [_node(o, engine, s) for o in op.then],
+                "orelse": [_node(o, engine, s) for o in op.orelse]}
+    if isinstance(op, ir.Route):
+        return _route(op, engine, s)
     if isinstance(op, ir.Copy):
         via = {ir.Engine.AIV: "kAiv", ir.Engine.SDMA: "kSdma", ir.Engine.AUTO: "kAuto"}[engine]
         return {"kind": "copy", "line": op.span.line, "via": via, "dst": _region(op.dst),
@@ -124,7 +166,7 @@ def _statements(s: ir.Schedule) -> list[dict]:
                 out.append({"kind": "barrier", "line": op.span.line, "seq": op.seq})
             elif isinstance(op, ir.Stage):
                 out.append({"kind": "stage", "line": op.span.line, "index": op.index,
-                            "engine": op.engine.value, "body": [_node(o, op.engine) for o in op.body]})
+                            "engine": op.engine.value, "body": [_node(o, op.engine, s) for o in op.body]})
             elif is_control(op):
                 node = sync_node(op)
                 if out and out[-1]["kind"] == "control":
@@ -176,6 +218,9 @@ def generate(s: ir.Schedule) -> Output:
     k = s.kernel
     assert k is not None, "run the pass pipeline before code generation"
     env = _env()
+    _FIXED.clear()
+    _FIXED.update({p.name: p.dtype.ctype for p in s.params if p.dtype is not None})
+    rs = passes_routes(s)
     src = Path(s.source_name).name
     ctx = {
         "s": s,
@@ -193,7 +238,10 @@ def generate(s: ir.Schedule) -> Output:
         "launcher_args": abi.args(s),
         "launcher": abi.launcher_name(s),
         "prototype": abi.c_prototype(s),
-        "tensors": [{"name": p.name, "c": _cname(p.name)} for p in s.tensors + s.scratch],
+        "tensors": [{"name": p.name, "c": _cname(p.name), "ctype": p.dtype.ctype if p.dtype else "T"}
+                    for p in s.tensors + s.scratch],
+        "routes": bool(rs),
+        "gather": any(r.kind is ir.RouteKind.GATHER for r in rs),
         "sizes": [{"name": n, "c": _cname(n)} for n in s.sizes],
         "plan": k,
         "statements": _statements(s),

@@ -345,7 +345,7 @@ class _Builder:
                     fail(f"the capacity is {cap}")
             return RouteInst(op.kind, rank, dst, role, e, op.span, capacity=cap)
         rows_buf = role["x"] if op.kind is K.PLACE else role["win"]
-        tokens, topk = self.shapes[role["ids"]]
+        tokens, topk = (self.shapes[role["ids"]] + (1,))[:2]   # ids [tokens, topk] or [tokens]
         e = experts_of(self.buffer_sizes[role["offs"]])
         hidden = self.shapes[rows_buf][1]
         win = op.dst.buffer if op.kind is K.PLACE else role["win"]

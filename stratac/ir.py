@@ -61,10 +61,16 @@ class ContractKind(enum.Enum):
     ALLTOALL = "alltoall"
     MOE_DISPATCH = "moe_dispatch"
     MOE_COMBINE = "moe_combine"
+    ALLTOALLV = "alltoallv"      # a dispatch with one "expert" per rank: row t goes to rank dest[t]
 
     @property
     def moe(self) -> bool:
-        return self in (ContractKind.MOE_DISPATCH, ContractKind.MOE_COMBINE)
+        """Routed by expert ids (the routing constructs and sample routings apply)."""
+        return self in (ContractKind.MOE_DISPATCH, ContractKind.MOE_COMBINE, ContractKind.ALLTOALLV)
+
+    @property
+    def dispatch(self) -> bool:
+        return self in (ContractKind.MOE_DISPATCH, ContractKind.ALLTOALLV)
 
 
 class ScalarKind(enum.Enum):
@@ -168,6 +174,12 @@ class Bin:
 
 
 IExpr = Union[Const, Var, Bin]
+
+
+def bare(e: "IExpr") -> str:
+    """The expression as text without its outermost parentheses."""
+    text = str(e)
+    return text[1:-1] if isinstance(e, Bin) and text.startswith("(") else text
 
 _COMPARE = {BinKind.LT: lambda a, b: a < b, BinKind.LE: lambda a, b: a <= b,
             BinKind.GT: lambda a, b: a > b, BinKind.GE: lambda a, b: a >= b,
@@ -313,7 +325,7 @@ class Buffer:
 
     @property
     def shape_text(self) -> str:
-        return ", ".join(str(d) for d in self.dims)
+        return ", ".join(bare(d) for d in self.dims)
 
 
 @dataclass(frozen=True)
@@ -398,6 +410,7 @@ class KernelPlan:
     ub_bytes: int                  # total UB bytes per core
     cores: int                     # vector cores a launch uses by default
     soc: str
+    route_bytes: int = 0           # UB of the MoE routing constructs (counters, gather buffers)
 
 
 @dataclass(frozen=True)
@@ -565,8 +578,9 @@ def dump(s: Schedule) -> str:
         out.append(f"  # {s.sync_ops} flag stamps per call")
     if s.kernel:
         k = s.kernel
+        route = f" + {k.route_bytes} B routing" if k.route_bytes else ""
         out.append(f"  # UB per core: {k.copy_tiles} copy + {k.reduce_tiles} reduce tiles x "
-                   f"{k.tile_bytes} B + {k.scratch_bytes} B scratch = {k.ub_bytes} B; "
+                   f"{k.tile_bytes} B + {k.scratch_bytes} B scratch{route} = {k.ub_bytes} B; "
                    f"{k.cores} cores ({k.soc})")
     return "\n".join(out) + "\n"
 

@@ -21,6 +21,10 @@ UB_BYTES = 196608           # Unified Buffer per vector core on 910B/910C
 SCRATCH_BYTES = 256         # SDMA descriptor scratch (64 B, 64-aligned) + flag staging
 QUEUE_DEPTH = 2             # double buffering: load tile k+1 while tile k is computed/stored
 SDMA_THRESHOLD = 256 * 1024 # `on auto`: copies of at least this many bytes go to SDMA
+# MoE routing (strata::Router): per-core expert counters (8192 x int32), and for gather two
+# double-buffered queues of 2048 elements (4-byte worst case) plus two float accumulators.
+ROUTE_META_BYTES = 8192 * 4
+ROUTE_GATHER_BYTES = 2 * 2 * 2048 * 4 + 2 * 2048 * 4
 
 # Vector cores (AIV) per SoC, from the public hardware descriptions.
 SOCS = {
@@ -90,7 +94,9 @@ def place_engines(s: ir.Schedule, opts: Options) -> ir.Schedule:
             return op
         moves = list(_moves(op.body))
         # an accumulate goes through the copy queue, with the DMA's atomic mode on
-        copies = any(isinstance(m, (ir.Copy, ir.Accumulate)) for m in moves)
+        # place moves rows with the same copies
+        copies = any(isinstance(m, (ir.Copy, ir.Accumulate)) or (
+            isinstance(m, ir.Route) and m.kind is ir.RouteKind.PLACE) for m in moves)
         return replace(op, plan=ir.Plan(
             copies_on_aiv=copies and op.engine in (ir.Engine.AIV, ir.Engine.AUTO),
             copies_on_sdma=copies and op.engine in (ir.Engine.SDMA, ir.Engine.AUTO),
@@ -99,16 +105,23 @@ def place_engines(s: ir.Schedule, opts: Options) -> ir.Schedule:
     return replace(s, body=tuple(map(plan, s.body)))
 
 
+def routes(s: ir.Schedule) -> list[ir.Route]:
+    return [m for st in stages(s.body) for m in _moves(st.body) if isinstance(m, ir.Route)]
+
+
 def tile_ub(s: ir.Schedule, opts: Options) -> ir.Schedule:
     plans = [op.plan for op in stages(s.body)]
+    rs = routes(s)
     copy_tiles = QUEUE_DEPTH if any(p.copies_on_aiv for p in plans) else 0
     reduce_tiles = 2 * QUEUE_DEPTH if any(p.reduces for p in plans) else 0
+    route_bytes = (ROUTE_META_BYTES if rs else 0) + (
+        ROUTE_GATHER_BYTES if any(r.kind is ir.RouteKind.GATHER for r in rs) else 0)
     tiles = copy_tiles + reduce_tiles
-    tile = ((UB_BYTES - SCRATCH_BYTES) // tiles) // 32 * 32 if tiles else 0
-    ub = tiles * tile + SCRATCH_BYTES
+    tile = ((UB_BYTES - SCRATCH_BYTES - route_bytes) // tiles) // 32 * 32 if tiles else 0
+    ub = tiles * tile + SCRATCH_BYTES + route_bytes
     assert ub <= UB_BYTES
     kernel = ir.KernelPlan(copy_tiles, reduce_tiles, tile, SCRATCH_BYTES, ub,
-                           opts.resolved_cores(), opts.soc)
+                           opts.resolved_cores(), opts.soc, route_bytes)
     return replace(s, kernel=kernel)
 
 

@@ -205,6 +205,7 @@ class _Lowering:
                                       "win, counts, CAPACITY)",
         ir.ContractKind.MOE_COMBINE: "moe_combine(win, ids, weights, counts -> y) or moe_combine(win, "
                                      "ids, weights, counts -> y, CAPACITY)",
+        ir.ContractKind.ALLTOALLV: "alltoallv(x, dest -> out, counts)",
     }
 
     def moe_contract(self, kind: ir.ContractKind, c: ast.Contract) -> ir.Contract | None:
@@ -219,8 +220,12 @@ class _Lowering:
         capacity = None
         if outputs and outputs[-1] in self.sizes:
             capacity = outputs.pop()
-        if kind is ir.ContractKind.MOE_DISPATCH:
-            roles = [("x", "T", False), ("ids", "i32", False)], [("win", "T", True), ("counts", "i32", True)]
+        if kind is ir.ContractKind.ALLTOALLV and capacity is not None:
+            self.err(Codes.BAD_CONTRACT, usage, c.span)
+            return None
+        if kind.dispatch:
+            # the window is symmetric where place writes it; a baseline copies into it locally
+            roles = [("x", "T", False), ("ids", "i32", False)], [("win", "T", False), ("counts", "i32", True)]
         else:
             roles = [("win", "T", True), ("ids", "i32", False), ("weights", "f32", False),
                      ("counts", "i32", True)], [("y", "T", False)]
@@ -248,6 +253,7 @@ class _Lowering:
             if sym and not p.symmetric:
                 self.err(Codes.NOT_SYMMETRIC, f"{name} ({role}) is written or read by other ranks: "
                          f"declare it `{name}: sym ...`", p.span)
+                return None
         return ir.Contract(kind, tuple(inputs), tuple(outputs), None, c.span, capacity=capacity)
 
     # ---- statements
@@ -505,21 +511,24 @@ class _Lowering:
                          f"{dbuf.type_text}", st.target.span)
         else:
             rows = bufs["x" if kind is ir.RouteKind.PLACE else "win"]
-            for b in (dbuf, rows, bufs["ids"]):
+            for b in (dbuf, rows):
                 if len(b.shape) != 2:
                     self.err(Codes.BAD_SIZE, f"{kind.value} works on rows: declare {b.name} with a shape "
-                             f"of rows and columns ({b.name}: ...[rows, cols])", b.span)
+                             f"of rows and columns ({b.name}: ...[rows, cols])", st.span,
+                             Note(f"{b.name} is declared here", b.span))
                     return None
             if str(dbuf.shape[1]) != str(rows.shape[1]):
                 self.err(Codes.BAD_SIZE, f"{dbuf.name} has rows of {dbuf.shape[1]} elements, {rows.name} "
                          f"of {rows.shape[1]}: they must be one row size", st.span)
             if kind is ir.RouteKind.PLACE and not dbuf.symmetric:
                 self.err(Codes.NOT_SYMMETRIC, f"place writes rows into other ranks' {dbuf.name}: "
-                         f"declare it `{dbuf.name}: sym ...`", dbuf.span)
+                         f"declare it `{dbuf.name}: sym ...`", st.span,
+                         Note(f"{dbuf.name} is declared here", dbuf.span))
             if kind is ir.RouteKind.GATHER:
                 if not rows.symmetric:
                     self.err(Codes.NOT_SYMMETRIC, f"gather reads rows of other ranks' {rows.name}: "
-                             f"declare it `{rows.name}: sym ...`", rows.span)
+                             f"declare it `{rows.name}: sym ...`", st.span,
+                             Note(f"{rows.name} is declared here", rows.span))
                 ids, w = bufs["ids"], bufs["weights"]
                 if w.dims != ids.dims and str(w.size) != str(ids.size):
                     self.err(Codes.BAD_SIZE, f"weights {w.name} must have the shape of ids {ids.name}",

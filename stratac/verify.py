@@ -59,7 +59,7 @@ def moe_roles(s: ir.Schedule) -> dict[str, str]:
     """Which size symbol plays which MoE role (tokens, topk, hidden, experts, capacity), read off
     the contract's tensors: ids [tokens, topk], the tokens [tokens, hidden], counts [world, experts]."""
     c = s.contract
-    dispatch = c.kind is ir.ContractKind.MOE_DISPATCH
+    dispatch = c.kind.dispatch
     tok = s.param(c.inputs[0] if dispatch else c.outputs[0])
     ids = s.param(c.inputs[1])
     counts = s.param(c.outputs[1] if dispatch else c.inputs[3])
@@ -156,9 +156,13 @@ def _route_sample(inst: Instance, routing: str) -> None:
     dispatch left (its precondition)."""
     s, c = inst.schedule, inst.schedule.contract
     ids_name = c.inputs[1]
-    T, K = inst.buffer_shapes[ids_name]
-    counts = c.outputs[1] if c.kind is ir.ContractKind.MOE_DISPATCH else c.inputs[3]
-    E = inst.buffer_shapes[counts][1]
+    T, K = (inst.buffer_shapes[ids_name] + (1,))[:2]
+    counts = c.outputs[1] if c.kind.dispatch else c.inputs[3]
+    E = inst.buffer_shapes[counts][-1]
+    if c.kind is ir.ContractKind.ALLTOALLV and E != inst.world:
+        raise StrataError(error(Codes.SHAPE, f"alltoallv's {counts} needs world x world counts (one column "
+                                f"per destination rank), it has {E} columns ({_ctx(inst)})",
+                                s.param(counts).span))
     if K > E:
         raise StrataError(error(Codes.SHAPE, f"topk ({K}) exceeds the number of experts ({E}) "
                                 f"({_ctx(inst)})", s.param(ids_name).span))
@@ -300,10 +304,12 @@ def _races(inst: Instance, ex: _Execution) -> list[Diagnostic]:
     diags: list[Diagnostic] = []
     exit_index = [len(tl) - 1 for tl in inst.timelines]
     c = inst.schedule.contract
-    # A dispatch may write its outputs (windows, counts) into peers that have not entered yet: the
-    # previous combine, which ends when every rank has finished reading them, is what makes that
-    # safe (dsl/README.md, "Routing"). Reads and every other buffer keep the entry rule.
-    entry_free = set(c.outputs) if c.kind is ir.ContractKind.MOE_DISPATCH else set()
+    # A slotted (decode) dispatch may write its outputs (windows, counts) into peers that have not
+    # entered yet, saving a round trip: its precondition is that no rank touches them until then
+    # (the previous combine ends when every rank has finished reading them; after allocating or
+    # writing them on the host, comm.barrier()). dsl/README.md, "Routing". Reads and every other
+    # buffer keep the entry rule.
+    entry_free = set(c.outputs) if c.kind.dispatch and c.capacity else set()
     # Accesses separated by a barrier are ordered by it (a barrier joins every rank), so only
     # accesses between the same two barriers can race: group by (owner, buffer, barrier epoch).
     groups: dict[tuple[int, str, int], list[tuple[Access, Event]]] = {}
@@ -630,16 +636,16 @@ def moe_layout(ids: list[np.ndarray], experts: int, capacity: int | None) -> dic
 def _moe_contract(inst: Instance, vals: _Values) -> list[Diagnostic]:
     s, W, c = inst.schedule, inst.world, inst.schedule.contract
     ids_name = c.inputs[1]
-    T, K = inst.buffer_shapes[ids_name]
+    T, K = (inst.buffer_shapes[ids_name] + (1,))[:2]
     ids = [vals.init[(r, ids_name)].astype(np.int64).reshape(T, K) for r in range(W)]
-    counts_name = c.outputs[1] if c.kind is ir.ContractKind.MOE_DISPATCH else c.inputs[3]
-    E = inst.buffer_shapes[counts_name][1]
+    counts_name = c.outputs[1] if c.kind.dispatch else c.inputs[3]
+    E = inst.buffer_shapes[counts_name][-1]
     cap = inst.sizes[c.capacity] if c.capacity else None
     layout = moe_layout(ids, E, cap)
     matrix = np.stack([np.bincount(i[(i >= 0) & (i < E)], minlength=E)[:E] for i in ids]).reshape(-1)
     expected: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}   # values, mask of checked
     describe: dict[str, str] = {}
-    if c.kind is ir.ContractKind.MOE_DISPATCH:
+    if c.kind.dispatch:
         x, win = c.inputs[0], c.outputs[0]
         H = inst.buffer_shapes[x][1]
         want = {r: vals.init[(r, win)].copy() for r in range(W)}

@@ -62,6 +62,40 @@ class Partition {
   int64_t lo_ = 0, hi_ = 0, cursor_ = 0;
 };
 
+// GM -> UB of m elements: DataCopy for whole 32-byte blocks, DataCopyPad otherwise.
+template <typename T>
+__aicore__ inline void LoadTile(AscendC::LocalTensor<T>& dst, AscendC::GlobalTensor<T>& src, uint32_t m) {
+  if ((m * sizeof(T)) % kBlockBytes == 0) {
+    AscendC::DataCopy(dst, src, m);
+  } else {
+    AscendC::DataCopyExtParams p{1, static_cast<uint32_t>(m * sizeof(T)), 0, 0, 0};
+    AscendC::DataCopyPadExtParams<T> pad{false, 0, 0, T(0)};
+    AscendC::DataCopyPad(dst, src, p, pad);
+  }
+}
+
+// UB -> GM of m elements.
+template <typename T>
+__aicore__ inline void StoreTile(AscendC::GlobalTensor<T>& dst, AscendC::LocalTensor<T>& src, uint32_t m) {
+  if ((m * sizeof(T)) % kBlockBytes == 0) {
+    AscendC::DataCopy(dst, src, m);
+  } else {
+    AscendC::DataCopyExtParams p{1, static_cast<uint32_t>(m * sizeof(T)), 0, 0, 0};
+    AscendC::DataCopyPad(dst, src, p);
+  }
+}
+
+// A buffer of element type D seen as elements of the kernel's type T (copies move bytes).
+template <typename T, typename D>
+__aicore__ inline __gm__ T* Reinterpret(__gm__ D* p) {
+  return reinterpret_cast<__gm__ T*>(p);
+}
+template <typename D, typename T>
+__aicore__ inline constexpr int64_t Ratio() {
+  static_assert(sizeof(D) % sizeof(T) == 0, "a buffer's elements must be whole multiples of the kernel type");
+  return static_cast<int64_t>(sizeof(D) / sizeof(T));
+}
+
 // One core's data mover. UB holds a double-buffered copy queue, double-buffered reduce input and
 // output queues (each only if the kernel needs it) and a small scratch area.
 template <typename T>
@@ -118,7 +152,7 @@ class Mover {
     AscendC::GlobalTensor<T> g;
     g.SetGlobalBuffer(src, m);
     AscendC::LocalTensor<T> in = inQ_.template AllocTensor<T>();
-    Load(in, g, m);
+    LoadTile(in, g, m);
     inQ_.EnQue(in);
     in = inQ_.template DeQue<T>();
     if (first) {
@@ -157,25 +191,6 @@ class Mover {
     return (m + per - 1) / per * per;
   }
 
-  __aicore__ inline void Load(AscendC::LocalTensor<T>& dst, AscendC::GlobalTensor<T>& src, uint32_t m) {
-    if ((m * sizeof(T)) % kBlockBytes == 0) {
-      AscendC::DataCopy(dst, src, m);
-    } else {
-      AscendC::DataCopyExtParams p{1, static_cast<uint32_t>(m * sizeof(T)), 0, 0, 0};
-      AscendC::DataCopyPadExtParams<T> pad{false, 0, 0, T(0)};
-      AscendC::DataCopyPad(dst, src, p, pad);
-    }
-  }
-
-  __aicore__ inline void StoreTile(AscendC::GlobalTensor<T>& dst, AscendC::LocalTensor<T>& src, uint32_t m) {
-    if ((m * sizeof(T)) % kBlockBytes == 0) {
-      AscendC::DataCopy(dst, src, m);
-    } else {
-      AscendC::DataCopyExtParams p{1, static_cast<uint32_t>(m * sizeof(T)), 0, 0, 0};
-      AscendC::DataCopyPad(dst, src, p);
-    }
-  }
-
   // GM -> UB -> GM through the double-buffered copy queue (both addresses already translated).
   __aicore__ inline void AivCopy(__gm__ T* dst, __gm__ T* src, int64_t n) {
     AscendC::GlobalTensor<T> d, s;
@@ -185,7 +200,7 @@ class Mover {
       const uint32_t m = static_cast<uint32_t>(Min(tile_, n - i));
       AscendC::LocalTensor<T> t = copyQ_.template AllocTensor<T>();
       AscendC::GlobalTensor<T> si = s[i];
-      Load(t, si, m);
+      LoadTile(t, si, m);
       copyQ_.EnQue(t);
       t = copyQ_.template DeQue<T>();
       AscendC::GlobalTensor<T> di = d[i];
@@ -217,6 +232,227 @@ class Mover {
   AscendC::LocalTensor<T> acc_;
   int64_t tile_ = 0;
   uint32_t posted_ = 0;
+};
+
+// ---- MoE routing (dsl/README.md, "Routing") ----
+// Expert ids, counts and offsets are int32 in GM. Expert e lives on rank e / L as its local expert
+// e % L, L = experts / world; id -1 (or any id outside [0, experts)) routes nowhere.
+template <typename T> struct IsF32 { static constexpr bool value = false; };
+template <> struct IsF32<float> { static constexpr bool value = true; };
+
+constexpr int64_t kMaxExperts = 8192;          // per-core running counters live in UB
+constexpr uint32_t kMetaBytes = kMaxExperts * sizeof(int32_t);
+constexpr uint32_t kGatherElems = 2048;        // columns per gather chunk
+
+template <typename T>
+class Router {
+ public:
+  __aicore__ inline void Init(AscendC::TPipe* pipe, bool gather) {
+    pipe->InitBuffer(meta_, kMetaBytes);
+    if (gather) {
+      pipe->InitBuffer(inQ_, 2, kGatherElems * sizeof(T));
+      pipe->InitBuffer(outQ_, 2, kGatherElems * sizeof(T));
+      pipe->InitBuffer(acc_, kGatherElems * sizeof(float));
+      pipe->InitBuffer(tmp_, kGatherElems * sizeof(float));
+    }
+  }
+
+  // dst[e] = number of the n ids equal to e (one core counts; the metadata is small).
+  __aicore__ inline void Histogram(__gm__ int32_t* dst, __gm__ int32_t* ids, int64_t n, int64_t experts) {
+    if (AscendC::GetBlockIdx() != 0) return;
+    AscendC::LocalTensor<int32_t> c = Counters(experts);
+    AscendC::GlobalTensor<int32_t> g;
+    g.SetGlobalBuffer(ids, n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t e = g.GetValue(i);
+      if (e >= 0 && e < experts) c.SetValue(e, c.GetValue(e) + 1);
+    }
+    AscendC::GlobalTensor<int32_t> d;
+    d.SetGlobalBuffer(dst, experts);
+    for (int64_t e = 0; e < experts; ++e) d.SetValue(e, c.GetValue(e));
+    Flush(d);
+  }
+
+  // Packed windows: dst[e] = the first row, on e's owner, of this rank's rows for expert e: the
+  // rows of the owner's earlier local experts from every rank, then e's rows from lower ranks.
+  // counts is world x experts, row s = rank s's histogram.
+  __aicore__ inline void Exscan(__gm__ int32_t* dst, __gm__ int32_t* counts, int64_t experts,
+                                int64_t rank, int64_t world) {
+    if (AscendC::GetBlockIdx() != 0) return;
+    AscendC::GlobalTensor<int32_t> c, d;
+    c.SetGlobalBuffer(counts, world * experts);
+    d.SetGlobalBuffer(dst, experts);
+    const int64_t local = experts / world;
+    for (int64_t o = 0; o < world; ++o) {
+      int64_t row = 0;
+      for (int64_t l = 0; l < local; ++l) {
+        const int64_t e = o * local + l;
+        int64_t before = 0, all = 0;
+        for (int64_t s = 0; s < world; ++s) {
+          const int64_t n = c.GetValue(s * experts + e);
+          all += n;
+          if (s < rank) before += n;
+        }
+        d.SetValue(e, static_cast<int32_t>(row + before));
+        row += all;
+      }
+    }
+    Flush(d);
+  }
+
+  // Fixed-capacity windows: rank r's rows for local expert l start at row (l * world + r) * capacity.
+  __aicore__ inline void Slots(__gm__ int32_t* dst, int64_t experts, int64_t capacity, int64_t rank,
+                               int64_t world) {
+    if (AscendC::GetBlockIdx() != 0) return;
+    AscendC::GlobalTensor<int32_t> d;
+    d.SetGlobalBuffer(dst, experts);
+    const int64_t local = experts / world;
+    for (int64_t e = 0; e < experts; ++e) {
+      d.SetValue(e, static_cast<int32_t>(((e % local) * world + rank) * capacity));
+    }
+    Flush(d);
+  }
+
+  // Row t of x goes to row offs[e] + j of win on e's owner, for every entry (t, k) with expert e,
+  // j counting this rank's earlier entries for e. The cores split the routed rows evenly (not the
+  // experts or the peers), so a skewed routing keeps them balanced.
+  __aicore__ inline void Place(Mover<T>& mv, Via via, __gm__ T* win, int64_t rows, __gm__ T* x,
+                               __gm__ int32_t* ids, __gm__ int32_t* offs, int64_t tokens, int64_t topk,
+                               int64_t hidden, int64_t experts, int64_t rank, int64_t world,
+                               int64_t sdmaThreshold) {
+    AscendC::GlobalTensor<int32_t> g, o;
+    g.SetGlobalBuffer(ids, tokens * topk);
+    o.SetGlobalBuffer(offs, experts);
+    const int64_t n = tokens * topk, local = experts / world;
+    int64_t routed = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t e = g.GetValue(i);
+      routed += (e >= 0 && e < experts) ? 1 : 0;
+    }
+    const int64_t c = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
+    const int64_t lo = routed * c / cores, hi = routed * (c + 1) / cores;
+    AscendC::LocalTensor<int32_t> seen = Counters(experts);
+    int64_t index = 0;
+    for (int64_t i = 0; i < n && index < hi; ++i) {
+      const int32_t e = g.GetValue(i);
+      if (e < 0 || e >= experts) continue;
+      const int64_t j = seen.GetValue(e);
+      seen.SetValue(e, static_cast<int32_t>(j + 1));
+      if (index++ < lo) continue;
+      const int64_t row = o.GetValue(e) + j;
+      if (row < 0 || row >= rows) {
+        Fault("place: a token's row is outside the window (offsets or window size wrong)");
+        continue;
+      }
+      mv.Copy(via, win + row * hidden, e / local, x + (i / topk) * hidden, rank, hidden, rank,
+              sdmaThreshold);
+    }
+  }
+
+  // y[t] = sum over k of weights[t, k] * (the window row of entry (t, k)), accumulated in float.
+  // The cores split the tokens evenly.
+  __aicore__ inline void Gather(__gm__ T* y, __gm__ T* win, int64_t rows, __gm__ int32_t* ids,
+                                __gm__ float* weights, __gm__ int32_t* offs, int64_t tokens,
+                                int64_t topk, int64_t hidden, int64_t experts, int64_t world) {
+    AscendC::GlobalTensor<int32_t> g, o;
+    AscendC::GlobalTensor<float> w;
+    g.SetGlobalBuffer(ids, tokens * topk);
+    w.SetGlobalBuffer(weights, tokens * topk);
+    o.SetGlobalBuffer(offs, experts);
+    const int64_t local = experts / world;
+    const int64_t c = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
+    const int64_t first = tokens * c / cores, last = tokens * (c + 1) / cores;
+    AscendC::LocalTensor<int32_t> seen = Counters(experts);
+    for (int64_t i = 0; i < first * topk; ++i) {   // the earlier tokens' rows, for j
+      const int32_t e = g.GetValue(i);
+      if (e >= 0 && e < experts) seen.SetValue(e, seen.GetValue(e) + 1);
+    }
+    AscendC::LocalTensor<float> acc = acc_.template Get<float>();
+    AscendC::LocalTensor<float> tmp = tmp_.template Get<float>();
+    for (int64_t t = first; t < last; ++t) {
+      int64_t row[kMaxTopk];
+      int64_t pe[kMaxTopk];
+      float wt[kMaxTopk];
+      int64_t m = 0;
+      for (int64_t k = 0; k < topk; ++k) {
+        const int32_t e = g.GetValue(t * topk + k);
+        if (e < 0 || e >= experts) continue;
+        const int64_t j = seen.GetValue(e);
+        seen.SetValue(e, static_cast<int32_t>(j + 1));
+        const int64_t r = o.GetValue(e) + j;
+        if (r < 0 || r >= rows || m >= kMaxTopk) {
+          Fault("gather: an entry's row is outside the window (offsets or window size wrong)");
+          continue;
+        }
+        row[m] = r;
+        pe[m] = e / local;
+        wt[m] = w.GetValue(t * topk + k);
+        ++m;
+      }
+      for (int64_t h = 0; h < hidden; h += kGatherElems) {
+        const uint32_t len = static_cast<uint32_t>(Min(kGatherElems, hidden - h));
+        AscendC::Duplicate(acc, 0.0f, static_cast<int32_t>(len));
+        for (int64_t k = 0; k < m; ++k) {
+          AscendC::GlobalTensor<T> src;
+          src.SetGlobalBuffer(At(win + row[k] * hidden + h, 0, pe[k]), len);
+          AscendC::LocalTensor<T> in = inQ_.template AllocTensor<T>();
+          LoadTile(in, src, len);
+          inQ_.EnQue(in);
+          in = inQ_.template DeQue<T>();
+          if constexpr (IsF32<T>::value) {
+            AscendC::Muls(tmp, in, wt[k], static_cast<int32_t>(len));
+          } else {
+            AscendC::Cast(tmp, in, AscendC::RoundMode::CAST_NONE, len);
+            AscendC::Muls(tmp, tmp, wt[k], static_cast<int32_t>(len));
+          }
+          inQ_.FreeTensor(in);
+          AscendC::Add(acc, acc, tmp, static_cast<int32_t>(len));
+        }
+        AscendC::LocalTensor<T> out = outQ_.template AllocTensor<T>();
+        if constexpr (IsF32<T>::value) {
+          AscendC::DataCopy(out, acc, (len + 7) / 8 * 8);
+        } else {
+          AscendC::Cast(out, acc, AscendC::RoundMode::CAST_RINT, len);
+        }
+        outQ_.EnQue(out);
+        out = outQ_.template DeQue<T>();
+        AscendC::GlobalTensor<T> dst;
+        dst.SetGlobalBuffer(y + t * hidden + h, len);
+        StoreTile(dst, out, len);
+        outQ_.FreeTensor(out);
+      }
+    }
+  }
+
+  static constexpr int64_t kMaxTopk = 64;
+
+ private:
+  __aicore__ inline AscendC::LocalTensor<int32_t> Counters(int64_t experts) {
+    if (experts > kMaxExperts) Fault("more experts than the kernel's counters hold (8192)");
+    AscendC::LocalTensor<int32_t> c = meta_.template Get<int32_t>();
+    AscendC::Duplicate(c, 0, static_cast<int32_t>(Min(experts, kMaxExperts)));
+    return c;
+  }
+
+  // Scalar GM writes become visible to the DMA engines and other cores.
+  __aicore__ inline void Flush(AscendC::GlobalTensor<int32_t>& d) {
+    AscendC::DataCacheCleanAndInvalid<int32_t, AscendC::CacheLine::ENTIRE_DATA_CACHE,
+                                      AscendC::DcciDst::CACHELINE_OUT>(d);
+  }
+
+  __aicore__ inline void Fault(const char* what) {
+#ifdef STRATA_CPU_MODEL
+    ::strata_cpu::Fail("%s", what);
+#else
+    (void)what;   // on the NPU the entry is skipped: nothing is written outside the window
+#endif
+  }
+
+  AscendC::TBuf<AscendC::TPosition::VECCALC> meta_;
+  AscendC::TQue<AscendC::TPosition::VECIN, 2> inQ_;
+  AscendC::TQue<AscendC::TPosition::VECOUT, 2> outQ_;
+  AscendC::TBuf<AscendC::TPosition::VECCALC> acc_;
+  AscendC::TBuf<AscendC::TPosition::VECCALC> tmp_;
 };
 
 // End of a stage: this core's SDMA copies are complete and its MTE writes are out, then every core
