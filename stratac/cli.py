@@ -8,8 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from . import codegen, frontend, ir, passes, verify
+from . import codegen, frontend, ir, passes, simulate, verify
 from .diagnostics import StrataError
+from .routing import DESCRIPTIONS, ROUTINGS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -122,7 +123,8 @@ def cmd_run(args) -> int:
         return EXIT_USAGE
     case = runner.Case(dtype=args.dtype, count=args.count,
                        size=args.size if args.size is not None else (None if args.count else 1 << 20),
-                       op=args.op, root=args.root)
+                       op=args.op, root=args.root, tokens=args.tokens, hidden=args.hidden,
+                       topk=args.topk, experts=args.experts, routing=args.routing)
     spec = runner.RunSpec(file=args.file, world=args.world, cases=[case], iters=args.iters,
                           timeout=args.timeout, check=args.check, seed=args.seed, soc=args.soc,
                           cores=args.cores)
@@ -226,6 +228,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--op", choices=["sum", "max", "min"], default="sum",
                    help="the reduction, for schedules with a redop parameter (default sum)")
     r.add_argument("--root", type=int, default=0, help="the root rank, for broadcast and reduce")
+    moe = r.add_argument_group("MoE dispatch/combine")
+    moe.add_argument("--tokens", type=_positive, help="tokens per rank (default 64)")
+    moe.add_argument("--hidden", type=_positive, help="elements per token (default 512)")
+    moe.add_argument("--topk", type=_positive, help="experts per token (default 4)")
+    moe.add_argument("--experts", type=_positive, help="experts in all, a multiple of --world "
+                     "(default 4 per rank)")
+    moe.add_argument("--routing", choices=list(ROUTINGS), default="uniform",
+                     help="; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()))
     r.add_argument("--iters", type=_positive, default=5)
     r.add_argument("--timeout", type=_seconds, default=60.0,
                    help="seconds any wait may take (default 60); the whole run gets 60 s plus a few "
@@ -264,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("doctor", help="what this machine can build and run, and what is missing")
     d.set_defaults(fn=cmd_doctor)
+    simulate.add_parser(sub)
     return p
 
 

@@ -35,6 +35,8 @@ SYNC_SLOTS = 4096                      # int32 flag slots after the world barrie
 DEFAULT_TIMEOUT = 60.0
 
 _TORCH_DTYPES = {d: getattr(torch, d.torch_name) for d in ir.DType}
+ROUTE_MAX_EXPERTS = 8192   # strata::kMaxExperts (runtime/device/strata_device.h)
+ROUTE_MAX_TOPK = 64        # strata::Router::kMaxTopk
 
 
 def _segment_name() -> str:
@@ -417,7 +419,7 @@ class Schedule:
         kw = inspect.Parameter.KEYWORD_ONLY
         self.__signature__ = inspect.Signature(
             [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                               annotation=f"{'sym ' if p.symmetric else ''}{p.type_text}[{p.size}]")
+                               annotation=f"{'sym ' if p.symmetric else ''}{p.type_text}[{p.shape_text}]")
              for p in s.tensors]
             + [inspect.Parameter(x.name, kw, annotation=x.kind.value) for x in s.scalars]
             + [inspect.Parameter("cores", kw, default=None)])
@@ -479,21 +481,72 @@ class Schedule:
                                            f"earlier {p.typevar} parameter is {_TORCH_DTYPES[dtype]}")
                 dtype = got
         dtype = dtype or next(p.dtype for p in params)
-        sizes = {}
-        for n in self.ir.sizes:
-            p, k = next((p, k) for p in params if (k := ir.size_scale(p.size, n)) is not None)
-            scale = k.eval({"world": self.comm.world})
-            sizes[n] = given[p.name].numel() // scale if scale else 0
-        env = {"world": self.comm.world, **sizes}
+        if self.ir.contract.kind.moe and dtype not in abi.dtypes(self.ir):
+            raise StrataUsageError(f"{self.name}: the tokens must be float32, float16 or bfloat16, got "
+                                   f"{_TORCH_DTYPES[dtype]}")
+        sizes: dict[str, int] = {}
+        env = {"world": self.comm.world}
+        rules, _ = ir.size_rules(params, self.ir.sizes)
+        for rule in rules:
+            p, t = self.ir.param(rule.param), given[rule.param]
+            if len(p.dims) > 1 and t.dim() != len(p.dims):
+                raise StrataUsageError(f"{self.name}: parameter {p.name} must have shape [{p.shape_text}] "
+                                       f"({len(p.dims)} dimensions), got {list(t.shape)}")
+            extent = t.numel() if len(p.dims) == 1 else t.shape[rule.dim]
+            scale = rule.scale.eval(env)
+            sizes[rule.sym] = env[rule.sym] = extent // scale if scale else 0
         for p in params:
+            t = given[p.name]
+            if len(p.dims) > 1:
+                want_shape = [d.eval(env) for d in p.dims]
+                if list(t.shape) != want_shape:
+                    raise StrataUsageError(f"{self.name}: parameter {p.name} must have shape [{p.shape_text}] "
+                                           f"= {want_shape}, got {list(t.shape)}")
             want = p.size.eval(env)
-            if given[p.name].numel() != want:
+            if t.numel() != want:
                 raise StrataUsageError(f"{self.name}: parameter {p.name} must have {p.size} = {want} "
-                                       f"elements, got {given[p.name].numel()}")
+                                       f"elements, got {t.numel()}")
+        if self.ir.contract.kind.moe:
+            self._check_routing(given, env)
         self._check_aliasing(given)
         ptrs = [self._ffi.cast("void*", given[p.name].data_ptr()) for p in params]
         ptrs += [self._ffi.cast("void*", t.data_ptr()) for t in self._scratch_for(dtype, env)]
         return dtype, sizes, ptrs, scalar_args
+
+    def _check_routing(self, given: dict, env: dict) -> None:
+        """Expert ids are checked before anything is written: a bad id would send a token into
+        another expert's rows (or outside the window)."""
+        c, world = self.ir.contract, self.comm.world
+        ids_name = c.inputs[1]
+        counts = c.outputs[1] if c.kind.dispatch else c.inputs[3]
+        experts = self.ir.param(counts).dims[1].eval(env)
+        ids = given[ids_name]
+        topk = ids.shape[1] if ids.dim() == 2 else 1
+        if experts % world or experts < 1:
+            raise StrataUsageError(f"{self.name}: {experts} experts do not divide over {world} ranks "
+                                   "(the number of experts must be a positive multiple of the world size)")
+        if experts > ROUTE_MAX_EXPERTS:
+            raise StrataUsageError(f"{self.name}: {experts} experts; the kernels count at most "
+                                   f"{ROUTE_MAX_EXPERTS}")
+        if topk > experts or topk > ROUTE_MAX_TOPK:
+            raise StrataUsageError(f"{self.name}: topk = {topk} must be at most the number of experts "
+                                   f"({experts}) and at most {ROUTE_MAX_TOPK}")
+        bad = (ids < -1) | (ids >= experts)
+        if bool(bad.any()):
+            t, k = (int(v) for v in bad.nonzero()[0])
+            raise StrataUsageError(f"{self.name}: {ids_name}[{t}, {k}] = {int(ids[t, k])} is not an "
+                                   f"expert: ids must lie in [0, {experts}) or be -1 (no expert); "
+                                   "nothing was written")
+        if c.capacity:
+            cap = env[c.capacity]
+            valid = ids[ids >= 0].to(torch.int64)
+            per = torch.bincount(valid, minlength=experts) if valid.numel() else torch.zeros(experts)
+            worst = int(per.max()) if per.numel() else 0
+            if worst > cap:
+                e = int(per.argmax())
+                raise StrataUsageError(f"{self.name}: {worst} tokens of rank {self.comm.rank} go to expert "
+                                       f"{e}, more than the capacity of {cap} slots per (expert, source "
+                                       "rank); nothing was written (raise the capacity: a larger window)")
 
     def _scratch_for(self, dtype: ir.DType, env: dict) -> list[torch.Tensor]:
         """Scratch buffers (staging baselines only), allocated on the heap at the first call of a

@@ -34,6 +34,12 @@ class Case:
     size: int | None = None      # bytes, nccl-tests' S
     op: str = "sum"              # for schedules with a redop parameter
     root: int = 0                # for schedules with rank parameters
+    # MoE dispatch/combine (None: workload.MOE_DEFAULTS)
+    tokens: int | None = None
+    hidden: int | None = None
+    topk: int | None = None
+    experts: int | None = None
+    routing: str = "uniform"
 
 
 @dataclass
@@ -68,14 +74,56 @@ def _heap_bytes(spec: RunSpec, schedules) -> int:
     need = 0
     for case in spec.cases:
         elem = DType.parse(case.dtype).nbytes
+        moe = _moe_workload(spec, case, schedules)
+        if moe is not None:   # every MoE tensor at once (dispatch and combine share them)
+            total = 0
+            for s in (x for x in (moe.dispatch, moe.combine) if x is not None):
+                for p in s.params:
+                    n = 1
+                    for d in moe.shape(s, p):
+                        n *= d
+                    total += (max(n, 1) * (p.dtype.nbytes if p.dtype else elem) + 511) // 512 * 512
+            need = max(need, total)
         for c in schedules:
             s = c.schedule
+            if s.contract.kind.moe:
+                continue
             n = case.count if case.count is not None else \
                 Workload.count_for_bytes(s, spec.world, case.size, elem)
             wl = Workload(s, spec.world, n)
             # tensors and scratch (s.params has both), each rounded to the allocator's 512 bytes
             need = max(need, sum((max(wl.numel(p), 1) * elem + 511) // 512 * 512 for p in s.params))
     return need + (spec.world + comm.SYNC_SLOTS) * 4 + (1 << 20)
+
+
+def _moe_workload(spec: RunSpec, case: Case, schedules):
+    """The MoE workload of a case (the first dispatch/combine pair of the file), or None."""
+    from .ir import ContractKind
+    from .workload import MOE_DEFAULTS, MoeWorkload
+    disp = next((c.schedule for c in schedules if c.schedule.contract.kind.dispatch), None)
+    comb = next((c.schedule for c in schedules if c.schedule.contract.kind is ContractKind.MOE_COMBINE), None)
+    if disp is None:
+        return None
+    v = disp.contract.kind is ContractKind.ALLTOALLV
+    return MoeWorkload(disp, None if v else comb, spec.world, case.tokens or MOE_DEFAULTS["tokens"],
+                       case.hidden or MOE_DEFAULTS["hidden"], 1 if v else case.topk or MOE_DEFAULTS["topk"],
+                       spec.world if v else case.experts or MOE_DEFAULTS["experts_per_rank"] * spec.world,
+                       case.routing)
+
+
+def _check_moe_case(spec: RunSpec, case: Case) -> None:
+    from .routing import ROUTINGS
+    from .workload import MOE_DEFAULTS
+    experts = case.experts or MOE_DEFAULTS["experts_per_rank"] * spec.world
+    topk = case.topk or MOE_DEFAULTS["topk"]
+    if experts % spec.world:
+        raise StrataError(error(Codes.BAD_WORLD, f"--experts {experts} is not a multiple of the world size "
+                                f"({spec.world}): every rank owns experts / world experts"))
+    if topk > experts:
+        raise StrataError(error(Codes.BAD_WORLD, f"--topk {topk} exceeds --experts {experts}"))
+    if case.routing not in ROUTINGS:
+        raise StrataError(error(Codes.BAD_WORLD, f"unknown routing {case.routing!r}; known: "
+                                f"{', '.join(ROUTINGS)}"))
 
 
 def run(spec: RunSpec, echo=print) -> RunOutcome:
@@ -85,6 +133,8 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
         if not 0 <= case.root < spec.world:
             raise StrataError(error(Codes.BAD_WORLD, f"--root {case.root} is not a rank of a world of "
                                     f"{spec.world}"))
+    for case in spec.cases:
+        _check_moe_case(spec, case)
     source = load_source(spec.file)
     opts = passes.Options(soc=spec.soc, cores=spec.cores)
     opts.check()
@@ -284,6 +334,14 @@ def report(outcome: RunOutcome, check: bool) -> list[str]:
         lines.append(f"{r['schedule']:<26} {r['world']:>5} {_fmt_bytes(r['size']):>9} {r['count']:>10} "
                      f"{r['dtype']:>4} {r.get('op') or '-':>4} {t * 1e6:>10.1f} {algbw:>7.2f} {busbw:>7.2f} {aiv:>10} {sdma:>10} "
                      f"{balance:>13} {_fmt_bytes(r['heap_bytes']):>10}  {result}")
+    moe = [r for r in outcome.results if r["rank"] == 0 and r.get("moe")]
+    for r in moe:
+        m = r["moe"]
+        if m["phase"] == "dispatch":
+            cap = f", capacity {m['capacity']} slots per (expert, source)" if m["capacity"] else ""
+            lines.append(f"  MoE {r['schedule']}: tokens {m['tokens']}/rank, hidden {m['hidden']}, topk "
+                         f"{m['topk']}, experts {m['experts']}, routing {m['routing']}; window "
+                         f"{m['window_rows']} rows{cap}; size = received bytes per rank (mean)")
     for r in outcome.results:
         if not r["ok"] and r["why"]:
             lines.append(f"  {r['schedule']} rank {r['rank']}: {r['why']}")

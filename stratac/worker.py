@@ -44,9 +44,11 @@ def main(spec_text: str) -> int:
             from . import benchpeer
             benchpeer.before_cases(bench)
         for i, case in enumerate(spec["cases"]):
-            for name, fn in mod.schedules.items():
-                result = _run_case(comm, fn, case, spec, rank, world)
-                print(RESULT_PREFIX + json.dumps(result), flush=True)
+            for item in moe_pairs(list(mod.schedules.values())):
+                results = (_run_moe(comm, *item, case, spec, rank, world) if isinstance(item, tuple)
+                           else [_run_case(comm, item, case, spec, rank, world)])
+                for result in results:
+                    print(RESULT_PREFIX + json.dumps(result), flush=True)
             for rec in benchpeer.after_case(bench, i, rank, world) if bench else ():
                 print(RESULT_PREFIX + json.dumps(rec), flush=True)
         clean = True
@@ -68,6 +70,171 @@ def main(spec_text: str) -> int:
             comm.close(collective=clean)
         if clean:
             dist.destroy_process_group()
+
+
+def _all_ok(ok: bool) -> bool:
+    """Whether every rank's check passed (a host collective)."""
+    import torch
+    import torch.distributed as dist
+    flag = torch.tensor([0 if ok else 1], dtype=torch.int64)
+    dist.all_reduce(flag)
+    return int(flag.item()) == 0
+
+
+def moe_pairs(fns: list) -> list:
+    """The schedules in file order, each MoE dispatch paired with the next combine of the same
+    layout: (dispatch, combine). A dispatch or combine without its partner is an error."""
+    from .comm import StrataUsageError
+    from .ir import ContractKind
+    out, pending = [], None
+    for fn in fns:
+        c = fn.ir.contract
+        if c.kind is ContractKind.ALLTOALLV:
+            out.append((fn, None))
+        elif c.kind.dispatch:
+            if pending is not None:
+                break
+            pending = fn
+        elif c.kind is ContractKind.MOE_COMBINE:
+            if pending is None or (pending.ir.contract.capacity is None) != (c.capacity is None):
+                raise StrataUsageError(f"{fn.name}: a moe_combine runs after the moe_dispatch of the same "
+                                       "layout (packed or with a capacity) that precedes it in the file")
+            out.append((pending, fn))
+            pending = None
+        else:
+            out.append(fn)
+    if pending is not None:
+        raise StrataUsageError(f"{pending.name}: stratac run needs a moe_combine schedule after this "
+                               "moe_dispatch in the file, to run dispatch, experts and combine")
+    return out
+
+
+def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) -> list[dict]:
+    """Dispatch, the stand-in expert step, combine: checked, then timed, then checked again."""
+    import torch
+    import torch.distributed as dist
+
+    from .ir import ContractKind, DType
+    from .workload import MOE_DEFAULTS, MoeWorkload
+
+    dtype = DType.parse(case["dtype"])
+    tdtype = getattr(torch, dtype.torch_name)
+    d = disp.ir.contract
+    v = d.kind is ContractKind.ALLTOALLV   # one destination rank per row: experts = world, topk 1
+    experts = world if v else case.get("experts") or MOE_DEFAULTS["experts_per_rank"] * world
+    wl = MoeWorkload(disp.ir, comb.ir if comb else None, world, case.get("tokens") or MOE_DEFAULTS["tokens"],
+                     case.get("hidden") or MOE_DEFAULTS["hidden"],
+                     1 if v else case.get("topk") or MOE_DEFAULTS["topk"], experts,
+                     case.get("routing") or "uniform")
+    heap_before = comm.heap_used
+    role_dtype = {"x": tdtype, "win": tdtype, "y": tdtype, "ids": torch.int32, "counts": torch.int32,
+                  "weights": torch.float32}
+    roles = {"x": (disp, d.inputs[0]), "ids": (disp, d.inputs[1]), "win": (disp, d.outputs[0]),
+             "counts": (disp, d.outputs[1])}
+    if comb:
+        c = comb.ir.contract
+        roles.update({"weights": (comb, c.inputs[2]), "y": (comb, c.outputs[0])})
+    t = {role: comm.zeros(*wl.shape(fn.ir, fn.ir.param(name)), dtype=role_dtype[role])
+         for role, (fn, name) in roles.items()}
+    dargs = dict(zip(d.inputs + d.outputs, (t["x"], t["ids"], t["win"], t["counts"])))
+    cargs = dict(zip(c.inputs + c.outputs, (t["win"], t["ids"], t["weights"], t["counts"], t["y"]))) \
+        if comb else {}
+    phases = (("dispatch", disp, dargs),) + ((("combine", comb, cargs),) if comb else ())
+    blocks = spec["cores"] or disp.ir.kernel.cores
+    rows = t["win"].shape[0]
+    timing = {"dispatch": 0.0, "combine": 0.0}
+    counters: dict[str, list] = {}
+
+    def step(seed: int | None, timed: bool = False) -> None:
+        if seed is not None:   # fresh inputs, then every rank's host writes are done (decode's precondition)
+            t["x"].copy_(wl.x(rank, seed, tdtype))
+            t["ids"].copy_(wl.ids(rank, seed).reshape(t["ids"].shape))
+            if comb:
+                t["weights"].copy_(wl.weights(rank, seed))
+            comm.barrier()
+        for name, fn, args in phases:
+            if name == "combine":
+                wl.expert_step(t["win"], rank, t["counts"])
+            if seed is not None:
+                comm.reset_counters()
+            t0 = time.perf_counter()
+            fn(**args, cores=blocks)
+            if timed:
+                timing[name] += time.perf_counter() - t0
+            if seed is not None:
+                counters[name] = comm.counters()
+
+    def check(seed: int) -> tuple[bool, str]:
+        if comb:
+            t["y"].fill_(-3)
+        step(seed)
+        result = _compare_moe(wl, t, rank, seed, tdtype, rows, wl.counts(seed))
+        # a decode dispatch writes into peers' windows without waiting for them to enter: nobody
+        # may still be reading a window (this check does) when the next dispatch starts
+        comm.barrier()
+        return result
+
+    ok, why = check(spec["seed"])
+    heap_bytes = comm.heap_used
+    for _ in range(spec["warmup"]):
+        step(None)
+    comm.barrier()
+    for _ in range(spec["iters"]):
+        step(None, timed=True)
+    comm.barrier()
+    if _all_ok(ok):   # still correct after back-to-back calls (flag epochs), with a new routing draw
+        ok, why = check(spec["seed"] + 1)
+    times = torch.tensor([timing["dispatch"], timing["combine"]], dtype=torch.float64) / max(1, spec["iters"])
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    flags = torch.tensor([0 if ok else 1], dtype=torch.int64)
+    dist.all_reduce(flags)
+    for role in reversed(list(t)):
+        comm.free(t[role])
+    for _, fn, _ in phases:
+        fn.release_scratch()
+    recv = wl.received_rows(spec["seed"]) * wl.hidden * dtype.nbytes // world
+    out = []
+    for i, (name, fn, _) in enumerate(phases):
+        out.append({
+            "schedule": fn.name, "rank": rank, "world": world, "dtype": dtype.short, "op": None,
+            "root": None, "count": wl.tokens, "size": recv, "time_s": float(times[i]),
+            "busbw_factor": 1.0, "ok": ok, "why": why if i == 0 else "", "ranks_wrong": int(flags.item()),
+            "cores": blocks, "counters": counters[name], "heap_bytes": heap_bytes,
+            "heap_user_bytes": heap_bytes - heap_before,
+            "moe": {"tokens": wl.tokens, "hidden": wl.hidden, "topk": wl.topk, "experts": wl.experts,
+                    "routing": wl.routing, "capacity": wl.capacity if wl.slotted else None,
+                    "window_rows": rows, "phase": name},
+        })
+    return out
+
+
+def _compare_moe(wl, t: dict, rank: int, seed: int, tdtype, rows: int, want_counts) -> tuple[bool, str]:
+    """After dispatch, the expert step and combine: counts, the window's defined rows (the expert
+    step applied), and y, each against torch."""
+    import torch
+    if not torch.equal(t["counts"], want_counts):
+        bad = (t["counts"] != want_counts).nonzero()[0].tolist()
+        return False, (f"counts[{bad[0]}, {bad[1]}] = {int(t['counts'][bad[0], bad[1]])} on rank {rank}, "
+                       f"expected {int(want_counts[bad[0], bad[1]])}")
+    win, mask = wl.window(rank, seed, tdtype, rows)
+    if wl.combine is None:   # a dispatch alone (AllToAllV): the window as dispatch left it
+        got = t["win"][mask]
+        if not torch.equal(got, win[mask]):
+            r = int(mask.nonzero()[(got != win[mask]).any(dim=1).nonzero()[0]].item())
+            return False, f"row {r} of the output on rank {rank} does not hold the row the layout puts there"
+        return True, ""
+    wl.expert_step(win, rank, want_counts)
+    got = t["win"][mask]
+    if not torch.equal(got, win[mask]):
+        r = int(mask.nonzero()[(got != win[mask]).any(dim=1).nonzero()[0]].item())
+        return False, (f"window row {r} on rank {rank} does not hold the token the layout puts there "
+                       f"(seed {seed}: {t['win'][r][:4].tolist()}..., expected {win[r][:4].tolist()}...)")
+    y = wl.combined(rank, seed, tdtype)
+    if not torch.equal(t["y"], y):
+        bad = (t["y"] != y).nonzero()[0].tolist()
+        return False, (f"y[{bad[0]}, {bad[1]}] = {t['y'][bad[0], bad[1]].item()} on rank {rank}, expected "
+                       f"{y[bad[0], bad[1]].item()} ({int((t['y'] != y).sum())} elements differ)")
+    return True, ""
 
 
 def _peer_state(comm) -> str:
@@ -138,8 +305,8 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
         from . import benchpeer
         benchpeer.traced_call(comm, lambda: fn(**args, cores=blocks), spec["bench"]["trace"],
                               f"{s.name} {wl.size_bytes(dtype.nbytes)} B", rank)
-    if ok:  # still correct after back-to-back calls (flag epochs)
-        ok, why = checked(spec["seed"] + 1)
+    if _all_ok(ok):  # still correct after back-to-back calls (flag epochs); decided together,
+        ok, why = checked(spec["seed"] + 1)   # since a check is collective
     t = torch.tensor([elapsed], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     flags = torch.tensor([0 if ok else 1], dtype=torch.int64)

@@ -119,3 +119,122 @@ class Workload:
         m = self.numel(self.schedule.param(x)) // self.world   # ALLTOALL
         return torch.cat([self.input(x, p, seed, dtype)[rank * m:(rank + 1) * m]
                           for p in range(self.world)])
+
+
+# ---- MoE dispatch and combine ----
+
+MOE_DEFAULTS = {"tokens": 64, "hidden": 512, "topk": 4, "experts_per_rank": 4}
+
+
+@dataclass(frozen=True)
+class MoeWorkload:
+    """A dispatch/combine pair at concrete sizes and one routing. Every rank can rebuild every
+    rank's inputs from the seed, so the references need no communication.
+
+    Tokens are small integers and weights multiples of 1/16, so the stand-in expert step (row of
+    expert e times e + 1, in the token dtype) and the weighted sums are exact in float32 and the
+    results compare bit for bit in every dtype."""
+
+    dispatch: ir.Schedule
+    combine: ir.Schedule | None     # None: a dispatch alone (AllToAllV)
+    world: int
+    tokens: int
+    hidden: int
+    topk: int
+    experts: int
+    routing: str = "uniform"
+
+    @property
+    def capacity(self) -> int:
+        """Slots per (expert, source rank) of a slotted layout: a token never picks an expert twice,
+        so `tokens` slots hold any routing."""
+        return max(1, self.tokens)
+
+    @property
+    def slotted(self) -> bool:
+        return self.dispatch.contract.capacity is not None
+
+    def sizes(self, s: ir.Schedule) -> dict[str, int]:
+        from .verify import moe_roles
+        roles = {sym: role for role, sym in moe_roles(s).items()}
+        value = {"tokens": self.tokens, "topk": self.topk, "hidden": self.hidden,
+                 "experts": self.experts, "capacity": self.capacity}
+        bound = self.world * self.tokens * self.topk   # rows any routing fits in a packed window
+        return {sym: value.get(roles.get(sym, ""), bound) for sym in s.sizes}
+
+    def shape(self, s: ir.Schedule, p: ir.Buffer) -> list[int]:
+        env = {"world": self.world, **self.sizes(s)}
+        return [d.eval(env) for d in p.dims]
+
+    def ids(self, rank: int, seed: int) -> torch.Tensor:
+        from .routing import expert_ids
+        return torch.from_numpy(expert_ids(self.routing, rank, self.tokens, self.topk, self.experts, seed))
+
+    def x(self, rank: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + rank * 7919 + 1)
+        return torch.randint(-8, 9, (self.tokens, self.hidden), generator=g).to(dtype)
+
+    def weights(self, rank: int, seed: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + rank * 7919 + 2)
+        return torch.randint(0, 17, (self.tokens, self.topk), generator=g).float() / 16
+
+    def counts(self, seed: int) -> torch.Tensor:
+        """[world, experts]: row s = how many of rank s's entries pick each expert."""
+        rows = []
+        for s in range(self.world):
+            i = self.ids(s, seed).reshape(-1).long()
+            rows.append(torch.bincount(i[i >= 0], minlength=self.experts))
+        return torch.stack(rows).to(torch.int32)
+
+    def window(self, rank: int, seed: int, dtype: torch.dtype, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The window of `rank` after dispatch and which of its rows the layout defines (mask),
+        built by walking the experts this rank owns, source rank by source rank."""
+        local = self.experts // self.world
+        win = torch.zeros(rows, self.hidden, dtype=dtype)
+        mask = torch.zeros(rows, dtype=torch.bool)
+        row = 0
+        for l in range(local):
+            e = rank * local + l
+            for s in range(self.world):
+                ids, x = self.ids(s, seed), self.x(s, seed, dtype)
+                start = (l * self.world + s) * self.capacity if self.slotted else row
+                hits = [int(t) for t, _ in (ids == e).nonzero().tolist()]
+                for j, t in enumerate(hits):
+                    win[start + j] = x[t]
+                    mask[start + j] = True
+                row += len(hits)
+        return win, mask
+
+    def expert_rows(self, rank: int, counts: torch.Tensor) -> list[tuple[int, int, int]]:
+        """(global expert, first row, rows) of every block of this rank's window, from the counts."""
+        local = self.experts // self.world
+        out, row = [], 0
+        for l in range(local):
+            e = rank * local + l
+            for s in range(self.world):
+                n = int(counts[s, e])
+                start = (l * self.world + s) * self.capacity if self.slotted else row
+                out.append((e, start, n))
+                row += n
+        return out
+
+    def expert_step(self, win: torch.Tensor, rank: int, counts: torch.Tensor) -> None:
+        """The stand-in for the experts: each row of expert e is multiplied by e + 1, in place."""
+        for e, start, n in self.expert_rows(rank, counts):
+            if n:
+                win[start:start + n] *= e + 1
+
+    def combined(self, rank: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+        """y = sum over k of weights[t, k] * (expert ids[t, k] applied to x[t])."""
+        ids, x, w = self.ids(rank, seed), self.x(rank, seed, dtype), self.weights(rank, seed)
+        y = torch.zeros(self.tokens, self.hidden, dtype=torch.float64)
+        for t in range(self.tokens):
+            for k in range(self.topk):
+                e = int(ids[t, k])
+                if e >= 0:
+                    y[t] += float(w[t, k]) * (x[t] * (e + 1)).to(torch.float64)
+        return y.to(dtype)
+
+    def received_rows(self, seed: int) -> int:
+        """Rows all ranks receive together (DeepEP counts dispatch bytes as the rows received)."""
+        return int(self.counts(seed).sum())
