@@ -3,7 +3,6 @@ on a tiny machine, the template against stratac.instantiate, and the output form
 asserts anything about real hardware; the figures are the model's own arithmetic."""
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
@@ -12,7 +11,8 @@ import pytest
 from stratac import frontend, instantiate, ir, passes, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = sorted((ROOT / "examples").glob("*.strata"))
+EXAMPLES = [p for p in sorted((ROOT / "examples").glob("*.strata"))   # MoE: not modelled (below)
+            if not any(s.contract.kind.moe for s in frontend.schedules(frontend.load_source(p)))]
 
 # A machine whose figures make the hand arithmetic short: bandwidths in GB/s = 1e3 bytes per us.
 TINY = """
@@ -201,11 +201,8 @@ def test_template_matches_instantiate(path):
 
 
 def test_moe_contracts_are_not_modelled():
-    s = _example("allreduce_twoshot")
-    moe = dataclasses.replace(s, contract=dataclasses.replace(s.contract,
-                                                              kind=ir.ContractKind.MOE_DISPATCH))
-    assert "MoE" in simulate.not_modelled(moe)
-    assert simulate.not_modelled(s) is None
+    assert "MoE" in simulate.not_modelled(_example("moe_prefill"))
+    assert simulate.not_modelled(_example("allreduce_twoshot")) is None
 
 
 # ---- the machine file ----

@@ -15,6 +15,8 @@ from stratac.comm import Communicator, StrataRuntimeError, StrataUsageError
 ROOT = Path(__file__).resolve().parents[2]
 AR = ROOT / "examples" / "allreduce_twoshot.strata"
 AG = ROOT / "examples" / "allgather_push.strata"
+PREFILL = ROOT / "examples" / "moe_prefill.strata"
+DECODE = ROOT / "examples" / "moe_decode.strata"
 
 
 def expect_error(exc_type, text, fn, *args, **kw):
@@ -76,7 +78,7 @@ def bad_input(comm, rank, world):
     import inspect
     sig = str(inspect.signature(ag.allgather_push))
     assert sig == \
-        "(x: 'sym T[n]', out: 'sym T[(n * world)]', *, cores=None)", sig
+        "(x: 'sym T[n]', out: 'sym T[n * world]', *, cores=None)", sig
 
 
 def segment_gone(comm, rank, world):
@@ -96,7 +98,114 @@ def closed(comm, rank, world):
     expect_error(StrataUsageError, "closed", ar.allreduce_twoshot, x, op="sum")
 
 
-SCENARIOS = {f.__name__: f for f in (interleaved, bad_input, segment_gone, closed)}
+def moe_bad_input(comm, rank, world):
+    """Routing inputs are checked before anything is written: each bad call leaves the window and
+    the counts as they were, and a good call afterwards still works."""
+    T, H, K, E = 5, 16, 2, 2 * world
+    mod = comm.load(PREFILL)
+    x = comm.empty(T, H, dtype=torch.bfloat16)
+    x.copy_(torch.randint(-8, 9, (T, H)).to(torch.bfloat16))
+    ids = comm.empty(T, K, dtype=torch.int32)
+    counts = comm.zeros(world, E, dtype=torch.int32)
+    win = comm.zeros(world * T * K, H, dtype=torch.bfloat16)
+    ids.copy_(torch.tensor([[0, 1]] * T, dtype=torch.int32))
+    ids[3, 1] = E
+    expect_error(StrataUsageError, f"ids[3, 1] = {E} is not an expert: ids must lie in [0, {E}) or be -1",
+                 mod.moe_prefill_dispatch, x, ids, counts, win)
+    ids[3, 1] = -2
+    expect_error(StrataUsageError, "ids[3, 1] = -2 is not an expert", mod.moe_prefill_dispatch, x, ids,
+                 counts, win)
+    assert int(win.abs().sum()) == 0 and int(counts.abs().sum()) == 0   # nothing was written
+    f_ids = comm.empty(T, K, dtype=torch.float32)
+    expect_error(StrataUsageError, "parameter ids must be int32, got torch.float32",
+                 mod.moe_prefill_dispatch, x, f_ids, counts, win)
+    expect_error(StrataUsageError, "parameter win must have shape [(world * tokens) * topk, hidden]",
+                 mod.moe_prefill_dispatch, x, ids, counts, comm.empty(7, H, dtype=torch.bfloat16))
+    expect_error(StrataUsageError, "parameter x must have shape [tokens, hidden] (2 dimensions), got [80]",
+                 mod.moe_prefill_dispatch, comm.empty(T * H, dtype=torch.bfloat16), ids, counts, win)
+    xi = comm.empty(T, H, dtype=torch.int32)
+    wi = comm.empty(world * T * K, H, dtype=torch.int32)
+    expect_error(StrataUsageError, "the tokens must be float32, float16 or bfloat16, got torch.int32",
+                 mod.moe_prefill_dispatch, xi, ids, counts, wi)
+    wide = comm.empty(T, 2 * world + 1, dtype=torch.int32)   # topk 2 * world + 1 > experts
+    expect_error(StrataUsageError, f"topk = {2 * world + 1} must be at most the number of experts ({E})",
+                 mod.moe_prefill_dispatch, x, wide, counts,
+                 comm.empty(world * T * (2 * world + 1), H, dtype=torch.bfloat16))
+    if world > 1:
+        odd = comm.zeros(world, E + 1, dtype=torch.int32)
+        expect_error(StrataUsageError, f"{E + 1} experts do not divide over {world} ranks",
+                     mod.moe_prefill_dispatch, x, ids, odd, win)
+    dec = comm.load(DECODE)
+    cap = 2
+    dwin = comm.zeros(E * cap, H, dtype=torch.bfloat16)
+    ids.copy_(torch.tensor([[1, 0]] * T, dtype=torch.int32))   # T = 5 tokens to expert 1 > 2 slots
+    expect_error(StrataUsageError, f"5 tokens of rank {rank} go to expert 0, more than the capacity of 2",
+                 dec.moe_decode_dispatch, x, ids, counts, dwin)
+    assert int(dwin.abs().sum()) == 0
+    # a good call after all that
+    ids.copy_(torch.tensor([[0, -1]] * T, dtype=torch.int32))
+    comm.barrier()
+    mod.moe_prefill_dispatch(x, ids, counts, win)
+    assert counts[:, 0].tolist() == [T] * world
+
+
+def moe_interleaved(comm, rank, world):
+    """Prefill and decode dispatch/combine alternating with an AllReduce, back to back (epochs and
+    the shared flag area), every result checked against a torch reference built from all ranks'
+    inputs."""
+    T, H, K, E, cap = 6, 24, 2, 2 * world, 6
+    pre, dec, ar = comm.load(PREFILL), comm.load(DECODE), comm.load(AR)
+    x = comm.empty(T, H, dtype=torch.float32)
+    ids = comm.empty(T, K, dtype=torch.int32)
+    w = comm.empty(T, K, dtype=torch.float32)
+    counts = comm.zeros(world, E, dtype=torch.int32)
+    y = comm.empty(T, H, dtype=torch.float32)
+    pwin = comm.zeros(world * T * K, H, dtype=torch.float32)
+    dwin = comm.zeros(E * cap, H, dtype=torch.float32)
+    v = comm.empty(100, dtype=torch.float32)
+    for it in range(12):
+        g = torch.Generator().manual_seed(it)
+        all_ids = [torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int()
+                   for _ in range(world)]
+        for r in range(world):
+            all_ids[r][it % T, it % K] = -1
+        xs = [torch.randint(-8, 9, (T, H), generator=g).float() for _ in range(world)]
+        ws = [torch.randint(0, 17, (T, K), generator=g).float() / 16 for _ in range(world)]
+        x.copy_(xs[rank])
+        ids.copy_(all_ids[rank])
+        w.copy_(ws[rank])
+        comm.barrier()   # host writes done everywhere before a decode dispatch may write here
+        decode = it % 2 == 1
+        disp, comb, win = ((dec.moe_decode_dispatch, dec.moe_decode_combine, dwin) if decode
+                           else (pre.moe_prefill_dispatch, pre.moe_prefill_combine, pwin))
+        disp(x, ids, counts, win, cores=3)
+        L = E // world
+        row = 0
+        for l in range(L):
+            e = rank * L + l
+            for s in range(world):
+                hits = [t for t, k in (all_ids[s] == e).nonzero().tolist()]
+                start = (l * world + s) * cap if decode else row
+                for j, t in enumerate(hits):
+                    assert torch.equal(win[start + j], xs[s][t]), (it, e, s, t)
+                win[start:start + len(hits)] *= e + 1
+                row += len(hits)
+        comb(win, ids, w, counts, y, cores=2)
+        want = torch.zeros(T, H)
+        for t in range(T):
+            for k in range(K):
+                e = int(all_ids[rank][t, k])
+                if e >= 0:
+                    want[t] += ws[rank][t, k] * xs[rank][t] * (e + 1)
+        assert torch.equal(y, want), it
+        comm.barrier()   # everyone has read its window before the next (decode) dispatch writes
+        v.fill_(rank + it)
+        ar.allreduce_twoshot(v, op="max")
+        assert float(v[0]) == world - 1 + it
+
+
+SCENARIOS = {f.__name__: f for f in (interleaved, bad_input, segment_gone, closed, moe_bad_input,
+                                     moe_interleaved)}
 
 
 def main(scenario, rank, world, store_path, mode):

@@ -19,7 +19,8 @@ def run_ranks(scenario, world, tmp_path, mode="pg"):
         assert f"PASS {scenario}" in out
 
 
-@pytest.mark.parametrize("scenario", ["interleaved", "bad_input", "segment_gone", "closed"])
+@pytest.mark.parametrize("scenario", ["interleaved", "bad_input", "segment_gone", "closed",
+                                      "moe_bad_input", "moe_interleaved"])
 def test_scenario_process_group(scenario, tmp_path):
     run_ranks(scenario, 3, tmp_path)
 

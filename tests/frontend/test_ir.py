@@ -38,7 +38,7 @@ schedule allreduce_twoshot(x: sym T[n], op: redop) implements allreduce(x, op)
 """
 
 ALLGATHER_GOLDEN = """\
-schedule allgather_push(x: sym T[n], out: sym T[(n * world)]) implements allgather(x -> out)
+schedule allgather_push(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out)
   sizes n
   barrier seq=0  # line 10
   stage 1 on sdma:  # line 11
@@ -60,7 +60,7 @@ schedule ring(x: sym f32[n], y: f32[2 * n]) implements allreduce(x, min) {
 """
 
 FLAGS_GOLDEN = """\
-schedule ring(x: sym f32[n], y: f32[(2 * n)]) implements allreduce(x, min)
+schedule ring(x: sym f32[n], y: f32[2 * n]) implements allreduce(x, min)
   sizes n
   flag ready[world] seq=0
   flag done[(world + 1)] seq=0
