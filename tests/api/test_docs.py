@@ -24,6 +24,6 @@ def test_api_doc_example(tmp_path):
 
 
 def test_torchrun_example():
-    p = torchrun(ROOT / "examples" / "python" / "allreduce_torchrun.py", 4, ROOT)
+    p = torchrun(ROOT / "examples" / "python" / "torchrun_allreduce_moe.py", 4, ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "allreduce_torchrun: OK" in p.stdout
+    assert "torchrun_allreduce_moe: OK" in p.stdout
