@@ -127,7 +127,7 @@ def cmd_run(args) -> int:
                        topk=args.topk, experts=args.experts, routing=args.routing)
     spec = runner.RunSpec(file=args.file, world=args.world, cases=[case], iters=args.iters,
                           timeout=args.timeout, check=args.check, seed=args.seed, soc=args.soc,
-                          cores=args.cores)
+                          cores=args.cores, target=args.target)
     outcome = runner.run(spec, echo=lambda line: print(line, file=sys.stderr))
     for line in runner.report(outcome, args.check):
         print(line)
@@ -281,12 +281,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if getattr(args, "target", "cpu") == "npu":
-            from . import npu
-            npu.require_npu()   # names every missing piece (CANN, SHMEM, torch_npu, a device)
-            print("stratac: error: `stratac run --target npu` is not wired to the NPU runtime yet; "
-                  "use stratac.npu.NpuCommunicator from Python", file=sys.stderr)
-            return EXIT_FAIL
         return args.fn(args)
     except StrataError as exc:
         for d in exc.diagnostics:

@@ -286,6 +286,10 @@ class Communicator:
     def barrier(self) -> None:
         self._barrier()
 
+    def synchronize(self) -> None:
+        """Waits until every launched schedule has finished. CPU launches are synchronous, so
+        there is nothing to wait for; the NPU twin waits for its stream."""
+
     def dead_rank(self) -> tuple[int, str] | None:
         """(rank, what happened) for the lowest rank whose process died without leaving the heap
         (killed, crashed), or None. Waits check this themselves; this is for host-side code."""

@@ -774,6 +774,10 @@ class NpuCommunicator:
     def barrier(self) -> None:
         self._barrier()
 
+    def synchronize(self) -> None:
+        """Waits until everything queued on this device (the schedules included) has finished."""
+        self._npu.synchronize(self.device)
+
     def close(self, collective: bool = True) -> None:
         """Waits for the device, unloads the schedules and finalises SHMEM. Collective: every
         rank must call it (SHMEM finalises symmetrically)."""

@@ -55,6 +55,7 @@ class RunSpec:
     soc: str = passes.DEFAULT_SOC
     cores: int | None = None
     heap_bytes: int | None = None
+    target: str = "cpu"          # "npu": CANN build, SHMEM heap on the NPUs (stratac.npu)
     bench: dict | None = None    # `stratac bench`: peer measurements and gate (stratac.benchpeer)
 
 
@@ -135,16 +136,22 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
                                     f"{spec.world}"))
     for case in spec.cases:
         _check_moe_case(spec, case)
+    if spec.target == "npu":
+        from . import npu
+        npu.require_npu()   # names every missing piece (CANN, SHMEM, torch_npu, devices)
     source = load_source(spec.file)
     opts = passes.Options(soc=spec.soc, cores=spec.cores)
     opts.check()
     compiled = comm.compile_source(source, opts, worlds=[spec.world])
-    for c in compiled:
-        build.build_cpu(c.output)   # warm the cache: the ranks then load without compiling
+    for c in compiled:   # warm the cache: the ranks then load without compiling
+        if spec.target == "npu":
+            npu.build(c.output, spec.soc)
+        else:
+            build.build_cpu(c.output)
     heap = _heap_bytes(spec, compiled)
     shm = os.statvfs("/dev/shm")
     free = shm.f_bavail * shm.f_frsize
-    if heap * spec.world > free:
+    if spec.target == "cpu" and heap * spec.world > free:
         raise StrataError(error(Codes.BAD_WORLD, f"the symmetric heap needs {heap * spec.world} bytes of "
                                 f"shared memory ({spec.world} ranks x {heap} bytes), but /dev/shm has "
                                 f"{free} bytes free: use a smaller --size or --count"))
@@ -165,7 +172,7 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
                              "timeout": spec.timeout, "soc": spec.soc, "cores": spec.cores,
                              "cases": [vars(c) for c in spec.cases],
                              "iters": spec.iters, "warmup": spec.warmup, "seed": spec.seed,
-                             "bench": spec.bench}
+                             "bench": spec.bench, "target": spec.target}
                     # output goes to files, not pipes: a rank never blocks on a full pipe nobody reads
                     out = open(Path(tmp) / f"rank{r}.out", "w+", encoding="utf-8", errors="replace")
                     err = open(Path(tmp) / f"rank{r}.err", "w+", encoding="utf-8", errors="replace")

@@ -35,8 +35,12 @@ def main(spec_text: str) -> int:
     comm = None
     clean = False
     try:
-        comm = Communicator.from_process_group(heap_bytes=spec["heap_bytes"], timeout=spec["timeout"],
-                                               segment=spec["segment"])
+        if spec.get("target") == "npu":   # the same API on SHMEM's heap (stratac.npu)
+            from .npu import NpuCommunicator
+            comm = NpuCommunicator.from_process_group(heap_bytes=spec["heap_bytes"])
+        else:
+            comm = Communicator.from_process_group(heap_bytes=spec["heap_bytes"],
+                                                   timeout=spec["timeout"], segment=spec["segment"])
         opts = passes.Options(soc=spec["soc"], cores=spec["cores"])
         mod = comm.load(spec["file"], options=opts)
         bench = spec.get("bench")   # `stratac bench`: peers measured between cases (benchpeer)
@@ -151,6 +155,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
             t["ids"].copy_(wl.ids(rank, seed).reshape(t["ids"].shape))
             if comb:
                 t["weights"].copy_(wl.weights(rank, seed))
+            comm.synchronize()
             comm.barrier()
         for name, fn, args in phases:
             if name == "combine":
@@ -159,6 +164,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
                 comm.reset_counters()
             t0 = time.perf_counter()
             fn(**args, cores=blocks)
+            comm.synchronize()
             if timed:
                 timing[name] += time.perf_counter() - t0
             if seed is not None:
@@ -168,7 +174,8 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
         if comb:
             t["y"].fill_(-3)
         step(seed)
-        result = _compare_moe(wl, t, rank, seed, tdtype, rows, wl.counts(seed))
+        host = {k: v.cpu() for k, v in t.items()}   # NPU tensors are compared on the host
+        result = _compare_moe(wl, host, rank, seed, tdtype, rows, wl.counts(seed))
         # a decode dispatch writes into peers' windows without waiting for them to enter: nobody
         # may still be reading a window (this check does) when the next dispatch starts
         comm.barrier()
@@ -275,13 +282,14 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
 
     def checked(seed: int) -> tuple[bool, str]:
         wl.fill(tensors, rank, seed)
+        comm.synchronize()   # the inputs are on the device before any peer may read them
         comm.barrier()
         fn(**args, cores=blocks)
         for p in s.tensors:
             want = wl.expected(p.name, rank, seed, tdtype)
             if want is None:
                 continue
-            got = tensors[p.name]
+            got = tensors[p.name].cpu()   # a no-op on the CPU target
             if not torch.equal(got, want):
                 bad = (got != want).nonzero()
                 i = int(bad[0]) if bad.numel() else -1
@@ -299,6 +307,7 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
     t0 = time.perf_counter()
     for _ in range(spec["iters"]):
         fn(**args, cores=blocks)
+    comm.synchronize()
     elapsed = (time.perf_counter() - t0) / max(1, spec["iters"])
     comm.barrier()
     if (spec.get("bench") or {}).get("trace"):   # `stratac bench --trace`: one more call, recorded
