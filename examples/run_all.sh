@@ -8,8 +8,12 @@ for f in examples/*.strata; do
 done
 $STRATAC compile examples/*.strata -o out/generated
 for f in examples/*.strata; do
+  case "$(basename "$f")" in
+    moe_*|alltoallv*) size=(--tokens 256 --hidden 1024 --topk 4 --routing skewed) ;;  # routed tokens
+    *) size=(--size 4M) ;;
+  esac
   for w in 1 2 4; do
-    $STRATAC run "$f" --world "$w" --size 4M --cores 8 --iters 3 --check
+    $STRATAC run "$f" --world "$w" "${size[@]}" --cores 8 --iters 3 --check
   done
 done
 echo "run_all: every example verified, compiled and checked on 1, 2 and 4 ranks"

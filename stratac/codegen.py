@@ -49,17 +49,13 @@ def c(e: ir.IExpr) -> str:
     return ir.c_source(e, _C)
 
 
-# buffer name -> C element type, for the buffers of a fixed element type (set per schedule)
-_FIXED: dict[str, str] = {}
-
-
-def _region(r: ir.Region) -> dict:
+def _region(r: ir.Region, s: ir.Schedule) -> dict:
     """A region in elements of the kernel's type T: a buffer of a fixed element type (counts,
     ids) is seen as T elements, since copies move bytes."""
     base, lo, n = _cname(r.buffer), c(r.lo), c(r.length)
-    d = _FIXED.get(r.buffer)
+    d = s.param(r.buffer).dtype
     if d is not None:
-        ratio = f"strata::Ratio<{d}, T>()"
+        ratio = f"strata::Ratio<{d.ctype}, T>()"
         base, lo, n = f"strata::Reinterpret<T>({base})", f"{lo} * {ratio}", f"{n} * {ratio}"
     return {"base": base, "lo": lo, "len": n, "pe": c(r.rank) if r.rank is not None else "rank"}
 
@@ -113,13 +109,13 @@ def _node(op, engine: ir.Engine, s: ir.Schedule) -> dict:
         return _route(op, engine, s)
     if isinstance(op, ir.Copy):
         via = {ir.Engine.AIV: "kAiv", ir.Engine.SDMA: "kSdma", ir.Engine.AUTO: "kAuto"}[engine]
-        return {"kind": "copy", "line": op.span.line, "via": via, "dst": _region(op.dst),
-                "src": _region(op.src)}
+        return {"kind": "copy", "line": op.span.line, "via": via, "dst": _region(op.dst, s),
+                "src": _region(op.src, s)}
     if isinstance(op, ir.Accumulate):
-        return {"kind": "accumulate", "line": op.span.line, "op": _red(op.op), "dst": _region(op.dst),
-                "src": _region(op.src)}
+        return {"kind": "accumulate", "line": op.span.line, "op": _red(op.op), "dst": _region(op.dst, s),
+                "src": _region(op.src, s)}
     return {"kind": "reduce", "line": op.span.line, "op": _red(op.op), "var": _cname(op.var),
-            "peers": op.domain is ir.Domain.PEERS, "dst": _region(op.dst), "src": _region(op.src)}
+            "peers": op.domain is ir.Domain.PEERS, "dst": _region(op.dst, s), "src": _region(op.src, s)}
 
 
 def _flag_bases(s: ir.Schedule) -> dict[str, str]:
@@ -218,8 +214,6 @@ def generate(s: ir.Schedule) -> Output:
     k = s.kernel
     assert k is not None, "run the pass pipeline before code generation"
     env = _env()
-    _FIXED.clear()
-    _FIXED.update({p.name: p.dtype.ctype for p in s.params if p.dtype is not None})
     rs = passes_routes(s)
     src = Path(s.source_name).name
     ctx = {
