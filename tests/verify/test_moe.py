@@ -1,0 +1,77 @@
+"""The MoE pieces of the verifier: sample routings, the contract's reference layout, and the
+routing constructs' simulation against hand-computed windows."""
+
+import numpy as np
+import pytest
+
+from stratac import verify
+from stratac.diagnostics import Source
+from stratac.frontend import schedules
+from stratac.routing import ROUTINGS, expert_ids
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_sample_routings_are_valid_and_reproducible(routing):
+    ids = expert_ids(routing, 3, tokens=40, topk=4, experts=16, seed=7)
+    assert ids.shape == (40, 4) and ids.dtype == np.int32
+    assert ((ids >= -1) & (ids < 16)).all()
+    for row in ids:                      # a token never picks an expert twice
+        picked = row[row >= 0]
+        assert len(set(picked.tolist())) == len(picked)
+    assert (expert_ids(routing, 3, 40, 4, 16, 7) == ids).all()
+    assert not (expert_ids(routing, 4, 40, 4, 16, 7) == ids).all() or routing == "single"
+
+
+def test_what_each_routing_means():
+    single = expert_ids("single", 0, 30, 3, 8)
+    assert (single[:, 0] == 0).all() and (single[:, 1:] == -1).all()
+    empty = expert_ids("empty", 0, 30, 3, 8)
+    assert empty.max() < 4                               # the upper half of the experts gets nothing
+    skewed = expert_ids("skewed", 0, 200, 2, 8)
+    assert (skewed == 0).any(axis=1).mean() > 0.8        # most tokens go to expert 0
+    sparse = expert_ids("sparse", 0, 50, 4, 8)
+    assert (sparse[0] == -1).all() and 0 < (sparse == -1).mean() < 0.6
+
+
+def test_reference_layout_by_hand():
+    ids = [np.array([[0, 2], [1, 0]]), np.array([[0, -1], [3, 0]])]   # world 2, 4 experts
+    packed = verify.moe_layout(ids, 4, None)
+    assert packed == {(0, 0, 0): (0, 0), (0, 1, 1): (0, 1), (1, 0, 0): (0, 2), (1, 1, 1): (0, 3),
+                      (0, 1, 0): (0, 4), (0, 0, 1): (1, 0), (1, 1, 0): (1, 1)}
+    slotted = verify.moe_layout(ids, 4, 2)
+    assert slotted == {(0, 0, 0): (0, 0), (0, 1, 1): (0, 1), (1, 0, 0): (0, 2), (1, 1, 1): (0, 3),
+                       (0, 1, 0): (0, 4), (0, 0, 1): (1, 0), (1, 1, 0): (1, 6)}
+
+
+PLACE_ONLY = """
+schedule d(x: sym T[tokens, hidden], ids: i32[tokens, topk], counts: sym i32[world, experts],
+           win: sym T[world * tokens * topk, hidden]) implements moe_dispatch(x, ids -> win, counts) {
+  scratch offs: i32[experts]
+  mine = split(counts, world)
+  on aiv: mine[rank] = histogram(ids)
+  barrier
+  on sdma: for p in peers: mine[rank]@p = mine[rank]
+  barrier
+  on aiv: offs = exscan(counts)
+  on sdma: win = place(x, ids, offs)
+  barrier
+}
+"""
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_dispatch_verifies_under_every_routing(routing):
+    s, = schedules(Source("d.strata", PLACE_ONLY))
+    for world in (1, 2, 3, 5):
+        sizes = {"tokens": 7, "hidden": 2, "topk": 3, "experts": 4 * world}
+        assert verify.verify(s, world, sizes, routing).ok
+
+
+def test_a_wrong_offset_is_caught_with_the_token():
+    """exscan swapped for slots: the rows land in the slotted layout, which is not the packed
+    layout the contract promises (or outside the window)."""
+    s, = schedules(Source("d.strata", PLACE_ONLY.replace("exscan(counts)", "slots(tokens)")))
+    res = verify.verify(s, 2, {"tokens": 4, "hidden": 2, "topk": 2, "experts": 4}, "uniform")
+    d, = res.diagnostics
+    assert d.code == "E0305"
+    assert "place puts token" in d.message or "should be the token row the layout puts there" in d.message
