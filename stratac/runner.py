@@ -143,6 +143,11 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
     opts = passes.Options(soc=spec.soc, cores=spec.cores)
     opts.check()
     compiled = comm.compile_source(source, opts, worlds=[spec.world])
+    routed = [c.schedule.name for c in compiled if c.schedule.contract.kind.moe]
+    for case in spec.cases:
+        if routed and case.dtype == "i32":
+            raise StrataError(error(Codes.BAD_TYPE, f"{routed[0]} moves float tokens: --dtype f32, f16 "
+                                    "or bf16"))
     for c in compiled:   # warm the cache: the ranks then load without compiling
         if spec.target == "npu":
             npu.build(c.output, spec.soc)
@@ -321,7 +326,7 @@ def _fmt_bytes(n: float) -> str:
 def report(outcome: RunOutcome, check: bool) -> list[str]:
     """One line per schedule (rank 0's view; time is the slowest rank's)."""
     lines = []
-    head = (f"{'schedule':<26} {'world':>5} {'size':>9} {'count':>10} {'type':>4} {'op':>4} {'time(us)':>10} "
+    head = (f"{'schedule':<30} {'world':>5} {'size':>9} {'count':>10} {'type':>4} {'op':>4} {'time(us)':>10} "
             f"{'algbw':>7} {'busbw':>7} {'aiv bytes':>10} {'sdma bytes':>10} {'core max/mean':>13} "
             f"{'heap/rank':>10}  result")
     lines.append(head)
@@ -338,13 +343,17 @@ def report(outcome: RunOutcome, check: bool) -> list[str]:
         result = "OK" if r["ranks_wrong"] == 0 else f"WRONG ({r['ranks_wrong']} ranks)"
         if not check:
             result = "unchecked"
-        lines.append(f"{r['schedule']:<26} {r['world']:>5} {_fmt_bytes(r['size']):>9} {r['count']:>10} "
+        lines.append(f"{r['schedule']:<30} {r['world']:>5} {_fmt_bytes(r['size']):>9} {r['count']:>10} "
                      f"{r['dtype']:>4} {r.get('op') or '-':>4} {t * 1e6:>10.1f} {algbw:>7.2f} {busbw:>7.2f} {aiv:>10} {sdma:>10} "
                      f"{balance:>13} {_fmt_bytes(r['heap_bytes']):>10}  {result}")
     moe = [r for r in outcome.results if r["rank"] == 0 and r.get("moe")]
     for r in moe:
         m = r["moe"]
-        if m["phase"] == "dispatch":
+        if m.get("alltoallv"):
+            lines.append(f"  AllToAllV {r['schedule']}: rows {m['tokens']}/rank of {m['hidden']} elements, "
+                         f"destinations {m['routing']}; output {m['window_rows']} rows; size = received "
+                         "bytes per rank (mean)")
+        elif m["phase"] == "dispatch":
             cap = f", capacity {m['capacity']} slots per (expert, source)" if m["capacity"] else ""
             lines.append(f"  MoE {r['schedule']}: tokens {m['tokens']}/rank, hidden {m['hidden']}, topk "
                          f"{m['topk']}, experts {m['experts']}, routing {m['routing']}; window "

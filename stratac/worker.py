@@ -210,7 +210,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
             "heap_user_bytes": heap_bytes - heap_before,
             "moe": {"tokens": wl.tokens, "hidden": wl.hidden, "topk": wl.topk, "experts": wl.experts,
                     "routing": wl.routing, "capacity": wl.capacity if wl.slotted else None,
-                    "window_rows": rows, "phase": name},
+                    "window_rows": rows, "phase": name, "alltoallv": v},
         })
     return out
 
