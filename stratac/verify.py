@@ -75,8 +75,9 @@ def moe_roles(s: ir.Schedule) -> dict[str, str]:
 
 def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
     """Token counts 1 and 5 (rows of 3 elements, top-2, 2 experts per rank, capacity = tokens),
-    under the routings of MOE_SAMPLES; other size symbols (such as a window's row count) get the
-    bound world * tokens * topk, which any routing fits."""
+    under the routings of MOE_SAMPLES, each kept while the simulation stays within budget (every
+    rank holds the world x experts count table, so large worlds keep only the one-token sample);
+    other size symbols (such as a window's row count) get the bound world * tokens * topk."""
     roles = {v: k for k, v in moe_roles(s).items()}
     out = []
     for tokens, routing in MOE_SAMPLES:
@@ -84,7 +85,8 @@ def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
         sample = Sample({sym: value.get(roles.get(sym, ""), world * tokens * 2) for sym in s.sizes})
         sample.update({x.name: 0 for x in s.rank_params})
         sample.routing = routing
-        out.append(sample)
+        if _within_budget(s, world, sample) or not out:   # like default_samples: never none at all
+            out.append(sample)
     return out
 
 
