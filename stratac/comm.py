@@ -537,9 +537,10 @@ class Schedule:
                                    f"({experts}) and at most {ROUTE_MAX_TOPK}")
         bad = (ids < -1) | (ids >= experts)
         if bool(bad.any()):
-            t, k = (int(v) for v in bad.nonzero()[0])
-            raise StrataUsageError(f"{self.name}: {ids_name}[{t}, {k}] = {int(ids[t, k])} is not an "
-                                   f"expert: ids must lie in [0, {experts}) or be -1 (no expert); "
+            at = tuple(int(v) for v in bad.nonzero()[0])
+            what = "a rank" if c.kind is ir.ContractKind.ALLTOALLV else "an expert"
+            raise StrataUsageError(f"{self.name}: {ids_name}[{', '.join(map(str, at))}] = {int(ids[at])} "
+                                   f"is not {what}: it must lie in [0, {experts}) or be -1 (none); "
                                    "nothing was written")
         if c.capacity:
             cap = env[c.capacity]

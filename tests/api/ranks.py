@@ -110,7 +110,7 @@ def moe_bad_input(comm, rank, world):
     win = comm.zeros(world * T * K, H, dtype=torch.bfloat16)
     ids.copy_(torch.tensor([[0, 1]] * T, dtype=torch.int32))
     ids[3, 1] = E
-    expect_error(StrataUsageError, f"ids[3, 1] = {E} is not an expert: ids must lie in [0, {E}) or be -1",
+    expect_error(StrataUsageError, f"ids[3, 1] = {E} is not an expert: it must lie in [0, {E}) or be -1",
                  mod.moe_prefill_dispatch, x, ids, counts, win)
     ids[3, 1] = -2
     expect_error(StrataUsageError, "ids[3, 1] = -2 is not an expert", mod.moe_prefill_dispatch, x, ids,
@@ -147,6 +147,14 @@ def moe_bad_input(comm, rank, world):
     comm.barrier()
     mod.moe_prefill_dispatch(x, ids, counts, win)
     assert counts[:, 0].tolist() == [T] * world
+    v = comm.load(ROOT / "examples" / "alltoallv.strata")
+    rows = comm.empty(T, H, dtype=torch.float32)
+    dest = comm.empty(T, dtype=torch.int32)
+    dest.copy_(torch.tensor([0, world, 0, -1, 0], dtype=torch.int32))
+    vcounts = comm.zeros(world, world, dtype=torch.int32)
+    out = comm.zeros(world * T, H, dtype=torch.float32)
+    expect_error(StrataUsageError, f"dest[1] = {world} is not a rank: it must lie in [0, {world})",
+                 v.alltoallv, rows, dest, vcounts, out)
 
 
 def moe_interleaved(comm, rank, world):
