@@ -397,6 +397,7 @@ class Plan:
     copies_on_sdma: bool           # some copy may go to the SDMA queues (needs a quiet at the end)
     reduces: bool                  # vector reductions
     sdma_threshold: int            # bytes from which `auto` copies go to SDMA
+    routes: bool = False           # MoE routing constructs (strata::Router)
 
 
 @dataclass(frozen=True)
@@ -596,7 +597,7 @@ def _dump_op(op: Node, depth: int, out: list[str]) -> None:
         if op.plan:
             p = op.plan
             used = [name for name, on in (("aiv-copy", p.copies_on_aiv), ("sdma-copy", p.copies_on_sdma),
-                                          ("aiv-reduce", p.reduces)) if on]
+                                          ("aiv-reduce", p.reduces), ("routing", p.routes)) if on]
             plan = f" [{' '.join(used)}" + (f" sdma>={p.sdma_threshold}B]" if p.copies_on_aiv and
                                               p.copies_on_sdma else "]")
         out.append(f"{pad}stage {op.index} on {op.engine.value}{plan}:{_line(op.span)}")

@@ -101,6 +101,7 @@ def place_engines(s: ir.Schedule, opts: Options) -> ir.Schedule:
             copies_on_aiv=copies and op.engine in (ir.Engine.AIV, ir.Engine.AUTO),
             copies_on_sdma=copies and op.engine in (ir.Engine.SDMA, ir.Engine.AUTO),
             reduces=any(isinstance(m, ir.Reduce) for m in moves),
+            routes=any(isinstance(m, ir.Route) for m in moves),
             sdma_threshold=opts.sdma_threshold))
     return replace(s, body=tuple(map(plan, s.body)))
 
