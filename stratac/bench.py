@@ -9,6 +9,11 @@ Metrics (DESIGN.md §7, nccl-tests): algbw = S / t, busbw = algbw x factor, GB =
 AllReduce 2(n-1)/n, AllGather/ReduceScatter/AllToAll (n-1)/n, Broadcast/Reduce 1; S is the whole
 gathered/scattered buffer for AllGather/ReduceScatter, one rank's send buffer for AllToAll, the
 buffer otherwise. t is the slowest rank's mean time per call over --iters calls after --warmup.
+
+A file of MoE schedules (moe_dispatch/moe_combine, alltoallv) sweeps tokens per rank and routings
+instead of sizes (run_moe): dispatch and combine times, received bytes per rank as DeepEP counts
+them, algbw = received bytes / time, and the dispatch's per-core balance (CPU model counters) beside
+the balance a one-core-per-peer partition would have, computed from the same routing. No peers.
 """
 
 from __future__ import annotations
@@ -30,18 +35,29 @@ from . import benchpeer, comm, passes, runner
 from .frontend import load_source
 
 PEERS = ("gloo", "mpi")
+DEFAULT_SIZES = "8:256M"
+MOE_TOKENS = "16:1024"   # the default --tokens sweep of a MoE file
 MPI_APT = ["openmpi-bin", "libopenmpi-dev"]
 
 
 class BenchError(Exception):
-    """Something the bench cannot do, said in one message (the CLI prints it, no traceback)."""
+    """Something the bench cannot do, said in one message (the CLI prints it, no traceback).
+    `status` is the exit status it calls for."""
+
+    status = 1
+
+
+class BenchUsageError(BenchError):
+    """Options that do not fit the file (e.g. --vs for MoE schedules): exit status 2."""
+
+    status = 2
 
 
 @dataclass
 class BenchSpec:
     file: str
     world: int
-    sizes: list[int] = field(default_factory=lambda: parse_sizes("8:256M"))
+    sizes: list[int] | None = field(default_factory=lambda: parse_sizes(DEFAULT_SIZES))
     dtype: str = "f32"
     op: str = "sum"
     root: int = 0
@@ -55,6 +71,12 @@ class BenchSpec:
     progress: bool = False
     ceiling_bytes: int = 256 << 20
     trace: str | None = None      # write a Chrome/Perfetto trace of one call per schedule and size
+    # MoE dispatch/combine files (None: the defaults below, or stratac.workload.MOE_DEFAULTS)
+    tokens: list[int] | None = None     # tokens per rank, swept (default MOE_TOKENS)
+    hidden: int | None = None
+    topk: int | None = None
+    experts: int | None = None
+    routings: list[str] | None = None   # default ["uniform"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -70,19 +92,22 @@ def _size(text: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
-def parse_sizes(text: str) -> list[int]:
-    """'8:256M' -> 8, 16, ..., 256 MiB (doubling, like nccl-tests -b 8 -e 256M -f 2);
-    'MIN:MAX:F' multiplies by F; a comma list of sizes or ranges is the union, sorted."""
+def _parse_range(text: str, one, what: str) -> list[int]:
+    """The sweep syntax shared by --sizes and --tokens: MIN:MAX doubling, MIN:MAX:F, a comma list
+    of values or ranges (the union, sorted); `one` parses a single value."""
     out: set[int] = set()
     for part in text.split(","):
         bits = part.split(":")
         if len(bits) == 1:
-            out.add(_size(bits[0]))
+            out.add(one(bits[0]))
             continue
         if len(bits) > 3:
             raise ValueError(f"{part!r}: a range is MIN:MAX or MIN:MAX:FACTOR")
-        lo, hi = _size(bits[0]), _size(bits[1])
-        f = int(bits[2]) if len(bits) == 3 else 2
+        lo, hi = one(bits[0]), one(bits[1])
+        try:
+            f = int(bits[2]) if len(bits) == 3 else 2
+        except ValueError:
+            raise ValueError(f"{part!r}: the FACTOR of MIN:MAX:FACTOR is an integer") from None
         if lo < 1 or hi < lo or f < 2:
             raise ValueError(f"{part!r}: need 1 <= MIN <= MAX and FACTOR >= 2")
         s = lo
@@ -90,8 +115,42 @@ def parse_sizes(text: str) -> list[int]:
             out.add(s)
             s *= f
     if not out or min(out) < 1:
-        raise ValueError(f"{text!r}: sizes must be at least 1 byte")
+        raise ValueError(f"{text!r}: {what} must be at least 1")
     return sorted(out)
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'8:256M' -> 8, 16, ..., 256 MiB (doubling, like nccl-tests -b 8 -e 256M -f 2);
+    'MIN:MAX:F' multiplies by F; a comma list of sizes or ranges is the union, sorted."""
+    return _parse_range(text, _size, "sizes (bytes)")
+
+
+def _count(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([KM]?)\s*", text, re.I)
+    if not m:
+        raise ValueError(f"{text!r} is not a token count (e.g. 16, 1024, 4K)")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def parse_counts(text: str) -> list[int]:
+    """Tokens per rank for a MoE sweep, in the --sizes syntax: '16:1024' -> 16, 32, ..., 1024;
+    'MIN:MAX:F'; a comma list. K = 1024 tokens."""
+    return _parse_range(text, _count, "token counts")
+
+
+def parse_routings(text: str) -> list[str]:
+    """'skewed' -> ['skewed']; 'uniform,single' -> both, in the order given; 'all' -> every routing
+    stratac.routing knows (uniform, skewed, single, empty, sparse)."""
+    from .routing import ROUTINGS
+    out: list[str] = []
+    for name in (x.strip() for x in text.split(",")):
+        names = list(ROUTINGS) if name == "all" else [name]
+        for n in names:
+            if n not in ROUTINGS:
+                raise ValueError(f"unknown routing {n!r}; known: {', '.join(ROUTINGS)}, or all")
+            if n not in out:
+                out.append(n)
+    return out
 
 
 def fmt_bytes(n: float) -> str:
@@ -328,10 +387,17 @@ class Progress:
         d = self.done()
         fill = int(width * d / self.total) if self.total else width
         i = min(len(self.cases) - 1, sum(self.gate.has(f"stratac-{k}") for k in range(len(self.cases))))
-        now = f"{fmt_bytes(self.cases[i].size)}" if self.cases else ""
+        case = self.cases[i] if self.cases else None
+        if case is None:
+            now = ""
+        elif case.size is None and case.tokens is not None:   # MoE: tokens and routing
+            now = f"{case.tokens} tokens {case.routing}"
+        else:
+            now = fmt_bytes(case.size)
+        moe = case is not None and case.size is None
+        unit = "measurements" if self.mpi else ("cases" if moe else "sizes")
         return (f"\r[{'#' * fill}{'.' * (width - fill)}] {d}/{self.total} "
-                f"{'measurements' if self.mpi else 'sizes'}  next {now:<9} "
-                f"{time.monotonic() - self.t0:6.0f} s")
+                f"{unit}  next {now:<9} {time.monotonic() - self.t0:6.0f} s")
 
     def _loop(self):
         while not self._stop.wait(0.5):
@@ -364,6 +430,11 @@ class BenchResult:
 
 
 def run(spec: BenchSpec, echo=print) -> BenchResult:
+    pairs = _moe_file(spec)
+    if pairs is not None:
+        return run_moe(spec, pairs, echo)
+    if spec.sizes is None:
+        spec.sizes = parse_sizes(DEFAULT_SIZES)
     for p in spec.peers:
         if p not in PEERS:
             raise BenchError(f"--vs {p}: the peers are {', '.join(PEERS)}")
@@ -552,6 +623,393 @@ def _records(results: list[dict], pl: Plan, spec: BenchSpec) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
+# MoE dispatch/combine: a sweep of tokens per routing instead of a sweep of sizes
+#
+# One stratac job, one runner.Case per (routing, tokens); each case runs every dispatch/combine pair
+# of the file (stratac.worker: dispatch, the host's stand-in expert step, combine; checked before
+# and after the timed calls). A record per pair, routing and tokens joins the two phases.
+
+_MOE_OPTIONS = (("tokens", "--tokens"), ("hidden", "--hidden"), ("topk", "--topk"),
+                ("experts", "--experts"), ("routings", "--routing"))
+PER_PEER_SOURCE = "computed from the routing (stratac.routing.expert_ids), not measured"
+
+
+def _moe_file(spec: BenchSpec) -> list[tuple[str, str | None]] | None:
+    """None for a file of collectives; for a file of MoE schedules its (dispatch, combine or None)
+    pairs in file order, once the options are known to fit a MoE bench (BenchUsageError if not)."""
+    from .frontend import schedules
+    scheds = schedules(load_source(spec.file))
+    moe = [s.name for s in scheds if s.contract.kind.moe]
+    given = [flag for key, flag in _MOE_OPTIONS if getattr(spec, key) is not None]
+    if not moe:
+        if given:
+            raise BenchUsageError(f"{', '.join(given)} apply to MoE dispatch/combine schedules and "
+                                  f"{spec.file} holds none: its collectives sweep --sizes")
+        return None
+    others = [s.name for s in scheds if not s.contract.kind.moe]
+    if others:
+        raise BenchUsageError(f"{spec.file} mixes MoE schedules ({', '.join(moe)}) with collectives "
+                              f"({', '.join(others)}): MoE schedules sweep --tokens, collectives "
+                              "--sizes; bench them from separate files")
+    if spec.peers:
+        raise BenchUsageError(f"--vs {','.join(spec.peers)}: no peer is available for MoE dispatch/"
+                              "combine (neither gloo nor MPI has a routed dispatch or combine to run "
+                              "side by side); drop --vs to measure stratac alone")
+    if spec.trace:
+        raise BenchUsageError("--trace records collectives only; MoE dispatch/combine runs record no "
+                              "trace yet: drop --trace")
+    if spec.sizes is not None and spec.sizes != parse_sizes(DEFAULT_SIZES):
+        raise BenchUsageError(f"--sizes sweeps the bytes of a collective, and {spec.file} holds MoE "
+                              "schedules: sweep --tokens (with --hidden, --topk, --experts, --routing)")
+    return moe_pairs(scheds)
+
+
+def moe_pairs(scheds) -> list[tuple[str, str | None]]:
+    """(dispatch, combine) names in file order, as stratac.worker pairs them: each moe_dispatch
+    with the next moe_combine of the same layout; an alltoallv alone (None)."""
+    from .ir import ContractKind
+    out: list[tuple[str, str | None]] = []
+    pending = None
+    for s in scheds:
+        c = s.contract
+        if c.kind is ContractKind.ALLTOALLV:
+            out.append((s.name, None))
+        elif c.kind.dispatch:
+            if pending is not None:
+                raise BenchUsageError(f"{pending.name}: a moe_dispatch needs its moe_combine after it "
+                                      f"in the file, before the next dispatch ({s.name})")
+            pending = s
+        elif pending is None or (pending.contract.capacity is None) != (c.capacity is None):
+            raise BenchUsageError(f"{s.name}: a moe_combine runs after the moe_dispatch of the same "
+                                  "layout (packed or with a capacity) that precedes it in the file")
+        else:
+            out.append((pending.name, s.name))
+            pending = None
+    if pending is not None:
+        raise BenchUsageError(f"{pending.name}: a moe_dispatch needs a moe_combine after it in the file "
+                              "(the bench runs dispatch, the expert step and combine)")
+    return out
+
+
+def _moe_cases(spec: BenchSpec) -> list[runner.Case]:
+    from .workload import MOE_DEFAULTS
+    w = spec.world
+    experts = spec.experts or MOE_DEFAULTS["experts_per_rank"] * w
+    topk = spec.topk or MOE_DEFAULTS["topk"]
+    if experts % w:
+        raise BenchUsageError(f"--experts {experts} is not a multiple of --world {w}: every rank owns "
+                              "experts / world experts")
+    if topk > experts:
+        raise BenchUsageError(f"--topk {topk} exceeds --experts {experts}")
+    for key, flag in _MOE_OPTIONS[1:4]:
+        v = getattr(spec, key)
+        if v is not None and v < 1:
+            raise BenchUsageError(f"{flag} must be at least 1, got {v}")
+    tokens = spec.tokens or parse_counts(MOE_TOKENS)
+    return [runner.Case(dtype=spec.dtype, tokens=t, hidden=spec.hidden, topk=spec.topk,
+                        experts=spec.experts, routing=r)
+            for r in (spec.routings or ["uniform"]) for t in tokens]
+
+
+def moe_heap_bytes(rspec: runner.RunSpec, compiled, pairs: list[tuple[str, str | None]]) -> int:
+    """The symmetric heap per rank: every tensor and scratch buffer of the largest pair at the
+    largest case (the worker allocates a pair's tensors, runs it and frees them before the next
+    pair), each rounded to the allocator's 512 bytes, plus the flags. runner._heap_bytes sizes
+    the first pair of the file only, which a staging baseline after it outgrows."""
+    from .ir import ContractKind, DType
+    from .workload import MOE_DEFAULTS, MoeWorkload
+    by_name = {c.schedule.name: c.schedule for c in compiled}
+    w = rspec.world
+    need = 0
+    for case in rspec.cases:
+        elem = DType.parse(case.dtype).nbytes
+        for d_name, c_name in pairs:
+            disp, comb = by_name[d_name], by_name.get(c_name) if c_name else None
+            v = disp.contract.kind is ContractKind.ALLTOALLV
+            wl = MoeWorkload(disp, comb, w, case.tokens or MOE_DEFAULTS["tokens"],
+                             case.hidden or MOE_DEFAULTS["hidden"],
+                             1 if v else case.topk or MOE_DEFAULTS["topk"],
+                             w if v else case.experts or MOE_DEFAULTS["experts_per_rank"] * w,
+                             case.routing)
+            total = 0
+            for s in (x for x in (disp, comb) if x is not None):
+                for prm in s.params:
+                    n = math.prod(wl.shape(s, prm))
+                    total += (max(n, 1) * (prm.dtype.nbytes if prm.dtype else elem) + 511) // 512 * 512
+            need = max(need, total)
+    return need + (w + comm.SYNC_SLOTS) * 4 + (1 << 20)
+
+
+def moe_memory_needed(rspec: runner.RunSpec, compiled) -> int:
+    """A generous estimate of the run's peak memory: per rank the heap, the torch reference check
+    (the expected window about three times over, y in float64) and 300 MB per process."""
+    from .ir import DType
+    heap = rspec.heap_bytes or runner._heap_bytes(rspec, compiled)
+    ref = 0
+    for case in rspec.cases:
+        wl = runner._moe_workload(rspec, case, compiled)
+        d = wl.dispatch
+        rows = wl.shape(d, d.param(d.contract.outputs[0]))[0]
+        elem = DType.parse(case.dtype).nbytes
+        ref = max(ref, 3 * rows * wl.hidden * elem + 16 * wl.tokens * wl.hidden)
+    return rspec.world * (heap + ref + (300 << 20))
+
+
+def run_moe(spec: BenchSpec, pairs: list[tuple[str, str | None]], echo=print) -> BenchResult:
+    """The MoE bench: every (routing, tokens) case of spec on every dispatch/combine pair."""
+    from .workload import MOE_DEFAULTS
+    if spec.world < 1:
+        raise BenchUsageError(f"--world must be at least 1, got {spec.world}")
+    cases = _moe_cases(spec)
+    tokens = sorted({c.tokens for c in cases})
+    meta: dict = {"file": str(spec.file), "world": spec.world, "dtype": spec.dtype,
+                  "iters": spec.iters, "warmup": spec.warmup, "cores": spec.cores, "peers": [],
+                  "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0],
+                  "moe": {"pairs": [{"dispatch": d, "combine": c} for d, c in pairs],
+                          "tokens": tokens, "hidden": spec.hidden or MOE_DEFAULTS["hidden"],
+                          "topk": spec.topk or MOE_DEFAULTS["topk"],
+                          "experts": spec.experts or MOE_DEFAULTS["experts_per_rank"] * spec.world,
+                          "routings": list(spec.routings or ["uniform"]), "seed": spec.seed,
+                          "per_peer": PER_PEER_SOURCE}}
+    import torch
+    meta["torch"] = torch.__version__
+    meta["copy_ceiling"] = copy_ceiling(spec.ceiling_bytes)   # before anything else runs
+    opts = passes.Options(soc=spec.soc, cores=spec.cores)
+    opts.check()
+    compiled = comm.compile_source(load_source(spec.file), opts, worlds=[spec.world])
+    meta["cores"] = spec.cores or compiled[0].schedule.kernel.cores
+    rspec = runner.RunSpec(file=spec.file, world=spec.world, cases=cases, iters=spec.iters,
+                           warmup=spec.warmup, timeout=spec.timeout, check=True, seed=spec.seed,
+                           soc=spec.soc, cores=spec.cores)
+    rspec.heap_bytes = max(moe_heap_bytes(rspec, compiled, pairs), runner._heap_bytes(rspec, compiled))
+    need, avail = moe_memory_needed(rspec, compiled), _mem_available()
+    if avail is not None and need > 0.8 * avail:   # an OOM kill would take other processes too
+        raise BenchError(f"the largest case needs about {need / 2**30:.1f} GiB of memory ({spec.world} "
+                         f"ranks: heap, reference check) but {avail / 2**30:.1f} GiB are available: "
+                         f"lower the largest --tokens (now {tokens[-1]}) or --hidden")
+    with tempfile.TemporaryDirectory(prefix="stratac-bench-") as tmp:
+        gate = benchpeer.Gate(Path(tmp) / "gate")   # no peers: the marks only drive the progress bar
+        gate.path.mkdir()
+        rspec.bench = {"peers": [], "tasks": [[] for _ in cases], "gate": str(gate.path),
+                       "iters": spec.iters, "warmup": spec.warmup, "peer_timeout": spec.timeout * 4,
+                       "trace": None}
+        with Progress(gate, cases, False, spec.progress):
+            outcome = runner.run(rspec, echo=echo)
+    meta["loadavg_after"] = os.getloadavg()[0]
+    records = moe_records(outcome.results, pairs, spec)
+    exit_code = outcome.exit_code or (1 if outcome.failures else 0)
+    return BenchResult(meta, records, list(outcome.failures), exit_code)
+
+
+def _core_bytes(rec: dict) -> list[int]:
+    """Bytes each vector core moved in one call: aiv in + aiv out + sdma (the copies it posted)."""
+    return [c["mte_in"] + c["mte_out"] + c["sdma"] for c in rec["counters"]]
+
+
+def _max_mean(xs: list[int]) -> float | None:
+    mean = sum(xs) / len(xs) if xs else 0
+    return max(xs) / mean if mean else None
+
+
+def _phase(ranks: list[dict]) -> dict:
+    """One phase over all ranks: time, per-core balance (the worst rank's), engine bytes (mean)."""
+    cores = [_core_bytes(r) for r in ranks]
+    balances = [b for b in map(_max_mean, cores) if b is not None]
+    n = len(ranks)
+    engines = {k: sum(sum(c[src] for c in r["counters"]) for r in ranks) / n
+               for k, src in (("aiv_in", "mte_in"), ("aiv_out", "mte_out"), ("sdma", "sdma"),
+                              ("remote_read", "remote_read"), ("remote_write", "remote_write"))}
+    t = ranks[0]["time_s"]
+    return {"time_us": t * 1e6 if t and t > 0 else None,
+            "max_mean": max(balances) if balances else None,
+            "max_bytes": max((max(c) for c in cores if c), default=0),
+            "engines": engines, "core_bytes": cores}
+
+
+def per_peer_bytes(routing: str, world: int, tokens: int, topk: int, experts: int, row_bytes: int,
+                   seed: int) -> list[list[int]]:
+    """[source rank][destination rank]: the bytes a one-core-per-peer partition puts on rank
+    source's core for destination (every row it routes there, the rank itself included), from the
+    routing alone: stratac.routing.expert_ids, expert e owned by rank e // (experts / world)."""
+    import numpy as np
+
+    from .routing import expert_ids
+    local = experts // world
+    out = []
+    for r in range(world):
+        ids = expert_ids(routing, r, tokens, topk, experts, seed)
+        owners = ids[ids >= 0].astype(np.int64) // local
+        out.append([int(n) * row_bytes for n in np.bincount(owners, minlength=world)])
+    return out
+
+
+def moe_records(results: list[dict], pairs: list[tuple[str, str | None]], spec: BenchSpec) -> list[dict]:
+    """One record per dispatch/combine pair, routing and tokens (both phases joined)."""
+    from .ir import DType
+    elem = DType.parse(spec.dtype).nbytes
+    pair_of = {}
+    for i, (d, c) in enumerate(pairs):
+        pair_of[d] = pair_of[c] = i
+    groups: dict[tuple, dict[str, list[dict]]] = {}
+    for r in results:
+        m = r.get("moe")
+        if not m or r["schedule"] not in pair_of:
+            continue
+        key = (pair_of[r["schedule"]], m["routing"], m["tokens"])
+        groups.setdefault(key, {"dispatch": [], "combine": []})[m["phase"]].append(r)
+    routings = list(spec.routings or ["uniform"])
+    out = []
+    for key in sorted(groups, key=lambda k: (k[0], routings.index(k[1]) if k[1] in routings else 99, k[2])):
+        d_name, c_name = pairs[key[0]]
+        ph = groups[key]
+        dr = sorted(ph["dispatch"], key=lambda r: r["rank"])
+        cr = sorted(ph["combine"], key=lambda r: r["rank"])
+        if not dr:
+            continue
+        r0, m = dr[0], dr[0]["moe"]
+        w = r0["world"]
+        disp = _phase(dr)
+        comb = _phase(cr) if cr else None
+        errors = max(r["ranks_wrong"] for r in dr + cr)
+        recv = r0["size"]
+        # the counters come from the last checked call: seed + 1 when the first check passed on
+        # every rank (stratac.worker._run_moe), which errors == 0 implies
+        seed = m.get("counters_seed", spec.seed + 1 if errors == 0 else None)
+        peer = None if seed is None else per_peer_bytes(
+            m["routing"], w, m["tokens"], m["topk"], m["experts"], m["hidden"] * elem, seed)
+        peer_bal = [b for b in map(_max_mean, peer or []) if b is not None]
+        peer_max = max((max(p) for p in peer), default=0) if peer else None
+        algbw = lambda ph: recv / ph["time_us"] / 1e3 if ph and ph["time_us"] else None
+        out.append({
+            "system": "stratac", "kind": "moe", "schedule": d_name, "dispatch": d_name,
+            "combine": c_name, "world": w, "dtype": r0["dtype"], "tokens": m["tokens"],
+            "hidden": m["hidden"], "topk": m["topk"], "experts": m["experts"],
+            "routing": m["routing"], "capacity": m["capacity"], "window_rows": m["window_rows"],
+            "cores": r0["cores"], "recv_bytes": recv,
+            "dispatch_us": disp["time_us"], "combine_us": comb["time_us"] if comb else None,
+            "algbw": algbw(disp), "combine_algbw": algbw(comb),
+            "core_max_mean": disp["max_mean"], "core_max_bytes": disp["max_bytes"],
+            "combine_core_max_mean": comb["max_mean"] if comb else None,
+            "per_peer_max_mean": max(peer_bal) if peer_bal else None,
+            "per_peer_max_bytes": peer_max, "per_peer_cores": w, "per_peer_bytes": peer,
+            "per_peer_seed": seed, "per_peer_source": PER_PEER_SOURCE,
+            "busiest_ratio": (peer_max / disp["max_bytes"] if peer_max is not None and disp["max_bytes"]
+                              else None),
+            "errors": errors, "why": [r["why"] for r in dr + cr if r["why"]],
+            "heap_bytes": max(r["heap_bytes"] for r in dr),
+            "dispatch_engines": disp["engines"], "combine_engines": comb["engines"] if comb else None,
+            "per_rank": [{"rank": r["rank"], "dispatch_core_bytes": disp["core_bytes"][i],
+                          "combine_core_bytes": comb["core_bytes"][i] if comb and i < len(cr) else None}
+                         for i, r in enumerate(dr)],
+        })
+    return out
+
+
+MOE_COLUMNS = ["tokens", "hidden", "topk", "experts", "routing", "recv(B)"]
+MOE_PHASE_COLUMNS = ["time(us)", "algbw", "max/mean"]
+MOE_BALANCE_COLUMNS = ["tokens", "routing", "max/mean", "busiest(B)", "max/mean", "busiest(B)",
+                       "busiest x"]
+
+
+def moe_table(res: BenchResult) -> list[str]:
+    m = res.meta
+    mo = m["moe"]
+    lines = [f"# stratac bench {m['file']}  world {m['world']}  dtype {m['dtype']}  cores {m['cores']}  "
+             f"iters {m['iters']}  warmup {m['warmup']}  ({m['cpus']} CPUs, load average "
+             f"{m['loadavg_before']:.1f} before, {m['loadavg_after']:.1f} after)"]
+    c = m["copy_ceiling"]
+    lines.append(f"# copy ceiling (torch copy_ of {fmt_bytes(c['bytes'])}): "
+                 f"{c['gbps_1_thread']:.2f} GB/s on 1 thread, {c['gbps_all_threads']:.2f} GB/s on "
+                 f"{c['threads']} threads")
+    lines.append(f"# MoE dispatch/combine, tokens per rank swept, routings {', '.join(mo['routings'])}; "
+                 "peers: none (neither gloo nor MPI has a routed dispatch/combine)")
+    lines.append("# recv: bytes each rank receives in dispatch, mean over ranks (DeepEP's count: routed "
+                 "(token, expert) rows x hidden x element size); time: slowest rank, mean per call; "
+                 "algbw = recv / time (GB/s, GB = 1e9 B); max/mean: bytes of the busiest vector core "
+                 "(aiv in + aiv out + sdma, CPU model counters) over the mean of all cores, worst rank; "
+                 "#wrong: ranks whose counts, window or combined y differed from torch")
+    by_pair: dict[str, list[dict]] = {}
+    for r in res.records:
+        by_pair.setdefault(r["dispatch"], []).append(r)
+    for d_name, recs in by_pair.items():
+        c_name = recs[0]["combine"]
+        lines.append("#")
+        lines.append(f"# {d_name}" + (f" + {c_name}" if c_name else " (dispatch only)")
+                     + f", world {m['world']}")
+        head1 = f"# {'':>6} {'':>6} {'':>4} {'':>7} {'':>8} {'':>10} | {'dispatch':^26} | {'combine':^26} |"
+        head2 = (f"# {'tokens':>6} {'hidden':>6} {'topk':>4} {'experts':>7} {'routing':>8} {'recv(B)':>10} "
+                 f"| {'time(us)':>10} {'algbw':>7} {'max/mean':>8} | {'time(us)':>10} {'algbw':>7} "
+                 f"{'max/mean':>8} | {'#wrong':>6}")
+        lines += [head1, head2]
+        for r in recs:
+            comb = (f"{_f(r['combine_us'], '.1f', 10)} {_f(r['combine_algbw'], '.3f', 7)} "
+                    f"{_f(r['combine_core_max_mean'], '.2f', 8)}" if r["combine"] else
+                    f"{'-':>10} {'-':>7} {'-':>8}")
+            lines.append(f"  {r['tokens']:>6} {r['hidden']:>6} {r['topk']:>4} {r['experts']:>7} "
+                         f"{r['routing']:>8} {r['recv_bytes']:>10} | {_f(r['dispatch_us'], '.1f', 10)} "
+                         f"{_f(r['algbw'], '.3f', 7)} {_f(r['core_max_mean'], '.2f', 8)} | {comb} | "
+                         f"{r['errors']:>6}")
+        lines += moe_balance_table(res, recs)
+    for r in res.records:
+        for why in r["why"]:
+            lines.append(f"# wrong: {r['dispatch']} tokens {r['tokens']} {r['routing']}: {why}")
+    return lines
+
+
+def moe_balance_table(res: BenchResult, recs: list[dict]) -> list[str]:
+    """Dispatch's per-core balance: stratac's partition (measured) against one core per peer
+    (computed from the same routing)."""
+    m = res.meta
+    w, cores = m["world"], recs[0]["cores"]
+    idle = f"{w} of the {cores} cores busy, max/mean over those {w}" if cores > w else \
+        f"{w} cores, one per destination rank"
+    lines = ["#",
+             f"# core balance of {recs[0]['dispatch']}, world {w}, {cores} cores: bytes per core, the "
+             "busiest core over the mean, worst rank",
+             f"#   stratac: MEASURED, CPU model counters of one checked dispatch call (aiv in + aiv out "
+             f"+ sdma per core): the routed rows split evenly over all {cores} cores",
+             "#   one core per peer: COMPUTED FROM THE ROUTING, NOT MEASURED: the partition of HCCL and "
+             "the SHMEM examples, core p of rank r carries every row r routes to rank p (rows x hidden "
+             f"x element size, the same routing draw as the counters); {idle}",
+             "#   busiest x = the one-core-per-peer partition's busiest core / stratac's busiest core, "
+             "in bytes (the busiest core bounds the call)",
+             f"# {'':>6} {'':>8} | {'stratac (measured)':^20} | {'one core per peer (computed)':^30}",
+             f"# {'tokens':>6} {'routing':>8} | {'max/mean':>8} {'busiest(B)':>11} | {'max/mean':>8} "
+             f"{'busiest(B)':>11} {'busiest x':>9}"]
+    for r in recs:
+        lines.append(f"  {r['tokens']:>6} {r['routing']:>8} | {_f(r['core_max_mean'], '.2f', 8)} "
+                     f"{r['core_max_bytes']:>11} | {_f(r['per_peer_max_mean'], '.2f', 8)} "
+                     f"{_f(r['per_peer_max_bytes'], 'd', 11)} {_f(r['busiest_ratio'], '.2f', 9)}")
+    return lines
+
+
+def moe_plot(res: BenchResult, path: str) -> None:
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    lines: dict[str, list] = {}
+    for r in res.records:
+        for phase, name, bw in (("dispatch", r["dispatch"], r["algbw"]),
+                                ("combine", r["combine"], r["combine_algbw"])):
+            if name and bw is not None:
+                lines.setdefault(f"{name} {r['routing']}", []).append((r["tokens"], bw, phase))
+    for label, pts in lines.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
+                linestyle="-" if pts[0][2] == "dispatch" else "--", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens per rank")
+    ax.set_ylabel("algbw = received bytes per rank / time (GB/s)")
+    m = res.meta
+    ax.set_title(f"{Path(m['file']).name}: MoE, world {m['world']}, hidden {m['moe']['hidden']}, "
+                 f"topk {m['moe']['topk']}, {m['moe']['experts']} experts, CPU model ({m['cpus']} CPUs)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
 # output
 
 def fmt_ratio(x: float | None) -> str:
@@ -571,6 +1029,8 @@ ENGINE_COLUMNS = ["aiv in", "aiv out", "sdma", "copies/B"]
 
 
 def table(res: BenchResult) -> list[str]:
+    if res.meta.get("moe"):
+        return moe_table(res)
     m = res.meta
     peers = m["peers"]
     lines = [f"# stratac bench {m['file']}  world {m['world']}  dtype {m['dtype']}  op {m['op']}  "
@@ -717,6 +1177,8 @@ def plot(res: BenchResult, path: str) -> None:
     except ImportError:
         raise BenchError("--plot needs matplotlib: pip install 'stratac[bench]'") from None
     matplotlib.use("Agg")
+    if res.meta.get("moe"):
+        return moe_plot(res, path)
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(9, 5.5))
     lines: dict[str, list] = {}
