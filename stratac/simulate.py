@@ -21,9 +21,19 @@ The model (docs/bench.md, "Model predictions: stratac simulate"):
   the phase (a rank's link is shared by everything the other ranks send it or read from it).
 * The call: kernel launch, then the critical path above; its time is the last rank's exit.
 
+* MoE dispatch/combine and AllToAllV (routing constructs): their data movement depends on the
+  expert ids, so it is built from a sample routing (stratac.routing.expert_ids, per rank; expert e
+  lives on rank e // (experts / world)), the way strata::Router moves it: place = one row copy per
+  routed (token, k) entry, from the running rank to the expert's owner, the routed rows split
+  evenly over the cores in (t, k) order (SDMA or the core's UB per the stage's engine, one SDMA
+  post per row); gather = per routed entry one row read (remote if the owner is another rank) and
+  the weighted f32 accumulate, the tokens split evenly over the cores, plus one row write per token;
+  histogram, exscan and slots = scalar metadata on core 0. Scalar work (those three, and the id
+  scans of place and gather) costs SCALAR_CALL_US per call and SCALAR_ELEMENT_US per id, count or
+  offset: both are assumptions (no public figure), see below. Count rows are ordinary copies.
+
 Not modelled: contention inside the UB switches (the fabric is taken as non-blocking), the faster
-link between the two dies of one package, L2 cache hits, the tail of a double-buffered tile queue,
-MoE routing (data-dependent: such schedules are skipped).
+link between the two dies of one package, L2 cache hits, the tail of a double-buffered tile queue.
 
 Instantiation cost stays bounded at large worlds: the IR is walked once per schedule and world
 into a template of moves (owners and length expressions, no element intervals or accesses), and
@@ -45,8 +55,31 @@ import numpy as np
 from . import ir, passes
 
 BLOCK_BYTES = 32   # the kernels partition a stage over the cores in whole DataCopy blocks
-CATEGORIES = ("fabric", "hbm", "aiv", "sdma", "latency")
+CATEGORIES = ("fabric", "hbm", "aiv", "sdma", "latency", "scalar")
 _COPY, _ACCUMULATE, _REDUCE = 0, 1, 2
+
+# Routing metadata runs on a vector core's scalar unit (strata::Router in
+# runtime/device/strata_device.h: histogram, exscan and slots on core 0, one GM value at a time;
+# place and gather scan the ids on every core). No machine file has a figure for it and we found no
+# public one, so both of these are ASSUMPTIONS (plausible orders of magnitude, not sources):
+SCALAR_CALL_US = 1.0        # assumption: entering a routing call (per-expert UB counters cleared,
+                            # the data cache flushed after the metadata is written)
+SCALAR_ELEMENT_US = 0.01    # assumption: 10 ns per id, count or offset the scalar unit reads or
+                            # writes (GM GetValue/SetValue through the scalar data cache)
+# gather's vector work, in passes over a row of f32 (Router::Gather): per routed entry cast to f32
+# (not for f32 tokens), scale by the weight, add; per token zero the accumulator and cast (copy) out
+GATHER_ENTRY_PASSES = {2: 3, 4: 2}   # element bytes of the tokens -> passes per entry
+GATHER_TOKEN_PASSES = 2
+
+# MoE defaults, DeepSeek-V3-like (arXiv 2412.19437: hidden 7168, 8 routed experts per token out of
+# 256); 8 experts per rank is DeepSeek-V3's 256 at world 32. Tokens per rank: 16 (decode batches)
+# to 4096 (a prefill chunk, DeepEP's normal-kernel benchmark).
+MOE_TOKENS = "16:4096"
+DEFAULT_SIZES = "8:256M"    # S of collectives, bytes
+MOE_HIDDEN = 7168
+MOE_TOPK = 8
+MOE_EXPERTS_PER_RANK = 8
+MOE_DTYPE = "bf16"
 
 
 class SimulateError(Exception):
@@ -180,8 +213,11 @@ class _StageMoves:
     nsrc: list[int] = field(default_factory=list)
     src_move: list[int] = field(default_factory=list)  # one entry per source: its move
     src_owner: list[int] = field(default_factory=list)
+    scale: list[int] = field(default_factory=list)     # bytes of the destination's element type
+                                                       # (0: the schedule's T)
     phase: dict[int, int] = field(default_factory=dict)   # rank -> barriers before the stage
     arrays: dict = field(default_factory=dict)
+    routes: list[tuple[int, ir.RouteKind, dict]] = field(default_factory=list)   # issuer, kind, shape
 
 
 @dataclass
@@ -201,6 +237,10 @@ class Template:
             srcs.setdefault(mv, []).append(owner)
         return [(sm.issuer[i], sm.kind[i], sm.dst[i], tuple(srcs.get(i, ())), int(lengths[sm.key[i]]))
                 for i in range(len(sm.issuer))]
+
+    def routes(self, stage_index: int) -> list[tuple]:
+        """(issuer, kind, shape) of every routing construct of a stage, for the consistency test."""
+        return [(r, k, dict(shape)) for r, k, shape in self.stages[stage_index].routes]
 
 
 class _Walker:
@@ -306,10 +346,16 @@ class _Walker:
             for o in (op.then if self.ev(op.cond, env, "a condition") else op.orelse):
                 self.moves(o, env, sm)
             return
+        if isinstance(op, ir.Route):
+            self.size_dependent = True      # its shape is read at these sizes (route_shape)
+            sm.routes.append((env["rank"], op.kind, route_shape(self.s, op, env)))
+            return
         i = len(sm.issuer)
         sm.issuer.append(env["rank"])
         sm.key.append(self.length_key(op.dst.length, env))
         sm.dst.append(self.owner(op.dst, env))
+        dtype = self.s.param(op.dst.buffer).dtype
+        sm.scale.append(dtype.nbytes if dtype is not None else 0)
         if isinstance(op, ir.Reduce):
             sm.kind.append(_REDUCE)
             srcs = [self.owner(op.src, {**env, op.var: v}) for v in self.domain(op.domain, env["rank"])]
@@ -319,6 +365,33 @@ class _Walker:
         sm.nsrc.append(len(srcs))
         sm.src_move.extend([i] * len(srcs))
         sm.src_owner.extend(srcs)
+
+
+def route_shape(s: ir.Schedule, op: ir.Route, env: dict) -> dict:
+    """What the cost of a routing construct depends on besides the ids, at these sizes (as
+    stratac.instantiate reads it): tokens, topk and hidden of place/gather, the experts (the
+    offsets' length), the number of ids a histogram counts, and which buffer holds the ids."""
+    K = ir.RouteKind
+    role = dict(zip(ir.ROUTE_OPERANDS[op.kind], op.operands))
+    full = {"world": env["world"], **env}
+
+    def ev(e: ir.IExpr) -> int:
+        try:
+            return e.eval(full)
+        except ZeroDivisionError:
+            raise SimulateError(f"division by zero evaluating {e} (line {op.span.line}); run "
+                                "`stratac check` on the file") from None
+
+    dims = lambda name: [ev(d) for d in s.param(name).dims]
+    if op.kind is K.HISTOGRAM:
+        return {"ids": role["ids"], "n": ev(s.param(role["ids"]).size), "experts": ev(op.dst.length)}
+    sampled = s.contract.kind.moe and role.get("ids") == s.contract.inputs[1]
+    if op.kind in (K.EXSCAN, K.SLOTS):
+        return {"experts": ev(op.dst.length)}
+    tokens, topk = (dims(role["ids"]) + [1])[:2]      # ids [tokens, topk], or [tokens] (AllToAllV)
+    win = op.dst.buffer if op.kind is K.PLACE else role["win"]
+    return {"ids": role["ids"], "tokens": tokens, "topk": topk, "hidden": dims(win)[1],
+            "experts": ev(s.param(role["offs"]).size), "sampled": sampled}
 
 
 def _routes(ops) -> bool:
@@ -333,10 +406,11 @@ def _routes(ops) -> bool:
 
 
 def not_modelled(s: ir.Schedule) -> str | None:
-    """Why the model cannot predict this schedule, or None."""
-    if s.contract.kind.moe or _routes(s.body):
-        return ("MoE routing moves data that depends on the routed expert ids; the model only covers "
-                "data movement the schedule states")
+    """Why the model cannot predict this schedule, or None. MoE and AllToAllV schedules are
+    modelled on a sample routing; routing constructs outside such a contract have no ids to sample."""
+    if _routes(s.body) and not s.contract.kind.moe:
+        return ("its routing constructs move data that depends on ids, and only a MoE or AllToAllV "
+                "contract says which buffer holds ids the model can sample")
     return None
 
 
@@ -346,7 +420,7 @@ def template(s: ir.Schedule, world: int, env: dict) -> Template:
     timelines = [w.timeline(r) for r in range(world)]
     for sm in w.stages.values():
         sm.arrays = {k: np.asarray(getattr(sm, k), dtype=np.int64)
-                     for k in ("issuer", "key", "kind", "dst", "nsrc", "src_move", "src_owner")}
+                     for k in ("issuer", "key", "kind", "dst", "nsrc", "src_move", "src_owner", "scale")}
     return Template(world, w.keys, w.stages, timelines, w.size_dependent)
 
 
@@ -367,6 +441,75 @@ def lengths(t: Template, env: dict) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
+# a sample routing: every rank's expert ids, and what the model needs of them
+
+class Routed:
+    """The expert ids of every rank at one size, from stratac.routing.expert_ids, reduced to what
+    the costs need: per rank the routed entries and where they go (a world x world table of
+    entries per source and owner), and their positions, for the kernel's split over the cores.
+    Arrays are per (token, k) entry, never per element of a row."""
+
+    def __init__(self, ids: list[np.ndarray], experts: int, routing: str = "custom"):
+        self.world = len(ids)
+        shape = ids[0].shape if ids else (0, 1)
+        self.tokens, self.topk = (tuple(shape) + (1,))[:2]
+        self.experts, self.routing = experts, routing
+        W, L = self.world, max(1, experts // max(1, self.world))
+        self.valid = np.zeros((W, self.tokens * self.topk), dtype=bool)
+        self.owners = np.zeros((W, W), dtype=np.int64)      # [source, owner]: routed entries
+        for r, x in enumerate(ids):
+            x = np.asarray(x).reshape(-1)
+            v = (x >= 0) & (x < experts)
+            self.valid[r] = v
+            self.owners[r] = np.bincount(x[v] // L, minlength=W)[:W]
+        self.routed = self.owners.sum(axis=1)               # entries each rank routes
+        self._split: dict = {}
+
+    @classmethod
+    def sample(cls, routing: str, world: int, tokens: int, topk: int, experts: int,
+               seed: int = 0) -> "Routed":
+        from .routing import expert_ids
+        return cls([expert_ids(routing, r, tokens, topk, experts, seed) for r in range(world)],
+                   experts, routing)
+
+    @property
+    def received(self) -> np.ndarray:
+        """Rows each rank receives in dispatch (and reads back in combine: the same rows)."""
+        return self.owners.sum(axis=0)
+
+    def place_split(self, cores: int) -> tuple[np.ndarray, np.ndarray]:
+        """Router::Place on `cores` cores: (rows [world, cores], ids scanned [world, cores]). Core c
+        moves the routed entries [routed * c / cores, routed * (c + 1) / cores) in (t, k) order,
+        after counting the routed entries (every id once) and scanning up to its last entry."""
+        key = ("place", cores)
+        if key not in self._split:
+            W, n = self.world, self.valid.shape[1]
+            bounds = self.routed[:, None] * np.arange(cores + 1)[None, :] // cores
+            rows = np.diff(bounds, axis=1)
+            scanned = np.zeros((W, cores), dtype=np.int64)
+            for r in range(W):
+                pos = np.flatnonzero(self.valid[r])
+                hi = bounds[r, 1:]
+                if len(pos):
+                    scanned[r] = np.where(hi > 0, pos[np.maximum(hi, 1) - 1] + 1, 0)
+            self._split[key] = (rows, scanned + n)
+        return self._split[key]
+
+    def gather_split(self, cores: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Router::Gather on `cores` cores: (entries [world, cores], tokens [cores], last token
+        [cores]). Core c combines tokens [tokens * c / cores, tokens * (c + 1) / cores), after
+        counting the earlier tokens' entries per expert (their ids scanned)."""
+        key = ("gather", cores)
+        if key not in self._split:
+            W, T = self.world, self.tokens
+            per_token = self.valid.reshape(W, T, self.topk).sum(axis=2)
+            cum = np.concatenate((np.zeros((W, 1), dtype=np.int64), np.cumsum(per_token, axis=1)), axis=1)
+            b = T * np.arange(cores + 1) // cores
+            self._split[key] = (cum[:, b[1:]] - cum[:, b[:-1]], np.diff(b), b[1:])
+        return self._split[key]
+
+
+# ---------------------------------------------------------------------------------------------
 # the cost of one stage on every rank that runs it
 
 @dataclass
@@ -375,14 +518,36 @@ class StageCost:
     category: list[str]                    # per rank: the resource that set the time
     busy_us: np.ndarray                    # per rank: the resource time without the overheads
     loads: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]   # phase -> tx, rx, hbm bytes per rank
+    scalar_us: np.ndarray | None = None    # per rank: the part of busy_us that is scalar work
 
 
-def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine, cores: int) -> StageCost:
+class _Work:
+    """What one stage asks of every rank's cores, queues, links and memory (bytes, posts, scalar
+    microseconds); ordinary moves and routing constructs add to it."""
+
+    def __init__(self, world: int, cores: int, queues: int):
+        self.world, self.C, self.Q = world, cores, queues
+        n = world * cores
+        self.core_in, self.core_out, self.core_vec, self.core_scalar = (np.zeros(n) for _ in range(4))
+        self.q_bytes, self.q_posts = np.zeros(world * queues), np.zeros(world * queues)
+        self.tx_own, self.rx_own, self.hbm_own = (np.zeros(world) for _ in range(3))
+        self.touched = np.zeros(world, dtype=bool)
+        self.loads: dict[int, list[np.ndarray]] = {}
+
+    def load(self, ph: int) -> list[np.ndarray]:
+        return self.loads.setdefault(ph, [np.zeros(self.world) for _ in range(3)])
+
+
+def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine, cores: int,
+               routed: Routed | None = None) -> StageCost:
     sm = t.stages[index]
     a = sm.arrays
     world, C, Q = t.world, cores, m.queues
     L = lens[a["key"]] if len(a["key"]) else np.zeros(0, dtype=np.int64)
     issuer, kind = a["issuer"], a["kind"]
+    # a region of a typed buffer (i32 counts) moves as whole elements of T (strata::Ratio)
+    L = L * np.where(a["scale"] > 0, np.maximum(1, a["scale"] // elem), 1) if len(L) else L
+    w = _Work(world, C, Q)
 
     # strata::Partition: the stage's elements of each rank, end to end, cut by blocks over the cores
     T = np.bincount(issuer, weights=L, minlength=world).astype(np.int64) if len(L) else \
@@ -394,11 +559,6 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
     base = np.concatenate(([0], np.cumsum(T)[:-1]))
     bin_start = (base[:, None] + lo).ravel()
     total = int(T.sum())
-    core_in = np.zeros(world * C)
-    core_out = np.zeros(world * C)
-    core_vec = np.zeros(world * C)
-    q_bytes = np.zeros(world * Q)
-    q_posts = np.zeros(world * Q)
     if total:
         mv_start = np.concatenate(([0], np.cumsum(L)[:-1]))
         cuts = np.sort(np.concatenate((mv_start, bin_start, [total])))
@@ -412,22 +572,17 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
         if engine is ir.Engine.SDMA:
             sdma = seg_kind == _COPY
         elif engine is ir.Engine.AUTO:
-            threshold = sm.stage.plan.sdma_threshold if sm.stage.plan else passes.SDMA_THRESHOLD
-            sdma = (seg_kind == _COPY) & (nb >= threshold)
+            sdma = (seg_kind == _COPY) & (nb >= _threshold(sm))
         else:
             sdma = np.zeros(len(nb), dtype=bool)
         k = a["nsrc"][seg_mv]
-        core_in = np.bincount(seg_bin, weights=np.where(sdma, 0.0, k * nb), minlength=world * C)
-        core_out = np.bincount(seg_bin, weights=np.where(sdma, 0.0, nb), minlength=world * C)
-        core_vec = np.bincount(seg_bin, weights=np.where(seg_kind == _REDUCE, k * nb, 0.0),
-                               minlength=world * C)
+        w.core_in += np.bincount(seg_bin, weights=np.where(sdma, 0.0, k * nb), minlength=world * C)
+        w.core_out += np.bincount(seg_bin, weights=np.where(sdma, 0.0, nb), minlength=world * C)
+        w.core_vec += np.bincount(seg_bin, weights=np.where(seg_kind == _REDUCE, k * nb, 0.0),
+                                  minlength=world * C)
         queue = (seg_bin // C) * Q + (seg_bin % C) % Q
-        q_bytes = np.bincount(queue, weights=np.where(sdma, nb, 0.0), minlength=world * Q)
-        q_posts = np.bincount(queue, weights=sdma.astype(np.float64), minlength=world * Q)
-    per_us = lambda gbps: gbps * 1e3   # GB/s -> bytes per microsecond
-    aiv_us = np.maximum.reduce([core_in / per_us(m.gm_to_ub_gbps), core_out / per_us(m.ub_to_gm_gbps),
-                                core_vec / per_us(m.vector_gbps)]).reshape(world, C).max(axis=1)
-    sdma_us = (q_bytes / per_us(m.queue_gbps) + q_posts * m.post_us).reshape(world, Q).max(axis=1)
+        w.q_bytes += np.bincount(queue, weights=np.where(sdma, nb, 0.0), minlength=world * Q)
+        w.q_posts += np.bincount(queue, weights=sdma.astype(np.float64), minlength=world * Q)
 
     # traffic: source owner -> running rank -> destination owner; every access is HBM traffic
     src_move, src_owner, dst = a["src_move"], a["src_owner"], a["dst"]
@@ -437,24 +592,15 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
     dst_bytes = L.astype(np.float64) * elem
     dst_remote = (dst != issuer) & (dst_bytes > 0)
     # own link: what this rank's own moves put through its own UB link
-    rx_own = np.bincount(src_issuer, weights=np.where(src_remote, src_bytes, 0.0), minlength=world)
-    tx_own = np.bincount(issuer, weights=np.where(dst_remote, dst_bytes, 0.0), minlength=world)
+    w.rx_own += np.bincount(src_issuer, weights=np.where(src_remote, src_bytes, 0.0), minlength=world)
+    w.tx_own += np.bincount(issuer, weights=np.where(dst_remote, dst_bytes, 0.0), minlength=world)
     dst_hbm = np.where(kind == _ACCUMULATE, 2.0, 1.0) * dst_bytes     # an atomic add reads and writes
-    hbm_own = (np.bincount(src_issuer, weights=np.where(src_remote, 0.0, src_bytes), minlength=world)
-               + np.bincount(issuer, weights=np.where(dst_remote, 0.0, dst_hbm), minlength=world))
-    touched = (np.bincount(src_issuer, weights=src_remote.astype(np.float64), minlength=world)
-               + np.bincount(issuer, weights=dst_remote.astype(np.float64), minlength=world)) > 0
-    fabric_us = np.maximum(tx_own, rx_own) / per_us(m.fabric_gbps)
-    hbm_us = hbm_own / per_us(m.hbm_gbps)
-
-    parts = np.stack([fabric_us, hbm_us, aiv_us, sdma_us])     # in CATEGORIES order
-    busy = parts.max(axis=0)
-    which = parts.argmax(axis=0)
-    category = [CATEGORIES[i] if b > 0 else "latency" for i, b in zip(which, busy)]
-    time_us = busy + m.sync_all_us + np.where(touched, m.fabric_latency_us, 0.0)
+    w.hbm_own += (np.bincount(src_issuer, weights=np.where(src_remote, 0.0, src_bytes), minlength=world)
+                  + np.bincount(issuer, weights=np.where(dst_remote, 0.0, dst_hbm), minlength=world))
+    w.touched |= (np.bincount(src_issuer, weights=src_remote.astype(np.float64), minlength=world)
+                  + np.bincount(issuer, weights=dst_remote.astype(np.float64), minlength=world)) > 0
 
     # every link's and every HBM's load, per phase of the ranks running the stage
-    loads = {}
     phase_of = np.full(world, -1, dtype=np.int64)
     for r, ph in sm.phase.items():
         phase_of[r] = ph
@@ -463,14 +609,119 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
         sel_dst = phase_of[issuer] == ph
         w_src = np.where(sel_src & src_remote, src_bytes, 0.0)
         w_dst = np.where(sel_dst & dst_remote, dst_bytes, 0.0)
-        tx = np.bincount(src_owner, weights=w_src, minlength=world) + \
+        tx, rx, hbm = w.load(ph)
+        tx += np.bincount(src_owner, weights=w_src, minlength=world) + \
             np.bincount(issuer, weights=w_dst, minlength=world)
-        rx = np.bincount(src_issuer, weights=w_src, minlength=world) + \
+        rx += np.bincount(src_issuer, weights=w_src, minlength=world) + \
             np.bincount(dst, weights=w_dst, minlength=world)
-        hbm = np.bincount(src_owner, weights=np.where(sel_src, src_bytes, 0.0), minlength=world) + \
+        hbm += np.bincount(src_owner, weights=np.where(sel_src, src_bytes, 0.0), minlength=world) + \
             np.bincount(dst, weights=np.where(sel_dst, dst_hbm, 0.0), minlength=world)
-        loads[ph] = (tx, rx, hbm)
-    return StageCost(time_us, category, busy, loads)
+
+    if sm.routes:
+        _route_work(sm, w, routed, elem, m, phase_of)
+
+    per_us = lambda gbps: gbps * 1e3   # GB/s -> bytes per microsecond
+    data_us = np.maximum.reduce([w.core_in / per_us(m.gm_to_ub_gbps), w.core_out / per_us(m.ub_to_gm_gbps),
+                                 w.core_vec / per_us(m.vector_gbps)])
+    # a core's scalar work (routing metadata, id scans) comes before the data it moves or posts
+    core_us = (w.core_scalar + data_us).reshape(world, C)
+    core_at = core_us.argmax(axis=1)
+    aiv_us = core_us.max(axis=1)
+    aiv_scalar = w.core_scalar.reshape(world, C)[np.arange(world), core_at]
+    q_scalar = np.zeros(world * Q)
+    np.maximum.at(q_scalar, (np.arange(world * C) // C) * Q + (np.arange(world * C) % C) % Q, w.core_scalar)
+    q_scalar = np.where(w.q_posts > 0, q_scalar, 0.0)
+    q_us = (q_scalar + w.q_bytes / per_us(m.queue_gbps) + w.q_posts * m.post_us).reshape(world, Q)
+    q_at = q_us.argmax(axis=1)
+    sdma_us = q_us.max(axis=1)
+    sdma_scalar = q_scalar.reshape(world, Q)[np.arange(world), q_at]
+    fabric_us = np.maximum(w.tx_own, w.rx_own) / per_us(m.fabric_gbps)
+    hbm_us = w.hbm_own / per_us(m.hbm_gbps)
+
+    parts = np.stack([fabric_us, hbm_us, aiv_us, sdma_us])     # in CATEGORIES order
+    busy = parts.max(axis=0)
+    which = parts.argmax(axis=0)
+    scalar = np.select([which == 2, which == 3], [aiv_scalar, sdma_scalar], 0.0)
+    category = [CATEGORIES[i] if b > s else ("scalar" if b > 0 else "latency")
+                for i, b, s in zip(which, busy, scalar)]
+    time_us = busy + m.sync_all_us + np.where(w.touched, m.fabric_latency_us, 0.0)
+    loads = {ph: tuple(v) for ph, v in w.loads.items()}
+    return StageCost(time_us, category, busy, loads, scalar)
+
+
+def _threshold(sm: _StageMoves) -> float:
+    return sm.stage.plan.sdma_threshold if sm.stage.plan else passes.SDMA_THRESHOLD
+
+
+def _route_work(sm: _StageMoves, w: _Work, routed: Routed | None, elem: int, m: Machine,
+                phase_of: np.ndarray) -> None:
+    """Adds the routing constructs of a stage to its work, from the sample routing (Router in
+    runtime/device/strata_device.h)."""
+    K = ir.RouteKind
+    world, C, Q = w.world, w.C, w.Q
+    cidx = np.arange(C)
+    for r, kind, shape in sm.routes:
+        if routed is None:
+            raise SimulateError(f"stage {sm.stage.index} routes rows by ids: a sample routing is needed "
+                                "(predict_moe)")
+        E = shape["experts"]
+        core0 = r * C
+        if kind is K.HISTOGRAM:         # core 0 reads every id and writes every count
+            w.core_scalar[core0] += SCALAR_CALL_US + (shape["n"] + E) * SCALAR_ELEMENT_US
+            continue
+        if kind is K.EXSCAN:            # core 0 reads the world x experts table, writes the offsets
+            w.core_scalar[core0] += SCALAR_CALL_US + (world * E + E) * SCALAR_ELEMENT_US
+            continue
+        if kind is K.SLOTS:
+            w.core_scalar[core0] += SCALAR_CALL_US + E * SCALAR_ELEMENT_US
+            continue
+        if not shape["sampled"] or routed.world != world or \
+                (shape["tokens"], shape["topk"], E) != (routed.tokens, routed.topk, routed.experts):
+            raise SimulateError(
+                f"{kind.value} routes {shape['tokens']} x {shape['topk']} ids of {shape['ids']} over "
+                f"{E} experts, but the sample routing has {routed.tokens} x {routed.topk} ids over "
+                f"{routed.experts} experts at world {routed.world}: the model only knows the contract's ids")
+        rb = float(shape["hidden"] * elem)               # bytes of one row
+        row = routed.owners[r].astype(np.float64) * rb   # bytes to (place) or from (gather) each owner
+        mine, remote = row[r], row.sum() - row[r]
+        cores = core0 + cidx
+        load_tx, load_rx, load_hbm = w.load(int(phase_of[r]))
+        w.touched[r] |= remote > 0
+        if kind is K.PLACE:
+            rows, scanned = routed.place_split(C)
+            rows, scanned = rows[r].astype(np.float64), scanned[r]
+            w.core_scalar[cores] += SCALAR_CALL_US + (scanned + rows) * SCALAR_ELEMENT_US
+            engine = sm.stage.engine
+            if engine is ir.Engine.SDMA or (engine is ir.Engine.AUTO and rb >= _threshold(sm)):
+                q = r * Q + cidx % Q                     # one post per row, on the core's queue
+                np.add.at(w.q_bytes, q, rows * rb)
+                np.add.at(w.q_posts, q, rows)
+            else:
+                w.core_in[cores] += rows * rb
+                w.core_out[cores] += rows * rb
+            w.tx_own[r] += remote
+            w.hbm_own[r] += routed.routed[r] * rb + mine     # the token rows read, the local rows written
+            load_tx[r] += remote
+            load_rx += row
+            load_rx[r] -= mine
+            load_hbm[r] += routed.routed[r] * rb
+            load_hbm += row
+        else:                           # gather
+            entries, ntok, last = routed.gather_split(C)
+            entries = entries[r].astype(np.float64)
+            w.core_scalar[cores] += SCALAR_CALL_US + (last * routed.topk + 2 * entries) * SCALAR_ELEMENT_US
+            w.core_in[cores] += entries * rb
+            w.core_out[cores] += ntok * rb
+            f32row = shape["hidden"] * 4.0
+            w.core_vec[cores] += (entries * GATHER_ENTRY_PASSES.get(elem, 3) + ntok * GATHER_TOKEN_PASSES) * f32row
+            y = routed.tokens * rb                      # every token's row is written, routed or not
+            w.rx_own[r] += remote
+            w.hbm_own[r] += mine + y
+            load_rx[r] += remote
+            load_tx += row
+            load_tx[r] -= mine
+            load_hbm += row
+            load_hbm[r] += y
 
 
 # ---------------------------------------------------------------------------------------------
@@ -525,9 +776,14 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
                 if kind == "stage":
                     cost = costs[arg]
                     busy = float(cost.busy_us[r])
+                    scalar = float(cost.scalar_us[r]) if cost.scalar_us is not None else 0.0
                     clock[r] += float(cost.time_us[r])
-                    parts[r] = _add(_add(parts[r], cost.category[r], busy), "latency",
-                                    float(cost.time_us[r]) - busy)
+                    path = parts[r]
+                    if scalar > 0:
+                        path = _add(path, "scalar", scalar)
+                    if busy > scalar:
+                        path = _add(path, cost.category[r], busy - scalar)
+                    parts[r] = _add(path, "latency", float(cost.time_us[r]) - busy)
                 elif kind == "signal":
                     us = len(arg) * m.flag_issue_us + m.sync_all_us
                     clock[r] += us
@@ -590,6 +846,7 @@ class Prediction:
     breakdown_us: dict
     ratio: float | None = None      # busbw / busbw of `ratio_to` at the same size
     ratio_to: str | None = None
+    moe: dict | None = None         # MoE/AllToAllV: the routed workload (size = received bytes)
 
 
 def predict_count(s: ir.Schedule, m: Machine, world: int, count: int, dtype: str = "f32",
@@ -660,6 +917,92 @@ def predict(s: ir.Schedule, m: Machine, world: int, sizes: list[int], dtype: str
     return out
 
 
+@dataclass(frozen=True)
+class MoeSpec:
+    """The routed workload of MoE and AllToAllV schedules (tokens are swept separately)."""
+
+    hidden: int = MOE_HIDDEN
+    topk: int = MOE_TOPK
+    experts: int | None = None      # over the whole world; None: MOE_EXPERTS_PER_RANK per rank
+    routing: str = "uniform"
+    seed: int = 0
+
+    def resolved(self, s: ir.Schedule, world: int) -> tuple[int, int]:
+        """(topk, experts) for this schedule: AllToAllV routes each row to one rank (topk 1, one
+        "expert" per rank)."""
+        if s.contract.kind is ir.ContractKind.ALLTOALLV:
+            return 1, world
+        return self.topk, self.experts if self.experts is not None else MOE_EXPERTS_PER_RANK * world
+
+    def check(self, s: ir.Schedule, world: int) -> None:
+        from .comm import ROUTE_MAX_EXPERTS, ROUTE_MAX_TOPK
+        from .routing import ROUTINGS
+        if self.routing not in ROUTINGS:
+            raise SimulateError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTINGS)}")
+        if self.hidden < 1 or self.topk < 1:
+            raise SimulateError(f"--hidden and --topk must be at least 1, got {self.hidden} and {self.topk}")
+        if s.contract.kind is ir.ContractKind.ALLTOALLV:
+            return                  # one destination rank per row: --topk and --experts do not apply
+        experts = self.experts if self.experts is not None else MOE_EXPERTS_PER_RANK * world
+        if experts < 1 or experts % world:
+            raise SimulateError(f"--experts {experts} is not a positive multiple of the world size "
+                                f"({world}): every rank owns experts / world experts")
+        if experts > ROUTE_MAX_EXPERTS:
+            raise SimulateError(f"--experts {experts}: the kernels count at most {ROUTE_MAX_EXPERTS} "
+                                "experts (per-core counters in UB)")
+        if self.topk > experts or self.topk > ROUTE_MAX_TOPK:
+            raise SimulateError(f"--topk {self.topk} must be at most the number of experts ({experts}) "
+                                f"and at most {ROUTE_MAX_TOPK}")
+
+
+def heap_bytes(s: ir.Schedule, world: int, env: dict, elem: int) -> int:
+    """Bytes of every buffer of the schedule (scratch too) on one rank."""
+    full = {"world": world, **env}
+    return sum(p.size.eval(full) * (p.dtype.nbytes if p.dtype is not None else elem) for p in s.params)
+
+
+def predict_moe(s: ir.Schedule, m: Machine, world: int, tokens: list[int], moe: MoeSpec = MoeSpec(),
+                dtype: str = MOE_DTYPE, cores: int | None = None, cache: dict | None = None
+                ) -> list[Prediction]:
+    """One prediction per token count of a MoE dispatch/combine or AllToAllV schedule, on the
+    sample routing moe.routing (the same ids for every schedule at a token count: pass one `cache`
+    dict to share them). size = the bytes a rank receives in dispatch (combine: reads back), the
+    mean over ranks (DeepEP's count); busbw = algbw = size / time (no bus factor)."""
+    from .workload import MoeWorkload
+    check_world(m, world)
+    moe.check(s, world)
+    if dtype == "i32":
+        raise SimulateError(f"{s.name} moves float tokens: --dtype f32, f16 or bf16")
+    elem, C = _elem(dtype), _cores(m, cores)
+    lowered = passes.pipeline(s, passes.Options())
+    topk, experts = moe.resolved(s, world)
+    cache = {} if cache is None else cache
+    out = []
+    for T in tokens:
+        key = (moe.routing, moe.seed, world, T, topk, experts)
+        routed = cache.get(key)
+        if routed is None:
+            routed = cache[key] = Routed.sample(moe.routing, world, T, topk, experts, moe.seed)
+        wl = MoeWorkload(s, None, world, T, moe.hidden, topk, experts, moe.routing)
+        env = wl.sizes(s)
+        tpl = template(lowered, world, env)
+        lens = lengths(tpl, env)
+        costs = {i: stage_cost(tpl, i, lens, elem, m, C, routed) for i in tpl.stages}
+        us, path = call_time(tpl, costs, m, C)
+        us = float(us)
+        rows = float(routed.received.mean())
+        size = int(round(rows * moe.hidden * elem))
+        algbw = size / (us * 1e-6) / 1e9
+        info = {"tokens": T, "hidden": moe.hidden, "topk": topk, "experts": experts,
+                "routing": moe.routing, "seed": moe.seed, "received_rows": rows,
+                "received_rows_max": int(routed.received.max()),
+                "heap_bytes": heap_bytes(s, world, env, elem)}
+        out.append(Prediction(s.name, s.contract.kind.value, world, size, T, dtype, us, algbw, algbw,
+                              max(path, key=path.get), {k: float(path.get(k, 0.0)) for k in CATEGORIES},
+                              moe=info))
+    return out
+
+
 @dataclass
 class SimResult:
     meta: dict
@@ -667,32 +1010,62 @@ class SimResult:
     skipped: list[dict]
 
 
-def simulate_file(file: str, machine: Machine, world: int, sizes: list[int], dtype: str = "f32",
-                  root: int = 0, cores: int | None = None) -> SimResult:
+def simulate_file(file: str, machine: Machine, world: int, sizes: list[int] | None = None,
+                  dtype: str | None = None, root: int = 0, cores: int | None = None,
+                  tokens: list[int] | None = None, moe: MoeSpec | None = None) -> SimResult:
+    """Every schedule of the file: collectives over `sizes` (bytes, default 8:256M), MoE and
+    AllToAllV schedules over `tokens` per rank (default MOE_TOKENS) with `moe`. dtype None: f32 for
+    collectives, bf16 for MoE."""
     from .frontend import load_source, schedules
     scheds = schedules(load_source(file))
     if not scheds:
         raise SimulateError(f"{file} holds no schedule")
-    preds, skipped = [], []
+    check_world(machine, world)
+    routed = [s for s in scheds if s.contract.kind.moe]
+    plain = [s for s in scheds if not s.contract.kind.moe]
+    if tokens is not None or moe is not None:
+        if not routed:
+            raise SimulateError(f"--tokens, --hidden, --topk, --experts, --routing and --seed apply to MoE and "
+                                f"AllToAllV schedules; {file} has none (use --sizes)")
+    if sizes is not None and not plain:
+        raise SimulateError(f"--sizes applies to collectives; every schedule of {file} is routed (MoE "
+                            "or AllToAllV): sweep --tokens instead")
+    if sizes is None:
+        from .bench import parse_sizes
+        sizes = parse_sizes(DEFAULT_SIZES)
+    tokens = tokens if tokens is not None else parse_tokens(MOE_TOKENS)
+    moe = moe if moe is not None else MoeSpec()
+    preds, skipped, cache = [], [], {}
     for s in scheds:
         why = not_modelled(s)
         if why:
             skipped.append({"schedule": s.name, "why": why})
             continue
-        preds.extend(predict(s, machine, world, sizes, dtype, root, cores))
+        if s.contract.kind.moe:
+            preds.extend(predict_moe(s, machine, world, tokens, moe, dtype or MOE_DTYPE, cores, cache))
+        else:
+            preds.extend(predict(s, machine, world, sizes, dtype or "f32", root, cores))
     first: dict[str, str] = {}
     for p in preds:
         first.setdefault(p.kind, p.schedule)
-    ref = {(p.schedule, p.size): p for p in preds}
+    at = lambda p: (p.schedule, p.count if p.moe else p.size)   # MoE: the same tokens
+    ref = {at(p): p for p in preds}
     several = {k for k in first if len({p.schedule for p in preds if p.kind == k}) > 1}
     for p in preds:
         if p.kind in several:
-            q = ref.get((first[p.kind], p.size))
+            q = ref.get((first[p.kind], at(p)[1]))
             if q is not None:
                 p.ratio, p.ratio_to = p.busbw / q.busbw, q.schedule
+    dtypes = sorted({p.dtype for p in preds}, key=[d.short for d in ir.DType].index)
     meta = {"what": "model predictions, not measurements", "file": file, "machine_file": machine.path,
-            "machine": machine.name, "world": world, "dtype": dtype, "root": root,
-            "cores": _cores(machine, cores), "figures": machine.figures()}
+            "machine": machine.name, "world": world, "dtype": "/".join(dtypes) or (dtype or "f32"),
+            "root": root, "cores": _cores(machine, cores), "figures": machine.figures()}
+    if routed:
+        meta["moe"] = {"tokens": tokens, "hidden": moe.hidden, "topk": moe.topk,
+                       "experts": moe.experts if moe.experts is not None else MOE_EXPERTS_PER_RANK * world,
+                       "routing": moe.routing, "seed": moe.seed,
+                       "assumptions": {"scalar_call_us": SCALAR_CALL_US,
+                                       "scalar_element_us": SCALAR_ELEMENT_US}}
     return SimResult(meta, preds, skipped)
 
 
@@ -708,17 +1081,50 @@ def _ratio(x: float | None) -> str:
 def header(res: SimResult) -> list[str]:
     m, f = res.meta, res.meta["figures"]
     r = f["rank"]
-    return [
+    lines = [
         f"# stratac simulate {m['file']}  world {m['world']}  dtype {m['dtype']}  cores {m['cores']}  "
         f"machine {m['machine_file']}",
         f"# MODEL PREDICTIONS, NOT MEASUREMENTS: an analytic model (docs/bench.md) of {m['machine']} "
         f"as {m['machine_file']} describes it; one rank = one die: {r['vector_cores']} vector cores, "
         f"UB {r['fabric_gbps']:g} GB/s per direction, HBM {r['hbm_gbps']:g} GB/s; the figures the "
         "file marks `assumption` are guesses",
-        "# time: predicted per call, launch to the last rank's exit; algbw = size/time, busbw = algbw x "
-        "factor (GB/s, nccl-tests); bound: the largest share of the critical path (fabric, hbm, aiv, "
-        "sdma, latency); ratio: busbw / busbw of the first schedule of the same contract at that size",
     ]
+    if any(p.moe is None for p in res.predictions) or not res.predictions:
+        lines.append(
+            "# time: predicted per call, launch to the last rank's exit; algbw = size/time, busbw = algbw x "
+            "factor (GB/s, nccl-tests); bound: the largest share of the critical path (fabric, hbm, aiv, "
+            "sdma, latency); ratio: busbw / busbw of the first schedule of the same contract at that size")
+    if "moe" in m:
+        from .routing import DESCRIPTIONS
+        x = m["moe"]
+        kinds = {p.kind for p in res.predictions if p.moe is not None}
+        what = []
+        if kinds - {"alltoallv"}:
+            what.append(f"MoE: hidden {x['hidden']}, topk {x['topk']}, experts {x['experts']} "
+                        f"({x['experts'] // m['world']} per rank)")
+        if "alltoallv" in kinds:
+            what.append(f"AllToAllV: rows of {x['hidden']} elements, one destination rank each")
+        lines += [
+            f"# {'; '.join(what)}; routing {x['routing']} ({DESCRIPTIONS[x['routing']]}, seed "
+            f"{x['seed']}); tokens (rows) per rank swept. Defaults DeepSeek-V3-like (simulate.py)",
+            "# MoE time: predicted per call on that sample routing, launch to the last rank's exit; received: "
+            "bytes a rank receives in dispatch (combine: reads back), mean over ranks (DeepEP's count); "
+            "GB/s = received / time; bound: the largest share of the critical path (fabric, hbm, aiv, "
+            "sdma, latency, scalar); ratio: GB/s / GB/s of the first schedule of the same contract at "
+            "that token count (below 1: predicted slower); heap: every buffer of one rank",
+            f"# MoE routing metadata (histogram, exscan, slots, id scans) runs on the scalar unit at an "
+            f"ASSUMED {x['assumptions']['scalar_call_us']:g} us per call + "
+            f"{x['assumptions']['scalar_element_us'] * 1e3:g} ns per id, count or offset",
+        ]
+    return lines
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.1f}GiB"
 
 
 def table(res: SimResult) -> list[str]:
@@ -732,12 +1138,21 @@ def table(res: SimResult) -> list[str]:
         lines.append("#")
         lines.append(f"# {name}: {p0.kind}, world {p0.world}"
                      + (f"  (ratio against {p0.ratio_to})" if ratio else ""))
-        head = (f"# {'size':>10} {'count':>11} {'type':>5} {'time(us)':>11} {'algbw':>8} {'busbw':>8} "
-                f"{'bound':>8}")
+        if p0.moe is not None:
+            head = (f"# {'tokens':>8} {'received':>12} {'rows/rank':>10} {'type':>5} {'time(us)':>11} "
+                    f"{'GB/s':>8} {'bound':>8} {'heap/rank':>10}")
+        else:
+            head = (f"# {'size':>10} {'count':>11} {'type':>5} {'time(us)':>11} {'algbw':>8} {'busbw':>8} "
+                    f"{'bound':>8}")
         lines.append(head + (f" {'ratio':>8}" if ratio else ""))
         for p in preds:
-            row = (f"  {p.size:>10} {p.count:>11} {p.dtype:>5} {p.time_us:>11.2f} {p.algbw:>8.3f} "
-                   f"{p.busbw:>8.3f} {p.bound:>8}")
+            if p.moe is not None:
+                row = (f"  {p.count:>8} {p.size:>12} {p.moe['received_rows']:>10.1f} {p.dtype:>5} "
+                       f"{p.time_us:>11.2f} {p.algbw:>8.3f} {p.bound:>8} "
+                       f"{_fmt_bytes(p.moe['heap_bytes']):>10}")
+            else:
+                row = (f"  {p.size:>10} {p.count:>11} {p.dtype:>5} {p.time_us:>11.2f} {p.algbw:>8.3f} "
+                       f"{p.busbw:>8.3f} {p.bound:>8}")
             lines.append(row + (f" {_ratio(p.ratio):>8}" if ratio else ""))
     for s in res.skipped:
         lines.append(f"# {s['schedule']}: not modelled: {s['why']}")
@@ -746,7 +1161,8 @@ def table(res: SimResult) -> list[str]:
 
 def to_json(res: SimResult) -> dict:
     return {"meta": res.meta,
-            "results": [{**p.__dict__} for p in res.predictions],
+            "results": [{k: v for k, v in p.__dict__.items() if k != "moe" or v is not None}
+                        for p in res.predictions],
             "skipped": res.skipped}
 
 
@@ -765,6 +1181,39 @@ def _sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def parse_tokens(text: str) -> list[int]:
+    """Token counts per rank: MIN:MAX doubling, MIN:MAX:FACTOR, or a comma list of those (the
+    union, sorted); plain integers."""
+    out: set[int] = set()
+    for part in text.split(","):
+        bits = part.strip().split(":")
+        try:
+            vals = [int(b) for b in bits]
+        except ValueError:
+            raise ValueError(f"{part!r}: token counts are integers (MIN:MAX, MIN:MAX:FACTOR or a "
+                             "comma list)") from None
+        if len(vals) == 1:
+            lo, hi, f = vals[0], vals[0], 2
+        elif len(vals) in (2, 3):
+            lo, hi, f = vals[0], vals[1], vals[2] if len(vals) == 3 else 2
+        else:
+            raise ValueError(f"{part!r}: a range is MIN:MAX or MIN:MAX:FACTOR")
+        if lo < 1 or hi < lo or f < 2:
+            raise ValueError(f"{part!r}: need 1 <= MIN <= MAX and FACTOR >= 2")
+        v = lo
+        while v <= hi:
+            out.add(v)
+            v *= f
+    return sorted(out)
+
+
+def _tokens(text: str) -> list[int]:
+    try:
+        return parse_tokens(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive(text: str) -> int:
     try:
         v = int(text)
@@ -775,11 +1224,23 @@ def _positive(text: str) -> int:
     return v
 
 
+def _routings() -> tuple[str, ...]:
+    from .routing import ROUTINGS
+    return ROUTINGS
+
+
 def cmd_simulate(args) -> int:
     try:
         machine = load_machine(args.machine)
+        given = [v for v in (args.hidden, args.topk, args.experts, args.routing) if v is not None]
+        moe = None
+        if given:
+            moe = MoeSpec(hidden=args.hidden or MOE_HIDDEN, topk=args.topk or MOE_TOPK,
+                          experts=args.experts, routing=args.routing or "uniform", seed=args.seed)
+        elif args.seed:
+            moe = MoeSpec(seed=args.seed)
         res = simulate_file(args.file, machine, args.world, args.sizes, args.dtype, args.root,
-                            args.cores)
+                            args.cores, args.tokens, moe)
     except SimulateError as exc:
         print(f"stratac simulate: error: {exc}", file=sys.stderr)
         return 1
@@ -799,10 +1260,24 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--machine", required=True, metavar="TOML",
                    help="the machine description, e.g. machines/cloudmatrix384.toml")
     p.add_argument("--world", type=_positive, required=True, help="ranks (one die each)")
-    p.add_argument("--sizes", type=_sizes, default="8:256M",
-                   help="MIN:MAX doubling (MIN:MAX:FACTOR, or a comma list) of S in bytes "
-                   "(default 8:256M)")
-    p.add_argument("--dtype", choices=[d.short for d in ir.DType], default="f32")
+    p.add_argument("--sizes", type=_sizes, default=None,
+                   help="collectives: MIN:MAX doubling (MIN:MAX:FACTOR, or a comma list) of S in bytes "
+                   f"(default {DEFAULT_SIZES})")
+    p.add_argument("--dtype", choices=[d.short for d in ir.DType], default=None,
+                   help=f"element type (default f32; MoE and AllToAllV: {MOE_DTYPE})")
+    p.add_argument("--tokens", type=_tokens, default=None, metavar="SPEC",
+                   help=f"MoE/AllToAllV: tokens (rows) per rank, MIN:MAX doubling, MIN:MAX:FACTOR or a "
+                   f"comma list (default {MOE_TOKENS})")
+    p.add_argument("--hidden", type=_positive, default=None,
+                   help=f"MoE/AllToAllV: elements per token row (default {MOE_HIDDEN}, DeepSeek-V3)")
+    p.add_argument("--topk", type=_positive, default=None,
+                   help=f"MoE: experts per token (default {MOE_TOPK}, DeepSeek-V3)")
+    p.add_argument("--experts", type=_positive, default=None,
+                   help=f"MoE: experts over the whole world, a multiple of it (default "
+                   f"{MOE_EXPERTS_PER_RANK} per rank: DeepSeek-V3's 256 at world 32)")
+    p.add_argument("--routing", choices=_routings(), default=None,
+                   help="MoE/AllToAllV: the sample routing (default uniform)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample routing (default 0)")
     p.add_argument("--root", type=int, default=0, help="the root, for broadcast and reduce")
     p.add_argument("--cores", type=_positive, default=None,
                    help="vector cores per rank (default: all of the machine's)")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from stratac import frontend, instantiate, ir, passes, simulate
+from stratac.workload import MoeWorkload
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = [p for p in sorted((ROOT / "examples").glob("*.strata"))   # MoE: not modelled (below)
-            if not any(s.contract.kind.moe for s in frontend.schedules(frontend.load_source(p)))]
+EXAMPLES = sorted((ROOT / "examples").glob("*.strata"))
 
 # A machine whose figures make the hand arithmetic short: bandwidths in GB/s = 1e3 bytes per us.
 TINY = """
@@ -149,6 +149,110 @@ def test_flags_wait_for_the_last_signal(tiny):
     assert us == pytest.approx(10.0 + signal + wait + reduce + gather + signal + wait)
 
 
+# ---- MoE routing on the tiny machine: built from the sample routing, by hand ----
+# c0 = SCALAR_CALL_US per routing call, e = SCALAR_ELEMENT_US per id/count/offset (assumptions)
+
+# prefill dispatch with place on `{engine}`, and its combine
+MOE = """
+schedule d(x: sym T[tokens, hidden], ids: i32[tokens, topk], counts: sym i32[world, experts],
+           win: sym T[world * tokens * topk, hidden]) implements moe_dispatch(x, ids -> win, counts) {{
+  scratch offs: i32[experts]
+  mine = split(counts, world)
+  on aiv: mine[rank] = histogram(ids)
+  barrier
+  on sdma: for p in peers: mine[rank]@p = mine[rank]
+  barrier
+  on aiv: offs = exscan(counts)
+  on {engine}: win = place(x, ids, offs)
+  barrier
+}}
+"""
+C0, E1 = simulate.SCALAR_CALL_US, simulate.SCALAR_ELEMENT_US
+
+
+def _moe_cost(s: ir.Schedule, m, world: int, tokens: int, routing: str, stage: int, cores: int = 1,
+              hidden: int = 256, elem: int = 2):
+    """The StageCost of stage `stage` (numbered from 1) of s at these sizes (topk 1, one expert per
+    rank)."""
+    env = _moe_env(s, world, tokens, hidden, 1, world)
+    t = simulate.template(s, world, env)
+    routed = simulate.Routed.sample(routing, world, tokens, 1, world)
+    return simulate.stage_cost(t, stage, simulate.lengths(t, env), elem, m, cores, routed)
+
+
+def test_moe_place_to_one_peer_is_rows_over_the_link(tmp_path, tiny):
+    # routing `single`: every token picks expert 0, which lives on rank 0; rank 1 sends all its rows
+    s = _schedule(tmp_path, MOE.format(engine="aiv"))
+    T, H, rb = 100, 256, 256 * 2                      # bf16 rows of 512 bytes
+    preds = simulate.predict_moe(s, tiny, 2, [T], simulate.MoeSpec(hidden=H, topk=1, experts=2,
+                                                                  routing="single"), "bf16")
+    p = preds[0]
+    barrier = 2 * 1.0 + 2 * 0.5 + 3.0
+    histogram = C0 + (T + 2) * E1 + 1.0               # core 0 reads 100 ids, writes 2 counts
+    counts = 8 / 500 + 5.0 + 1.0 + 3.0                # one i32 count row (8 bytes, not 4: bf16 kernel)
+    exscan = C0 + (2 * 2 + 2) * E1 + 1.0              # world x experts counts read, 2 offsets written
+    place = T * rb / 500 + 1.0 + 3.0                  # 100 rows over rank 1's link at 0.5 GB/s
+    assert T * rb / 2e3 + C0 + 3 * T * E1 < T * rb / 500   # the core (ids, rows) is faster than the link
+    assert p.time_us == pytest.approx(10.0 + histogram + barrier + counts + barrier + exscan + place + barrier)
+    assert p.breakdown_us["fabric"] == pytest.approx(T * rb / 500)
+    assert p.breakdown_us["scalar"] == pytest.approx(2 * C0 + (T + 2 + 6) * E1)
+    assert p.bound == "fabric"
+    # rank 0 receives every row, rank 1 none: the mean is what a rank receives
+    assert p.moe["received_rows"] == T and p.moe["received_rows_max"] == 2 * T
+    assert p.size == T * rb
+    assert p.algbw == pytest.approx(T * rb / p.time_us / 1e3)
+
+
+def test_moe_place_on_sdma_posts_one_copy_per_row(tmp_path, tiny):
+    s = _schedule(tmp_path, MOE.format(engine="sdma"))
+    T, rb = 100, 512
+    cost = _moe_cost(s, tiny, 2, T, "single", stage=4)
+    scan = C0 + (T + T + T) * E1      # count the routed ids, scan to the last one, read 100 offsets
+    # one queue: 100 rows at 0.5 GB/s and 100 posts, after the core's scalar work
+    assert cost.busy_us[1] == pytest.approx(scan + T * rb / 500 + T * 5.0)
+    assert cost.scalar_us[1] == pytest.approx(scan)
+    assert cost.category[1] == "sdma"
+    assert cost.time_us[1] == pytest.approx(cost.busy_us[1] + 1.0 + 3.0)
+    assert cost.time_us[0] == pytest.approx(cost.busy_us[0] + 1.0)   # rank 0's rows stay local
+
+
+def test_moe_place_splits_the_routed_rows_evenly_over_the_cores(tmp_path, tiny):
+    # 7 routed rows on 4 cores: core c takes rows [7c/4, 7(c+1)/4): 1, 2, 2, 2; the last core has
+    # scanned all 7 ids twice (count, then up to its last row)
+    four = simulate.Machine(**{**tiny.__dict__, "vector_cores": 4})
+    s = _schedule(tmp_path, MOE.format(engine="aiv"))
+    rows, scanned = simulate.Routed.sample("single", 1, 7, 1, 1).place_split(4)
+    assert rows.tolist() == [[1, 2, 2, 2]] and scanned.tolist() == [[8, 10, 12, 14]]
+    cost = _moe_cost(s, four, 1, 7, "single", stage=4, cores=4)
+    assert cost.busy_us[0] == pytest.approx(C0 + (14 + 2) * E1 + 2 * 512 / 2e3)
+    assert cost.category[0] == "aiv"
+
+
+def test_moe_gather_by_hand(tiny):
+    s = passes.pipeline(frontend.schedules(frontend.load_source(
+        ROOT / "examples" / "moe_prefill.strata"))[1], passes.Options())
+    T, H, rb = 100, 256, 512
+    p = simulate.predict_moe(s, tiny, 2, [T], simulate.MoeSpec(hidden=H, topk=1, experts=2,
+                                                              routing="single"), "bf16")[0]
+    barrier = 2 * 1.0 + 2 * 0.5 + 3.0
+    exscan = C0 + 6 * E1 + 1.0
+    # rank 1 reads its 100 rows from rank 0 over its link (102.4 us); its core: 100 rows in (25.6 us),
+    # 100 token rows out (12.8 us), f32 vector passes: 3 per entry, 2 per token (500 x 1 KiB / 8 GB/s)
+    core = (100 * 3 + 100 * 2) * H * 4 / 8e3 + C0 + (T + 2 * T) * E1
+    assert core < T * rb / 500
+    gather = T * rb / 500 + 1.0 + 3.0
+    assert p.time_us == pytest.approx(10.0 + exscan + barrier + gather + barrier)
+    assert p.bound == "fabric"
+
+
+def test_moe_typed_count_rows_move_as_their_own_bytes(tmp_path, tiny):
+    # the count row is 2 i32 = 8 bytes whatever the token dtype (strata::Ratio)
+    s = _schedule(tmp_path, MOE.format(engine="aiv"))
+    for elem in (2, 4):
+        cost = _moe_cost(s, tiny, 2, 4, "uniform", stage=2, elem=elem)
+        assert cost.busy_us[0] == pytest.approx(8 / 500 + 5.0)
+
+
 # ---- against the real machine file ----
 
 def test_staging_baseline_is_predicted_slower_than_two_shot(cm384):
@@ -163,6 +267,37 @@ def test_staging_baseline_is_predicted_slower_than_two_shot(cm384):
     assert staged[-1].time_us - two[-1].time_us >= 2 * 2 * (256 << 20) / (cm384.hbm_gbps * 1e3)
 
 
+def test_moe_staging_baseline_is_predicted_slower(cm384):
+    world, tokens = 16, [64, 1024]
+    prefill = [simulate.predict_moe(s, cm384, world, tokens) for s in
+               frontend.schedules(frontend.load_source(ROOT / "examples" / "moe_prefill.strata"))]
+    staged = [simulate.predict_moe(s, cm384, world, tokens) for s in
+              frontend.schedules(frontend.load_source(ROOT / "examples" / "moe_staging_baseline.strata"))]
+    for a, b in zip(prefill[0], staged[0]):                   # dispatch
+        assert a.count == b.count and a.size == b.size and a.dtype == "bf16"
+        assert b.time_us > a.time_us
+        # `win = recv` copies the whole window (world * tokens * topk rows): read and written in HBM
+        window = world * a.count * 8 * 7168 * 2
+        assert b.time_us - a.time_us >= 2 * window / (cm384.hbm_gbps * 1e3)
+        assert b.moe["heap_bytes"] > a.moe["heap_bytes"]
+    for a, b in zip(prefill[1], staged[1]):                   # the same combine
+        assert b.time_us == pytest.approx(a.time_us)
+    big = prefill[0][-1]                                      # 1024 tokens: the links set the pace
+    assert big.bound == "fabric"
+    assert big.moe["received_rows"] == pytest.approx(1024 * 8)   # uniform: topk rows per token
+    assert big.algbw < cm384.fabric_gbps * world / (world - 1)
+
+
+def test_moe_large_world_stays_cheap(cm384):
+    s = _example("moe_prefill")
+    p = simulate.predict_moe(s, cm384, 384, [16])[0]
+    assert p.moe["experts"] == 8 * 384 and p.time_us > 0
+    # exscan reads the world x experts count table on one core: quadratic in the world at 8 experts
+    # per rank, and the largest share of the call here
+    assert p.bound == "scalar"
+    assert p.breakdown_us["scalar"] >= 384 * 3072 * simulate.SCALAR_ELEMENT_US
+
+
 def test_large_world_stays_cheap(cm384):
     preds = simulate.predict(_example("allreduce_twoshot"), cm384, 384, [8, 256 << 20])
     assert [p.count for p in preds] == [2, 64 << 20]
@@ -172,37 +307,61 @@ def test_large_world_stays_cheap(cm384):
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_template_matches_instantiate(path):
-    """The model's walk of the IR gives the same moves, per rank and stage, as stratac.instantiate."""
-    s = frontend.schedules(frontend.load_source(path))[0]
-    for world in (1, 2, 3, 5):
+    for s in frontend.schedules(frontend.load_source(path)):
+        for world in (1, 2, 3, 5):
+            _check_template(s, world)
+
+
+def _moe_env(s: ir.Schedule, world: int, tokens: int = 5, hidden: int = 3, topk: int = 2,
+             experts: int | None = None) -> dict:
+    if s.contract.kind is ir.ContractKind.ALLTOALLV:
+        topk, experts = 1, world
+    return MoeWorkload(s, None, world, tokens, hidden, topk, experts or 2 * world).sizes(s)
+
+
+def _check_template(s: ir.Schedule, world: int) -> None:
+    """The model's walk of the IR gives the same moves and routing constructs, per rank and stage,
+    as stratac.instantiate."""
+    if s.contract.kind.moe:
+        env = _moe_env(s, world)
+    else:
         env = {**{n: 7 for n in s.sizes}, **{x.name: world - 1 for x in s.rank_params}}
-        inst = instantiate.instantiate(s, world, env)
-        t = simulate.template(s, world, env)
-        lens = simulate.lengths(t, env)
-        want: dict[int, list] = {}
-        for r, events in enumerate(inst.timelines):
-            kinds = []
-            for ev in events:
-                if ev.kind is instantiate.EventKind.STAGE:
-                    kinds.append(("stage", ev.stage.index))
-                    for mv in ev.moves:
-                        kind = 1 if mv.accumulate else (0 if mv.op is None else 2)
-                        want.setdefault(ev.stage.index, []).append(
-                            (r, kind, mv.dst[0], tuple(x[0] for x in mv.srcs), mv.dst[3] - mv.dst[2]))
-                elif ev.kind is instantiate.EventKind.BARRIER:
-                    kinds.append(("barrier", ev.barrier))
-                elif ev.kind is instantiate.EventKind.SIGNAL:
-                    kinds.append(("signal", [(o, f, slot) for o, f, slot, _ in ev.signals]))
-                elif ev.kind is instantiate.EventKind.WAIT:
-                    kinds.append(("wait", [(f, slot) for f, slot, _ in ev.waits]))
-            assert t.timelines[r] == kinds, (world, r)
-        for index, moves in want.items():
-            assert t.moves(index, lens) == moves, (world, index)
+    inst = instantiate.instantiate(s, world, env)
+    t = simulate.template(s, world, env)
+    lens = simulate.lengths(t, env)
+    want: dict[int, list] = {}
+    want_routes: dict[int, list] = {}
+    for r, events in enumerate(inst.timelines):
+        kinds = []
+        for ev in events:
+            if ev.kind is instantiate.EventKind.STAGE:
+                kinds.append(("stage", ev.stage.index))
+                for mv in ev.moves:
+                    kind = 1 if mv.accumulate else (0 if mv.op is None else 2)
+                    want.setdefault(ev.stage.index, []).append(
+                        (r, kind, mv.dst[0], tuple(x[0] for x in mv.srcs), mv.dst[3] - mv.dst[2]))
+                for ri in ev.routes:
+                    want_routes.setdefault(ev.stage.index, []).append(
+                        (ri.rank, ri.kind, ri.experts, ri.tokens, ri.topk, ri.hidden))
+            elif ev.kind is instantiate.EventKind.BARRIER:
+                kinds.append(("barrier", ev.barrier))
+            elif ev.kind is instantiate.EventKind.SIGNAL:
+                kinds.append(("signal", [(o, f, slot) for o, f, slot, _ in ev.signals]))
+            elif ev.kind is instantiate.EventKind.WAIT:
+                kinds.append(("wait", [(f, slot) for f, slot, _ in ev.waits]))
+        assert t.timelines[r] == kinds, (world, r)
+    for index, moves in want.items():
+        assert t.moves(index, lens) == moves, (world, index)
+    for index in t.stages:
+        got = [(r, k, sh["experts"], sh.get("tokens", 0), sh.get("topk", 0), sh.get("hidden", 0))
+               for r, k, sh in t.routes(index)]
+        assert got == want_routes.get(index, []), (world, index)
 
 
-def test_moe_contracts_are_not_modelled():
-    assert "MoE" in simulate.not_modelled(_example("moe_prefill"))
-    assert simulate.not_modelled(_example("allreduce_twoshot")) is None
+def test_every_example_is_modelled():
+    for path in EXAMPLES:
+        for s in frontend.schedules(frontend.load_source(path)):
+            assert simulate.not_modelled(s) is None, s.name
 
 
 # ---- the machine file ----
@@ -294,6 +453,73 @@ def test_single_schedule_has_no_ratio_column(capsys):
                            "--sizes", "1M"], capsys)
     assert status == 0
     assert [x for x in out.splitlines() if x.startswith("#       size")][0].split()[-1] == "bound"
+
+
+def test_moe_table_and_json(tmp_path, capsys):
+    src = tmp_path / "moe.strata"
+    src.write_text((ROOT / "examples" / "moe_prefill.strata").read_text() + "\n"
+                   + (ROOT / "examples" / "moe_staging_baseline.strata").read_text())
+    out_json = tmp_path / "moe.json"
+    machine = str(ROOT / "machines" / "cloudmatrix384.toml")
+    status, out, err = _run(["simulate", str(src), "--machine", machine, "--world", "4",
+                             "--tokens", "16,64", "--hidden", "256", "--json", str(out_json)], capsys)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"# stratac simulate {src}  world 4  dtype bf16  cores 48")
+    assert "MODEL PREDICTIONS" in lines[1] and "NOT MEASUREMENTS" in lines[1]
+    assert lines[2].startswith("# MoE: hidden 256, topk 8, experts 32 (8 per rank); routing uniform")
+    assert any("ASSUMED" in x and "scalar" in x for x in lines[:6])
+    assert "# moe_staging_baseline_dispatch: moe_dispatch, world 4  (ratio against moe_prefill_dispatch)" \
+        in lines
+    head = [x for x in lines if x.startswith("#   tokens")]
+    assert len(head) == 4 and head[0].split()[1:] == ["tokens", "received", "rows/rank", "type",
+                                                      "time(us)", "GB/s", "bound", "heap/rank", "ratio"]
+    rows = [x.split() for x in lines if x and not x.startswith("#")]
+    assert len(rows) == 8 and [r[0] for r in rows[:2]] == ["16", "64"]
+    assert all(r[3] == "bf16" for r in rows)
+    assert float(rows[1][2]) == pytest.approx(64 * 8)                       # rows received per rank
+    assert int(rows[1][1]) == 64 * 8 * 256 * 2                             # bytes received per rank
+    staged = rows[4:6]                                                     # staging dispatch
+    assert all(float(r[-1].rstrip("x")) < 1 for r in staged)
+    data = json.loads(out_json.read_text())
+    assert data["meta"]["moe"]["experts"] == 32 and data["meta"]["moe"]["routing"] == "uniform"
+    assert data["meta"]["moe"]["assumptions"]["scalar_element_us"] == simulate.SCALAR_ELEMENT_US
+    rec = data["results"][0]
+    assert rec["moe"]["tokens"] == 16 and rec["count"] == 16 and rec["busbw"] == rec["algbw"]
+    assert sum(rec["breakdown_us"].values()) == pytest.approx(rec["time_us"])
+    assert set(rec["breakdown_us"]) == set(simulate.CATEGORIES)
+
+
+def test_alltoallv_takes_one_destination_per_row(capsys):
+    status, out, err = _run(["simulate", str(ROOT / "examples" / "alltoallv.strata"), "--machine",
+                             str(ROOT / "machines" / "cloudmatrix384.toml"), "--world", "4",
+                             "--tokens", "32", "--hidden", "128", "--topk", "3"], capsys)
+    assert status == 0, err
+    assert "# AllToAllV: rows of 128 elements, one destination rank each" in out
+    row = [x.split() for x in out.splitlines() if x and not x.startswith("#")]
+    assert row[0][:3] == ["32", str(32 * 128 * 2), "32.0"]      # topk does not apply: one row each
+
+
+@pytest.mark.parametrize("file, extra, message", [
+    ("moe_prefill", ["--experts", "6"], "--experts 6 is not a positive multiple of the world size (4)"),
+    ("moe_prefill", ["--topk", "40", "--experts", "32"], "--topk 40 must be at most the number of experts"),
+    ("moe_prefill", ["--dtype", "i32"], "moves float tokens"),
+    ("moe_prefill", ["--sizes", "1M"], "--sizes applies to collectives"),
+    ("broadcast", ["--tokens", "16"], "apply to MoE and AllToAllV schedules"),
+])
+def test_bad_moe_requests_are_one_message(capsys, file, extra, message):
+    status, out, err = _run(["simulate", str(ROOT / "examples" / f"{file}.strata"), "--machine",
+                             str(ROOT / "machines" / "cloudmatrix384.toml"), "--world", "4",
+                             "--tokens", "16", *extra], capsys)
+    assert status == 1 and out == ""
+    assert err.startswith("stratac simulate: error: ") and message in err
+
+
+def test_token_sweeps():
+    assert simulate.parse_tokens("16:4096") == [16 << i for i in range(9)]
+    assert simulate.parse_tokens("1,8:32:4") == [1, 8, 32]
+    with pytest.raises(ValueError, match="integers"):
+        simulate.parse_tokens("4K")
 
 
 @pytest.mark.parametrize("extra, message", [
