@@ -665,30 +665,15 @@ def _moe_file(spec: BenchSpec) -> list[tuple[str, str | None]] | None:
 
 
 def moe_pairs(scheds) -> list[tuple[str, str | None]]:
-    """(dispatch, combine) names in file order, as stratac.worker pairs them: each moe_dispatch
-    with the next moe_combine of the same layout; an alltoallv alone (None)."""
-    from .ir import ContractKind
-    out: list[tuple[str, str | None]] = []
-    pending = None
-    for s in scheds:
-        c = s.contract
-        if c.kind is ContractKind.ALLTOALLV:
-            out.append((s.name, None))
-        elif c.kind.dispatch:
-            if pending is not None:
-                raise BenchUsageError(f"{pending.name}: a moe_dispatch needs its moe_combine after it "
-                                      f"in the file, before the next dispatch ({s.name})")
-            pending = s
-        elif pending is None or (pending.contract.capacity is None) != (c.capacity is None):
-            raise BenchUsageError(f"{s.name}: a moe_combine runs after the moe_dispatch of the same "
-                                  "layout (packed or with a capacity) that precedes it in the file")
-        else:
-            out.append((pending.name, s.name))
-            pending = None
-    if pending is not None:
-        raise BenchUsageError(f"{pending.name}: a moe_dispatch needs a moe_combine after it in the file "
-                              "(the bench runs dispatch, the expert step and combine)")
-    return out
+    """(dispatch, combine) names in file order, paired as `stratac run` pairs them
+    (workload.moe_pairs); an alltoallv alone (None)."""
+    from .workload import PairingError
+    from .workload import moe_pairs as pair_ir
+    try:
+        items = pair_ir(scheds)
+    except PairingError as exc:
+        raise BenchUsageError(str(exc)) from None
+    return [(d.name, c.name if c else None) for d, c in (i for i in items if isinstance(i, tuple))]
 
 
 def _moe_cases(spec: BenchSpec) -> list[runner.Case]:
@@ -711,35 +696,6 @@ def _moe_cases(spec: BenchSpec) -> list[runner.Case]:
             for r in (spec.routings or ["uniform"]) for t in tokens]
 
 
-def moe_heap_bytes(rspec: runner.RunSpec, compiled, pairs: list[tuple[str, str | None]]) -> int:
-    """The symmetric heap per rank: every tensor and scratch buffer of the largest pair at the
-    largest case (the worker allocates a pair's tensors, runs it and frees them before the next
-    pair), each rounded to the allocator's 512 bytes, plus the flags. runner._heap_bytes sizes
-    the first pair of the file only, which a staging baseline after it outgrows."""
-    from .ir import ContractKind, DType
-    from .workload import MOE_DEFAULTS, MoeWorkload
-    by_name = {c.schedule.name: c.schedule for c in compiled}
-    w = rspec.world
-    need = 0
-    for case in rspec.cases:
-        elem = DType.parse(case.dtype).nbytes
-        for d_name, c_name in pairs:
-            disp, comb = by_name[d_name], by_name.get(c_name) if c_name else None
-            v = disp.contract.kind is ContractKind.ALLTOALLV
-            wl = MoeWorkload(disp, comb, w, case.tokens or MOE_DEFAULTS["tokens"],
-                             case.hidden or MOE_DEFAULTS["hidden"],
-                             1 if v else case.topk or MOE_DEFAULTS["topk"],
-                             w if v else case.experts or MOE_DEFAULTS["experts_per_rank"] * w,
-                             case.routing)
-            total = 0
-            for s in (x for x in (disp, comb) if x is not None):
-                for prm in s.params:
-                    n = math.prod(wl.shape(s, prm))
-                    total += (max(n, 1) * (prm.dtype.nbytes if prm.dtype else elem) + 511) // 512 * 512
-            need = max(need, total)
-    return need + (w + comm.SYNC_SLOTS) * 4 + (1 << 20)
-
-
 def moe_memory_needed(rspec: runner.RunSpec, compiled) -> int:
     """A generous estimate of the run's peak memory: per rank the heap, the torch reference check
     (the expected window about three times over, y in float64) and 300 MB per process."""
@@ -747,11 +703,11 @@ def moe_memory_needed(rspec: runner.RunSpec, compiled) -> int:
     heap = rspec.heap_bytes or runner._heap_bytes(rspec, compiled)
     ref = 0
     for case in rspec.cases:
-        wl = runner._moe_workload(rspec, case, compiled)
-        d = wl.dispatch
-        rows = wl.shape(d, d.param(d.contract.outputs[0]))[0]
-        elem = DType.parse(case.dtype).nbytes
-        ref = max(ref, 3 * rows * wl.hidden * elem + 16 * wl.tokens * wl.hidden)
+        for wl in runner.moe_workloads(rspec, case, compiled):
+            d = wl.dispatch
+            rows = wl.shape(d, d.param(d.contract.outputs[0]))[0]
+            elem = DType.parse(case.dtype).nbytes
+            ref = max(ref, 3 * rows * wl.hidden * elem + 16 * wl.tokens * wl.hidden)
     return rspec.world * (heap + ref + (300 << 20))
 
 
@@ -781,7 +737,7 @@ def run_moe(spec: BenchSpec, pairs: list[tuple[str, str | None]], echo=print) ->
     rspec = runner.RunSpec(file=spec.file, world=spec.world, cases=cases, iters=spec.iters,
                            warmup=spec.warmup, timeout=spec.timeout, check=True, seed=spec.seed,
                            soc=spec.soc, cores=spec.cores)
-    rspec.heap_bytes = max(moe_heap_bytes(rspec, compiled, pairs), runner._heap_bytes(rspec, compiled))
+    rspec.heap_bytes = runner._heap_bytes(rspec, compiled)
     need, avail = moe_memory_needed(rspec, compiled), _mem_available()
     if avail is not None and need > 0.8 * avail:   # an OOM kill would take other processes too
         raise BenchError(f"the largest case needs about {need / 2**30:.1f} GiB of memory ({spec.world} "
@@ -872,9 +828,7 @@ def moe_records(results: list[dict], pairs: list[tuple[str, str | None]], spec: 
         comb = _phase(cr) if cr else None
         errors = max(r["ranks_wrong"] for r in dr + cr)
         recv = r0["size"]
-        # the counters come from the last checked call: seed + 1 when the first check passed on
-        # every rank (stratac.worker._run_moe), which errors == 0 implies
-        seed = m.get("counters_seed", spec.seed + 1 if errors == 0 else None)
+        seed = m["counters_seed"]   # the routing of the call the counters were read in
         peer = None if seed is None else per_peer_bytes(
             m["routing"], w, m["tokens"], m["topk"], m["experts"], m["hidden"] * elem, seed)
         peer_bal = [b for b in map(_max_mean, peer or []) if b is not None]

@@ -156,7 +156,9 @@ def cmd_bench(args) -> int:
         spec = bench.BenchSpec(file=args.file, world=args.world, sizes=args.sizes, dtype=args.dtype,
                                op=args.op, root=args.root, iters=args.iters, warmup=args.warmup,
                                cores=args.cores, peers=peers, timeout=args.timeout, seed=args.seed,
-                               soc=args.soc, progress=progress, trace=args.trace)
+                               soc=args.soc, progress=progress, trace=args.trace,
+                               tokens=args.tokens, hidden=args.hidden, topk=args.topk,
+                               experts=args.experts, routings=args.routing)
         res = bench.run(spec, echo=echo)
         for line in bench.table(res):
             print(line)
@@ -171,7 +173,7 @@ def cmd_bench(args) -> int:
                   "ui.perfetto.dev or chrome://tracing)")
     except bench.BenchError as exc:
         print(f"stratac bench: error: {exc}", file=sys.stderr)
-        return EXIT_FAIL
+        return exc.status
     for f in res.failures:
         print(f"stratac: {f}", file=sys.stderr)
     return res.exit_code
@@ -181,6 +183,22 @@ def _sizes(text: str) -> list[int]:
     from . import bench
     try:
         return bench.parse_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _tokens(text: str) -> list[int]:
+    from . import bench
+    try:
+        return bench.parse_counts(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _routings(text: str) -> list[str]:
+    from . import bench
+    try:
+        return bench.parse_routings(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -250,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "figures, optionally against gloo and MPI, and the copies each engine made")
     b.add_argument("file", nargs="?")
     b.add_argument("--world", type=_positive)
-    b.add_argument("--sizes", type=_sizes, default="8:256M",
+    b.add_argument("--sizes", type=_sizes, default=None,
                    help="MIN:MAX doubling (MIN:MAX:FACTOR, or a comma list) of S in bytes "
                    "(default 8:256M)")
     b.add_argument("--dtype", choices=[d.short for d in ir.DType], default="f32")
@@ -269,6 +287,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a progress bar on stderr (default: when stderr is a terminal)")
     b.add_argument("--timeout", type=float, default=120.0, help="seconds any wait may take")
     b.add_argument("--seed", type=int, default=0)
+    bm = b.add_argument_group("MoE dispatch/combine (a file of moe_dispatch/moe_combine or alltoallv "
+                              "schedules sweeps tokens instead of --sizes)")
+    bm.add_argument("--tokens", type=_tokens, help="tokens per rank: MIN:MAX doubling, MIN:MAX:FACTOR "
+                    "or a comma list (default 16:1024)")
+    bm.add_argument("--hidden", type=_positive, help="elements per token (default 512)")
+    bm.add_argument("--topk", type=_positive, help="experts per token (default 4)")
+    bm.add_argument("--experts", type=_positive, help="experts in all, a multiple of --world "
+                    "(default 4 per rank)")
+    bm.add_argument("--routing", type=_routings, metavar="ROUTINGS",
+                    help="a routing, a comma list, or all (default uniform): "
+                    + "; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()))
     target_opts(b)
     b.set_defaults(fn=cmd_bench)
 

@@ -12,6 +12,7 @@ the segment; a rank whose runner dies is killed too (PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -75,14 +76,11 @@ def _heap_bytes(spec: RunSpec, schedules) -> int:
     need = 0
     for case in spec.cases:
         elem = DType.parse(case.dtype).nbytes
-        moe = _moe_workload(spec, case, schedules)
-        if moe is not None:   # every MoE tensor at once (dispatch and combine share them)
+        for moe in moe_workloads(spec, case, schedules):   # a pair's tensors are live together
             total = 0
             for s in (x for x in (moe.dispatch, moe.combine) if x is not None):
                 for p in s.params:
-                    n = 1
-                    for d in moe.shape(s, p):
-                        n *= d
+                    n = math.prod(moe.shape(s, p))
                     total += (max(n, 1) * (p.dtype.nbytes if p.dtype else elem) + 511) // 512 * 512
             need = max(need, total)
         for c in schedules:
@@ -97,19 +95,22 @@ def _heap_bytes(spec: RunSpec, schedules) -> int:
     return need + (spec.world + comm.SYNC_SLOTS) * 4 + (1 << 20)
 
 
-def _moe_workload(spec: RunSpec, case: Case, schedules):
-    """The MoE workload of a case (the first dispatch/combine pair of the file), or None."""
+def moe_workloads(spec: RunSpec, case: Case, schedules) -> list:
+    """The MoE workload of every dispatch/combine pair (and AllToAllV) of the file for a case."""
     from .ir import ContractKind
-    from .workload import MOE_DEFAULTS, MoeWorkload
-    disp = next((c.schedule for c in schedules if c.schedule.contract.kind.dispatch), None)
-    comb = next((c.schedule for c in schedules if c.schedule.contract.kind is ContractKind.MOE_COMBINE), None)
-    if disp is None:
-        return None
-    v = disp.contract.kind is ContractKind.ALLTOALLV
-    return MoeWorkload(disp, None if v else comb, spec.world, case.tokens or MOE_DEFAULTS["tokens"],
-                       case.hidden or MOE_DEFAULTS["hidden"], 1 if v else case.topk or MOE_DEFAULTS["topk"],
-                       spec.world if v else case.experts or MOE_DEFAULTS["experts_per_rank"] * spec.world,
-                       case.routing)
+    from .workload import MOE_DEFAULTS, MoeWorkload, PairingError, moe_pairs
+    try:
+        pairs = [i for i in moe_pairs([c.schedule for c in schedules]) if isinstance(i, tuple)]
+    except PairingError as exc:
+        raise StrataError(error(Codes.BAD_CONTRACT, str(exc))) from None
+    out = []
+    for disp, comb in pairs:
+        v = disp.contract.kind is ContractKind.ALLTOALLV
+        out.append(MoeWorkload(disp, comb, spec.world, case.tokens or MOE_DEFAULTS["tokens"],
+                               case.hidden or MOE_DEFAULTS["hidden"], 1 if v else case.topk or MOE_DEFAULTS["topk"],
+                               spec.world if v else case.experts or MOE_DEFAULTS["experts_per_rank"] * spec.world,
+                               case.routing))
+    return out
 
 
 def _check_moe_case(spec: RunSpec, case: Case) -> None:

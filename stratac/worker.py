@@ -86,31 +86,17 @@ def _all_ok(ok: bool) -> bool:
 
 
 def moe_pairs(fns: list) -> list:
-    """The schedules in file order, each MoE dispatch paired with the next combine of the same
-    layout: (dispatch, combine). A dispatch or combine without its partner is an error."""
+    """The loaded schedules paired as workload.moe_pairs pairs them (callables, not IR)."""
     from .comm import StrataUsageError
-    from .ir import ContractKind
-    out, pending = [], None
-    for fn in fns:
-        c = fn.ir.contract
-        if c.kind is ContractKind.ALLTOALLV:
-            out.append((fn, None))
-        elif c.kind.dispatch:
-            if pending is not None:
-                break
-            pending = fn
-        elif c.kind is ContractKind.MOE_COMBINE:
-            if pending is None or (pending.ir.contract.capacity is None) != (c.capacity is None):
-                raise StrataUsageError(f"{fn.name}: a moe_combine runs after the moe_dispatch of the same "
-                                       "layout (packed or with a capacity) that precedes it in the file")
-            out.append((pending, fn))
-            pending = None
-        else:
-            out.append(fn)
-    if pending is not None:
-        raise StrataUsageError(f"{pending.name}: stratac run needs a moe_combine schedule after this "
-                               "moe_dispatch in the file, to run dispatch, experts and combine")
-    return out
+    from .workload import PairingError
+    from .workload import moe_pairs as pair_ir
+    by_name = {fn.name: fn for fn in fns}
+    try:
+        items = pair_ir([fn.ir for fn in fns])
+    except PairingError as exc:
+        raise StrataUsageError(str(exc)) from None
+    return [(by_name[i[0].name], by_name[i[1].name] if i[1] else None) if isinstance(i, tuple)
+            else by_name[i.name] for i in items]
 
 
 def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) -> list[dict]:
@@ -167,7 +153,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
             comm.synchronize()
             if timed:
                 timing[name] += time.perf_counter() - t0
-            if seed is not None:
+            if seed is not None and name not in counters:   # the first checked call's (seed's)
                 counters[name] = comm.counters()
 
     def check(seed: int) -> tuple[bool, str]:
@@ -210,7 +196,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
             "heap_user_bytes": heap_bytes - heap_before,
             "moe": {"tokens": wl.tokens, "hidden": wl.hidden, "topk": wl.topk, "experts": wl.experts,
                     "routing": wl.routing, "capacity": wl.capacity if wl.slotted else None,
-                    "window_rows": rows, "phase": name, "alltoallv": v},
+                    "window_rows": rows, "phase": name, "alltoallv": v, "counters_seed": spec["seed"]},
         })
     return out
 

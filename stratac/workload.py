@@ -123,6 +123,39 @@ class Workload:
 
 # ---- MoE dispatch and combine ----
 
+class PairingError(ValueError):
+    """A file's MoE schedules cannot be paired up (the message says which and why)."""
+
+
+def moe_pairs(scheds: list[ir.Schedule]) -> list:
+    """The schedules in file order, each MoE dispatch paired with the next combine of the same
+    layout, (dispatch, combine); an AllToAllV as (it, None); every other schedule as it is. This is
+    how `stratac run` and `stratac bench` run a file."""
+    out: list = []
+    pending = None
+    for s in scheds:
+        c = s.contract
+        if c.kind is K.ALLTOALLV:
+            out.append((s, None))
+        elif c.kind.dispatch:
+            if pending is not None:
+                raise PairingError(f"{pending.name}: a moe_dispatch needs its moe_combine after it in the "
+                                   f"file, before the next dispatch ({s.name})")
+            pending = s
+        elif c.kind is K.MOE_COMBINE:
+            if pending is None or (pending.contract.capacity is None) != (c.capacity is None):
+                raise PairingError(f"{s.name}: a moe_combine runs after the moe_dispatch of the same "
+                                   "layout (packed or with a capacity) that precedes it in the file")
+            out.append((pending, s))
+            pending = None
+        else:
+            out.append(s)
+    if pending is not None:
+        raise PairingError(f"{pending.name}: a moe_dispatch needs a moe_combine after it in the file "
+                           "(to run dispatch, the expert step and combine)")
+    return out
+
+
 MOE_DEFAULTS = {"tokens": 64, "hidden": 512, "topk": 4, "experts_per_rank": 4}
 
 
