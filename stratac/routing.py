@@ -28,16 +28,19 @@ def expert_ids(routing: str, rank: int, tokens: int, topk: int, experts: int,
         raise ValueError(f"topk ({topk}) cannot exceed the number of experts ({experts})")
     rng = np.random.default_rng([seed, rank, ROUTINGS.index(routing)])
     ids = np.full((tokens, topk), -1, dtype=np.int32)
+    if routing == "single":
+        if topk:
+            ids[:, 0] = 0
+        return ids
     pool = experts if routing != "empty" else max(1, experts // 2)
-    for t in range(tokens):
-        picks = rng.permutation(pool)[:topk]
-        ids[t, :len(picks)] = picks
-        if routing == "skewed" and topk and rng.random() < 0.9 and 0 not in ids[t]:
-            ids[t, 0] = 0
-        if routing == "single":
-            ids[t] = -1
-            if topk:
-                ids[t, 0] = 0
+    k = min(topk, pool)
+    # k distinct experts per token: the k smallest of `pool` uniform keys, i.e. a random k-subset
+    # in random order (vectorised: large sweeps draw millions of ids)
+    keys = rng.random((tokens, pool))
+    ids[:, :k] = np.argpartition(keys, k - 1, axis=1)[:, :k] if k < pool else np.argsort(keys, axis=1)
+    if routing == "skewed" and topk:
+        hot = (rng.random(tokens) < 0.9) & ~(ids == 0).any(axis=1)
+        ids[hot, 0] = 0
     if routing == "sparse":
         ids[rng.random(ids.shape) < 0.25] = -1
         if tokens:

@@ -275,15 +275,16 @@ class Router {
 
   // Packed windows: dst[e] = the first row, on e's owner, of this rank's rows for expert e: the
   // rows of the owner's earlier local experts from every rank, then e's rows from lower ranks.
-  // counts is world x experts, row s = rank s's histogram.
+  // counts is world x experts, row s = rank s's histogram. The owners are independent, so the
+  // cores split them (the table has world x experts entries).
   __aicore__ inline void Exscan(__gm__ int32_t* dst, __gm__ int32_t* counts, int64_t experts,
                                 int64_t rank, int64_t world) {
-    if (AscendC::GetBlockIdx() != 0) return;
+    const int64_t core = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
     AscendC::GlobalTensor<int32_t> c, d;
     c.SetGlobalBuffer(counts, world * experts);
     d.SetGlobalBuffer(dst, experts);
     const int64_t local = experts / world;
-    for (int64_t o = 0; o < world; ++o) {
+    for (int64_t o = world * core / cores; o < world * (core + 1) / cores; ++o) {
       int64_t row = 0;
       for (int64_t l = 0; l < local; ++l) {
         const int64_t e = o * local + l;
