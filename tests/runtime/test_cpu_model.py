@@ -8,6 +8,7 @@ closed-form formulas, numerics from numpy and from exact rational arithmetic ove
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import os
 import re
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from fractions import Fraction
 from pathlib import Path
 
@@ -704,3 +706,104 @@ def test_a_segment_someone_else_could_have_made_is_refused(lib, mode, uid):
     finally:
         os.close(fd)
         os.unlink(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# persistent workers: a process keeps its core and SDMA threads from launch to launch
+
+def test_workers_are_reused_across_launches(driver, tmp_path):
+    """31 launches with core counts between 1 and 8 on 2 ranks, every result checked; the process
+    then has main + 8 core threads + 8 SDMA engines, whatever the number of launches. Counters
+    and trace of a narrower launch after wider ones show only its 3 cores. strata_cpu_finalize
+    joins the workers; the pool opened again starts as many as its launch needs."""
+    world, n = 2, 300
+    out = run_driver(driver, tmp_path, "reuse", world, n)
+    assert sorted(out) == list(range(world))
+    chunk = 4 * n
+    for r in range(world):
+        lines = out[r]
+        launches = [l for l in lines if l.startswith("exchange ")]
+        assert len(launches) == 31 and all(l.endswith(" bad 0") for l in launches), launches
+        assert int(field(lines, "threads_pool")) == 1 + 8 + 8
+        assert int(field(lines, "threads_after_finalize")) == 1
+        assert field(lines, "again exchange 4 bad") == "0"
+        assert int(field(lines, "threads_again")) == 1 + 4 + 4
+        assert int(field(lines, "cores")) == 3
+        for c in range(3):
+            got = [int(v) for v in field(lines, f"counters {c}").split()]
+            assert got == [chunk, world * chunk, (world + 1) * chunk, chunk, 2 * (world - 1) * chunk]
+        events = [json.loads(l) for l in (tmp_path / f"reuse_trace_{r}.jsonl").read_text().splitlines()]
+        assert {e["pid"] for e in events} == {r}
+        kernels = sorted(e["tid"] for e in events if e["cat"] == "kernel")
+        assert kernels == [0, 1, 2]
+        assert all(e["name"] == "exchange_kernel" and e["args"] == {} for e in events if e["cat"] == "kernel")
+        copies = Counter(e["tid"] for e in events if e["cat"] == "sdma")
+        assert copies == {1000 + c: world + 1 for c in range(3)}   # W puts and a get per core
+
+
+def test_a_launch_after_a_failed_launch_works(driver, tmp_path):
+    """A failed launch (a rule broken while the other cores wait in SyncAll; a core returning with
+    a slow SDMA copy in flight; a core returning while the others wait in SyncAll) leaves its pool
+    refusing launches; the process's next pool launches and computes correctly."""
+    out = run_driver(driver, tmp_path, "relaunch", env={"STRATA_CPU_SDMA_DELAY_US": "20000"})[0]
+    expect = {1: "DataCopy of 36 bytes is not a multiple of 32 bytes",
+              6: "kernel returned with 1 SDMA copies not waited for by aclshmemx_sdma_quiet",
+              15: "SyncAll can never complete: core 0 returned from the kernel without reaching it"}
+    for which, piece in expect.items():
+        rc = field(out, f"case {which} rc")
+        assert rc.startswith("-1 rank 0 core ") and piece in rc, rc
+        assert field(out, f"case {which} refused") == "1"
+        assert field(out, f"case {which} then exchange bad") == "0"
+
+
+EXIT_CHILD = """
+import ctypes, os, sys, time
+model = ctypes.CDLL(sys.argv[1])
+kernels = ctypes.CDLL(sys.argv[2])
+model.strata_cpu_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int]
+model.aclshmem_calloc.restype = ctypes.c_void_p
+model.aclshmem_calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+kernels.launch_syncall.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32]
+assert model.strata_cpu_init(0, 1, sys.argv[3].encode(), 1 << 20, 1) == 0
+slots = model.aclshmem_calloc(8, 4)
+sums = model.aclshmem_calloc(8 * 10, 4)
+for cores in (8, 3, 8):
+    assert kernels.launch_syncall(cores, slots, sums, 10) == 0
+threads = lambda: len(os.listdir("/proc/self/task"))
+print("threads", threads(), flush=True)
+how = sys.argv[4]
+if how == "finalize":
+    assert model.strata_cpu_finalize(0) == 0
+    print("threads", threads(), flush=True)
+elif how == "dlclose":
+    import _ctypes
+    model.strata_cpu_leave()
+    _ctypes.dlclose(kernels._handle)
+    _ctypes.dlclose(model._handle)
+    time.sleep(0.2)
+    print("threads", threads(), flush=True)
+    print("mapped", sys.argv[1] in open("/proc/self/maps").read(), flush=True)
+# "exit": leave with the workers idle, no finalize
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "finalize", "dlclose"])
+def test_idle_workers_do_not_hold_up_exit_or_unloading(driver, libstratacpu, how):
+    """After launches, a process exits promptly with or without strata_cpu_finalize (at exit the
+    model joins its idle workers). dlclose does not unmap the model (it holds a unique symbol, so
+    the loader keeps it): should it ever, its unloading joins the workers before its code goes."""
+    name = _name(f"exit_{how}")
+    try:
+        proc = subprocess.run([sys.executable, "-c", EXIT_CHILD, str(libstratacpu),
+                               str(driver.parent / "libtestkernels.so"), name.decode(), how],
+                              capture_output=True, text=True, timeout=30)
+    finally:
+        if os.path.exists("/dev/shm" + name.decode()):
+            os.unlink("/dev/shm" + name.decode())
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "threads 9"        # main + 8 core workers (no SDMA copies)
+    if how == "finalize":
+        assert lines[1] == "threads 1"
+    if how == "dlclose":
+        assert lines[1:] in (["threads 9", "mapped True"], ["threads 1", "mapped False"])

@@ -79,8 +79,11 @@ namespace strata_cpu {
 using BlockFn = void (*)(void* ctx);
 
 // Runs fn(ctx) on `blocks` threads with GetBlockIdx() = 0..blocks-1, one UB arena and one SDMA
-// queue per thread; joins them. Returns 0, or -1 with the last error set (the first failure of
-// any core). `kernel_name` appears in error messages.
+// queue per thread, and waits until every core has returned. The threads persist: a process keeps
+// one per core (as many as its widest launch, at most STRATA_MAX_CORES) and one SDMA engine per
+// core that has posted a copy, reused by later launches, joined by strata_cpu_finalize and at exit.
+// Launches from several host threads run one after another. Returns 0, or -1 with the last error
+// set (the first failure of any core). `kernel_name` appears in error messages.
 int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn fn, void* ctx);
 
 // The `.strata` source line of the statement the calling core executes (shown in failures).

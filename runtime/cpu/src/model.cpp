@@ -1,6 +1,7 @@
 // The CPU model of the machine stratac kernels run on (see runtime/README.md):
 //   * ranks are processes sharing one POSIX shared-memory pool (header page + `world` heaps);
-//   * vector cores are threads of a launch, each with a 192 KiB UB arena and an SDMA engine;
+//   * vector cores are threads (persistent per process, reused by every launch), each with a
+//     192 KiB UB arena and an SDMA engine (a persistent thread too);
 //   * rule violations stop the core (Fail), mark the pool aborted and unwind the other cores.
 // Build (from the repository root):
 //   g++ -std=c++17 -O2 -fPIC -shared runtime/cpu/src/model.cpp -Iruntime/cpu/include
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -329,27 +331,32 @@ struct SdmaJob {
   const void* src;
   uint64_t bytes;
   int core;
+  uint32_t delay_us;  // STRATA_CPU_SDMA_DELAY_US of the launch: makes every copy slow, to expose missing quiets
 };
 
+// One core's SDMA queue: a persistent copy engine thread, started the first time the core posts a
+// copy and reused by later launches (see WorkerPool). At the end of every launch the queue is
+// emptied and the copy in progress (if any) finishes, so no copy outlives its launch.
 struct SdmaEngine {
   std::mutex mu;
   std::condition_variable cv_work, cv_done;
   std::deque<SdmaJob> queue;
   uint64_t posted = 0, done = 0;
+  bool busy = false;  // a copy is in progress (popped, not yet done)
   bool stop = false;
-  uint32_t delay_us = 0;  // STRATA_CPU_SDMA_DELAY_US: makes every copy slow, to expose missing quiets
   std::thread worker;
 
   void Run() {
     std::unique_lock<std::mutex> lk(mu);
     for (;;) {
       cv_work.wait(lk, [&] { return stop || !queue.empty(); });
-      if (stop) return;  // a launch ends with the queue drained (or its core failed)
+      if (stop) return;  // only when the process tears its workers down (no launch running)
       SdmaJob job = queue.front();
       queue.pop_front();
+      busy = true;
       lk.unlock();
       double t0 = Tracing() ? Now() : 0;
-      if (delay_us) usleep(delay_us);
+      if (job.delay_us) usleep(job.delay_us);
       std::memmove(job.dst, job.src, job.bytes);
       std::atomic_thread_fence(std::memory_order_seq_cst);
       if (t0 > 0)
@@ -357,9 +364,18 @@ struct SdmaEngine {
                  Sprintf("\"bytes\": %llu, \"from_rank\": %d, \"to_rank\": %d", (unsigned long long)job.bytes,
                          OwnerOf(job.src), OwnerOf(job.dst)));
       lk.lock();
+      busy = false;
       ++done;
       cv_done.notify_all();
     }
+  }
+  // End of a launch: drops the copies still queued (their core failed or returned without a
+  // quiet), waits for the one in progress and leaves the queue empty with done == posted.
+  void EndLaunch() {
+    std::unique_lock<std::mutex> lk(mu);
+    queue.clear();
+    cv_done.wait(lk, [&] { return !busy; });
+    posted = done;
   }
 };
 
@@ -378,7 +394,6 @@ struct Launch {
   uint64_t bar_gen = 0;
   uint32_t exited = 0;     // cores that returned from the kernel normally
   int first_exited = -1;
-  std::vector<std::unique_ptr<SdmaEngine>> sdma;
 };
 
 constexpr int kEvents = 16, kEventIds = 16;
@@ -534,7 +549,9 @@ bool Compare(int32_t v, int cmp, int32_t x) {
   }
 }
 
-// Backoff for polling loops: many more threads than CPUs run, so waiting must yield.
+// Backoff for polling loops: many more threads than CPUs run, so waiting must yield. (Measured
+// with persistent workers on 2 CPUs: shorter sleeps, fewer yields, or a 1 ns timer slack for the
+// workers were no faster at 4 or 40 cores, and a 1 ns slack was 1.3-1.6x slower on 4 ranks.)
 struct Backoff {
   uint32_t n = 0;
   void Pause() {
@@ -581,19 +598,57 @@ void CheckSdmaScratch(CoreState* c, const void* buf, uint32_t ub_size, const cha
     FailStr(Sprintf("%s: scratch %p (+%u bytes) is not inside the core's Unified Buffer", op, buf, ub_size));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Persistent workers. A process keeps one thread per vector core (grown to the largest `blocks`
+// launched, at most STRATA_MAX_CORES) and one SDMA engine thread per core that has posted a copy;
+// launches hand each core its work and wait for all of them, instead of starting and joining
+// threads every time. strata_cpu_finalize (and the library's unloading or the process's exit)
+// stops and joins them; the next launch starts them again.
+
+struct CoreJob {
+  Launch* L = nullptr;
+  BlockFn fn = nullptr;
+  void* ctx = nullptr;
+};
+
+struct WorkerPool;
+
+struct CoreWorker {
+  WorkerPool* pool = nullptr;
+  int idx = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t gen = 0;  // jobs handed out (a new job: gen changes)
+  bool stop = false;
+  CoreJob job;
+  std::thread thread;
+};
+
+struct WorkerPool {
+  std::mutex launch_mu;                  // one launch at a time per process
+  std::vector<CoreWorker*> cores;        // cores[i] runs core i of every launch
+  SdmaEngine* sdma[STRATA_MAX_CORES] = {};  // written by core i's thread, read after the launch
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  uint32_t pending = 0;                  // cores of the running launch that have not finished
+};
+
+// Never destroyed: its threads may outlive the library's static destructors (see WorkerReaper).
+WorkerPool* g_workers = new WorkerPool;
+
 SdmaEngine* Engine(CoreState* c) {
-  std::unique_ptr<SdmaEngine>& e = c->launch->sdma[c->idx];
+  SdmaEngine*& e = g_workers->sdma[c->idx];
   if (!e) {
-    e.reset(new SdmaEngine);
-    SdmaEngine* raw = e.get();
-    raw->delay_us = c->launch->sdma_delay_us;
+    SdmaEngine* raw = new SdmaEngine;
     try {
       raw->worker = std::thread([raw] { raw->Run(); });
     } catch (const std::exception& ex) {
+      delete raw;
       FailStr(Sprintf("cannot start the SDMA engine thread: %s", ex.what()));
     }
+    e = raw;
   }
-  return e.get();
+  return e;
 }
 
 void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
@@ -632,6 +687,96 @@ void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
   t_core = nullptr;
 }
 
+void CoreWorkerMain(CoreWorker* w) {
+  uint64_t seen = 0;
+  for (;;) {
+    CoreJob job;
+    {
+      std::unique_lock<std::mutex> lk(w->mu);
+      w->cv.wait(lk, [&] { return w->stop || w->gen != seen; });
+      if (w->stop) return;
+      seen = w->gen;
+      job = w->job;
+    }
+    CoreMain(job.L, w->idx, job.fn, job.ctx);  // catches everything the kernel throws
+    WorkerPool* pool = w->pool;
+    std::lock_guard<std::mutex> lk(pool->done_mu);
+    if (--pool->pending == 0) pool->done_cv.notify_one();
+  }
+}
+
+// Starts core workers until there are `blocks`; "" or why one could not be started.
+std::string GrowWorkers(WorkerPool* pool, uint32_t blocks) {
+  while (pool->cores.size() < blocks) {
+    CoreWorker* w = new CoreWorker;
+    w->pool = pool;
+    w->idx = int(pool->cores.size());
+    try {
+      w->thread = std::thread(CoreWorkerMain, w);
+    } catch (const std::exception& e) {
+      std::string why = Sprintf("cannot start core thread %d: %s", w->idx, e.what());
+      delete w;
+      return why;
+    }
+    pool->cores.push_back(w);
+  }
+  return "";
+}
+
+// Stops and joins every worker thread of the process (no launch may be running: the caller holds
+// launch_mu). The pool is empty afterwards and grows again at the next launch.
+void StopWorkersLocked(WorkerPool* pool) {
+  for (CoreWorker* w : pool->cores) {
+    {
+      std::lock_guard<std::mutex> lk(w->mu);
+      w->stop = true;
+    }
+    w->cv.notify_one();
+  }
+  for (CoreWorker* w : pool->cores) {
+    if (w->thread.joinable()) w->thread.join();
+    delete w;
+  }
+  pool->cores.clear();
+  for (SdmaEngine*& e : pool->sdma) {
+    if (!e) continue;
+    {
+      std::lock_guard<std::mutex> lk(e->mu);
+      e->stop = true;
+      e->queue.clear();
+    }
+    e->cv_work.notify_all();
+    if (e->worker.joinable()) e->worker.join();
+    delete e;
+    e = nullptr;
+  }
+}
+
+// Stops the workers unless a launch is running (or this is one of its threads): then they are
+// left alone, as the threads of a running launch were before.
+void StopWorkers() {
+  WorkerPool* pool = g_workers;
+  if (!pool || t_core) return;
+  std::unique_lock<std::mutex> lk(pool->launch_mu, std::try_to_lock);
+  if (!lk.owns_lock()) return;
+  StopWorkersLocked(pool);
+}
+
+// At the library's unloading (dlclose) or the process's exit: idle workers are joined, so that no
+// thread is left waiting in code that is about to be unmapped. Defined after every other global
+// of this file, so destroyed before them.
+struct WorkerReaper {
+  ~WorkerReaper() { StopWorkers(); }
+};
+
+// A child forked while workers exist has none of their threads: it starts its own.
+void ForgetWorkersInChild() { g_workers = new WorkerPool; }
+struct AtForkRegistration {
+  AtForkRegistration() { pthread_atfork(nullptr, nullptr, ForgetWorkersInChild); }
+};
+AtForkRegistration g_atfork;
+WorkerReaper g_reaper;
+
 }  // namespace
 
 // =============================================================================================
@@ -659,42 +804,34 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
       }
     }
   }
+  WorkerPool* pool = g_workers;
+  std::unique_lock<std::mutex> launch_lock(pool->launch_mu);
   Launch L;
   L.kernel = kernel_name ? kernel_name : "?";
   L.blocks = blocks;
   L.timeout = g_timeout.load();
   if (const char* d = getenv("STRATA_CPU_SDMA_DELAY_US")) L.sdma_delay_us = uint32_t(strtoul(d, nullptr, 10));
-  L.sdma.resize(blocks);
-  std::vector<std::thread> threads;
-  threads.reserve(blocks);
-  std::string spawn_error;
+  std::string spawn_error = GrowWorkers(pool, blocks);
+  if (!spawn_error.empty()) return Error(Sprintf("LaunchBlocks(%s): %s", L.kernel, spawn_error.c_str()));
+  {
+    std::lock_guard<std::mutex> lk(pool->done_mu);
+    pool->pending = blocks;
+  }
   for (uint32_t i = 0; i < blocks; ++i) {
-    try {
-      threads.emplace_back(CoreMain, &L, int(i), fn, ctx);
-    } catch (const std::exception& e) {
-      spawn_error = Sprintf("LaunchBlocks(%s): cannot start core thread %u: %s", L.kernel, i, e.what());
-      {
-        std::lock_guard<std::mutex> lk(L.fail_mu);
-        if (!L.failed.load()) {
-          L.first_failure = spawn_error;
-          L.failed.store(true);
-        }
-      }
-      L.bar_cv.notify_all();
-      break;
-    }
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : L.sdma) {
-    if (!e) continue;
+    CoreWorker* w = pool->cores[i];
     {
-      std::lock_guard<std::mutex> lk(e->mu);
-      e->stop = true;
-      e->queue.clear();
+      std::lock_guard<std::mutex> lk(w->mu);
+      w->job = CoreJob{&L, fn, ctx};
+      ++w->gen;
     }
-    e->cv_work.notify_all();
-    if (e->worker.joinable()) e->worker.join();
+    w->cv.notify_one();
   }
+  {
+    std::unique_lock<std::mutex> lk(pool->done_mu);
+    pool->done_cv.wait(lk, [&] { return pool->pending == 0; });
+  }
+  for (uint32_t i = 0; i < blocks; ++i)
+    if (SdmaEngine* e = pool->sdma[i]) e->EndLaunch();
   int prev = g_max_cores.load();
   while (int(blocks) > prev && !g_max_cores.compare_exchange_weak(prev, int(blocks))) {
   }
@@ -1198,7 +1335,7 @@ STRATA_EXPORT void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes
   std::atomic_thread_fence(std::memory_order_seq_cst);
   {
     std::lock_guard<std::mutex> lk(e->mu);
-    e->queue.push_back(SdmaJob{d, s, bytes, c->idx});
+    e->queue.push_back(SdmaJob{d, s, bytes, c->idx, c->launch->sdma_delay_us});
     ++e->posted;
   }
   e->cv_work.notify_one();
@@ -1208,7 +1345,7 @@ STRATA_EXPORT void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes
 STRATA_EXPORT void SdmaQuiet(const void* ub_buf, uint32_t ub_size, const char* op) {
   CoreState* c = Cur(op);
   CheckSdmaScratch(c, ub_buf, ub_size, op);
-  SdmaEngine* e = c->launch->sdma[c->idx].get();
+  SdmaEngine* e = g_workers->sdma[c->idx];  // none if this core never posted a copy
   double t_quiet = Tracing() ? Now() : 0;
   if (e) {
     double deadline = Now() + c->launch->timeout;
@@ -1348,6 +1485,7 @@ STRATA_EXPORT int strata_cpu_init(int rank, int world, const char* shm_name, uin
 
 STRATA_EXPORT int strata_cpu_finalize(int unlink_segment) {
   if (!g_pool.inited) return Error("strata_cpu_finalize: not initialised");
+  StopWorkers();  // joins this process's core and SDMA threads; a later pool starts new ones
   std::string name = g_pool.name;
   __atomic_store_n(&g_pool.hdr->ranks[g_pool.rank].state, int32_t(kRankLeft), __ATOMIC_RELEASE);
   munmap(g_pool.base, g_pool.total);

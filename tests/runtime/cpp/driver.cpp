@@ -5,6 +5,8 @@
 //   driver exchange OUT_DIR W C N        driver atomic OUT_DIR W C M ROUNDS
 //   driver syncall OUT_DIR C ROUNDS      driver numeric OUT_DIR N   (reads OUT_DIR/numeric_in.bin)
 //   driver fail OUT_DIR CASE W C TIMEOUT
+//   driver reuse OUT_DIR W N             driver relaunch OUT_DIR
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +31,7 @@ int launch_fail(uint32_t, uint8_t*, int32_t);
 }
 
 static std::string g_out;
+static std::string g_pool_name;  // of the pool RunRanks made
 static const uint64_t kHeap = 4u << 20;
 
 static void Dump(const std::string& name, const void* p, size_t bytes) {
@@ -70,6 +73,7 @@ static void PrintCounters(int rank) {
 static int RunRanks(int world, uint64_t heap, double timeout, const std::function<int(int)>& body) {
   char name[64];
   snprintf(name, sizeof name, "/strata_test_%d_%ld", (int)getpid(), (long)time(nullptr));
+  g_pool_name = name;
   if (strata_cpu_init(0, world, name, heap, 1) != 0 || strata_cpu_finalize(0) != 0) {
     printf("pool: %s\n", strata_cpu_last_error());
     return 2;
@@ -194,6 +198,118 @@ static int FailCase(int which, int W, int C, double timeout) {
   });
 }
 
+// Threads of this process (the model's persistent core and SDMA workers, and the main thread).
+static int CountThreads() {
+  DIR* d = opendir("/proc/self/task");
+  if (!d) return -1;
+  int n = 0;
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  closedir(d);
+  return n;
+}
+
+// One exchange launch on C cores with buffers sized for kMaxC cores; checks what every core
+// received (MTE and SDMA from every rank, SDMA get from the next rank, flags) and returns the
+// number of wrong values.
+static const int kMaxC = 8;
+struct ExchangeBufs {
+  uint8_t *src, *mte, *sdma, *get, *flags;
+};
+static ExchangeBufs ExchangeAlloc(int r, int W, uint32_t n) {
+  size_t chunk = size_t(n) * 4;
+  ExchangeBufs b{Alloc(r, kMaxC * chunk), Alloc(r, W * kMaxC * chunk), Alloc(r, W * kMaxC * chunk),
+                 Alloc(r, kMaxC * chunk), Alloc(r, kMaxC * 32)};
+  float* s = reinterpret_cast<float*>(b.src);
+  for (int c = 0; c < kMaxC; ++c)
+    for (uint32_t i = 0; i < n; ++i) s[c * n + i] = float(r * 1000000 + c * 10000 + int(i));
+  return b;
+}
+static long ExchangeOnce(int r, int W, int C, uint32_t n, const ExchangeBufs& b) {
+  size_t chunk = size_t(n) * 4;
+  if (strata_cpu_barrier() != 0) Die(r, "barrier");
+  memset(b.mte, 0, W * kMaxC * chunk);
+  memset(b.sdma, 0, W * kMaxC * chunk);
+  memset(b.get, 0, kMaxC * chunk);
+  memset(b.flags, 0, kMaxC * 32);
+  if (strata_cpu_barrier() != 0) Die(r, "barrier");
+  if (launch_exchange(C, b.src, b.mte, b.sdma, b.get, b.flags, n) != 0) Die(r, "launch_exchange");
+  if (strata_cpu_barrier() != 0) Die(r, "barrier");
+  long bad = 0;
+  const float* mte = reinterpret_cast<const float*>(b.mte);
+  const float* sdma = reinterpret_cast<const float*>(b.sdma);
+  const float* get = reinterpret_cast<const float*>(b.get);
+  const int32_t* flags = reinterpret_cast<const int32_t*>(b.flags);
+  int next = (r + 1) % W;
+  for (int p = 0; p < W; ++p)
+    for (int c = 0; c < C; ++c)
+      for (uint32_t i = 0; i < n; ++i) {
+        float want = float(p * 1000000 + c * 10000 + int(i));
+        size_t k = (size_t(p) * C + c) * n + i;
+        bad += mte[k] != want;
+        bad += sdma[k] != want;
+        if (p == next) bad += get[size_t(c) * n + i] != want;
+      }
+  for (int c = 0; c < C; ++c) bad += flags[c * 8] != W || flags[c * 8 + 1] != 0 || flags[c * 8 + 2] != 0;
+  return bad;
+}
+
+// Launch after launch on one pool with changing core counts (the workers are reused: the thread
+// count stays at main + cores + SDMA engines of the widest launch), counters and a trace of a
+// narrower launch after wider ones, then finalize (the workers are joined) and the pool again.
+static int Reuse(int W, uint32_t n) {
+  return RunRanks(W, kHeap, 20.0, [&](int r) {
+    ExchangeBufs b = ExchangeAlloc(r, W, n);
+    const int cores[] = {2, 5, 3, 8, 1, 8, 4, 6, 2, 7};
+    for (int round = 0; round < 3; ++round)
+      for (int C : cores) printf("rank %d: exchange %d bad %ld\n", r, C, ExchangeOnce(r, W, C, n, b));
+    printf("rank %d: threads_pool %d\n", r, CountThreads());
+    strata_cpu_reset_counters();
+    std::string trace = g_out + "/reuse_trace_" + std::to_string(r) + ".jsonl";
+    strata_cpu_trace_enable(1);
+    printf("rank %d: exchange 3 bad %ld\n", r, ExchangeOnce(r, W, 3, n, b));
+    strata_cpu_trace_enable(0);
+    if (strata_cpu_trace_write(trace.c_str()) != 0) Die(r, "trace_write");
+    PrintCounters(r);
+    if (strata_cpu_barrier() != 0) Die(r, "barrier");
+    if (strata_cpu_finalize(0) != 0) Die(r, "finalize");
+    printf("rank %d: threads_after_finalize %d\n", r, CountThreads());
+    if (strata_cpu_init(r, W, g_pool_name.c_str(), kHeap, 0) != 0) Die(r, "strata_cpu_init again");
+    ExchangeBufs b2 = ExchangeAlloc(r, W, n);
+    printf("rank %d: again exchange 4 bad %ld\n", r, ExchangeOnce(r, W, 4, n, b2));
+    printf("rank %d: threads_again %d\n", r, CountThreads());
+    return 0;
+  });
+}
+
+// One rank: launches that fail (a core breaks a rule while the others wait in SyncAll; a core
+// returns with an SDMA copy still in flight; a core returns while the others wait in SyncAll),
+// each on a pool of its own, each followed by a launch on a fresh pool that must work.
+static int Relaunch() {
+  return RunRanks(1, kHeap, 10.0, [&](int r) {
+    if (strata_cpu_finalize(0) != 0) Die(r, "finalize");
+    const int cases[] = {1 /* DataCopy of 36 bytes */, 6 /* SDMA without quiet */, 15 /* SyncAll after exit */};
+    for (int which : cases) {
+      std::string failed = g_pool_name + "_f" + std::to_string(which);
+      if (strata_cpu_init(0, 1, failed.c_str(), kHeap, 1) != 0) Die(r, "strata_cpu_init (pool to fail)");
+      strata_cpu_set_timeout(10.0);
+      uint8_t* buf = Alloc(r, 4096);
+      int rc = launch_fail(4, buf, which);
+      printf("rank %d: case %d rc %d %s\n", r, which, rc, rc ? strata_cpu_last_error() : "");
+      printf("rank %d: case %d refused %d\n", r, which, launch_fail(1, buf, -1) != 0);
+      if (strata_cpu_finalize(1) != 0) Die(r, "finalize (failed pool)");
+      std::string fresh = g_pool_name + "_ok" + std::to_string(which);
+      if (strata_cpu_init(0, 1, fresh.c_str(), kHeap, 1) != 0) Die(r, "strata_cpu_init (fresh pool)");
+      strata_cpu_set_timeout(10.0);
+      ExchangeBufs b = ExchangeAlloc(r, 1, 100);
+      printf("rank %d: case %d then exchange bad %ld\n", r, which, ExchangeOnce(r, 1, 4, 100, b));
+      if (strata_cpu_finalize(1) != 0) Die(r, "finalize (fresh pool)");
+    }
+    if (strata_cpu_init(0, 1, g_pool_name.c_str(), kHeap, 0) != 0) Die(r, "strata_cpu_init again");
+    return 0;
+  });
+}
+
 int main(int argc, char** argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: driver SCENARIO OUT_DIR ...\n");
@@ -208,6 +324,8 @@ int main(int argc, char** argv) {
   if (what == "syncall") return SyncAllTest(int(arg(3)), uint32_t(arg(4)));
   if (what == "numeric") return Numeric(uint32_t(arg(3)));
   if (what == "fail") return FailCase(int(arg(3)), int(arg(4)), int(arg(5)), arg(6));
+  if (what == "reuse") return Reuse(int(arg(3)), uint32_t(arg(4)));
+  if (what == "relaunch") return Relaunch();
   fprintf(stderr, "unknown scenario %s\n", what.c_str());
   return 1;
 }
