@@ -1214,16 +1214,6 @@ def _tokens(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
-
-
 def _routings() -> tuple[str, ...]:
     from .routing import ROUTINGS
     return ROUTINGS
@@ -1254,6 +1244,7 @@ def cmd_simulate(args) -> int:
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """Registers `stratac simulate` on an argparse subparsers object; the command is args.fn."""
+    from .cli import _positive   # cli imports this module: the argument types live there
     p = sub.add_parser("simulate", help="predict time and bus bandwidth of every schedule of a file "
                        "on a machine description (an analytic model, not a measurement)")
     p.add_argument("file")
