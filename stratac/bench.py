@@ -878,7 +878,7 @@ def moe_table(res: BenchResult) -> list[str]:
     lines.append(f"# MoE dispatch/combine, tokens per rank swept, routings {', '.join(mo['routings'])}; "
                  "peers: none (neither gloo nor MPI has a routed dispatch/combine)")
     lines.append("# recv: bytes each rank receives in dispatch, mean over ranks (DeepEP's count: routed "
-                 "(token, expert) rows x hidden x element size); time: slowest rank, mean per call; "
+                 "(token, expert) rows x hidden x element size); time: median over the timed calls of each call's slowest rank; "
                  "algbw = recv / time (GB/s, GB = 1e9 B); max/mean: bytes of the busiest vector core "
                  "(aiv in + aiv out + sdma, CPU model counters) over the mean of all cores, worst rank; "
                  "#wrong: ranks whose counts, window or combined y differed from torch")
@@ -997,7 +997,7 @@ def table(res: BenchResult) -> list[str]:
     lines.append(f"# peers: {', '.join(peers) or 'none'}"
                  + (f"  (gloo: torch.distributed {m['torch']} in stratac's rank processes)" if "gloo" in peers else "")
                  + (f"  (mpi: {m['mpi']}, mpirun -np {m['world']})" if "mpi" in peers else ""))
-    lines.append("# time: slowest rank, mean per call; algbw = size/time, busbw = algbw x factor "
+    lines.append("# time: median over the timed calls of each call's slowest rank; algbw = size/time, busbw = algbw x factor "
                  "(GB/s, nccl-tests); ratio = stratac busbw / peer busbw; #wrong = ranks whose "
                  "result differed from the reference; engine bytes: per rank and call, mean over ranks")
     peer_recs = {(r["system"], r["kind"], r["size"]): r for r in res.records if r["system"] != "stratac"}

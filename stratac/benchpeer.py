@@ -131,14 +131,18 @@ def check_output(got, task: dict, rank: int, world: int, to_f64) -> bool:
     return True
 
 
-def _timed(call, barrier, iters: int, warmup: int) -> float:
+def _timed(call, barrier, iters: int, warmup: int) -> list[float]:
+    """This rank's time of each of `iters` back-to-back calls, after `warmup` calls and a barrier
+    (the median over calls of the slowest rank's time is what is reported, as for stratac)."""
     for _ in range(warmup):
         call()
     barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
+    out = []
+    for _ in range(max(1, iters)):
+        t0 = time.perf_counter()
         call()
-    return (time.perf_counter() - t0) / max(1, iters)
+        out.append(time.perf_counter() - t0)
+    return out
 
 
 def _record(system: str, task: dict, world: int, time_s: float | None, errors: int | None,
@@ -182,12 +186,13 @@ def gloo_task(task: dict, rank: int, world: int, iters: int, warmup: int) -> dic
         call()
         got = out if out is not None else x
         wrong = int(not check_output(got, task, rank, world, lambda t: t.to(torch.float64).numpy()))
-        elapsed = _timed(call, dist.barrier, iters, warmup)
+        calls = _timed(call, dist.barrier, iters, warmup)
     except RuntimeError as exc:   # gloo refuses a dtype or an op: say which, keep going
-        wrong, elapsed = 0, float("nan")
+        wrong, calls = 0, [float("nan")] * max(1, iters)
         note = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
-    flags = torch.tensor([elapsed, wrong, 1.0 if note else 0.0], dtype=torch.float64)
-    dist.all_reduce(flags[:1], op=dist.ReduceOp.MAX)
+    per_call = torch.tensor(calls, dtype=torch.float64)
+    dist.all_reduce(per_call, op=dist.ReduceOp.MAX)   # each call's slowest rank
+    flags = torch.tensor([float(per_call.median()), wrong, 1.0 if note else 0.0], dtype=torch.float64)
     dist.all_reduce(flags[1:])
     if rank != 0:
         return None
@@ -288,8 +293,10 @@ def mpi_task(MPI, comm, task: dict, iters: int, warmup: int) -> dict | None:
     fill_input(x, task, rank, to_x)
     call()
     wrong = int(not check_output(out if out is not None else x, task, rank, world, to_f64))
-    elapsed = _timed(call, comm.Barrier, iters, warmup)
-    elapsed = comm.allreduce(elapsed, op=MPI.MAX)
+    calls = np.array(_timed(call, comm.Barrier, iters, warmup))
+    slowest = np.empty_like(calls)
+    comm.Allreduce(calls, slowest, op=MPI.MAX)   # each call's slowest rank
+    elapsed = float(np.median(slowest))
     wrong = comm.allreduce(wrong, op=MPI.SUM)
     return _record("mpi", task, world, elapsed, wrong) if rank == 0 else None
 

@@ -76,6 +76,16 @@ def main(spec_text: str) -> int:
             dist.destroy_process_group()
 
 
+def _slowest_median(calls: list[float]) -> tuple[float, float]:
+    """(median, mean) over the timed calls of the slowest rank's time of each call (a host
+    collective: every rank passes its own per-call times)."""
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor(calls or [0.0], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.median()), float(t.mean())
+
+
 def _all_ok(ok: bool) -> bool:
     """Whether every rank's check passed (a host collective)."""
     import torch
@@ -132,7 +142,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
     phases = (("dispatch", disp, dargs),) + ((("combine", comb, cargs),) if comb else ())
     blocks = spec["cores"] or disp.ir.kernel.cores
     rows = t["win"].shape[0]
-    timing = {"dispatch": 0.0, "combine": 0.0}
+    timing: dict[str, list[float]] = {"dispatch": [], "combine": []}
     counters: dict[str, list] = {}
 
     def step(seed: int | None, timed: bool = False) -> None:
@@ -152,7 +162,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
             fn(**args, cores=blocks)
             comm.synchronize()
             if timed:
-                timing[name] += time.perf_counter() - t0
+                timing[name].append(time.perf_counter() - t0)
             if seed is not None and name not in counters:   # the first checked call's (seed's)
                 counters[name] = comm.counters()
 
@@ -177,8 +187,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
     comm.barrier()
     if _all_ok(ok):   # still correct after back-to-back calls (flag epochs), with a new routing draw
         ok, why = check(spec["seed"] + 1)
-    times = torch.tensor([timing["dispatch"], timing["combine"]], dtype=torch.float64) / max(1, spec["iters"])
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    times = [_slowest_median(timing[name]) for name, _, _ in phases]
     flags = torch.tensor([0 if ok else 1], dtype=torch.int64)
     dist.all_reduce(flags)
     for role in reversed(list(t)):
@@ -190,7 +199,8 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
     for i, (name, fn, _) in enumerate(phases):
         out.append({
             "schedule": fn.name, "rank": rank, "world": world, "dtype": dtype.short, "op": None,
-            "root": None, "count": wl.tokens, "size": recv, "time_s": float(times[i]),
+            "root": None, "count": wl.tokens, "size": recv, "time_s": times[i][0],
+            "time_mean_s": times[i][1],
             "busbw_factor": 1.0, "ok": ok, "why": why if i == 0 else "", "ranks_wrong": int(flags.item()),
             "cores": blocks, "counters": counters[name], "heap_bytes": heap_bytes,
             "heap_user_bytes": heap_bytes - heap_before,
@@ -290,11 +300,12 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
     for _ in range(spec["warmup"]):
         fn(**args, cores=blocks)
     comm.barrier()
-    t0 = time.perf_counter()
-    for _ in range(spec["iters"]):
+    calls = []
+    for _ in range(spec["iters"]):   # back to back, each timed on its own
+        t0 = time.perf_counter()
         fn(**args, cores=blocks)
-    comm.synchronize()
-    elapsed = (time.perf_counter() - t0) / max(1, spec["iters"])
+        comm.synchronize()
+        calls.append(time.perf_counter() - t0)
     comm.barrier()
     if (spec.get("bench") or {}).get("trace"):   # `stratac bench --trace`: one more call, recorded
         from . import benchpeer
@@ -302,8 +313,7 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
                               f"{s.name} {wl.size_bytes(dtype.nbytes)} B", rank)
     if _all_ok(ok):  # still correct after back-to-back calls (flag epochs); decided together,
         ok, why = checked(spec["seed"] + 1)   # since a check is collective
-    t = torch.tensor([elapsed], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    elapsed, mean = _slowest_median(calls)
     flags = torch.tensor([0 if ok else 1], dtype=torch.int64)
     dist.all_reduce(flags)
     for p in reversed(s.tensors):
@@ -312,7 +322,7 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
     return {
         "schedule": s.name, "rank": rank, "world": world, "dtype": dtype.short,
         "op": wl.reduce_op if s.contract.op else None, "root": wl.root if s.rank_params else None,
-        "count": count, "size": wl.size_bytes(dtype.nbytes), "time_s": float(t.item()),
+        "count": count, "size": wl.size_bytes(dtype.nbytes), "time_s": elapsed, "time_mean_s": mean,
         "busbw_factor": wl.busbw_factor(), "ok": ok, "why": why,
         "ranks_wrong": int(flags.item()), "cores": blocks, "counters": counters,
         "heap_bytes": heap_bytes, "heap_user_bytes": heap_bytes - heap_before,
