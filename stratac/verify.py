@@ -29,7 +29,9 @@ from .instantiate import Access, Event, EventKind, Instance, instantiate
 
 MAX_RACES_REPORTED = 3
 SIM_ELEMENT_BUDGET = 4_000_000
-SIM_ELEMENT_LIMIT = 4 * SIM_ELEMENT_BUDGET   # larger instances are refused, not simulated
+# larger instances are refused, not simulated: the simulation holds one 64-bit value per element
+# (the initial tags are regenerated on demand), so this is 512 MB
+SIM_ELEMENT_LIMIT = 16 * SIM_ELEMENT_BUDGET
 
 
 @dataclass
@@ -74,14 +76,16 @@ def moe_roles(s: ir.Schedule) -> dict[str, str]:
 
 
 def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
-    """Token counts 1 and 5 (rows of 3 elements, top-2, 2 experts per rank, capacity = tokens),
+    """Token counts 1 and 5 (rows of 3 elements, top-2, 2 experts per rank up to world 64 and one
+    above, where every rank's world x experts count table dominates; capacity = tokens),
     under the routings of MOE_SAMPLES, each kept while the simulation stays within budget (every
     rank holds the world x experts count table, so large worlds keep only the one-token sample);
     other size symbols (such as a window's row count) get the bound world * tokens * topk."""
     roles = {v: k for k, v in moe_roles(s).items()}
     out = []
     for tokens, routing in MOE_SAMPLES:
-        value = {"tokens": tokens, "topk": 2, "hidden": 3, "experts": 2 * world, "capacity": tokens}
+        experts = 2 * world if world <= 64 else world
+        value = {"tokens": tokens, "topk": 2, "hidden": 3, "experts": experts, "capacity": tokens}
         sample = Sample({sym: value.get(roles.get(sym, ""), world * tokens * 2) for sym in s.sizes})
         sample.update({x.name: 0 for x in s.rank_params})
         sample.routing = routing
@@ -135,7 +139,7 @@ def verify(s: ir.Schedule, world: int, sizes: dict[str, int], routing: str | Non
     res.events = sum(len(t) for t in inst.timelines)
     elements = sum(inst.buffer_sizes.values()) * world
     if elements > SIM_ELEMENT_LIMIT:
-        # the provenance simulation holds two 64-bit tags per element: refuse rather than exhaust
+        # the provenance simulation holds a 64-bit value per element: refuse rather than exhaust
         # memory (or report success without having checked the contract)
         res.diagnostics = [error(Codes.BAD_WORLD, f"this instance ({_ctx(inst)}) has {elements} "
                                  f"buffer elements over all ranks, more than the {SIM_ELEMENT_LIMIT} "
@@ -400,15 +404,43 @@ def _tags(rank: int, buf_index: int, n: int) -> np.ndarray:
     return x
 
 
+class _Initial(dict):
+    """What every buffer held when the call began, by (rank, buffer): the instance's data (expert
+    ids, a combine's counts), else distinct tags. Generated on demand and kept only when small:
+    a MoE instance's count tables (world x experts per rank) would otherwise be held twice."""
+
+    KEEP = 1 << 16
+
+    def __init__(self, inst: Instance, names: list[str]):
+        super().__init__()
+        self.inst, self.index = inst, {b: i for i, b in enumerate(names)}
+
+    def __missing__(self, key):
+        r, b = key
+        if key in self.inst.data:
+            arr = np.asarray(self.inst.data[key], dtype=np.int64).reshape(-1).astype(np.uint64)
+        else:
+            arr = _tags(r, self.index[b], self.inst.buffer_sizes[b])
+        if arr.size <= self.KEEP:
+            self[key] = arr
+        return arr
+
+    def every(self):
+        for r in range(self.inst.world):
+            for b in self.index:
+                yield (r, b), self[(r, b)]
+
+
 class _Values:
     def __init__(self, inst: Instance):
         self.inst = inst
         self.names = [p.name for p in inst.schedule.params]
-        self.init = {(r, b): _tags(r, i, inst.buffer_sizes[b])
-                     for r in range(inst.world) for i, b in enumerate(self.names)}
-        for key, values in inst.data.items():
-            self.init[key] = np.asarray(values, dtype=np.int64).reshape(-1).astype(np.uint64)
-        self.cur = {k: v.copy() for k, v in self.init.items()}
+        self.init = _Initial(inst, self.names)
+        self.cur = {}
+        for r in range(inst.world):
+            for b in self.names:
+                v = self.init[(r, b)]
+                self.cur[(r, b)] = v.copy() if (r, b) in self.init else v   # a kept array is shared
         self.faults: list[Diagnostic] = []   # routing that went outside its window
         self.serial = 1 << 40                # access instances of expanded routing constructs
 
@@ -694,7 +726,7 @@ def _moe_contract(inst: Instance, vals: _Values) -> list[Diagnostic]:
 
 
 def _explain(vals: _Values, value: int) -> str:
-    for (r, b), arr in vals.init.items():
+    for (r, b), arr in vals.init.every():
         hit = np.nonzero(arr == np.uint64(value))[0]
         if hit.size:
             return f"it holds {b}@{r}[{int(hit[0])}] as the call found it"
