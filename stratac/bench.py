@@ -841,6 +841,7 @@ def moe_records(results: list[dict], pairs: list[tuple[str, str | None]], spec: 
             "routing": m["routing"], "capacity": m["capacity"], "window_rows": m["window_rows"],
             "cores": r0["cores"], "recv_bytes": recv,
             "dispatch_us": disp["time_us"], "combine_us": comb["time_us"] if comb else None,
+            "op_us": r0["op_time_s"] * 1e6,
             "algbw": algbw(disp), "combine_algbw": algbw(comb),
             "core_max_mean": disp["max_mean"], "core_max_bytes": disp["max_bytes"],
             "combine_core_max_mean": comb["max_mean"] if comb else None,
@@ -879,7 +880,8 @@ def moe_table(res: BenchResult) -> list[str]:
                  "peers: none (neither gloo nor MPI has a routed dispatch/combine)")
     lines.append("# recv: bytes each rank receives in dispatch, mean over ranks (DeepEP's count: routed "
                  "(token, expert) rows x hidden x element size); time: median over the timed calls of each call's slowest rank; "
-                 "algbw = recv / time (GB/s, GB = 1e9 B); max/mean: bytes of the busiest vector core "
+                 "algbw = recv / time (GB/s, GB = 1e9 B); op: the whole operation, dispatch + the host's "
+                 "stand-in expert step + combine, timed the same way; max/mean: bytes of the busiest vector core "
                  "(aiv in + aiv out + sdma, CPU model counters) over the mean of all cores, worst rank; "
                  "#wrong: ranks whose counts, window or combined y differed from torch")
     by_pair: dict[str, list[dict]] = {}
@@ -890,10 +892,11 @@ def moe_table(res: BenchResult) -> list[str]:
         lines.append("#")
         lines.append(f"# {d_name}" + (f" + {c_name}" if c_name else " (dispatch only)")
                      + f", world {m['world']}")
-        head1 = f"# {'':>6} {'':>6} {'':>4} {'':>7} {'':>8} {'':>10} | {'dispatch':^26} | {'combine':^26} |"
+        head1 = (f"# {'':>6} {'':>6} {'':>4} {'':>7} {'':>8} {'':>10} | {'dispatch':^26} | {'combine':^26} "
+                 f"| {'whole':^10} |")
         head2 = (f"# {'tokens':>6} {'hidden':>6} {'topk':>4} {'experts':>7} {'routing':>8} {'recv(B)':>10} "
                  f"| {'time(us)':>10} {'algbw':>7} {'max/mean':>8} | {'time(us)':>10} {'algbw':>7} "
-                 f"{'max/mean':>8} | {'#wrong':>6}")
+                 f"{'max/mean':>8} | {'op(us)':>10} | {'#wrong':>6}")
         lines += [head1, head2]
         for r in recs:
             comb = (f"{_f(r['combine_us'], '.1f', 10)} {_f(r['combine_algbw'], '.3f', 7)} "
@@ -902,7 +905,7 @@ def moe_table(res: BenchResult) -> list[str]:
             lines.append(f"  {r['tokens']:>6} {r['hidden']:>6} {r['topk']:>4} {r['experts']:>7} "
                          f"{r['routing']:>8} {r['recv_bytes']:>10} | {_f(r['dispatch_us'], '.1f', 10)} "
                          f"{_f(r['algbw'], '.3f', 7)} {_f(r['core_max_mean'], '.2f', 8)} | {comb} | "
-                         f"{r['errors']:>6}")
+                         f"{_f(r['op_us'], '.1f', 10)} | {r['errors']:>6}")
         lines += moe_balance_table(res, recs)
     for r in res.records:
         for why in r["why"]:

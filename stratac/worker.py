@@ -142,7 +142,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
     phases = (("dispatch", disp, dargs),) + ((("combine", comb, cargs),) if comb else ())
     blocks = spec["cores"] or disp.ir.kernel.cores
     rows = t["win"].shape[0]
-    timing: dict[str, list[float]] = {"dispatch": [], "combine": []}
+    timing: dict[str, list[float]] = {"dispatch": [], "combine": [], "whole": []}
     counters: dict[str, list] = {}
 
     def step(seed: int | None, timed: bool = False) -> None:
@@ -153,6 +153,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
                 t["weights"].copy_(wl.weights(rank, seed))
             comm.synchronize()
             comm.barrier()
+        start = time.perf_counter()
         for name, fn, args in phases:
             if name == "combine":
                 wl.expert_step(t["win"], rank, t["counts"])
@@ -165,6 +166,8 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
                 timing[name].append(time.perf_counter() - t0)
             if seed is not None and name not in counters:   # the first checked call's (seed's)
                 counters[name] = comm.counters()
+        if timed:   # the whole operation: dispatch, the expert step, combine
+            timing["whole"].append(time.perf_counter() - start)
 
     def check(seed: int) -> tuple[bool, str]:
         if comb:
@@ -188,6 +191,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
     if _all_ok(ok):   # still correct after back-to-back calls (flag epochs), with a new routing draw
         ok, why = check(spec["seed"] + 1)
     times = [_slowest_median(timing[name]) for name, _, _ in phases]
+    whole = _slowest_median(timing["whole"])[0]
     flags = torch.tensor([0 if ok else 1], dtype=torch.int64)
     dist.all_reduce(flags)
     for role in reversed(list(t)):
@@ -200,7 +204,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
         out.append({
             "schedule": fn.name, "rank": rank, "world": world, "dtype": dtype.short, "op": None,
             "root": None, "count": wl.tokens, "size": recv, "time_s": times[i][0],
-            "time_mean_s": times[i][1],
+            "time_mean_s": times[i][1], "op_time_s": whole,
             "busbw_factor": 1.0, "ok": ok, "why": why if i == 0 else "", "ranks_wrong": int(flags.item()),
             "cores": blocks, "counters": counters[name], "heap_bytes": heap_bytes,
             "heap_user_bytes": heap_bytes - heap_before,

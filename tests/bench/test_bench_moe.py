@@ -81,11 +81,13 @@ def test_moe_table_has_a_row_per_routing_and_tokens(moe_run):
     heads, rows = _section(lines, "# moe_prefill_dispatch + moe_prefill_combine, world 2")
     groups = heads[0].lstrip("#").split("|")
     assert groups[1].split() == ["dispatch"] and groups[2].split() == ["combine"]
+    assert groups[3].split() == ["whole"]
     cols = [g.split() for g in heads[1].lstrip("#").split("|")]
     assert cols == [["tokens", "hidden", "topk", "experts", "routing", "recv(B)"],
-                    ["time(us)", "algbw", "max/mean"], ["time(us)", "algbw", "max/mean"], ["#wrong"]]
+                    ["time(us)", "algbw", "max/mean"], ["time(us)", "algbw", "max/mean"], ["op(us)"],
+                    ["#wrong"]]
     assert [(int(r[0][0]), r[0][4]) for r in rows] == [(t, rt) for rt in ROUTINGS for t in TOKENS]
-    for case, disp, comb, wrong in rows:
+    for case, disp, comb, op, wrong in rows:
         tokens, hidden, topk, experts, routing, recv = case
         assert (int(hidden), int(topk), int(experts)) == (HIDDEN, TOPK, EXPERTS)
         assert int(recv) == _recv_bytes(routing, int(tokens))
@@ -93,6 +95,8 @@ def test_moe_table_has_a_row_per_routing_and_tokens(moe_run):
         for t, algbw, balance in (disp, comb):
             assert float(t) > 0 and float(balance) >= 1.0
             assert float(algbw) == pytest.approx(int(recv) / float(t) / 1e3, abs=1e-3)
+        # every call's whole operation holds its dispatch and its combine, so the medians are ordered
+        assert float(op[0]) >= max(float(disp[0]), float(comb[0]))
 
 
 def test_moe_json_has_plain_keys(moe_run):
@@ -103,7 +107,7 @@ def test_moe_json_has_plain_keys(moe_run):
     recs = data["results"]
     assert len(recs) == len(ROUTINGS) * len(TOKENS)
     for r in recs:
-        for key in ("dispatch_us", "combine_us", "recv_bytes", "algbw", "core_max_mean",
+        for key in ("dispatch_us", "combine_us", "op_us", "recv_bytes", "algbw", "core_max_mean",
                     "per_peer_max_mean", "combine_algbw", "combine_core_max_mean", "core_max_bytes",
                     "per_peer_max_bytes", "per_peer_bytes", "errors"):
             assert r[key] is not None, key
@@ -182,13 +186,12 @@ def test_alltoallv_is_dispatch_only(tmp_path):
     assert (r["topk"], r["experts"]) == (1, WORLD)          # one destination rank per row
     assert r["per_peer_max_mean"] == 2.0 and r["per_peer_bytes"] == [[16 * HIDDEN * 4, 0]] * 2
     _, rows = _section(bench.table(res), "# alltoallv (dispatch only), world 2")
-    assert rows[0][2] == ["-", "-", "-"] and rows[0][3] == ["0"]
+    assert rows[0][2] == ["-", "-", "-"] and float(rows[0][3][0]) > 0 and rows[0][4] == ["0"]
 
 
 def test_every_pair_of_a_file_gets_its_heap(tmp_path):
-    """moe_staging_baseline's staging buffers need more heap than moe_prefill's tensors, which
-    stratac.runner sizes the heap for (the first pair of the file): the bench sizes it for the
-    largest pair. A table per pair, in file order."""
+    """moe_staging_baseline's staging buffers need more heap than moe_prefill's tensors: the heap
+    is sized for the largest pair of the file. A table per pair, in file order."""
     both = tmp_path / "both.strata"
     both.write_text(PREFILL.read_text() + (ROOT / "examples" / "moe_staging_baseline.strata").read_text())
     res = bench.run(_spec(file=str(both), tokens=[1024], hidden=512, routings=["uniform"], iters=1,
