@@ -677,15 +677,11 @@ def moe_pairs(scheds) -> list[tuple[str, str | None]]:
 
 
 def _moe_cases(spec: BenchSpec) -> list[runner.Case]:
-    from .workload import MOE_DEFAULTS
-    w = spec.world
-    experts = spec.experts or MOE_DEFAULTS["experts_per_rank"] * w
-    topk = spec.topk or MOE_DEFAULTS["topk"]
-    if experts % w:
-        raise BenchUsageError(f"--experts {experts} is not a multiple of --world {w}: every rank owns "
-                              "experts / world experts")
-    if topk > experts:
-        raise BenchUsageError(f"--topk {topk} exceeds --experts {experts}")
+    from .workload import moe_options_problem
+    for r in spec.routings or ["uniform"]:
+        problem = moe_options_problem(spec.world, spec.topk, spec.experts, r)
+        if problem:
+            raise BenchUsageError(problem)
     for key, flag in _MOE_OPTIONS[1:4]:
         v = getattr(spec, key)
         if v is not None and v < 1:

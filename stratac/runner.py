@@ -97,35 +97,20 @@ def _heap_bytes(spec: RunSpec, schedules) -> int:
 
 def moe_workloads(spec: RunSpec, case: Case, schedules) -> list:
     """The MoE workload of every dispatch/combine pair (and AllToAllV) of the file for a case."""
-    from .ir import ContractKind
-    from .workload import MOE_DEFAULTS, MoeWorkload, PairingError, moe_pairs
+    from .workload import MoeWorkload, PairingError, moe_pairs
     try:
         pairs = [i for i in moe_pairs([c.schedule for c in schedules]) if isinstance(i, tuple)]
     except PairingError as exc:
         raise StrataError(error(Codes.BAD_CONTRACT, str(exc))) from None
-    out = []
-    for disp, comb in pairs:
-        v = disp.contract.kind is ContractKind.ALLTOALLV
-        out.append(MoeWorkload(disp, comb, spec.world, case.tokens or MOE_DEFAULTS["tokens"],
-                               case.hidden or MOE_DEFAULTS["hidden"], 1 if v else case.topk or MOE_DEFAULTS["topk"],
-                               spec.world if v else case.experts or MOE_DEFAULTS["experts_per_rank"] * spec.world,
-                               case.routing))
-    return out
+    return [MoeWorkload.make(disp, comb, spec.world, case.tokens, case.hidden, case.topk, case.experts,
+                             case.routing) for disp, comb in pairs]
 
 
 def _check_moe_case(spec: RunSpec, case: Case) -> None:
-    from .routing import ROUTINGS
-    from .workload import MOE_DEFAULTS
-    experts = case.experts or MOE_DEFAULTS["experts_per_rank"] * spec.world
-    topk = case.topk or MOE_DEFAULTS["topk"]
-    if experts % spec.world:
-        raise StrataError(error(Codes.BAD_WORLD, f"--experts {experts} is not a multiple of the world size "
-                                f"({spec.world}): every rank owns experts / world experts"))
-    if topk > experts:
-        raise StrataError(error(Codes.BAD_WORLD, f"--topk {topk} exceeds --experts {experts}"))
-    if case.routing not in ROUTINGS:
-        raise StrataError(error(Codes.BAD_WORLD, f"unknown routing {case.routing!r}; known: "
-                                f"{', '.join(ROUTINGS)}"))
+    from .workload import moe_options_problem
+    problem = moe_options_problem(spec.world, case.topk, case.experts, case.routing)
+    if problem:
+        raise StrataError(error(Codes.BAD_WORLD, problem))
 
 
 def run(spec: RunSpec, echo=print) -> RunOutcome:

@@ -115,17 +115,14 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
     import torch.distributed as dist
 
     from .ir import ContractKind, DType
-    from .workload import MOE_DEFAULTS, MoeWorkload
+    from .workload import MoeWorkload
 
     dtype = DType.parse(case["dtype"])
     tdtype = getattr(torch, dtype.torch_name)
     d = disp.ir.contract
-    v = d.kind is ContractKind.ALLTOALLV   # one destination rank per row: experts = world, topk 1
-    experts = world if v else case.get("experts") or MOE_DEFAULTS["experts_per_rank"] * world
-    wl = MoeWorkload(disp.ir, comb.ir if comb else None, world, case.get("tokens") or MOE_DEFAULTS["tokens"],
-                     case.get("hidden") or MOE_DEFAULTS["hidden"],
-                     1 if v else case.get("topk") or MOE_DEFAULTS["topk"], experts,
-                     case.get("routing") or "uniform")
+    v = d.kind is ContractKind.ALLTOALLV
+    wl = MoeWorkload.make(disp.ir, comb.ir if comb else None, world, case.get("tokens"), case.get("hidden"),
+                          case.get("topk"), case.get("experts"), case.get("routing") or "uniform")
     heap_before = comm.heap_used
     role_dtype = {"x": tdtype, "win": tdtype, "y": tdtype, "ids": torch.int32, "counts": torch.int32,
                   "weights": torch.float32}
@@ -224,18 +221,15 @@ def _compare_moe(wl, t: dict, rank: int, seed: int, tdtype, rows: int, want_coun
         return False, (f"counts[{bad[0]}, {bad[1]}] = {int(t['counts'][bad[0], bad[1]])} on rank {rank}, "
                        f"expected {int(want_counts[bad[0], bad[1]])}")
     win, mask = wl.window(rank, seed, tdtype, rows)
-    if wl.combine is None:   # a dispatch alone (AllToAllV): the window as dispatch left it
-        got = t["win"][mask]
-        if not torch.equal(got, win[mask]):
-            r = int(mask.nonzero()[(got != win[mask]).any(dim=1).nonzero()[0]].item())
-            return False, f"row {r} of the output on rank {rank} does not hold the row the layout puts there"
-        return True, ""
-    wl.expert_step(win, rank, want_counts)
+    if wl.combine is not None:   # the window after the expert step (AllToAllV: as dispatch left it)
+        wl.expert_step(win, rank, want_counts)
     got = t["win"][mask]
     if not torch.equal(got, win[mask]):
         r = int(mask.nonzero()[(got != win[mask]).any(dim=1).nonzero()[0]].item())
-        return False, (f"window row {r} on rank {rank} does not hold the token the layout puts there "
+        return False, (f"window row {r} on rank {rank} does not hold the row the layout puts there "
                        f"(seed {seed}: {t['win'][r][:4].tolist()}..., expected {win[r][:4].tolist()}...)")
+    if wl.combine is None:
+        return True, ""
     y = wl.combined(rank, seed, tdtype)
     if not torch.equal(t["y"], y):
         bad = (t["y"] != y).nonzero()[0].tolist()

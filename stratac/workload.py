@@ -159,6 +159,22 @@ def moe_pairs(scheds: list[ir.Schedule]) -> list:
 MOE_DEFAULTS = {"tokens": 64, "hidden": 512, "topk": 4, "experts_per_rank": 4}
 
 
+def moe_options_problem(world: int, topk: int | None, experts: int | None,
+                        routing: str = "uniform") -> str | None:
+    """What is wrong with a run's MoE options (None meaning MOE_DEFAULTS), or None."""
+    from .routing import ROUTINGS
+    experts = experts or MOE_DEFAULTS["experts_per_rank"] * world
+    topk = topk or MOE_DEFAULTS["topk"]
+    if experts % world:
+        return (f"--experts {experts} is not a multiple of the world size ({world}): every rank owns "
+                "experts / world experts")
+    if topk > experts:
+        return f"--topk {topk} exceeds --experts {experts}"
+    if routing not in ROUTINGS:
+        return f"unknown routing {routing!r}; known: {', '.join(ROUTINGS)}"
+    return None
+
+
 @dataclass(frozen=True)
 class MoeWorkload:
     """A dispatch/combine pair at concrete sizes and one routing. Every rank can rebuild every
@@ -176,6 +192,16 @@ class MoeWorkload:
     topk: int
     experts: int
     routing: str = "uniform"
+
+    @staticmethod
+    def make(dispatch: ir.Schedule, combine: ir.Schedule | None, world: int, tokens=None, hidden=None,
+             topk=None, experts=None, routing: str = "uniform") -> "MoeWorkload":
+        """The workload of a run's options, None meaning MOE_DEFAULTS; AllToAllV routes each row to
+        one rank (topk 1, one "expert" per rank)."""
+        v = dispatch.contract.kind is K.ALLTOALLV
+        return MoeWorkload(dispatch, combine, world, tokens or MOE_DEFAULTS["tokens"],
+                           hidden or MOE_DEFAULTS["hidden"], 1 if v else topk or MOE_DEFAULTS["topk"],
+                           world if v else experts or MOE_DEFAULTS["experts_per_rank"] * world, routing)
 
     @property
     def capacity(self) -> int:
@@ -226,10 +252,10 @@ class MoeWorkload:
         win = torch.zeros(rows, self.hidden, dtype=dtype)
         mask = torch.zeros(rows, dtype=torch.bool)
         row = 0
+        inputs = [(self.ids(s, seed), self.x(s, seed, dtype)) for s in range(self.world)]
         for l in range(local):
             e = rank * local + l
-            for s in range(self.world):
-                ids, x = self.ids(s, seed), self.x(s, seed, dtype)
+            for s, (ids, x) in enumerate(inputs):
                 start = (l * self.world + s) * self.capacity if self.slotted else row
                 hits = [int(t) for t, _ in (ids == e).nonzero().tolist()]
                 for j, t in enumerate(hits):

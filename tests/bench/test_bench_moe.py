@@ -217,7 +217,7 @@ def test_moe_usage_errors_are_one_message_each(tmp_path):
     assert "no peer is available for MoE" in err(peers=["gloo", "mpi"])
     assert "--trace records collectives only" in err(trace=str(tmp_path / "t.json"))
     assert "sweep --tokens" in err(sizes=[1024])
-    assert "--experts 7 is not a multiple of --world 2" in err(experts=7)
+    assert "--experts 7 is not a multiple of the world size (2)" in err(experts=7)
     assert "--topk 9 exceeds --experts 8" in err(topk=9)
     mixed = tmp_path / "mixed.strata"
     mixed.write_text(PREFILL.read_text() + (ROOT / "examples" / "allreduce_twoshot.strata").read_text())
