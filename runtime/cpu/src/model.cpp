@@ -752,13 +752,18 @@ void StopWorkersLocked(WorkerPool* pool) {
   }
 }
 
-// Stops the workers unless a launch is running (or this is one of its threads): then they are
-// left alone, as the threads of a running launch were before.
-void StopWorkers() {
+// Stops the workers. `wait`: after the running launch, if any (strata_cpu_finalize: the pool is
+// about to be unmapped, so no launch may still run on it); otherwise only if none is running (at
+// exit, a launch's threads are left alone, as before). Never from one of a launch's own threads.
+void StopWorkers(bool wait) {
   WorkerPool* pool = g_workers;
-  if (!pool || t_core) return;
-  std::unique_lock<std::mutex> lk(pool->launch_mu, std::try_to_lock);
-  if (!lk.owns_lock()) return;
+  if (t_core) return;
+  std::unique_lock<std::mutex> lk(pool->launch_mu, std::defer_lock);
+  if (wait) {
+    lk.lock();
+  } else if (!lk.try_lock()) {
+    return;
+  }
   StopWorkersLocked(pool);
 }
 
@@ -766,7 +771,7 @@ void StopWorkers() {
 // thread is left waiting in code that is about to be unmapped. Defined after every other global
 // of this file, so destroyed before them.
 struct WorkerReaper {
-  ~WorkerReaper() { StopWorkers(); }
+  ~WorkerReaper() { StopWorkers(false); }
 };
 
 // A child forked while workers exist has none of their threads: it starts its own.
@@ -783,8 +788,12 @@ WorkerReaper g_reaper;
 // C++ interface (strata_cpu.h)
 
 STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn fn, void* ctx) {
-  if (!g_pool.inited) return Error("LaunchBlocks: no pool (call strata_cpu_init first)");
   if (t_core) return Error("LaunchBlocks: nested launch from inside a kernel");
+  // one launch at a time per process; taken before the pool checks, so that a launch queued
+  // behind another sees a pool that was aborted or finalized meanwhile
+  WorkerPool* pool = g_workers;
+  std::unique_lock<std::mutex> launch_lock(pool->launch_mu);
+  if (!g_pool.inited) return Error("LaunchBlocks: no pool (call strata_cpu_init first)");
   if (blocks == 0 || blocks > STRATA_MAX_CORES)
     return Error(Sprintf("LaunchBlocks(%s): %u blocks is outside [1, %d]", kernel_name ? kernel_name : "?",
                          blocks, STRATA_MAX_CORES));
@@ -804,8 +813,6 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
       }
     }
   }
-  WorkerPool* pool = g_workers;
-  std::unique_lock<std::mutex> launch_lock(pool->launch_mu);
   Launch L;
   L.kernel = kernel_name ? kernel_name : "?";
   L.blocks = blocks;
@@ -1485,7 +1492,7 @@ STRATA_EXPORT int strata_cpu_init(int rank, int world, const char* shm_name, uin
 
 STRATA_EXPORT int strata_cpu_finalize(int unlink_segment) {
   if (!g_pool.inited) return Error("strata_cpu_finalize: not initialised");
-  StopWorkers();  // joins this process's core and SDMA threads; a later pool starts new ones
+  StopWorkers(true);  // joins this process's core and SDMA threads; a later pool starts new ones
   std::string name = g_pool.name;
   __atomic_store_n(&g_pool.hdr->ranks[g_pool.rank].state, int32_t(kRankLeft), __ATOMIC_RELEASE);
   munmap(g_pool.base, g_pool.total);
