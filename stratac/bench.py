@@ -949,12 +949,19 @@ def moe_plot(res: BenchResult, path: str) -> None:
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
                 linestyle="-" if pts[0][2] == "dispatch" else "--", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("tokens per rank")
-    ax.set_ylabel("algbw = received bytes per rank / time (GB/s)")
     m = res.meta
-    ax.set_title(f"{Path(m['file']).name}: MoE, world {m['world']}, hidden {m['moe']['hidden']}, "
+    _finish_plot(fig, ax, path, "tokens per rank", "algbw = received bytes per rank / time (GB/s)",
+                 f"{Path(m['file']).name}: MoE, world {m['world']}, hidden {m['moe']['hidden']}, "
                  f"topk {m['moe']['topk']}, {m['moe']['experts']} experts, CPU model ({m['cpus']} CPUs)")
+
+
+def _finish_plot(fig, ax, path: str, xlabel: str, ylabel: str, title: str) -> None:
+    """Log-scaled x, labels, grid and legend; written as PNG and closed."""
+    import matplotlib.pyplot as plt
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -1147,14 +1154,6 @@ def plot(res: BenchResult, path: str) -> None:
     c = res.meta["copy_ceiling"]
     ax.axhline(c["gbps_1_thread"], color="grey", linewidth=0.8, linestyle=":",
                label=f"copy ceiling, 1 thread ({c['gbps_1_thread']:.1f} GB/s)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("size S (bytes)")
-    ax.set_ylabel("busbw (GB/s)")
     m = res.meta
-    ax.set_title(f"{Path(m['file']).name}: world {m['world']}, {m['dtype']}, CPU model "
-                 f"({m['cpus']} CPUs)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=110)
-    plt.close(fig)
+    _finish_plot(fig, ax, path, "size S (bytes)", "busbw (GB/s)",
+                 f"{Path(m['file']).name}: world {m['world']}, {m['dtype']}, CPU model ({m['cpus']} CPUs)")
