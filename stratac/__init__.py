@@ -1,18 +1,22 @@
 """stratac: verify .strata communication schedules and compile them to Ascend C kernels.
 
-The Python API lives in stratac.comm; `Communicator` is re-exported here (imported lazily, so the
-command line does not pay for torch when it only checks or compiles).
+The Python API lives in stratac.host: `Communicator` (the CPU build) and `NpuCommunicator` (an
+Ascend NPU) are re-exported here, imported lazily, so that the command line does not pay for torch
+when it only checks or compiles. docs/architecture.md maps the package.
 """
 
 __version__ = "0.1.0"
-__all__ = ["Communicator", "StrataError", "StrataRuntimeError", "StrataUsageError"]
+__all__ = ["Communicator", "NpuCommunicator", "StrataError", "StrataRuntimeError", "StrataUsageError"]
 
 
 def __getattr__(name):
     if name in ("Communicator", "StrataRuntimeError", "StrataUsageError"):
-        from . import comm
+        from stratac.host import comm
         return getattr(comm, name)
+    if name == "NpuCommunicator":
+        from stratac.host.npu_comm import NpuCommunicator
+        return NpuCommunicator
     if name == "StrataError":
-        from .diagnostics import StrataError
+        from stratac.diagnostics import StrataError
         return StrataError
     raise AttributeError(name)

@@ -1,5 +1,7 @@
+"""`python -m stratac`: the same command line as the `stratac` script (stratac.cli)."""
+
 import sys
 
-from .cli import main
+from stratac.cli import main
 
 sys.exit(main())

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
 
-from . import codegen, frontend, ir, passes, simulate, verify
-from .diagnostics import StrataError
-from .routing import DESCRIPTIONS, ROUTINGS
+from stratac import codegen, ir, verify
+from stratac.diagnostics import StrataError
+from stratac.ir import passes
+from stratac.lang import frontend
+from stratac.tools import options
+from stratac.tools.simulate import simulate
+from stratac.verify.routing import DESCRIPTIONS, ROUTINGS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -20,59 +23,6 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         print(f"stratac: error: {message}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-
-
-def _worlds(text: str) -> list[int]:
-    out = []
-    for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
-        if not m:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a list of world sizes (e.g. 2,3,4 or 1-8)")
-        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-        if lo < 1 or hi < lo:
-            raise argparse.ArgumentTypeError(f"bad world size range {part!r}")
-        out.extend(range(lo, hi + 1))
-    return out
-
-
-def _ranges(xs: list[int]) -> str:
-    """[1, 2, 3, 4, 8] -> '1-4,8'."""
-    out, i = [], 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(f"{xs[i]}-{xs[j]}" if j > i + 1 else ",".join(map(str, xs[i:j + 1])))
-        i = j + 1
-    return ",".join(out)
-
-
-def _bytes(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]i?B?|B)?\s*", text, re.I)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4096, 64K, 64M, 1G)")
-    mult = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[(m.group(2) or "")[:1].lower()]
-    return int(m.group(1)) * mult
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (v > 0 and v < float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return v
 
 
 def _options(args) -> passes.Options:
@@ -92,7 +42,7 @@ def cmd_check(args) -> int:
                 print(d.render(), file=sys.stderr)
             status = EXIT_FAIL
             continue
-        print(f"{s.name}: verified {s.contract} for world {_ranges(sorted({r.world for r in results}))} "
+        print(f"{s.name}: verified {s.contract} for world {options.ranges_text(sorted({r.world for r in results}))} "
               f"({len(results)} instances, {sum(r.events for r in results)} events, "
               f"{time.perf_counter() - t0:.2f} s)")
     return status
@@ -117,7 +67,7 @@ def cmd_compile(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from . import runner
+    from stratac.tools.run import runner
     if args.count is not None and args.size is not None:
         print("stratac: error: give --count or --size, not both", file=sys.stderr)
         return EXIT_USAGE
@@ -137,7 +87,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from . import bench
+    from stratac.tools.bench import bench
     echo = lambda line: print(line, file=sys.stderr)
     try:
         if args.setup_mpi:
@@ -179,32 +129,8 @@ def cmd_bench(args) -> int:
     return res.exit_code
 
 
-def _sizes(text: str) -> list[int]:
-    from . import bench
-    try:
-        return bench.parse_sizes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _tokens(text: str) -> list[int]:
-    from . import bench
-    try:
-        return bench.parse_counts(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _routings(text: str) -> list[str]:
-    from . import bench
-    try:
-        return bench.parse_routings(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def cmd_doctor(args) -> int:
-    from . import doctor
+    from stratac.tools import doctor
     text, status = doctor.report()
     print(text)
     return status
@@ -217,20 +143,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="verify every schedule of a file for some world sizes")
     c.add_argument("file")
-    c.add_argument("--world", type=_worlds, default=list(range(1, 17)),
+    c.add_argument("--world", type=options.world_list, default=list(range(1, 17)),
                    help="world sizes: a list and ranges, e.g. 2,3,4,8 or 1-16 (default 1-16)")
     c.set_defaults(fn=cmd_check)
 
     def target_opts(q):
         q.add_argument("--soc", default=passes.DEFAULT_SOC, choices=sorted(passes.SOCS),
                        help=f"Ascend SoC (default {passes.DEFAULT_SOC})")
-        q.add_argument("--cores", type=_positive, default=None,
+        q.add_argument("--cores", type=options.positive_int, default=None,
                        help="vector cores per launch (default: all of the SoC)")
 
     k = sub.add_parser("compile", help="verify, then generate Ascend C into DIR/<schedule>/")
     k.add_argument("files", nargs="+", metavar="FILE")
     k.add_argument("-o", "--output", required=True, metavar="DIR")
-    k.add_argument("--world", type=_worlds, default=list(range(1, 9)),
+    k.add_argument("--world", type=options.world_list, default=list(range(1, 9)),
                    help="world sizes verified before generating code (default 1-8)")
     k.add_argument("--dump-ir", action="store_true", help="print the IR after the passes")
     target_opts(k)
@@ -238,24 +164,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run every schedule of a file on WORLD local ranks")
     r.add_argument("file")
-    r.add_argument("--world", type=_positive, required=True)
+    r.add_argument("--world", type=options.positive_int, required=True)
     r.add_argument("--target", choices=["cpu", "npu"], default="cpu")
-    r.add_argument("--count", type=_positive, help="elements per rank of the input")
-    r.add_argument("--size", type=_bytes, help="bytes (nccl-tests' S), e.g. 64M (default 1M)")
+    r.add_argument("--count", type=options.positive_int, help="elements per rank of the input")
+    r.add_argument("--size", type=options.byte_size, help="bytes (nccl-tests' S), e.g. 64M (default 1M)")
     r.add_argument("--dtype", choices=[d.short for d in ir.DType], default="f32")
     r.add_argument("--op", choices=["sum", "max", "min"], default="sum",
                    help="the reduction, for schedules with a redop parameter (default sum)")
     r.add_argument("--root", type=int, default=0, help="the root rank, for broadcast and reduce")
     moe = r.add_argument_group("MoE dispatch/combine")
-    moe.add_argument("--tokens", type=_positive, help="tokens per rank (default 64)")
-    moe.add_argument("--hidden", type=_positive, help="elements per token (default 512)")
-    moe.add_argument("--topk", type=_positive, help="experts per token (default 4)")
-    moe.add_argument("--experts", type=_positive, help="experts in all, a multiple of --world "
+    moe.add_argument("--tokens", type=options.positive_int, help="tokens per rank (default 64)")
+    moe.add_argument("--hidden", type=options.positive_int, help="elements per token (default 512)")
+    moe.add_argument("--topk", type=options.positive_int, help="experts per token (default 4)")
+    moe.add_argument("--experts", type=options.positive_int, help="experts in all, a multiple of --world "
                      "(default 4 per rank)")
     moe.add_argument("--routing", choices=list(ROUTINGS), default="uniform",
                      help="; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()))
-    r.add_argument("--iters", type=_positive, default=5)
-    r.add_argument("--timeout", type=_seconds, default=60.0,
+    r.add_argument("--iters", type=options.positive_int, default=5)
+    r.add_argument("--timeout", type=options.seconds, default=60.0,
                    help="seconds any wait may take (default 60); the whole run gets 60 s plus a few "
                    "timeouts per schedule")
     r.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
@@ -267,14 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="sweep sizes for every schedule of a file; nccl-tests style "
                        "figures, optionally against gloo and MPI, and the copies each engine made")
     b.add_argument("file", nargs="?")
-    b.add_argument("--world", type=_positive)
-    b.add_argument("--sizes", type=_sizes, default=None,
+    b.add_argument("--world", type=options.positive_int)
+    b.add_argument("--sizes", type=options.size_sweep, default=None,
                    help="MIN:MAX doubling (MIN:MAX:FACTOR, or a comma list) of S in bytes "
                    "(default 8:256M)")
     b.add_argument("--dtype", choices=[d.short for d in ir.DType], default="f32")
     b.add_argument("--op", choices=["sum", "max", "min"], default="sum")
     b.add_argument("--root", type=int, default=0, help="the root, for broadcast and reduce")
-    b.add_argument("--iters", type=_positive, default=20, help="timed calls per size (default 20)")
+    b.add_argument("--iters", type=options.positive_int, default=20, help="timed calls per size (default 20)")
     b.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
     b.add_argument("--vs", metavar="PEERS", help="also measure gloo and/or mpi, e.g. --vs gloo,mpi")
     b.add_argument("--setup-mpi", action="store_true",
@@ -289,13 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     bm = b.add_argument_group("MoE dispatch/combine (a file of moe_dispatch/moe_combine or alltoallv "
                               "schedules sweeps tokens instead of --sizes)")
-    bm.add_argument("--tokens", type=_tokens, help="tokens per rank: MIN:MAX doubling, MIN:MAX:FACTOR "
+    bm.add_argument("--tokens", type=options.token_sweep, help="tokens per rank: MIN:MAX doubling, MIN:MAX:FACTOR "
                     "or a comma list (default 16:1024)")
-    bm.add_argument("--hidden", type=_positive, help="elements per token (default 512)")
-    bm.add_argument("--topk", type=_positive, help="experts per token (default 4)")
-    bm.add_argument("--experts", type=_positive, help="experts in all, a multiple of --world "
+    bm.add_argument("--hidden", type=options.positive_int, help="elements per token (default 512)")
+    bm.add_argument("--topk", type=options.positive_int, help="experts per token (default 4)")
+    bm.add_argument("--experts", type=options.positive_int, help="experts in all, a multiple of --world "
                     "(default 4 per rank)")
-    bm.add_argument("--routing", type=_routings, metavar="ROUTINGS",
+    bm.add_argument("--routing", type=options.routing_list, metavar="ROUTINGS",
                     help="a routing, a comma list, or all (default uniform): "
                     + "; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()))
     target_opts(b)

@@ -129,3 +129,13 @@ class Codes:
     REDUNDANT_SYNC = "W0301"
     BUILD = "E0401"
     TOOLCHAIN = "E0402"
+
+
+def check_source_name(name: str) -> None:
+    """A source name ends up in comments of the generated C++ and CMake files: a line break there
+    would turn the rest of the name into code. Refused (file names with spaces, quotes or shell
+    characters are fine: nothing reaches a shell)."""
+    bad = next((ch for ch in name if ord(ch) < 32 or ord(ch) == 127), None)
+    if bad is not None:
+        raise StrataError(error(Codes.SYNTAX, f"the source name {name!r} contains the control character "
+                                f"{bad!r}; rename the file (it would be written into generated code)"))

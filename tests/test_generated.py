@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from stratac import codegen, frontend, passes, verify
+from stratac import codegen, verify
+from stratac.ir import passes
+from stratac.lang import frontend
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.strata"))

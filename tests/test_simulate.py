@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from stratac import frontend, instantiate, ir, passes, simulate
-from stratac.workload import MoeWorkload
+from stratac import ir
+from stratac.ir import instantiate, passes
+from stratac.lang import frontend
+from stratac.tools.run.workload import MoeWorkload
+from stratac.tools.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.strata"))

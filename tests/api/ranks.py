@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import stratac
-from stratac.comm import Communicator, StrataRuntimeError, StrataUsageError
+from stratac.host.comm import Communicator, StrataRuntimeError, StrataUsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 AR = ROOT / "examples" / "allreduce_twoshot.strata"

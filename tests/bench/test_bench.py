@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from stratac import bench, benchpeer, cli, runner
+from stratac import cli
+from stratac.tools import options
+from stratac.tools.bench import bench, benchpeer
+from stratac.tools.run import runner
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = (1024, 2048)
@@ -160,14 +163,14 @@ def test_trace_has_a_track_per_rank_core_and_sdma_queue(gloo_run):
 
 
 def test_sizes_double_like_nccl_tests():
-    s = bench.parse_sizes("8:256M")
+    s = options.parse_sizes("8:256M")
     assert s[0] == 8 and s[-1] == 256 << 20 and len(s) == 26
     assert all(b == 2 * a for a, b in zip(s, s[1:]))
-    assert bench.parse_sizes("1K:64K:4") == [1024, 4096, 16384, 65536]
-    assert bench.parse_sizes("4K,1K,2K:4K") == [1024, 2048, 4096]
+    assert options.parse_sizes("1K:64K:4") == [1024, 4096, 16384, 65536]
+    assert options.parse_sizes("4K,1K,2K:4K") == [1024, 2048, 4096]
     for bad in ("", "0:8", "8:4", "1K:1M:1", "x", "1:2:3:4"):
         with pytest.raises(ValueError):
-            bench.parse_sizes(bad)
+            options.parse_sizes(bad)
 
 
 def test_minimum_copies_by_contract():

@@ -14,8 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stratac import bench, benchpeer, cli, runner
-from stratac.routing import expert_ids
+from stratac import cli
+from stratac.tools import options
+from stratac.tools.bench import bench, benchpeer
+from stratac.tools.run import runner
+from stratac.verify.routing import expert_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFILL = ROOT / "examples" / "moe_prefill.strata"
@@ -230,17 +233,17 @@ def test_moe_usage_errors_are_one_message_each(tmp_path):
 
 
 def test_tokens_and_routings_parse_like_sizes():
-    assert bench.parse_counts("16:1024") == [16, 32, 64, 128, 256, 512, 1024]
-    assert bench.parse_counts("16:256:4") == [16, 64, 256]
-    assert bench.parse_counts("64,16,1K") == [16, 64, 1024]
+    assert options.parse_counts("16:1024") == [16, 32, 64, 128, 256, 512, 1024]
+    assert options.parse_counts("16:256:4") == [16, 64, 256]
+    assert options.parse_counts("64,16,1K") == [16, 64, 1024]
     for bad in ("", "0:8", "8:4", "16:64:1", "x", "16B", "1:2:3:4"):
         with pytest.raises(ValueError):
-            bench.parse_counts(bad)
-    assert bench.parse_routings("skewed") == ["skewed"]
-    assert bench.parse_routings("single,uniform,single") == ["single", "uniform"]
-    assert bench.parse_routings("all") == ["uniform", "skewed", "single", "empty", "sparse"]
+            options.parse_counts(bad)
+    assert options.parse_routings("skewed") == ["skewed"]
+    assert options.parse_routings("single,uniform,single") == ["single", "uniform"]
+    assert options.parse_routings("all") == ["uniform", "skewed", "single", "empty", "sparse"]
     with pytest.raises(ValueError, match="unknown routing 'zipf'"):
-        bench.parse_routings("uniform,zipf")
+        options.parse_routings("uniform,zipf")
 
 
 def test_progress_line_names_the_moe_case(tmp_path):

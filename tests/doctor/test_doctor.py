@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from stratac import doctor, npu
+from stratac.targets import npu
+from stratac.tools import doctor
 
 ITEMS = ["Python", "torch", "torch_npu", "C++ compiler", "cmake", "CANN", "SHMEM", "cache",
          "target cpu", "target npu"]

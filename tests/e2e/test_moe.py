@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from stratac import runner
-from stratac.frontend import load_source, schedules
-from stratac.routing import ROUTINGS
+from stratac.lang.frontend import load_source, schedules
+from stratac.tools.run import runner
+from stratac.verify.routing import ROUTINGS
 
 ALL = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.strata"))
 MOE = [p for p in ALL if any(s.contract.kind.moe for s in schedules(load_source(str(p))))]
@@ -61,7 +61,7 @@ def test_dispatch_moves_each_routed_row_once_and_balances_the_cores(root):
                                     cases=[case], iters=1, warmup=0, cores=cores, timeout=60),
                      echo=lambda line: None)
     assert out.exit_code == 0, out.failures
-    from stratac.routing import expert_ids
+    from stratac.verify.routing import expert_ids
     experts = 4 * world
     for r in out.results:
         if r["moe"]["phase"] != "dispatch":

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from stratac import runner
-
-from stratac.frontend import load_source, schedules
+from stratac.lang.frontend import load_source, schedules
+from stratac.tools.run import runner
 
 ALL = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.strata"))
 # MoE dispatch/combine and AllToAllV take routed tokens, not a count (tests/e2e/test_moe.py)

@@ -25,8 +25,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from stratac import codegen, frontend, passes
-from stratac.comm import Communicator, Compiled, Module
+from stratac import codegen
+from stratac.host.comm import Communicator, Compiled, Module
+from stratac.ir import passes
+from stratac.lang import frontend
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

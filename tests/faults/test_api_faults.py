@@ -12,7 +12,6 @@ import signal
 import time
 
 import pytest
-
 from faultkit import ROOT, leftover_shm, shm_names
 
 AR = ROOT / "examples" / "allreduce_twoshot.strata"
@@ -113,7 +112,10 @@ def test_named_flag_wait_names_the_flag_and_slot(ranks):
     """tests/faults/hang_flag.strata, compiled without verification (a test hook in ranks.py):
     rank 0 waits for go[0], which no rank signals; the timeout names the flag and slot and lists
     the slots of the flag not signalled in this call."""
-    from stratac import build, codegen, frontend, passes
+    from stratac import codegen
+    from stratac.ir import passes
+    from stratac.lang import frontend
+    from stratac.targets import cpu as build
     s = frontend.schedules(frontend.load_source(ROOT / "tests" / "faults" / "hang_flag.strata"))[0]
     # built here once (as ranks.py's test hook builds it), so that the ranks find it cached
     build.build_cpu(codegen.generate(passes.pipeline(s, passes.Options(cores=2))))

@@ -8,11 +8,11 @@ import math
 
 import pytest
 import torch
-
 from faultkit import ROOT
 
-from stratac import comm as C
-from stratac import frontend, passes
+from stratac.host import comm as C
+from stratac.ir import passes
+from stratac.lang import frontend
 
 AR = ROOT / "examples" / "allreduce_twoshot.strata"
 AG = ROOT / "examples" / "allgather_push.strata"
@@ -94,7 +94,7 @@ def test_world_size_and_manifest_mismatch(comm):
         C.Module(comm, compiled)
     ar = C.compile_source(frontend.load_source(AR), passes.Options(cores=2), worlds=[1])[0]
     ag = C.compile_source(src, passes.Options(cores=2), worlds=[1])[0]
-    from stratac import build
+    from stratac.targets import cpu as build
     with pytest.raises(C.StrataUsageError, match=r"allreduce_twoshot: the built library's manifest .* describes "
                        r"'allgather_push' with launcher 'strata_launch_allgather_push', not this schedule"):
         C.Schedule(comm, ar.schedule, build.build_cpu(ag.output), worlds=(1,))

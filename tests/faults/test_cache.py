@@ -12,10 +12,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from faultkit import ROOT
 
-from stratac import build
+from stratac.targets import cpu as build
 
 LIB = "libfake.so"
 

@@ -15,7 +15,7 @@ import time
 
 from faultkit import ROOT, descendants, leftover_shm, shm_names
 
-from stratac import runner
+from stratac.tools.run import runner
 
 AR = ROOT / "examples" / "allreduce_twoshot.strata"
 
@@ -29,8 +29,8 @@ def _workers(parent: int) -> dict[int, int]:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if b"stratac.worker" in argv:
-            out[json.loads(argv[argv.index(b"stratac.worker") + 1])["rank"]] = pid
+        if b"stratac.tools.run.worker" in argv:
+            out[json.loads(argv[argv.index(b"stratac.tools.run.worker") + 1])["rank"]] = pid
     return out
 
 

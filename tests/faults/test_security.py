@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from faultkit import ROOT
 
-from stratac import comm as C
-from stratac import frontend, runner
 from stratac.diagnostics import StrataError
+from stratac.host import comm as C
+from stratac.lang import frontend
+from stratac.tools.run import runner
 
 AR = ROOT / "examples" / "allreduce_twoshot.strata"
 
@@ -125,7 +125,7 @@ def test_a_file_name_full_of_shell_characters_runs_and_injects_nothing(tmp_path,
     out = runner.run(runner.RunSpec(file=str(weird), world=1, cases=[runner.Case(count=100)], iters=1,
                                     warmup=0, cores=2, timeout=30), echo=lambda s: None)
     assert out.exit_code == 0 and out.failures == [] and [r["ok"] for r in out.results] == [True]
-    from stratac import build
+    from stratac.targets import cpu as build
     for where in (tmp_path, build.cache_root(), Path.cwd()):
         assert not [p for p in where.rglob("PWNED*")], where
 
@@ -143,7 +143,9 @@ def test_a_line_break_in_a_source_name_is_refused(tmp_path):
     assert p.returncode == 1 and "contains the control character" in p.stderr
     assert not (tmp_path / "gen").exists()
     # the Python API's source text with a made-up name goes through the same check at build time
-    from stratac import build, codegen, passes
+    from stratac import codegen
+    from stratac.ir import passes
+    from stratac.targets import cpu as build
     s = frontend.schedules(frontend.Source("evil\n#include </etc/passwd>\n", AR.read_text()))[0]
     with pytest.raises(StrataError, match="control character"):
         build.build_cpu(codegen.generate(passes.pipeline(s, passes.Options(cores=2))))

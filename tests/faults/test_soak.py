@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from faultkit import leftover_shm, shm_names
 
 CALLS = 12000

@@ -30,8 +30,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stratac import frontend, verify
+from stratac import verify
 from stratac.diagnostics import Codes, Severity, Source, StrataError
+from stratac.lang import frontend
 
 ROOT = Path(__file__).resolve().parents[2]
 TOTAL = int(os.environ.get("STRATAC_FUZZ_EXAMPLES", "300"))

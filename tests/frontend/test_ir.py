@@ -16,9 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stratac import frontend, ir, passes
+from stratac import ir
 from stratac.diagnostics import Source
-from stratac.ir import Bin, BinKind, Const, Var
+from stratac.ir import Bin, BinKind, Const, Var, passes
+from stratac.lang import frontend
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from stratac import ast
 from stratac.diagnostics import Codes, Source, StrataError
-from stratac.syntax import parse
+from stratac.lang import ast
+from stratac.lang.syntax import parse
 
 SRC = """\
 schedule every_form(x: sym T[n], out: f32[n * world]) implements allgather(x -> out) {
@@ -287,7 +287,7 @@ def test_unexpected_eof_points_past_the_last_line():
 
 
 def test_excerpt_shows_the_spans_line_after_a_form_feed():
-    from stratac import frontend
+    from stratac.lang import frontend
     src = "# a\x0cb\n" + HEAD + "  on aiv: y = x\n}\n"
     with pytest.raises(StrataError) as exc:
         frontend.schedules(Source("ff.strata", src))

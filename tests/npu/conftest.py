@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stratac import npu
+from stratac.targets import npu
 
 
 def pytest_runtest_setup(item):

@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from stratac import codegen, frontend, npu, passes
+from stratac import codegen
 from stratac.diagnostics import Codes, StrataError, error
+from stratac.ir import passes
+from stratac.lang import frontend
 from stratac.resources import resource_dir
+from stratac.targets import npu
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from stratac import abi, codegen, frontend, npu, passes
+from stratac import codegen
+from stratac.codegen import abi
+from stratac.ir import passes
+from stratac.lang import frontend
+from stratac.targets import npu
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.strata"))

@@ -10,8 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from stratac import abi, codegen, frontend, npu, passes
+from stratac import codegen
+from stratac.codegen import abi
 from stratac.diagnostics import Codes, StrataError
+from stratac.host import npu_comm
+from stratac.ir import passes
+from stratac.lang import frontend
+from stratac.targets import npu
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLCHAIN_VARS = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "SHMEM_HOME", "SHMEM_HOME_PATH", "CMAKE")
@@ -47,7 +52,7 @@ def check_missing(exc, *words):
 @no_npu_here
 def test_constructor_names_the_missing_toolchain(bare):
     with pytest.raises(StrataError) as exc:
-        npu.NpuCommunicator(0, 1, exchange_uid=lambda uid: uid)
+        npu_comm.NpuCommunicator(0, 1, exchange_uid=lambda uid: uid)
     check_missing(exc, "the npu target cannot run here", "ASCEND_HOME_PATH is not set",
                   "SHMEM_HOME", "set_env.sh")
     assert "torch_npu" not in sys.modules      # the preflight comes before any import
@@ -57,7 +62,7 @@ def test_constructor_names_the_missing_toolchain(bare):
 @pytest.mark.skipif(npu.torch_npu_installed() is not None, reason="torch_npu is installed here")
 def test_constructor_with_a_toolchain_but_no_torch_npu(toolchain_only):
     with pytest.raises(StrataError) as exc:
-        npu.NpuBackend(0, 1, exchange_uid=lambda uid: uid)
+        npu_comm.NpuBackend(0, 1, exchange_uid=lambda uid: uid)
     d = check_missing(exc, "torch_npu: not installed", "pip install torch_npu")
     assert "CANN" not in d.message and "SHMEM" not in d.message
     assert "torch_npu" not in sys.modules
@@ -66,7 +71,7 @@ def test_constructor_with_a_toolchain_but_no_torch_npu(toolchain_only):
 @no_npu_here
 def test_job_constructors_fail_before_any_collective(bare):
     with pytest.raises(StrataError) as exc:
-        npu.NpuCommunicator.from_process_group()
+        npu_comm.NpuCommunicator.from_process_group()
     check_missing(exc, "ASCEND_HOME_PATH")
 
     class NoStore:
@@ -74,7 +79,7 @@ def test_job_constructors_fail_before_any_collective(bare):
             raise AssertionError("the store must not be touched")
 
     with pytest.raises(StrataError) as exc:
-        npu.NpuCommunicator.from_store(0, 2, NoStore())
+        npu_comm.NpuCommunicator.from_store(0, 2, NoStore())
     check_missing(exc, "ASCEND_HOME_PATH")
 
 
@@ -86,7 +91,7 @@ def test_import_torch_npu_says_how_to_install_it():
 
 
 def test_importing_the_npu_module_imports_neither_torch_nor_torch_npu():
-    code = "import sys, stratac.npu; print(sorted(m for m in ('torch', 'torch_npu') if m in sys.modules))"
+    code = "import sys, stratac.targets.npu, stratac.host.npu_comm; print(sorted(m for m in ('torch', 'torch_npu') if m in sys.modules))"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -96,18 +101,18 @@ def test_importing_the_npu_module_imports_neither_torch_nor_torch_npu():
 def test_shmem_cdef_matches_the_public_header_layout():
     """Sizes and offsets of the structs as SHMEM's include/host/shmem_host_def.h lays them out
     (x86_64/aarch64 LP64), and the version words its initialisers put in them."""
-    ffi = npu.shmem_ffi()
+    ffi = npu_comm.shmem_ffi()
     assert ffi.sizeof("aclshmemx_uniqueid_t") == 4 + 4 + 4 + 124
-    assert npu.uniqueid_version(ffi) == (1 << 16) + 136
+    assert npu_comm.uniqueid_version(ffi) == (1 << 16) + 136
     assert ffi.sizeof("aclshmem_init_optional_attr_t") == 24
-    assert npu.optional_attr_version(ffi) == (1 << 16) + 24
+    assert npu_comm.optional_attr_version(ffi) == (1 << 16) + 24
     offsets = {f: ffi.offsetof("aclshmemx_init_attr_t", f)
                for f in ("my_pe", "n_pes", "ip_port", "local_mem_size", "option_attr", "comm_args",
                          "instance_id")}
     assert offsets == {"my_pe": 0, "n_pes": 4, "ip_port": 8, "local_mem_size": 72,
                        "option_attr": 80, "comm_args": 104, "instance_id": 112}
     assert ffi.sizeof("aclshmemx_init_attr_t") == 120
-    assert npu.INIT_WITH_UNIQUEID == 8 and npu.DATA_OP["mte"] | npu.DATA_OP["sdma"] == 3
+    assert npu_comm.INIT_WITH_UNIQUEID == 8 and npu_comm.DATA_OP["mte"] | npu_comm.DATA_OP["sdma"] == 3
 
 
 class FakeComm:
@@ -138,7 +143,7 @@ def test_a_launch_passes_the_launcher_its_arguments_in_abi_order(example):
     import torch
     [s] = frontend.schedules(frontend.load_source(ROOT / "examples" / f"{example}.strata"))
     s = codegen.generate(passes.pipeline(s, passes.Options())).schedule
-    fn = object.__new__(npu.npu_schedule_class())   # no library: the launcher is recorded
+    fn = object.__new__(npu_comm.npu_schedule_class())   # no library: the launcher is recorded
     fn.comm, fn.ir, fn.name, fn.cores, fn.max_cores = FakeComm(), s, s.name, 40, 40
     fn._ffi = cffi.FFI()
     fn._ffi.cdef(abi.cdef(s))
@@ -169,7 +174,7 @@ def test_a_launch_passes_the_launcher_its_arguments_in_abi_order(example):
 @pytest.mark.npu
 def test_allreduce_on_one_npu():
     import torch
-    comm = npu.NpuCommunicator(0, 1, exchange_uid=lambda uid: uid, heap_bytes=64 << 20)
+    comm = npu_comm.NpuCommunicator(0, 1, exchange_uid=lambda uid: uid, heap_bytes=64 << 20)
     try:
         mod = comm.load(str(ROOT / "examples" / "allreduce_twoshot.strata"))
         x = comm.empty(1 << 16, dtype=torch.float32)

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from stratac import npu
 from stratac.diagnostics import Codes, StrataError
+from stratac.targets import npu
 
 PATH = os.environ.get("PATH", os.defpath)
 

@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-
 # ---------------------------------------------------------------------------------------------
 # helpers
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from stratac import frontend, verify
+from stratac import verify
 from stratac.diagnostics import Diagnostic, Severity, StrataError
+from stratac.lang import frontend
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent

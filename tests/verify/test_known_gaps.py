@@ -4,8 +4,9 @@ as a regression test) and, if it fits, add a corpus file. No gap is open at the 
 
 from __future__ import annotations
 
-from stratac import frontend, verify
+from stratac import verify
 from stratac.diagnostics import Codes, Source, StrataError
+from stratac.lang import frontend
 
 
 def errors(text: str, worlds=range(1, 9)):

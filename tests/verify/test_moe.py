@@ -6,8 +6,8 @@ import pytest
 
 from stratac import verify
 from stratac.diagnostics import Source
-from stratac.frontend import schedules
-from stratac.routing import ROUTINGS, expert_ids
+from stratac.lang.frontend import schedules
+from stratac.verify.routing import ROUTINGS, expert_ids
 
 
 @pytest.mark.parametrize("routing", ROUTINGS)

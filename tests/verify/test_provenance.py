@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stratac import frontend, ir, verify
+from stratac import ir, verify
 from stratac.diagnostics import Codes, Source
-from stratac.instantiate import instantiate
+from stratac.ir.instantiate import instantiate
+from stratac.lang import frontend
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +43,7 @@ def schedule(op: str = "sum", again: bool = False) -> ir.Schedule:
 def simulate(s: ir.Schedule, world: int, n: int):
     """(initial tags of x per rank, final x per rank) from the verifier's simulation."""
     inst = instantiate(s, world, {"n": n})
-    ex = verify._Execution(inst)
+    ex = verify.check._Execution(inst)
     assert ex.run() == []
     init = [ex.values.init[(r, "x")] for r in range(world)]
     cur = [ex.values.cur[(r, "x")] for r in range(world)]
@@ -134,7 +135,7 @@ def test_allgather_final_state_is_the_concatenation():
     s, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allgather_push.strata"))
     world, n = 3, 4
     inst = instantiate(s, world, {"n": n})
-    ex = verify._Execution(inst)
+    ex = verify.check._Execution(inst)
     assert ex.run() == []
     xs = [ex.values.init[(p, "x")] for p in range(world)]
     for r in range(world):

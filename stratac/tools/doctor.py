@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Mapping
 
-from . import npu
-from .diagnostics import StrataError
+from stratac.diagnostics import StrataError
+from stratac.targets import npu
 
 OK, WARN, MISSING, FAIL = "ok", "warn", "missing", "FAIL"
 CPU_ROW, NPU_ROW = "target cpu", "target npu"
@@ -99,7 +99,7 @@ def _piece(item: str, found, ok_text) -> Row:
 
 
 def _cache_row() -> Row:
-    from . import build
+    from stratac.targets import cpu as build
     try:
         root = build.cache_root()
     except OSError as exc:
@@ -122,7 +122,7 @@ def _cpu_target(cxx_ok: bool, torch_row: Row) -> Row:
     if not cxx_ok:
         return Row(CPU_ROW, FAIL, "cannot build: no C++ compiler",
                    "install g++: apt-get install g++ (or set CXX to a C++17 compiler)")
-    from . import build
+    from stratac.targets import cpu as build
     try:
         lib = build.runtime_library()
     except StrataError as exc:

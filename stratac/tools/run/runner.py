@@ -22,10 +22,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import build, comm, passes
-from .diagnostics import Codes, StrataError, error
-from .frontend import load_source
-from .worker import RESULT_PREFIX
+from stratac.diagnostics import Codes, StrataError, error
+from stratac.host import comm
+from stratac.ir import passes
+from stratac.lang.frontend import load_source
+from stratac.targets import cpu as build
+from stratac.tools.run.worker import RESULT_PREFIX
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,8 @@ def _heap_bytes(spec: RunSpec, schedules) -> int:
     """Enough for every schedule's tensors (allocated one schedule at a time) plus the flags."""
     if spec.heap_bytes:
         return spec.heap_bytes
-    from .ir import DType
-    from .workload import Workload
+    from stratac.ir import DType
+    from stratac.tools.run.workload import Workload
     need = 0
     for case in spec.cases:
         elem = DType.parse(case.dtype).nbytes
@@ -97,7 +99,7 @@ def _heap_bytes(spec: RunSpec, schedules) -> int:
 
 def moe_workloads(spec: RunSpec, case: Case, schedules) -> list:
     """The MoE workload of every dispatch/combine pair (and AllToAllV) of the file for a case."""
-    from .workload import MoeWorkload, PairingError, moe_pairs
+    from stratac.tools.run.workload import MoeWorkload, PairingError, moe_pairs
     try:
         pairs = [i for i in moe_pairs([c.schedule for c in schedules]) if isinstance(i, tuple)]
     except PairingError as exc:
@@ -107,7 +109,7 @@ def moe_workloads(spec: RunSpec, case: Case, schedules) -> list:
 
 
 def _check_moe_case(spec: RunSpec, case: Case) -> None:
-    from .workload import moe_options_problem
+    from stratac.tools.run.workload import moe_options_problem
     problem = moe_options_problem(spec.world, case.topk, case.experts, case.routing)
     if problem:
         raise StrataError(error(Codes.BAD_WORLD, problem))
@@ -123,7 +125,7 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
     for case in spec.cases:
         _check_moe_case(spec, case)
     if spec.target == "npu":
-        from . import npu
+        from stratac.targets import npu
         npu.require_npu()   # names every missing piece (CANN, SHMEM, torch_npu, devices)
     source = load_source(spec.file)
     opts = passes.Options(soc=spec.soc, cores=spec.cores)
@@ -169,7 +171,7 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
                     err = open(Path(tmp) / f"rank{r}.err", "w+", encoding="utf-8", errors="replace")
                     logs.append((out, err))
                     procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "stratac.worker", json.dumps(wspec)],
+                        [sys.executable, "-m", "stratac.tools.run.worker", json.dumps(wspec)],
                         stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
                         start_new_session=True, preexec_fn=_die_with_parent))
                 stopped = _supervise(procs, time.monotonic() + limit, limit)

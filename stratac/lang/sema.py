@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import ast, ir
-from .diagnostics import Codes, Diagnostic, Note, Span, StrataError, error
+from stratac import ir
+from stratac.diagnostics import Codes, Diagnostic, Note, Span, StrataError, error
+from stratac.lang import ast
 
 RESERVED = {"rank", "world"}
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import ir
-from .diagnostics import Codes, StrataError, error
+from stratac import ir
+from stratac.diagnostics import Codes, StrataError, error
 
 UB_BYTES = 196608           # Unified Buffer per vector core on 910B/910C
 SCRATCH_BYTES = 256         # SDMA descriptor scratch (64 B, 64-aligned) + flag staging

@@ -31,8 +31,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import benchpeer, comm, passes, runner
-from .frontend import load_source
+from stratac.host import comm
+from stratac.ir import passes
+from stratac.lang.frontend import load_source
+from stratac.tools.bench import benchpeer
+from stratac.tools.options import parse_counts, parse_sizes
+from stratac.tools.run import runner
 
 PEERS = ("gloo", "mpi")
 DEFAULT_SIZES = "8:256M"
@@ -77,80 +81,6 @@ class BenchSpec:
     topk: int | None = None
     experts: int | None = None
     routings: list[str] | None = None   # default ["uniform"]
-
-
-# ---------------------------------------------------------------------------------------------
-# sizes
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def _size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.I)
-    if not m:
-        raise ValueError(f"{text!r} is not a size (e.g. 8, 64K, 256M)")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
-
-
-def _parse_range(text: str, one, what: str) -> list[int]:
-    """The sweep syntax shared by --sizes and --tokens: MIN:MAX doubling, MIN:MAX:F, a comma list
-    of values or ranges (the union, sorted); `one` parses a single value."""
-    out: set[int] = set()
-    for part in text.split(","):
-        bits = part.split(":")
-        if len(bits) == 1:
-            out.add(one(bits[0]))
-            continue
-        if len(bits) > 3:
-            raise ValueError(f"{part!r}: a range is MIN:MAX or MIN:MAX:FACTOR")
-        lo, hi = one(bits[0]), one(bits[1])
-        try:
-            f = int(bits[2]) if len(bits) == 3 else 2
-        except ValueError:
-            raise ValueError(f"{part!r}: the FACTOR of MIN:MAX:FACTOR is an integer") from None
-        if lo < 1 or hi < lo or f < 2:
-            raise ValueError(f"{part!r}: need 1 <= MIN <= MAX and FACTOR >= 2")
-        s = lo
-        while s <= hi:
-            out.add(s)
-            s *= f
-    if not out or min(out) < 1:
-        raise ValueError(f"{text!r}: {what} must be at least 1")
-    return sorted(out)
-
-
-def parse_sizes(text: str) -> list[int]:
-    """'8:256M' -> 8, 16, ..., 256 MiB (doubling, like nccl-tests -b 8 -e 256M -f 2);
-    'MIN:MAX:F' multiplies by F; a comma list of sizes or ranges is the union, sorted."""
-    return _parse_range(text, _size, "sizes (bytes)")
-
-
-def _count(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([KM]?)\s*", text, re.I)
-    if not m:
-        raise ValueError(f"{text!r} is not a token count (e.g. 16, 1024, 4K)")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
-
-
-def parse_counts(text: str) -> list[int]:
-    """Tokens per rank for a MoE sweep, in the --sizes syntax: '16:1024' -> 16, 32, ..., 1024;
-    'MIN:MAX:F'; a comma list. K = 1024 tokens."""
-    return _parse_range(text, _count, "token counts")
-
-
-def parse_routings(text: str) -> list[str]:
-    """'skewed' -> ['skewed']; 'uniform,single' -> both, in the order given; 'all' -> every routing
-    stratac.routing knows (uniform, skewed, single, empty, sparse)."""
-    from .routing import ROUTINGS
-    out: list[str] = []
-    for name in (x.strip() for x in text.split(",")):
-        names = list(ROUTINGS) if name == "all" else [name]
-        for n in names:
-            if n not in ROUTINGS:
-                raise ValueError(f"unknown routing {n!r}; known: {', '.join(ROUTINGS)}, or all")
-            if n not in out:
-                out.append(n)
-    return out
 
 
 def fmt_bytes(n: float) -> str:
@@ -303,8 +233,8 @@ def memory_needed(spec: BenchSpec, pl: Plan, heap: int) -> int:
     """A generous estimate of the run's peak memory: per rank the heap, the torch reference check
     (about 32 bytes per element of the largest tensor: int64 draws, float64 accumulator, the
     expected tensor) and the gloo buffers; per MPI rank its buffers; 300 MB per process."""
-    from .ir import DType
-    from .workload import Workload
+    from stratac.ir import DType
+    from stratac.tools.run.workload import Workload
     elem = DType.parse(spec.dtype).nbytes
     n_max = 0
     for case in pl.cases:
@@ -326,8 +256,8 @@ def _min_fabric(kind: str, world: int) -> float:
 
 
 def plan(spec: BenchSpec) -> Plan:
-    from .ir import DType
-    from .workload import Workload
+    from stratac.ir import DType
+    from stratac.tools.run.workload import Workload
     source = load_source(spec.file)
     opts = passes.Options(soc=spec.soc, cores=spec.cores)
     opts.check()
@@ -486,7 +416,7 @@ def run(spec: BenchSpec, echo=print) -> BenchResult:
                        OMPI_MCA_mpi_yield_when_idle=os.environ.get("OMPI_MCA_mpi_yield_when_idle", "1"),
                        PYTHONPATH=os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")])))
             mpi_proc = subprocess.Popen(
-                mpirun_command(spec.world, [sys.executable, "-m", "stratac.benchpeer", str(spec_file)]),
+                mpirun_command(spec.world, [sys.executable, "-m", "stratac.tools.bench.benchpeer", str(spec_file)]),
                 stdout=mpi_out, stderr=mpi_err, env=env, start_new_session=True)
         stop_watch = threading.Event()
 
@@ -637,7 +567,7 @@ PER_PEER_SOURCE = "computed from the routing (stratac.routing.expert_ids), not m
 def _moe_file(spec: BenchSpec) -> list[tuple[str, str | None]] | None:
     """None for a file of collectives; for a file of MoE schedules its (dispatch, combine or None)
     pairs in file order, once the options are known to fit a MoE bench (BenchUsageError if not)."""
-    from .frontend import schedules
+    from stratac.lang.frontend import schedules
     scheds = schedules(load_source(spec.file))
     moe = [s.name for s in scheds if s.contract.kind.moe]
     given = [flag for key, flag in _MOE_OPTIONS if getattr(spec, key) is not None]
@@ -667,8 +597,8 @@ def _moe_file(spec: BenchSpec) -> list[tuple[str, str | None]] | None:
 def moe_pairs(scheds) -> list[tuple[str, str | None]]:
     """(dispatch, combine) names in file order, paired as `stratac run` pairs them
     (workload.moe_pairs); an alltoallv alone (None)."""
-    from .workload import PairingError
-    from .workload import moe_pairs as pair_ir
+    from stratac.tools.run.workload import PairingError
+    from stratac.tools.run.workload import moe_pairs as pair_ir
     try:
         items = pair_ir(scheds)
     except PairingError as exc:
@@ -677,7 +607,7 @@ def moe_pairs(scheds) -> list[tuple[str, str | None]]:
 
 
 def _moe_cases(spec: BenchSpec) -> list[runner.Case]:
-    from .workload import moe_options_problem
+    from stratac.tools.run.workload import moe_options_problem
     for r in spec.routings or ["uniform"]:
         problem = moe_options_problem(spec.world, spec.topk, spec.experts, r)
         if problem:
@@ -695,7 +625,7 @@ def _moe_cases(spec: BenchSpec) -> list[runner.Case]:
 def moe_memory_needed(rspec: runner.RunSpec, compiled) -> int:
     """A generous estimate of the run's peak memory: per rank the heap, the torch reference check
     (the expected window about three times over, y in float64) and 300 MB per process."""
-    from .ir import DType
+    from stratac.ir import DType
     heap = rspec.heap_bytes or runner._heap_bytes(rspec, compiled)
     ref = 0
     for case in rspec.cases:
@@ -709,7 +639,7 @@ def moe_memory_needed(rspec: runner.RunSpec, compiled) -> int:
 
 def run_moe(spec: BenchSpec, pairs: list[tuple[str, str | None]], echo=print) -> BenchResult:
     """The MoE bench: every (routing, tokens) case of spec on every dispatch/combine pair."""
-    from .workload import MOE_DEFAULTS
+    from stratac.tools.run.workload import MOE_DEFAULTS
     if spec.world < 1:
         raise BenchUsageError(f"--world must be at least 1, got {spec.world}")
     cases = _moe_cases(spec)
@@ -785,7 +715,7 @@ def per_peer_bytes(routing: str, world: int, tokens: int, topk: int, experts: in
     routing alone: stratac.routing.expert_ids, expert e owned by rank e // (experts / world)."""
     import numpy as np
 
-    from .routing import expert_ids
+    from stratac.verify.routing import expert_ids
     local = experts // world
     out = []
     for r in range(world):
@@ -797,7 +727,7 @@ def per_peer_bytes(routing: str, world: int, tokens: int, topk: int, experts: in
 
 def moe_records(results: list[dict], pairs: list[tuple[str, str | None]], spec: BenchSpec) -> list[dict]:
     """One record per dispatch/combine pair, routing and tokens (both phases joined)."""
-    from .ir import DType
+    from stratac.ir import DType
     elem = DType.parse(spec.dtype).nbytes
     pair_of = {}
     for i, (d, c) in enumerate(pairs):

@@ -30,9 +30,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .codegen import Output
-from .diagnostics import Codes, Note, StrataError, error
-from .resources import compiler_digest, resource_dir
+from stratac.codegen import Output
+from stratac.diagnostics import Codes, Note, StrataError, check_source_name, error
+from stratac.resources import compiler_digest, resource_dir
 
 CXX_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-pthread"]
 
@@ -198,16 +198,6 @@ def runtime_library() -> Path:
 
     d, _ = _publish(cache_root(), key, "libstratacpu.so", build)
     return d / "libstratacpu.so"
-
-
-def check_source_name(name: str) -> None:
-    """A source name ends up in comments of the generated C++ and CMake files: a line break there
-    would turn the rest of the name into code. Refused (file names with spaces, quotes or shell
-    characters are fine: nothing reaches a shell)."""
-    bad = next((ch for ch in name if ord(ch) < 32 or ord(ch) == 127), None)
-    if bad is not None:
-        raise StrataError(error(Codes.SYNTAX, f"the source name {name!r} contains the control character "
-                                f"{bad!r}; rename the file (it would be written into generated code)"))
 
 
 def build_cpu(out: Output) -> Built:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from .diagnostics import Span
-
+from stratac.diagnostics import Span
 
 # ---- integer expressions (sizes, indices, rank expressions) ----
 

@@ -21,9 +21,9 @@ def main(spec_text: str) -> int:
     import torch
     import torch.distributed as dist
 
-    from . import passes
-    from .comm import Communicator, StrataRuntimeError, StrataUsageError
-    from .diagnostics import StrataError
+    from stratac.diagnostics import StrataError
+    from stratac.host.comm import Communicator, StrataRuntimeError, StrataUsageError
+    from stratac.ir import passes
 
     torch.set_num_threads(1)
     rank, world = spec["rank"], spec["world"]
@@ -36,7 +36,7 @@ def main(spec_text: str) -> int:
     clean = False
     try:
         if spec.get("target") == "npu":   # the same API on SHMEM's heap (stratac.npu)
-            from .npu import NpuCommunicator
+            from stratac.targets.npu import NpuCommunicator
             comm = NpuCommunicator.from_process_group(heap_bytes=spec["heap_bytes"])
         else:
             comm = Communicator.from_process_group(heap_bytes=spec["heap_bytes"],
@@ -45,7 +45,7 @@ def main(spec_text: str) -> int:
         mod = comm.load(spec["file"], options=opts)
         bench = spec.get("bench")   # `stratac bench`: peers measured between cases (benchpeer)
         if bench:
-            from . import benchpeer
+            from stratac.tools.bench import benchpeer
             benchpeer.before_cases(bench)
         for i, case in enumerate(spec["cases"]):
             for item in moe_pairs(list(mod.schedules.values())):
@@ -97,9 +97,9 @@ def _all_ok(ok: bool) -> bool:
 
 def moe_pairs(fns: list) -> list:
     """The loaded schedules paired as workload.moe_pairs pairs them (callables, not IR)."""
-    from .comm import StrataUsageError
-    from .workload import PairingError
-    from .workload import moe_pairs as pair_ir
+    from stratac.host.comm import StrataUsageError
+    from stratac.tools.run.workload import PairingError
+    from stratac.tools.run.workload import moe_pairs as pair_ir
     by_name = {fn.name: fn for fn in fns}
     try:
         items = pair_ir([fn.ir for fn in fns])
@@ -114,8 +114,8 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
     import torch
     import torch.distributed as dist
 
-    from .ir import ContractKind, DType
-    from .workload import MoeWorkload
+    from stratac.ir import ContractKind, DType
+    from stratac.tools.run.workload import MoeWorkload
 
     dtype = DType.parse(case["dtype"])
     tdtype = getattr(torch, dtype.torch_name)
@@ -258,8 +258,8 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from .ir import DType
-    from .workload import Workload
+    from stratac.ir import DType
+    from stratac.tools.run.workload import Workload
 
     s = fn.ir
     dtype = DType.parse(case["dtype"])
@@ -306,7 +306,7 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
         calls.append(time.perf_counter() - t0)
     comm.barrier()
     if (spec.get("bench") or {}).get("trace"):   # `stratac bench --trace`: one more call, recorded
-        from . import benchpeer
+        from stratac.tools.bench import benchpeer
         benchpeer.traced_call(comm, lambda: fn(**args, cores=blocks), spec["bench"]["trace"],
                               f"{s.name} {wl.size_bytes(dtype.nbytes)} B", rank)
     if _all_ok(ok):  # still correct after back-to-back calls (flag epochs); decided together,

@@ -52,7 +52,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import ir, passes
+from stratac import ir
+from stratac.ir import passes
 
 BLOCK_BYTES = 32   # the kernels partition a stage over the cores in whole DataCopy blocks
 CATEGORIES = ("fabric", "hbm", "aiv", "sdma", "latency", "scalar")
@@ -468,7 +469,7 @@ class Routed:
     @classmethod
     def sample(cls, routing: str, world: int, tokens: int, topk: int, experts: int,
                seed: int = 0) -> "Routed":
-        from .routing import expert_ids
+        from stratac.verify.routing import expert_ids
         return cls([expert_ids(routing, r, tokens, topk, experts, seed) for r in range(world)],
                    experts, routing)
 
@@ -894,7 +895,7 @@ def predict(s: ir.Schedule, m: Machine, world: int, sizes: list[int], dtype: str
             root: int = 0, cores: int | None = None) -> list[Prediction]:
     """One prediction per size S (bytes); a size below the smallest the schedule can take (one
     element per block) gives the same count as the previous one and is predicted once."""
-    from .workload import Workload
+    from stratac.tools.run.workload import Workload
     check_world(m, world)
     if s.rank_params and not 0 <= root < world:
         raise SimulateError(f"--root {root} is not a rank of a world of {world}")
@@ -935,8 +936,8 @@ class MoeSpec:
         return self.topk, self.experts if self.experts is not None else MOE_EXPERTS_PER_RANK * world
 
     def check(self, s: ir.Schedule, world: int) -> None:
-        from .comm import ROUTE_MAX_EXPERTS, ROUTE_MAX_TOPK
-        from .routing import ROUTINGS
+        from stratac.host.comm import ROUTE_MAX_EXPERTS, ROUTE_MAX_TOPK
+        from stratac.verify.routing import ROUTINGS
         if self.routing not in ROUTINGS:
             raise SimulateError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTINGS)}")
         if self.hidden < 1 or self.topk < 1:
@@ -968,7 +969,7 @@ def predict_moe(s: ir.Schedule, m: Machine, world: int, tokens: list[int], moe: 
     sample routing moe.routing (the same ids for every schedule at a token count: pass one `cache`
     dict to share them). size = the bytes a rank receives in dispatch (combine: reads back), the
     mean over ranks (DeepEP's count); busbw = algbw = size / time (no bus factor)."""
-    from .workload import MoeWorkload
+    from stratac.tools.run.workload import MoeWorkload
     check_world(m, world)
     moe.check(s, world)
     if dtype == "i32":
@@ -1016,7 +1017,7 @@ def simulate_file(file: str, machine: Machine, world: int, sizes: list[int] | No
     """Every schedule of the file: collectives over `sizes` (bytes, default 8:256M), MoE and
     AllToAllV schedules over `tokens` per rank (default MOE_TOKENS) with `moe`. dtype None: f32 for
     collectives, bf16 for MoE."""
-    from .frontend import load_source, schedules
+    from stratac.lang.frontend import load_source, schedules
     scheds = schedules(load_source(file))
     if not scheds:
         raise SimulateError(f"{file} holds no schedule")
@@ -1031,7 +1032,7 @@ def simulate_file(file: str, machine: Machine, world: int, sizes: list[int] | No
         raise SimulateError(f"--sizes applies to collectives; every schedule of {file} is routed (MoE "
                             "or AllToAllV): sweep --tokens instead")
     if sizes is None:
-        from .bench import parse_sizes
+        from stratac.tools.options import parse_sizes
         sizes = parse_sizes(DEFAULT_SIZES)
     tokens = tokens if tokens is not None else parse_tokens(MOE_TOKENS)
     moe = moe if moe is not None else MoeSpec()
@@ -1095,7 +1096,7 @@ def header(res: SimResult) -> list[str]:
             "factor (GB/s, nccl-tests); bound: the largest share of the critical path (fabric, hbm, aiv, "
             "sdma, latency); ratio: busbw / busbw of the first schedule of the same contract at that size")
     if "moe" in m:
-        from .routing import DESCRIPTIONS
+        from stratac.verify.routing import DESCRIPTIONS
         x = m["moe"]
         kinds = {p.kind for p in res.predictions if p.moe is not None}
         what = []
@@ -1174,7 +1175,7 @@ def write_json(res: SimResult, path: str) -> None:
 # the command
 
 def _sizes(text: str) -> list[int]:
-    from .bench import parse_sizes
+    from stratac.tools.options import parse_sizes
     try:
         return parse_sizes(text)
     except ValueError as exc:
@@ -1215,7 +1216,7 @@ def _tokens(text: str) -> list[int]:
 
 
 def _routings() -> tuple[str, ...]:
-    from .routing import ROUTINGS
+    from stratac.verify.routing import ROUTINGS
     return ROUTINGS
 
 
@@ -1244,7 +1245,7 @@ def cmd_simulate(args) -> int:
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """Registers `stratac simulate` on an argparse subparsers object; the command is args.fn."""
-    from .cli import _positive   # cli imports this module: the argument types live there
+    from stratac.tools.options import positive_int as _positive
     p = sub.add_parser("simulate", help="predict time and bus bandwidth of every schedule of a file "
                        "on a machine description (an analytic model, not a measurement)")
     p.add_argument("file")

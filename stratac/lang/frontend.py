@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import ir, sema
-from .diagnostics import Codes, Source, StrataError, error
-from .syntax import parse
+from stratac import ir
+from stratac.diagnostics import Codes, Source, StrataError, check_source_name, error
+from stratac.lang import sema
+from stratac.lang.syntax import parse
 
 
 def load_source(path: str | Path) -> Source:
-    from .build import check_source_name
     check_source_name(str(path))   # the name is written into generated files: no line breaks
     try:
         return Source.from_path(path)

@@ -12,8 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import ir
-from .diagnostics import Codes, Span, StrataError, error
+from stratac import ir
+from stratac.diagnostics import Codes, Span, StrataError, error
 
 
 class EventKind(enum.Enum):

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import jinja2
 
-from . import abi, ir
-from .passes import routes as passes_routes
-from .passes import stages as passes_stages
-from .resources import resource_dir
+from stratac import ir
+from stratac.codegen import abi
+from stratac.ir.passes import routes as passes_routes
+from stratac.ir.passes import stages as passes_stages
+from stratac.resources import resource_dir
 
 GENERATOR = "stratac"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import ir
+from stratac import ir
 
 
 @dataclass(frozen=True)

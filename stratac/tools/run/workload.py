@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import ir
+from stratac import ir
 
 SENTINEL = -3  # an output element the schedule never wrote keeps it; inputs never sum to it everywhere
 
@@ -162,7 +162,7 @@ MOE_DEFAULTS = {"tokens": 64, "hidden": 512, "topk": 4, "experts_per_rank": 4}
 def moe_options_problem(world: int, topk: int | None, experts: int | None,
                         routing: str = "uniform") -> str | None:
     """What is wrong with a run's MoE options (None meaning MOE_DEFAULTS), or None."""
-    from .routing import ROUTINGS
+    from stratac.verify.routing import ROUTINGS
     experts = experts or MOE_DEFAULTS["experts_per_rank"] * world
     topk = topk or MOE_DEFAULTS["topk"]
     if experts % world:
@@ -214,7 +214,7 @@ class MoeWorkload:
         return self.dispatch.contract.capacity is not None
 
     def sizes(self, s: ir.Schedule) -> dict[str, int]:
-        from .verify import moe_roles
+        from stratac.verify import moe_roles
         roles = {sym: role for role, sym in moe_roles(s).items()}
         value = {"tokens": self.tokens, "topk": self.topk, "hidden": self.hidden,
                  "experts": self.experts, "capacity": self.capacity}
@@ -226,7 +226,7 @@ class MoeWorkload:
         return [d.eval(env) for d in p.dims]
 
     def ids(self, rank: int, seed: int) -> torch.Tensor:
-        from .routing import expert_ids
+        from stratac.verify.routing import expert_ids
         return torch.from_numpy(expert_ids(self.routing, rank, self.tokens, self.topk, self.experts, seed))
 
     def x(self, rank: int, seed: int, dtype: torch.dtype) -> torch.Tensor:

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import ir
-from . import routing as routing_mod
-from .diagnostics import Codes, Diagnostic, Note, StrataError, error
-from .instantiate import Access, Event, EventKind, Instance, instantiate
+from stratac import ir
+from stratac.diagnostics import Codes, Diagnostic, Note, StrataError, error
+from stratac.ir.instantiate import Access, Event, EventKind, Instance, instantiate
+from stratac.verify import routing as routing_mod
 
 MAX_RACES_REPORTED = 3
 SIM_ELEMENT_BUDGET = 4_000_000

@@ -27,8 +27,12 @@ from pathlib import Path
 import cffi
 import torch
 
-from . import abi, build, codegen, frontend, ir, passes, verify
-from .diagnostics import Source, StrataError
+from stratac import codegen, ir, verify
+from stratac.codegen import abi
+from stratac.diagnostics import Source, StrataError
+from stratac.ir import passes
+from stratac.lang import frontend
+from stratac.targets import cpu as build
 
 DEFAULT_HEAP_BYTES = 256 << 20
 SYNC_SLOTS = 4096                      # int32 flag slots after the world barrier slots

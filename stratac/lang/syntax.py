@@ -7,9 +7,9 @@ import functools
 import lark
 from lark import Lark, Token, Transformer, v_args
 
-from . import ast
-from .diagnostics import Codes, Source, Span, StrataError, error
-from .resources import resource_path
+from stratac.diagnostics import Codes, Source, Span, StrataError, error
+from stratac.lang import ast
+from stratac.resources import resource_path
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,0 +1,59 @@
+"""The schedule IR and the stages that work on it.
+
+In: the IR sema lowers a checked program to (`nodes`: schedules of stages, copies, reductions,
+routing, syncs; `expr`: integer expressions symbolic in rank, world and the size symbols).
+Out: per-rank event lists for one concrete world and size (`instantiate`, read by the verifier) and
+the IR after the pass pipeline (`passes`: flag epochs, engine placement, UB tiling), read by codegen.
+
+Every stage says `ir.Copy`, `ir.DType`, `ir.dump(...)`: the node, expression and printer names are
+re-exported here. This package imports nothing above it.
+"""
+
+from stratac.ir.expr import (
+                             Bin,
+                             BinKind,
+                             Const,
+                             IExpr,
+                             Var,
+                             add,
+                             bare,
+                             c_source,
+                             py_source,
+                             simplify,
+                             size_scale,
+                             split_part,
+)
+from stratac.ir.nodes import (
+                             ROUTE_OPERANDS,
+                             Accumulate,
+                             Barrier,
+                             Buffer,
+                             Contract,
+                             ContractKind,
+                             Copy,
+                             Domain,
+                             DType,
+                             Engine,
+                             Flag,
+                             If,
+                             KernelPlan,
+                             Loop,
+                             Node,
+                             Op,
+                             OpParam,
+                             Plan,
+                             Reduce,
+                             ReduceOp,
+                             Region,
+                             Route,
+                             RouteKind,
+                             Scalar,
+                             ScalarKind,
+                             Schedule,
+                             Signal,
+                             SizeRule,
+                             Stage,
+                             Wait,
+                             size_rules,
+)
+from stratac.ir.printer import dump

@@ -1,0 +1,215 @@
+"""Integer expressions of the schedule IR, symbolic in rank, world and the size symbols.
+
+In: the expressions sema builds (offsets, lengths, conditions, loop bounds). Out: simplified
+expressions, their values for one instance (`eval`), the size rules that read size symbols off the
+caller's tensors, balanced split offsets, and their text as Python (`py_source`, for hot
+evaluations) and as C++ (`c_source`, for codegen).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Mapping, Union
+
+
+@dataclass(frozen=True)
+class Const:
+    value: int
+
+    def eval(self, env: Mapping[str, int]) -> int:
+        return self.value
+
+    def names(self) -> frozenset[str]:
+        return frozenset()
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+
+    def eval(self, env: Mapping[str, int]) -> int:
+        return env[self.name]
+
+    def names(self) -> frozenset[str]:
+        return frozenset({self.name})
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class BinKind(enum.Enum):
+    ADD = "+"
+    SUB = "-"
+    MUL = "*"
+    DIV = "/"   # floor division; operands are never negative in a valid program
+    MOD = "%"
+    MIN = "min"
+    LT = "<"    # comparisons give 1 or 0
+    LE = "<="
+    GT = ">"
+    GE = ">="
+    EQ = "=="
+    NE = "!="
+
+
+@dataclass(frozen=True)
+class Bin:
+    kind: BinKind
+    lhs: "IExpr"
+    rhs: "IExpr"
+
+    def eval(self, env: Mapping[str, int]) -> int:
+        a, b = self.lhs.eval(env), self.rhs.eval(env)
+        k = self.kind
+        if k is BinKind.ADD:
+            return a + b
+        if k is BinKind.SUB:
+            return a - b
+        if k is BinKind.MUL:
+            return a * b
+        if k is BinKind.DIV:
+            if b == 0:
+                raise ZeroDivisionError(str(self))
+            return a // b
+        if k is BinKind.MOD:
+            if b == 0:
+                raise ZeroDivisionError(str(self))
+            return a % b
+        if k is BinKind.MIN:
+            return min(a, b)
+        return int(_COMPARE[k](a, b))
+
+    def names(self) -> frozenset[str]:
+        return self.lhs.names() | self.rhs.names()
+
+    def __str__(self) -> str:
+        if self.kind is BinKind.MIN:
+            return f"min({self.lhs}, {self.rhs})"
+        return f"({self.lhs} {self.kind.value} {self.rhs})"
+
+
+IExpr = Union[Const, Var, Bin]
+
+
+def bare(e: "IExpr") -> str:
+    """The expression as text without its outermost parentheses."""
+    text = str(e)
+    return text[1:-1] if isinstance(e, Bin) and text.startswith("(") else text
+
+_COMPARE = {BinKind.LT: lambda a, b: a < b, BinKind.LE: lambda a, b: a <= b,
+            BinKind.GT: lambda a, b: a > b, BinKind.GE: lambda a, b: a >= b,
+            BinKind.EQ: lambda a, b: a == b, BinKind.NE: lambda a, b: a != b}
+
+
+def add(a: IExpr, b: IExpr) -> IExpr:
+    if isinstance(a, Const) and a.value == 0:
+        return b
+    if isinstance(b, Const) and b.value == 0:
+        return a
+    return Bin(BinKind.ADD, a, b)
+
+
+def simplify(e: IExpr) -> IExpr:
+    """Local rewrites that keep IR dumps and generated C readable: constant folding,
+    (a * b) / b -> a, (a * b) % b -> 0, identities of 0 and 1, min(x, 0) and x < 0 -> 0 (sizes,
+    offsets and ranks are never negative)."""
+    if not isinstance(e, Bin):
+        return e
+    a, b, k = simplify(e.lhs), simplify(e.rhs), e.kind
+    if isinstance(a, Const) and isinstance(b, Const) and not (k in (BinKind.DIV, BinKind.MOD)
+                                                              and b.value == 0):
+        return Const(Bin(k, a, b).eval({}))
+    if k is BinKind.ADD:
+        if a == Const(0):
+            return b
+        if b == Const(0):
+            return a
+    if k is BinKind.SUB and b == Const(0):
+        return a
+    if k is BinKind.MUL:
+        if Const(0) in (a, b):
+            return Const(0)
+        if a == Const(1):
+            return b
+        if b == Const(1):
+            return a
+    if k in (BinKind.DIV, BinKind.MOD) and isinstance(a, Bin) and a.kind is BinKind.MUL and \
+            b in (a.lhs, a.rhs):
+        return (a.lhs if b == a.rhs else a.rhs) if k is BinKind.DIV else Const(0)
+    if k is BinKind.DIV and b == Const(1):
+        return a
+    if k is BinKind.MOD and b == Const(1):
+        return Const(0)
+    if k in (BinKind.MIN, BinKind.LT) and b == Const(0):
+        return Const(0)
+    return Bin(k, a, b)
+
+
+def size_scale(size: IExpr, sym: str, known: frozenset[str] = frozenset({"world"})) -> IExpr | None:
+    """If size = sym * k with k a function of `known` names only (world by default), returns k;
+    else None. Decided numerically over a few values of the known names: exact for the polynomial
+    sizes the language allows."""
+    if not size.names() <= known | {sym} or sym not in size.names():
+        return None
+    k = simplify(_subst(size, sym, Const(1)))
+    others = sorted(size.names() - {sym})
+    for v in (1, 2, 3, 7):
+        env = {name: v + i for i, name in enumerate(others)}
+        for n in (0, 2, 5):
+            try:
+                if size.eval({**env, sym: n}) != n * k.eval(env):
+                    return None
+            except ZeroDivisionError:
+                return None
+    return k
+
+
+def _subst(e: IExpr, name: str, value: IExpr) -> IExpr:
+    if isinstance(e, Var):
+        return value if e.name == name else e
+    if isinstance(e, Bin):
+        return Bin(e.kind, _subst(e.lhs, name, value), _subst(e.rhs, name, value))
+    return e
+
+
+def split_part(total: IExpr, parts: IExpr, index: IExpr) -> tuple[IExpr, IExpr]:
+    """(offset, length) of part `index` of `total` elements split into `parts` balanced parts:
+    the first total % parts parts get one element more."""
+    base = Bin(BinKind.DIV, total, parts)
+    extra = Bin(BinKind.MOD, total, parts)
+    lo = add(Bin(BinKind.MUL, index, base), Bin(BinKind.MIN, index, extra))
+    length = add(base, Bin(BinKind.LT, index, extra))
+    return simplify(lo), simplify(length)
+
+
+def py_source(e: IExpr) -> str:
+    """The expression as Python source over a dict `env` (used to compile hot evaluations)."""
+    if isinstance(e, Const):
+        return str(e.value)
+    if isinstance(e, Var):
+        return f"env[{e.name!r}]"
+    a, b = py_source(e.lhs), py_source(e.rhs)
+    if e.kind is BinKind.MIN:
+        return f"min({a}, {b})"
+    if e.kind in _COMPARE:
+        return f"int({a} {e.kind.value} {b})"
+    op = {BinKind.DIV: "//"}.get(e.kind, e.kind.value)
+    return f"({a} {op} {b})"
+
+
+def c_source(e: IExpr, names: Mapping[str, str]) -> str:
+    """The expression as C++ (int64_t arithmetic); `names` maps IR names to C expressions."""
+    if isinstance(e, Const):
+        return f"int64_t({e.value})"
+    if isinstance(e, Var):
+        return names[e.name]
+    a, b = c_source(e.lhs, names), c_source(e.rhs, names)
+    if e.kind is BinKind.MIN:
+        return f"strata::Min({a}, {b})"
+    if e.kind in _COMPARE:
+        return f"int64_t({a} {e.kind.value} {b})"
+    return f"({a} {e.kind.value} {b})"

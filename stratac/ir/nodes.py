@@ -1,0 +1,385 @@
+"""The schedule IR's nodes: what moves where, on which engine, in which order.
+
+Frozen dataclasses with spans; kinds are enums; passes return new nodes (dataclasses.replace).
+Symbolic in rank and world through the integer expressions of stratac.ir.expr.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Union
+
+from stratac.diagnostics import Span
+from stratac.ir.expr import IExpr, bare, size_scale
+
+
+class DType(enum.Enum):
+    F32 = ("f32", 4, "float", "float32")
+    F16 = ("f16", 2, "half", "float16")
+    BF16 = ("bf16", 2, "bfloat16_t", "bfloat16")
+    I32 = ("i32", 4, "int32_t", "int32")
+
+    def __init__(self, short: str, nbytes: int, ctype: str, torch_name: str):
+        self.short = short
+        self.nbytes = nbytes
+        self.ctype = ctype
+        self.torch_name = torch_name
+
+    @property
+    def code(self) -> int:
+        """The integer the launchers take to pick the kernel of this dtype (the ABI)."""
+        return list(DType).index(self)
+
+    @staticmethod
+    def parse(text: str) -> "DType | None":
+        return next((d for d in DType if d.short == text), None)
+
+
+class Engine(enum.Enum):
+    AIV = "aiv"
+    SDMA = "sdma"
+    AUTO = "auto"
+
+
+class Domain(enum.Enum):
+    RANKS = "ranks"
+    PEERS = "peers"
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+
+
+class ContractKind(enum.Enum):
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    REDUCESCATTER = "reducescatter"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    ALLTOALL = "alltoall"
+    MOE_DISPATCH = "moe_dispatch"
+    MOE_COMBINE = "moe_combine"
+    ALLTOALLV = "alltoallv"      # a dispatch with one "expert" per rank: row t goes to rank dest[t]
+
+    @property
+    def moe(self) -> bool:
+        """Routed by expert ids (the routing constructs and sample routings apply)."""
+        return self in (ContractKind.MOE_DISPATCH, ContractKind.MOE_COMBINE, ContractKind.ALLTOALLV)
+
+    @property
+    def dispatch(self) -> bool:
+        return self in (ContractKind.MOE_DISPATCH, ContractKind.ALLTOALLV)
+
+
+class ScalarKind(enum.Enum):
+    RANK = "rank"       # a rank of the world, e.g. the root of a broadcast
+    REDOP = "redop"     # a reduction operation, chosen at the call
+
+
+@dataclass(frozen=True)
+class OpParam:
+    """A reduction given by a redop parameter: the kernel is built for sum, max and min."""
+
+    name: str
+
+    @property
+    def value(self) -> str:
+        return self.name
+
+
+Op = Union[ReduceOp, OpParam]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A tensor parameter. dtype None means the type variable `typevar` (any DType)."""
+
+    name: str
+    dtype: DType | None
+    typevar: str | None
+    symmetric: bool
+    size: IExpr
+    span: Span
+    scratch: bool = False   # declared in the body: the runtime allocates it, the caller never sees it
+    shape: tuple[IExpr, ...] = ()   # rows, columns (row-major) for a 2-D tensor; () when 1-D
+
+    @property
+    def type_text(self) -> str:
+        return self.dtype.short if self.dtype else str(self.typevar)
+
+    @property
+    def dims(self) -> tuple[IExpr, ...]:
+        return self.shape or (self.size,)
+
+    @property
+    def shape_text(self) -> str:
+        return ", ".join(bare(d) for d in self.dims)
+
+
+@dataclass(frozen=True)
+class Region:
+    """Elements [lo, lo + length) of buffer's instance on rank `rank` (None: the running rank)."""
+
+    buffer: str
+    lo: IExpr
+    length: IExpr
+    rank: IExpr | None
+    span: Span
+    part: tuple[IExpr, IExpr] | None = None   # (index, parts) when it is a part of a split
+
+    def __str__(self) -> str:
+        at = f"@{self.rank}" if self.rank is not None else ""
+        return f"{self.buffer}[{self.lo} +: {self.length}]{at}"
+
+
+@dataclass(frozen=True)
+class Copy:
+    dst: Region
+    src: Region
+    span: Span
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """dst = op over var in domain of src (src mentions var)."""
+
+    dst: Region
+    op: Op
+    src: Region
+    var: str
+    domain: Domain
+    span: Span
+
+
+@dataclass(frozen=True)
+class Accumulate:
+    """dst op= src: reduce on write, an atomic DMA accumulate (concurrent accumulates commute)."""
+
+    dst: Region
+    op: Op
+    src: Region
+    span: Span
+
+
+@dataclass(frozen=True)
+class If:
+    cond: IExpr          # nonzero: then; it may depend on rank, so ranks can take different arms
+    then: tuple["Node", ...]
+    orelse: tuple["Node", ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Loop:
+    var: str
+    domain: Domain
+    body: tuple["Node", ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the passes decided for a stage (None until they ran)."""
+
+    copies_on_aiv: bool            # some copy may go through the vector cores' UB
+    copies_on_sdma: bool           # some copy may go to the SDMA queues (needs a quiet at the end)
+    reduces: bool                  # vector reductions
+    sdma_threshold: int            # bytes from which `auto` copies go to SDMA
+    routes: bool = False           # MoE routing constructs (strata::Router)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """UB layout of one core, the same for every stage of the kernel (one TPipe per kernel)."""
+
+    copy_tiles: int                # tiles of the copy queue (VECIN->VECOUT, double-buffered)
+    reduce_tiles: int              # tiles of the reduce input and output queues
+    tile_bytes: int                # bytes per tile, a multiple of 32
+    scratch_bytes: int             # UB scratch for SDMA descriptors and flag staging
+    ub_bytes: int                  # total UB bytes per core
+    cores: int                     # vector cores a launch uses by default
+    soc: str
+    route_bytes: int = 0           # UB of the MoE routing constructs (counters, gather buffers)
+
+
+@dataclass(frozen=True)
+class Stage:
+    engine: Engine
+    body: tuple["Node", ...]
+    span: Span
+    index: int
+    plan: Plan | None = None
+
+
+@dataclass(frozen=True)
+class Barrier:
+    span: Span
+    seq: int = 0     # position among the sync operations of one call; stamps = epoch + seq
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    size: IExpr
+    span: Span
+    seq: int = 0     # stamp offset of this flag within a call (every slot is signalled once per call)
+
+
+@dataclass(frozen=True)
+class Signal:
+    flag: str
+    index: IExpr
+    rank: IExpr
+    span: Span
+
+
+@dataclass(frozen=True)
+class Wait:
+    flag: str
+    index: IExpr
+    span: Span
+
+
+class RouteKind(enum.Enum):
+    """MoE routing constructs (dsl/README.md, "Routing"). ids hold int32 expert ids, -1 = no expert;
+    expert e lives on rank e / (experts / world) as its local expert e % (experts / world)."""
+
+    HISTOGRAM = "histogram"   # dst[e] = the number of entries of ids equal to e
+    EXSCAN = "exscan"         # dst[e] = first window row of this rank's rows for e (packed layout)
+    SLOTS = "slots"           # dst[e] = first window row of this rank's slots for e (fixed capacity)
+    PLACE = "place"           # row t of x -> window row offs[e] + (its place among my rows for e)
+    GATHER = "gather"         # dst row t = sum over k of weights[t, k] * that window row of ids[t, k]
+
+
+ROUTE_OPERANDS = {RouteKind.HISTOGRAM: ("ids",), RouteKind.EXSCAN: ("counts",),
+                  RouteKind.SLOTS: ("capacity",), RouteKind.PLACE: ("x", "ids", "offs"),
+                  RouteKind.GATHER: ("win", "ids", "weights", "offs")}
+
+
+@dataclass(frozen=True)
+class Route:
+    """dst = kind(operands): operands name buffers (ROUTE_OPERANDS), except slots' capacity."""
+
+    kind: RouteKind
+    dst: Region
+    operands: tuple[str, ...]
+    span: Span
+    capacity: IExpr | None = None
+
+    def __str__(self) -> str:
+        args = [str(self.capacity)] if self.capacity is not None else list(self.operands)
+        return f"{self.dst} = {self.kind.value}({', '.join(args)})"
+
+
+Node = Union[Copy, Reduce, Accumulate, Route, If, Loop, Stage, Barrier, Signal, Wait]
+
+
+@dataclass(frozen=True)
+class Contract:
+    kind: ContractKind
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]     # equal to inputs for an in-place contract
+    op: Op | None
+    span: Span
+    root: str | None = None      # the rank parameter naming the root
+    capacity: str | None = None  # MoE: the size symbol of the slots per (expert, source rank)
+
+    @property
+    def in_place(self) -> bool:
+        return self.inputs == self.outputs
+
+    def __str__(self) -> str:
+        if self.kind.moe:
+            data = f"{', '.join(self.inputs)} -> {', '.join(self.outputs)}"
+        else:
+            data = self.inputs[0] if self.in_place else f"{self.inputs[0]} -> {self.outputs[0]}"
+        extra = [a for a in (self.op.value if self.op else None, self.root, self.capacity) if a]
+        return f"{self.kind.value}({', '.join([data, *extra])})"
+
+
+@dataclass(frozen=True)
+class Scalar:
+    name: str
+    kind: ScalarKind
+    span: Span
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    source_name: str
+    params: tuple[Buffer, ...]
+    sizes: tuple[str, ...]          # size symbols, each the whole size of some parameter
+    flags: tuple[Flag, ...]
+    contract: Contract
+    body: tuple[Node, ...]
+    span: Span
+    sync_ops: int = 0               # stamps one call uses (barriers + flags; the epoch pass sets it)
+    kernel: KernelPlan | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    scalars: tuple[Scalar, ...] = ()
+
+    def param(self, name: str) -> Buffer:
+        return next(p for p in self.params if p.name == name)
+
+    @property
+    def tensors(self) -> tuple[Buffer, ...]:
+        """The buffers a caller passes (parameters that are not scratch)."""
+        return tuple(p for p in self.params if not p.scratch)
+
+    @property
+    def scratch(self) -> tuple[Buffer, ...]:
+        return tuple(p for p in self.params if p.scratch)
+
+    @property
+    def op_param(self) -> Scalar | None:
+        return next((x for x in self.scalars if x.kind is ScalarKind.REDOP), None)
+
+    @property
+    def rank_params(self) -> tuple[Scalar, ...]:
+        return tuple(x for x in self.scalars if x.kind is ScalarKind.RANK)
+
+    @property
+    def typevars(self) -> tuple[str, ...]:
+        seen: list[str] = []
+        for p in self.params:
+            if p.typevar and p.typevar not in seen:
+                seen.append(p.typevar)
+        return tuple(seen)
+
+
+@dataclass(frozen=True)
+class SizeRule:
+    """Size symbol `sym` is dimension `dim` of parameter `param` divided by `scale`."""
+
+    sym: str
+    param: str
+    dim: int
+    scale: IExpr
+
+
+def size_rules(params: tuple[Buffer, ...], syms: tuple[str, ...]) -> tuple[list[SizeRule], list[str]]:
+    """How the size symbols are read off the shapes of the caller's tensors, in an order where each
+    rule's scale uses only world and symbols read before it; and the symbols that cannot be read."""
+    known, rules = {"world"}, []
+    progress = True
+    while progress:
+        progress = False
+        for p in params:
+            if p.scratch:
+                continue
+            for i, d in enumerate(p.dims):
+                todo = d.names() - known
+                if len(todo) != 1:
+                    continue
+                sym = next(iter(todo))
+                k = size_scale(d, sym, frozenset(known))
+                if sym in syms and k is not None:
+                    rules.append(SizeRule(sym, p.name, i, k))
+                    known.add(sym)
+                    progress = True
+    return rules, [x for x in syms if x not in known]

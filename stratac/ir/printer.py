@@ -1,0 +1,90 @@
+"""The schedule IR as text (`stratac compile --dump-ir`), so that tests can state it as a golden."""
+
+from __future__ import annotations
+
+from stratac.diagnostics import Span
+from stratac.ir.nodes import (
+    Accumulate,
+    Barrier,
+    Copy,
+    If,
+    Loop,
+    Node,
+    Reduce,
+    Route,
+    Schedule,
+    Signal,
+    Stage,
+    Wait,
+)
+
+
+def dump(s: Schedule) -> str:
+    params = ", ".join([f"{p.name}: {'sym ' if p.symmetric else ''}{p.type_text}[{p.shape_text}]"
+                        for p in s.tensors] + [f"{x.name}: {x.kind.value}" for x in s.scalars])
+    out = [f"schedule {s.name}({params}) implements {s.contract}"]
+    if s.sizes:
+        out.append(f"  sizes {', '.join(s.sizes)}")
+    for p in s.scratch:
+        out.append(f"  scratch {p.name}: {'sym ' if p.symmetric else ''}{p.type_text}[{p.shape_text}]")
+    for f in s.flags:
+        out.append(f"  flag {f.name}[{f.size}] seq={f.seq}")
+    for op in s.body:
+        _dump_op(op, 1, out)
+    if s.sync_ops:
+        out.append(f"  # {s.sync_ops} flag stamps per call")
+    if s.kernel:
+        k = s.kernel
+        route = f" + {k.route_bytes} B routing" if k.route_bytes else ""
+        out.append(f"  # UB per core: {k.copy_tiles} copy + {k.reduce_tiles} reduce tiles x "
+                   f"{k.tile_bytes} B + {k.scratch_bytes} B scratch{route} = {k.ub_bytes} B; "
+                   f"{k.cores} cores ({k.soc})")
+    return "\n".join(out) + "\n"
+
+
+def _line(span: Span) -> str:
+    return f"  # line {span.line}"
+
+
+def _dump_op(op: Node, depth: int, out: list[str]) -> None:
+    pad = "  " * depth
+    if isinstance(op, Stage):
+        plan = ""
+        if op.plan:
+            p = op.plan
+            used = [name for name, on in (("aiv-copy", p.copies_on_aiv), ("sdma-copy", p.copies_on_sdma),
+                                          ("aiv-reduce", p.reduces), ("routing", p.routes)) if on]
+            plan = f" [{' '.join(used)}" + (f" sdma>={p.sdma_threshold}B]" if p.copies_on_aiv and
+                                              p.copies_on_sdma else "]")
+        out.append(f"{pad}stage {op.index} on {op.engine.value}{plan}:{_line(op.span)}")
+        for inner in op.body:
+            _dump_op(inner, depth + 1, out)
+    elif isinstance(op, Loop):
+        out.append(f"{pad}for {op.var} in {op.domain.value}:{_line(op.span)}")
+        for inner in op.body:
+            _dump_op(inner, depth + 1, out)
+    elif isinstance(op, Copy):
+        out.append(f"{pad}{op.dst} = {op.src}{_line(op.span)}")
+    elif isinstance(op, Reduce):
+        out.append(f"{pad}{op.dst} = {op.op.value}({op.src} for {op.var} in {op.domain.value})"
+                   f"{_line(op.span)}")
+    elif isinstance(op, Accumulate):
+        out.append(f"{pad}{op.dst} {op.op.value}= {op.src}{_line(op.span)}")
+    elif isinstance(op, Route):
+        out.append(f"{pad}{op}{_line(op.span)}")
+    elif isinstance(op, If):
+        out.append(f"{pad}if {op.cond}:{_line(op.span)}")
+        for inner in op.then:
+            _dump_op(inner, depth + 1, out)
+        if op.orelse:
+            out.append(f"{pad}else:")
+            for inner in op.orelse:
+                _dump_op(inner, depth + 1, out)
+    elif isinstance(op, Barrier):
+        out.append(f"{pad}barrier seq={op.seq}{_line(op.span)}")
+    elif isinstance(op, Signal):
+        out.append(f"{pad}signal {op.flag}[{op.index}]@{op.rank}{_line(op.span)}")
+    elif isinstance(op, Wait):
+        out.append(f"{pad}wait {op.flag}[{op.index}]{_line(op.span)}")
+    else:  # pragma: no cover - the IR has no other node kinds
+        raise TypeError(op)
