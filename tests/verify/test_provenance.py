@@ -43,7 +43,7 @@ def schedule(op: str = "sum", again: bool = False) -> ir.Schedule:
 def simulate(s: ir.Schedule, world: int, n: int):
     """(initial tags of x per rank, final x per rank) from the verifier's simulation."""
     inst = instantiate(s, world, {"n": n})
-    ex = verify.check._Execution(inst)
+    ex = verify.timeline.Execution(inst)
     assert ex.run() == []
     init = [ex.values.init[(r, "x")] for r in range(world)]
     cur = [ex.values.cur[(r, "x")] for r in range(world)]
@@ -135,7 +135,7 @@ def test_allgather_final_state_is_the_concatenation():
     s, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allgather_push.strata"))
     world, n = 3, 4
     inst = instantiate(s, world, {"n": n})
-    ex = verify.check._Execution(inst)
+    ex = verify.timeline.Execution(inst)
     assert ex.run() == []
     xs = [ex.values.init[(p, "x")] for p in range(world)]
     for r in range(world):

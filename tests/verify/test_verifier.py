@@ -49,9 +49,9 @@ def test_default_samples():
 def test_default_samples_stay_within_the_simulation_budget(monkeypatch):
     s, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allgather_push.strata"))
     # x has n, out n * world elements per rank: (n + n * world) * world elements in all
-    monkeypatch.setattr(verify.check, "SIM_ELEMENT_BUDGET", (8 + 8 * 4) * 4)
+    monkeypatch.setattr(verify.samples, "SIM_ELEMENT_BUDGET", (8 + 8 * 4) * 4)
     assert verify.default_samples(s, 4) == [{"n": 1}, {"n": 7}]
-    monkeypatch.setattr(verify.check, "SIM_ELEMENT_BUDGET", 0)
+    monkeypatch.setattr(verify.samples, "SIM_ELEMENT_BUDGET", 0)
     assert verify.default_samples(s, 4) == [{"n": 1}]     # never none at all
 
 
@@ -145,7 +145,7 @@ def test_vector_clocks_order_signal_before_wait_and_barriers():
     assert kinds == [EventKind.ENTRY, EventKind.STAGE, EventKind.SIGNAL, EventKind.STAGE,
                      EventKind.WAIT, EventKind.STAGE, EventKind.BARRIER, EventKind.STAGE,
                      EventKind.EXIT]
-    ex = verify.check._Execution(inst)
+    ex = verify.timeline.Execution(inst)
     assert ex.run() == []
     stage1, signal, stage2, wait, stage3, barrier, stage4, exit_ = range(1, 9)
     # rank 0 signals rank 1: what rank 0 did before its signal happens before rank 1's wait
@@ -178,7 +178,7 @@ def test_consecutive_signals_and_waits_merge_into_one_event():
     assert sorted(tl[1].signals)[0][:3] == (0, "a", 2) and len(tl[1].signals) == 5
     assert [(f, slot) for f, slot, _ in tl[2].waits] == [("a", 0), ("a", 1), ("a", 2), ("a", 3),
                                                           ("b", 2)]
-    assert verify.check._Execution(inst).run() == []      # no deadlock (the contract is not the point)
+    assert verify.timeline.Execution(inst).run() == []      # no deadlock (the contract is not the point)
 
 
 def test_deadlock_notes_say_who_waits_for_what():
@@ -209,6 +209,8 @@ def test_deadlock_at_a_barrier_names_the_waiting_ranks():
     assert [n.message for n in d.notes] == [
         "rank 0 waits for go[0], which no rank ever signals",
         "ranks 1, 2 wait at a barrier for the others"]
+    # more than six waiting ranks are named as a range
+    assert first_error(s, [8]).notes[1].message == "ranks 1..7 (7 ranks) wait at a barrier for the others"
 
 
 def test_instances_too_large_to_simulate_are_refused(monkeypatch):

@@ -1,0 +1,197 @@
+"""The contract: what the collective must leave in every buffer, against the simulated values.
+
+In: an instance and its simulated values after the call (`provenance`). Out: at most one
+diagnostic: a routing construct that wrote outside its window, buffers of a shape the contract
+cannot hold, or the first element that differs from what the contract says, naming what it holds
+instead. Also, for MoE, the reference window layout (`moe_layout`), from the expert ids alone.
+Reductions are held to exactly-once for max and min too (conservative: a schedule relying on
+max(a, a) = a is rejected).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stratac import ir
+from stratac.diagnostics import Codes, Diagnostic, error
+from stratac.ir.instantiate import Instance
+from stratac.verify.provenance import Values
+from stratac.verify.samples import context
+
+
+def check_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
+    s, W = inst.schedule, inst.world
+    c = s.contract
+    if vals.faults:
+        return vals.faults[:1]
+    if c.kind.moe:
+        return _moe_contract(inst, vals)
+    x, out = c.inputs[0], c.outputs[0]
+    nx, nout = inst.buffer_sizes[x], inst.buffer_sizes[out]
+    K = ir.ContractKind
+    expected: dict[tuple[int, str], np.ndarray | None] = {}   # None: the contract says nothing
+    describe: dict[str, str] = {}
+
+    def shape(want: int, why: str) -> list[Diagnostic]:
+        return [error(Codes.SHAPE, f"{c.kind.value} needs {why}: {want} elements, but {out} has {nout} "
+                      f"and {x} has {nx} ({context(inst)})", s.param(out).span)]
+
+    def total(part: slice = slice(None)) -> np.ndarray:
+        acc = np.zeros(len(range(nx)[part]), dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            for r in range(W):
+                acc += vals.init[(r, x)][part]
+        return acc
+
+    opname = c.op.value if c.op else ""
+    if c.kind is K.ALLREDUCE:
+        if nout != nx:
+            return shape(nx, f"{out} as large as {x}")
+        t = total()
+        for r in range(W):
+            expected[(r, out)] = t
+        describe[out] = f"the {opname} over all ranks of {x}[i]"
+    elif c.kind is K.ALLGATHER:
+        if nout != nx * W:
+            return shape(nx * W, f"{out} to hold world x {x}")
+        gathered = np.concatenate([vals.init[(p, x)] for p in range(W)])
+        for r in range(W):
+            expected[(r, out)] = gathered
+        describe[out] = f"block i // {nx} of the gather: {x}[i % {nx}] of rank i // {nx}"
+    elif c.kind is K.REDUCESCATTER:
+        if nx != nout * W:
+            return shape(nout * W, f"{x} to hold world x {out}")
+        for r in range(W):
+            expected[(r, out)] = total(slice(r * nout, (r + 1) * nout))
+        describe[out] = f"the {opname} over all ranks of block `rank` of {x}"
+    elif c.kind is K.BROADCAST:
+        if nout != nx:
+            return shape(nx, f"{out} as large as {x}")
+        root = inst.sizes[c.root]
+        for r in range(W):
+            expected[(r, out)] = vals.init[(root, x)]
+        describe[out] = f"{x}[i] of the root, rank {root}"
+    elif c.kind is K.REDUCE:
+        if nout != nx:
+            return shape(nx, f"{out} as large as {x}")
+        root = inst.sizes[c.root]
+        for r in range(W):
+            if r == root:
+                expected[(r, out)] = total()
+            elif not c.in_place:
+                expected[(r, out)] = None
+        describe[out] = f"on the root (rank {root}), the {opname} over all ranks of {x}[i]"
+    else:  # ALLTOALL
+        if nx != nout or nx % W:
+            return shape(nx - nx % W if nx % W else nx,
+                         f"{x} and {out} of one size, a multiple of the world size")
+        m = nx // W
+        for r in range(W):
+            expected[(r, out)] = np.concatenate([vals.init[(p, x)][r * m:(r + 1) * m] for p in range(W)])
+        describe[out] = f"block p of {out} on rank r is block r of {x} on rank p (blocks of {m})"
+    for r in range(W):
+        for b in vals.names:
+            if s.param(b).scratch:
+                continue
+            want = expected.get((r, b), vals.init[(r, b)])
+            if want is None:
+                continue
+            got = vals.cur[(r, b)]
+            bad = np.nonzero(got != want)[0]
+            if bad.size == 0:
+                continue
+            i = int(bad[0])
+            what = describe.get(b, f"its input value (the contract leaves {b} unchanged)")
+            holds = _explain(vals, int(got[i]))
+            return [error(Codes.CONTRACT, f"the schedule does not implement {c} ({context(inst)}): "
+                          f"{b}@{r}[{i}] should be {what}, but {holds}"
+                          + (f"; {bad.size} elements are wrong" if bad.size > 1 else ""),
+                          c.span)]
+    return []
+
+
+def moe_layout(ids: list[np.ndarray], experts: int, capacity: int | None) -> dict:
+    """The window row of every routed entry: {(source rank, token, k): (owner, row)}, by the
+    contract's definition. Packed (capacity None): on each owner, local expert by local expert, the
+    rows from rank 0, then rank 1, ..., each rank's in token order. Slotted: rank s's j-th row for
+    local expert l is row (l * world + s) * capacity + j."""
+    W = len(ids)
+    L = experts // W
+    out = {}
+    for o in range(W):
+        row = 0
+        for l in range(L):
+            e = o * L + l
+            for src in range(W):
+                j = 0
+                for t, k in zip(*np.nonzero(ids[src] == e)):
+                    out[(src, int(t), int(k))] = (o, row if capacity is None else (l * W + src) * capacity + j)
+                    row += 1
+                    j += 1
+    return out
+
+
+def _moe_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
+    s, W, c = inst.schedule, inst.world, inst.schedule.contract
+    ids_name = c.inputs[1]
+    T, K = (inst.buffer_shapes[ids_name] + (1,))[:2]
+    ids = [vals.init[(r, ids_name)].astype(np.int64).reshape(T, K) for r in range(W)]
+    counts_name = c.outputs[1] if c.kind.dispatch else c.inputs[3]
+    E = inst.buffer_shapes[counts_name][-1]
+    cap = inst.sizes[c.capacity] if c.capacity else None
+    layout = moe_layout(ids, E, cap)
+    matrix = np.stack([np.bincount(i[(i >= 0) & (i < E)], minlength=E)[:E] for i in ids]).reshape(-1)
+    expected: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}   # values, mask of checked
+    describe: dict[str, str] = {}
+    if c.kind.dispatch:
+        x, win = c.inputs[0], c.outputs[0]
+        H = inst.buffer_shapes[x][1]
+        want = {r: vals.init[(r, win)].copy() for r in range(W)}
+        mask = {r: np.zeros(inst.buffer_sizes[win], dtype=bool) for r in range(W)}
+        for (src, t, _), (o, row) in layout.items():
+            want[o][row * H:(row + 1) * H] = vals.init[(src, x)][t * H:(t + 1) * H]
+            mask[o][row * H:(row + 1) * H] = True
+        for r in range(W):
+            expected[(r, win)] = (want[r], mask[r])
+            expected[(r, counts_name)] = (matrix.astype(np.uint64),
+                                          np.ones(matrix.size, dtype=bool))
+        describe[win] = "the token row the layout puts there"
+        describe[counts_name] = f"the number of entries of {ids_name} on rank i // experts equal to i % experts"
+    else:
+        win, weights, y = c.inputs[0], c.inputs[2], c.outputs[0]
+        H = inst.buffer_shapes[y][1]
+        for r in range(W):
+            out = np.zeros(T * H, dtype=np.uint64)
+            with np.errstate(over="ignore"):
+                for t in range(T):
+                    for k in range(K):
+                        hit = layout.get((r, t, k))
+                        if hit:
+                            o, row = hit
+                            out[t * H:(t + 1) * H] += vals.init[(r, weights)][t * K + k] * \
+                                vals.init[(o, win)][row * H:(row + 1) * H]
+            expected[(r, y)] = (out, np.ones(out.size, dtype=bool))
+        describe[y] = f"the sum over k of {weights}[t, k] times the window row of entry (t, k)"
+    for r in range(W):
+        for b in vals.names:
+            if s.param(b).scratch:
+                continue
+            want, mask = expected.get((r, b), (vals.init[(r, b)], None))
+            got = vals.cur[(r, b)]
+            bad = np.nonzero((got != want) if mask is None else ((got != want) & mask))[0]
+            if bad.size == 0:
+                continue
+            i = int(bad[0])
+            what = describe.get(b, f"its input value (the contract leaves {b} unchanged)")
+            return [error(Codes.CONTRACT, f"the schedule does not implement {c} ({context(inst)}): "
+                          f"{b}@{r}[{i}] should be {what}, but {_explain(vals, int(got[i]))}"
+                          + (f"; {bad.size} elements are wrong" if bad.size > 1 else ""), c.span)]
+    return []
+
+
+def _explain(vals: Values, value: int) -> str:
+    for (r, b), arr in vals.init.every():
+        hit = np.nonzero(arr == np.uint64(value))[0]
+        if hit.size:
+            return f"it holds {b}@{r}[{int(hit[0])}] as the call found it"
+    return "it holds a combination with some contribution missing or counted twice"

@@ -1,0 +1,183 @@
+"""The simulated memory of one instance: where every element's value came from.
+
+In: an instance, then its stage events in an order happens-before allows (fed by the timeline
+execution). Out: every buffer's initial and current value by (rank, buffer), and the faults of
+routing constructs that wrote outside their window. Every element of every rank starts as a
+distinct 64-bit tag; copies move tags and reductions add them (mod 2^64), so a reduced element
+equals the expected sum of tags exactly when each expected contribution arrived exactly once.
+Routing constructs (histogram, exscan, slots, place, gather) are executed on these values, and
+only then are their accesses known: they depend on the expert ids and counts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stratac import ir
+from stratac.diagnostics import Codes, Diagnostic, Note, error
+from stratac.ir.instantiate import Access, Event, Instance
+from stratac.verify.samples import context
+
+
+def _tags(rank: int, buf_index: int, n: int) -> np.ndarray:
+    """Distinct pseudo-random 64-bit tags for the elements of one buffer instance (splitmix64)."""
+    with np.errstate(over="ignore"):
+        x = (np.arange(n, dtype=np.uint64) + np.uint64((rank << 40) + (buf_index << 32) + 1)) \
+            * np.uint64(0x9E3779B97F4A7C15)
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+class _Initial(dict):
+    """What every buffer held when the call began, by (rank, buffer): the instance's data (expert
+    ids, a combine's counts), else distinct tags. Generated on demand and kept only when small:
+    a MoE instance's count tables (world x experts per rank) would otherwise be held twice."""
+
+    KEEP = 1 << 16
+
+    def __init__(self, inst: Instance, names: list[str]):
+        super().__init__()
+        self.inst, self.index = inst, {b: i for i, b in enumerate(names)}
+
+    def __missing__(self, key):
+        r, b = key
+        if key in self.inst.data:
+            arr = np.asarray(self.inst.data[key], dtype=np.int64).reshape(-1).astype(np.uint64)
+        else:
+            arr = _tags(r, self.index[b], self.inst.buffer_sizes[b])
+        if arr.size <= self.KEEP:
+            self[key] = arr
+        return arr
+
+    def every(self):
+        for r in range(self.inst.world):
+            for b in self.index:
+                yield (r, b), self[(r, b)]
+
+
+class Values:
+    def __init__(self, inst: Instance):
+        self.inst = inst
+        self.names = [p.name for p in inst.schedule.params]
+        self.init = _Initial(inst, self.names)
+        self.cur = {}
+        for r in range(inst.world):
+            for b in self.names:
+                v = self.init[(r, b)]
+                self.cur[(r, b)] = v.copy() if (r, b) in self.init else v   # a kept array is shared
+        self.faults: list[Diagnostic] = []   # routing that went outside its window
+        self.serial = 1 << 40                # access instances of expanded routing constructs
+
+    def execute(self, ev: Event) -> None:
+        for ri in ev.routes:
+            self._route(ri, ev)
+        with np.errstate(over="ignore"):
+            for mv in ev.moves:
+                owner, buf, lo, hi = mv.dst
+                if hi <= lo:
+                    continue
+                vals = [self.cur[(o, b)][l:h] for o, b, l, h in mv.srcs]
+                if mv.accumulate:
+                    out = self.cur[(owner, buf)][lo:hi] + vals[0]
+                elif mv.op is None:
+                    out = vals[0].copy()
+                else:
+                    out = np.zeros(hi - lo, dtype=np.uint64)
+                    for v in vals:
+                        out += v
+                self.cur[(owner, buf)][lo:hi] = out
+
+
+    # ---- routing constructs, executed on the simulated values
+
+    def _ints(self, rank: int, buf: str) -> np.ndarray:
+        return self.cur[(rank, buf)].astype(np.int64)
+
+    def _access(self, ev: Event, ri, owner: int, buf: str, lo: int, hi: int, write: bool) -> None:
+        if hi > lo:
+            self.serial += 1
+            ev.accesses.append(Access(owner, buf, lo, hi, write, self.serial, ri.span))
+
+    def _rows(self, ri, ev: Event, owner_rows: list[tuple[int, int]], buf: str, write: bool) -> None:
+        """Accesses to whole rows of a window (owner, row), runs of consecutive rows merged."""
+        H = ri.hidden
+        run = None
+        for owner, row in owner_rows + [(None, None)]:
+            if run and owner == run[0] and row == run[2]:
+                run[2] += 1
+                continue
+            if run:
+                self._access(ev, ri, run[0], buf, run[1] * H, run[2] * H, write)
+            run = [owner, row, row + 1] if owner is not None else None
+
+    def _route(self, ri, ev: Event) -> None:
+        K, W, r = ir.RouteKind, self.inst.world, ri.rank
+        b = ri.buffers
+        owner, dbuf, lo, hi = ri.dst
+        out = self.cur[(owner, dbuf)]
+        if ri.kind is not K.PLACE:   # place writes rows of other ranks' windows, listed below
+            self._access(ev, ri, owner, dbuf, lo, hi, True)
+        for role in ("ids", "counts", "offs", "weights"):
+            if role in b:
+                self._access(ev, ri, r, b[role], 0, self.inst.buffer_sizes[b[role]], False)
+        E = ri.experts
+        if ri.kind is K.HISTOGRAM:
+            ids = self._ints(r, b["ids"])
+            ids = ids[(ids >= 0) & (ids < E)]
+            out[lo:hi] = np.bincount(ids, minlength=E)[:E].astype(np.uint64)
+            return
+        L = E // W
+        if ri.kind is K.EXSCAN:
+            m = self._ints(r, b["counts"]).reshape(W, E)
+            offs = np.zeros(E, dtype=np.int64)
+            with np.errstate(over="ignore"):   # counts read before they are complete: garbage, reported
+                for e in range(E):
+                    o, l = divmod(e, L)
+                    offs[e] = m[:, o * L:o * L + l].sum() + m[:r, e].sum()
+            out[lo:hi] = offs.astype(np.uint64)
+            return
+        if ri.kind is K.SLOTS:
+            e = np.arange(E, dtype=np.int64)
+            out[lo:hi] = (((e % L) * W + r) * ri.capacity).astype(np.uint64)
+            return
+        ids = self._ints(r, b["ids"]).reshape(ri.tokens, ri.topk)
+        offs = self._ints(r, b["offs"])
+        H, seen = ri.hidden, np.zeros(E, dtype=np.int64)
+        place = ri.kind is K.PLACE
+        win = dbuf if place else b["win"]
+        used: list[tuple[int, int]] = []
+        rows_out = np.zeros((ri.tokens, H), dtype=np.uint64)
+        weights = self.cur[(r, b["weights"])] if not place else None
+        x = self.cur[(r, b["x"])] if place else None
+        with np.errstate(over="ignore"):
+            for t in range(ri.tokens):
+                for k in range(ri.topk):
+                    e = int(ids[t, k])
+                    if not 0 <= e < E:
+                        continue
+                    row = int(offs[e]) + int(seen[e])
+                    seen[e] += 1
+                    o = e // L
+                    if not 0 <= row < ri.rows:
+                        if not self.faults:
+                            self.faults.append(error(
+                                Codes.CONTRACT, f"rank {r}: {ri.kind.value} puts token {t} (expert {e}) "
+                                f"at row {row} of {win}@{o}, which has {ri.rows} rows "
+                                f"({context(self.inst)})", ri.span,
+                                Note("the offsets are wrong: are the counts complete when they are read?")))
+                        continue
+                    used.append((o, row))
+                    if place:
+                        self.cur[(o, win)][row * H:(row + 1) * H] = x[t * H:(t + 1) * H]
+                    else:
+                        rows_out[t] += weights[t * ri.topk + k] * self.cur[(o, win)][row * H:(row + 1) * H]
+        if place:
+            self._access(ev, ri, r, b["x"], 0, self.inst.buffer_sizes[b["x"]], False)
+            self._rows(ri, ev, used, win, True)
+        else:
+            self._rows(ri, ev, used, win, False)
+            out[lo:hi] = rows_out.reshape(-1)

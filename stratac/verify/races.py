@@ -1,0 +1,102 @@
+"""Races and the entry/exit rules, on an executed instance.
+
+In: an instance and its execution (the happens-before relation; the accesses of routing constructs
+are only known once executed). Out: at most MAX_RACES_REPORTED diagnostics. A race is two accesses
+to overlapping elements of one rank's buffer, at least one a write, that happens-before does not
+order. Every access to a peer's memory must come after that peer entered the call (its input is
+valid) and before it returns (its memory is still the call's).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from stratac.diagnostics import Codes, Diagnostic, Note, error
+from stratac.ir.instantiate import Access, Event, EventKind, Instance
+from stratac.verify.samples import context
+from stratac.verify.timeline import Execution
+
+MAX_RACES_REPORTED = 3
+
+
+def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
+    diags: list[Diagnostic] = []
+    exit_index = [len(tl) - 1 for tl in inst.timelines]
+    c = inst.schedule.contract
+    # A slotted (decode) dispatch may write its outputs (windows, counts) into peers that have not
+    # entered yet, saving a round trip: its precondition is that no rank touches them until then
+    # (the previous combine ends when every rank has finished reading them; after allocating or
+    # writing them on the host, comm.barrier()). dsl/README.md, "Routing". Reads and every other
+    # buffer keep the entry rule.
+    entry_free = set(c.outputs) if c.kind.dispatch and c.capacity else set()
+    # Accesses separated by a barrier are ordered by it (a barrier joins every rank), so only
+    # accesses between the same two barriers can race: group by (owner, buffer, barrier epoch).
+    groups: dict[tuple[int, str, int], list[tuple[Access, Event]]] = {}
+    for tl in inst.timelines:
+        epoch = 0
+        for ev in tl:
+            if ev.kind is EventKind.BARRIER:
+                epoch += 1
+            for a in ev.accesses:
+                groups.setdefault((a.owner, a.buffer, epoch), []).append((a, ev))
+                if a.owner != ev.rank:
+                    kind = "writes" if a.write else "reads"
+                    if not ex.hb(a.owner, 0, ev.rank, ev.index) and not (a.write and
+                                                                          a.buffer in entry_free):
+                        diags.append(error(
+                            Codes.ENTRY, f"rank {ev.rank} {kind} {a.buffer}[{a.lo}:{a.hi}]@{a.owner} "
+                            f"before rank {a.owner} is known to have entered the call ({context(inst)})",
+                            a.span, Note("nothing orders this after the peer's entry: add a barrier or "
+                                         "wait for a flag the peer signals first")))
+                    elif not ex.hb(ev.rank, ev.index, a.owner, exit_index[a.owner]):
+                        diags.append(error(
+                            Codes.EXIT, f"rank {ev.rank} {kind} {a.buffer}[{a.lo}:{a.hi}]@{a.owner}, "
+                            f"but rank {a.owner} may return before that completes ({context(inst)})",
+                            a.span, Note("nothing orders this before the peer's exit: add a barrier or "
+                                         "a signal the peer waits for after it")))
+                    if len(diags) >= MAX_RACES_REPORTED:
+                        return diags
+    for (owner, buf, _), items in groups.items():
+        items.sort(key=lambda t: t[0].lo)
+        # live accesses by kind, each a heap on the end of the interval: "r" reads, "w" plain
+        # writes, and one per accumulate operation (accumulates of one op never conflict, so a
+        # world of accumulates into one slice costs no pairwise checks)
+        active: dict[str, list] = {"w": [], "r": []}
+        for seq, (a, ev) in enumerate(items):
+            for heap in active.values():
+                while heap and heap[0][0] <= a.lo:
+                    heapq.heappop(heap)
+            kind = "r" if not a.write else ("acc:" + a.accumulate if a.accumulate else "w")
+            against = [k for k in active if k != "r" or a.write]
+            if a.accumulate:
+                against = [k for k in against if k != kind]
+            conflict = None
+            for k in against:
+                for _, _, b, bev in sorted(active[k], key=lambda t: t[1]):   # oldest first
+                    if a.instance == b.instance and (a.lo, a.hi) == (b.lo, b.hi):
+                        continue  # one elementwise move reading and writing the same elements
+                    if bev is not ev and (ex.hb(bev.rank, bev.index, ev.rank, ev.index)
+                                          or ex.hb(ev.rank, ev.index, bev.rank, bev.index)):
+                        continue
+                    conflict = (b, bev)
+                    break
+                if conflict:
+                    break
+            if conflict:
+                b, bev = conflict
+                lo, hi = max(a.lo, b.lo), min(a.hi, b.hi)
+                what_a, what_b = _verb(a), _verb(b)
+                diags.append(error(
+                    Codes.RACE, f"race on {buf}[{lo}:{hi}]@{owner} ({context(inst)}): rank {ev.rank} "
+                    f"{what_a} it here and rank {bev.rank} {what_b} it, unordered", a.span,
+                    Note(f"rank {bev.rank} {what_b} it here", b.span)))
+                if len(diags) >= MAX_RACES_REPORTED:
+                    return diags
+            heapq.heappush(active.setdefault(kind, []), (a.hi, seq, a, ev))
+    return diags
+
+
+def _verb(a: Access) -> str:
+    if a.accumulate:
+        return f"accumulates ({a.accumulate}) into"
+    return "writes" if a.write else "reads"
