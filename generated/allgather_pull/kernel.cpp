@@ -39,8 +39,8 @@ class AllgatherPull {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         STRATA_LINE(10);  // strata:10
         if (cut.Take(n_, off, len)) {
-          mv_.Copy(strata::Via::kSdma, out_ + (p_ * n_) + off, rank,
-                   x_ + int64_t(0) + off, p_, len, rank, kSdmaThreshold);
+          mv_.Copy(strata::Via::kSdma, out_ + p_ * n_ + off, rank,
+                   x_ + off, p_, len, rank, kSdmaThreshold);
         }
       }
       strata::EndStage(mv_);

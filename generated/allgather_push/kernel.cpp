@@ -39,8 +39,8 @@ class AllgatherPush {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         STRATA_LINE(11);  // strata:11
         if (cut.Take(n_, off, len)) {
-          mv_.Copy(strata::Via::kSdma, out_ + (rank * n_) + off, p_,
-                   x_ + int64_t(0) + off, rank, len, rank, kSdmaThreshold);
+          mv_.Copy(strata::Via::kSdma, out_ + rank * n_ + off, p_,
+                   x_ + off, rank, len, rank, kSdmaThreshold);
         }
       }
       strata::EndStage(mv_);

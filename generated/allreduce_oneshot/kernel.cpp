@@ -40,11 +40,10 @@ class AllreduceOneshot {
           const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
           bool first = true;
           for (int64_t p_ = 0; p_ < world; ++p_) {
-            mv_.template Fold<OP>(
-                strata::At(x_ + int64_t(0) + off + t, 0, p_), m, first);
+            mv_.template Fold<OP>(strata::At(x_, off + t, p_), m, first);
             first = false;
           }
-          if (!first) mv_.Store(strata::At(out_ + int64_t(0) + off + t, 0, rank), m);
+          if (!first) mv_.Store(strata::At(out_, off + t, rank), m);
         }
       }
       strata::EndStage(mv_);

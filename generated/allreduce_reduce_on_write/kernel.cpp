@@ -11,6 +11,15 @@ constexpr uint32_t kReduceTiles = 0;
 constexpr uint32_t kScratchBytes = 256;
 constexpr int64_t kSdmaThreshold = 262144;
 
+// Part i of `total` elements split into `parts` (`split` in the .strata source) is
+// [PartOffset, PartOffset + PartLength): the first total % parts parts get one element more.
+__aicore__ inline int64_t PartOffset(int64_t total, int64_t parts, int64_t i) {
+  return i * (total / parts) + strata::Min(i, total % parts);
+}
+__aicore__ inline int64_t PartLength(int64_t total, int64_t parts, int64_t i) {
+  return total / parts + (i < total % parts);
+}
+
 template <typename T, strata::Red OP>
 class AllreduceReduceOnWrite {
  public:
@@ -31,13 +40,14 @@ class AllreduceReduceOnWrite {
     {  // strata:12 stage 1 on aiv
       STRATA_LINE(12);
       int64_t total = 0;
-      total += ((n_ / world) + int64_t(rank < (n_ % world)));
+      total += PartLength(n_, world, rank);
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       STRATA_LINE(12);  // strata:12
-      if (cut.Take(((n_ / world) + int64_t(rank < (n_ % world))), off, len)) {
-        mv_.Copy(strata::Via::kAiv, out_ + ((rank * (n_ / world)) + strata::Min(rank, (n_ % world))) + off, rank,
-                 x_ + ((rank * (n_ / world)) + strata::Min(rank, (n_ % world))) + off, rank, len, rank, kSdmaThreshold);
+      if (cut.Take(PartLength(n_, world, rank), off, len)) {
+        const int64_t lo = PartOffset(n_, world, rank);
+        mv_.Copy(strata::Via::kAiv, out_ + lo + off, rank,
+                 x_ + lo + off, rank, len, rank, kSdmaThreshold);
       }
       strata::EndStage(mv_);
     }
@@ -48,16 +58,17 @@ class AllreduceReduceOnWrite {
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        total += ((n_ / world) + int64_t(p_ < (n_ % world)));
+        total += PartLength(n_, world, p_);
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         STRATA_LINE(14);  // strata:14
-        if (cut.Take(((n_ / world) + int64_t(p_ < (n_ % world))), off, len)) {
-          mv_.template AccumulateInto<OP>(out_ + ((p_ * (n_ / world)) + strata::Min(p_, (n_ % world))) + off, p_,
-                                                 x_ + ((p_ * (n_ / world)) + strata::Min(p_, (n_ % world))) + off, rank, len);
+        if (cut.Take(PartLength(n_, world, p_), off, len)) {
+          const int64_t lo = PartOffset(n_, world, p_);
+          mv_.template AccumulateInto<OP>(out_ + lo + off, p_,
+                                                 x_ + lo + off, rank, len);
         }
       }
       strata::EndStage(mv_);
@@ -69,16 +80,17 @@ class AllreduceReduceOnWrite {
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        total += ((n_ / world) + int64_t(rank < (n_ % world)));
+        total += PartLength(n_, world, rank);
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         STRATA_LINE(16);  // strata:16
-        if (cut.Take(((n_ / world) + int64_t(rank < (n_ % world))), off, len)) {
-          mv_.Copy(strata::Via::kSdma, out_ + ((rank * (n_ / world)) + strata::Min(rank, (n_ % world))) + off, p_,
-                   out_ + ((rank * (n_ / world)) + strata::Min(rank, (n_ % world))) + off, rank, len, rank, kSdmaThreshold);
+        if (cut.Take(PartLength(n_, world, rank), off, len)) {
+          const int64_t lo = PartOffset(n_, world, rank);
+          mv_.Copy(strata::Via::kSdma, out_ + lo + off, p_,
+                   out_ + lo + off, rank, len, rank, kSdmaThreshold);
         }
       }
       strata::EndStage(mv_);

@@ -11,6 +11,15 @@ constexpr uint32_t kReduceTiles = 4;
 constexpr uint32_t kScratchBytes = 256;
 constexpr int64_t kSdmaThreshold = 262144;
 
+// Part i of `total` elements split into `parts` (`split` in the .strata source) is
+// [PartOffset, PartOffset + PartLength): the first total % parts parts get one element more.
+__aicore__ inline int64_t PartOffset(int64_t total, int64_t parts, int64_t i) {
+  return i * (total / parts) + strata::Min(i, total % parts);
+}
+__aicore__ inline int64_t PartLength(int64_t total, int64_t parts, int64_t i) {
+  return total / parts + (i < total % parts);
+}
+
 template <typename T, strata::Red OP>
 class AllreduceTwoshot {
  public:
@@ -30,20 +39,20 @@ class AllreduceTwoshot {
     {  // strata:12 stage 1 on aiv
       STRATA_LINE(12);
       int64_t total = 0;
-      total += ((n_ / world) + int64_t(rank < (n_ % world)));
+      total += PartLength(n_, world, rank);
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       STRATA_LINE(12);  // strata:12
-      if (cut.Take(((n_ / world) + int64_t(rank < (n_ % world))), off, len)) {
+      if (cut.Take(PartLength(n_, world, rank), off, len)) {
+        const int64_t lo = PartOffset(n_, world, rank);
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
           const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
           bool first = true;
           for (int64_t p_ = 0; p_ < world; ++p_) {
-            mv_.template Fold<OP>(
-                strata::At(x_ + ((rank * (n_ / world)) + strata::Min(rank, (n_ % world))) + off + t, 0, p_), m, first);
+            mv_.template Fold<OP>(strata::At(x_ + lo, off + t, p_), m, first);
             first = false;
           }
-          if (!first) mv_.Store(strata::At(x_ + ((rank * (n_ / world)) + strata::Min(rank, (n_ % world))) + off + t, 0, rank), m);
+          if (!first) mv_.Store(strata::At(x_ + lo, off + t, rank), m);
         }
       }
       strata::EndStage(mv_);
@@ -53,16 +62,17 @@ class AllreduceTwoshot {
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        total += ((n_ / world) + int64_t(rank < (n_ % world)));
+        total += PartLength(n_, world, rank);
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         STRATA_LINE(13);  // strata:13
-        if (cut.Take(((n_ / world) + int64_t(rank < (n_ % world))), off, len)) {
-          mv_.Copy(strata::Via::kSdma, x_ + ((rank * (n_ / world)) + strata::Min(rank, (n_ % world))) + off, p_,
-                   x_ + ((rank * (n_ / world)) + strata::Min(rank, (n_ % world))) + off, rank, len, rank, kSdmaThreshold);
+        if (cut.Take(PartLength(n_, world, rank), off, len)) {
+          const int64_t lo = PartOffset(n_, world, rank);
+          mv_.Copy(strata::Via::kSdma, x_ + lo + off, p_,
+                   x_ + lo + off, rank, len, rank, kSdmaThreshold);
         }
       }
       strata::EndStage(mv_);

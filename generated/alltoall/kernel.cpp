@@ -39,8 +39,8 @@ class Alltoall {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         STRATA_LINE(9);  // strata:9
         if (cut.Take(n_, off, len)) {
-          mv_.Copy(strata::Via::kSdma, out_ + (rank * n_) + off, p_,
-                   x_ + (p_ * n_) + off, rank, len, rank, kSdmaThreshold);
+          mv_.Copy(strata::Via::kSdma, out_ + rank * n_ + off, p_,
+                   x_ + p_ * n_ + off, rank, len, rank, kSdmaThreshold);
         }
       }
       strata::EndStage(mv_);

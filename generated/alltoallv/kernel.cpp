@@ -32,12 +32,8 @@ class Alltoallv {
 
   __aicore__ inline void Process() {
     {  // strata:13 stage 1 on aiv
-      STRATA_LINE(13);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(13);  // strata:13
-      rt_.Histogram(counts_ + (rank * world), dest_, rows_, world);
+      rt_.Histogram(counts_ + rank * world, dest_, rows_, world);
       strata::EndStage(mv_);
     }
     STRATA_LINE(14);  // strata:14
@@ -55,8 +51,9 @@ class Alltoallv {
         if (p_ == rank) continue;
         STRATA_LINE(15);  // strata:15
         if (cut.Take(world * strata::Ratio<int32_t, T>(), off, len)) {
-          mv_.Copy(strata::Via::kSdma, strata::Reinterpret<T>(counts_) + (rank * world) * strata::Ratio<int32_t, T>() + off, p_,
-                   strata::Reinterpret<T>(counts_) + (rank * world) * strata::Ratio<int32_t, T>() + off, rank, len, rank, kSdmaThreshold);
+          const int64_t lo = rank * world;
+          mv_.Copy(strata::Via::kSdma, strata::Reinterpret<T>(counts_ + lo) + off, p_,
+                   strata::Reinterpret<T>(counts_ + lo) + off, rank, len, rank, kSdmaThreshold);
         }
       }
       strata::EndStage(mv_);
@@ -64,21 +61,13 @@ class Alltoallv {
     STRATA_LINE(16);  // strata:16
     strata::Barrier(sync_, epoch_ + 2);
     {  // strata:17 stage 3 on aiv
-      STRATA_LINE(17);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(17);  // strata:17
-      rt_.Exscan(offs_ + int64_t(0), counts_, world, rank, world);
+      rt_.Exscan(offs_, counts_, world, rank, world);
       strata::EndStage(mv_);
     }
     {  // strata:18 stage 4 on sdma
-      STRATA_LINE(18);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(18);  // strata:18
-      rt_.Place(mv_, strata::Via::kSdma, out_, (world * rows_), x_, dest_, offs_, rows_, int64_t(1), hidden_, world, rank, world, kSdmaThreshold);
+      rt_.Place(mv_, strata::Via::kSdma, out_, world * rows_, x_, dest_, offs_, rows_, 1, hidden_, world, rank, world, kSdmaThreshold);
       strata::EndStage(mv_);
     }
     STRATA_LINE(19);  // strata:19

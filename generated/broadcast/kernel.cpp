@@ -11,6 +11,15 @@ constexpr uint32_t kReduceTiles = 0;
 constexpr uint32_t kScratchBytes = 256;
 constexpr int64_t kSdmaThreshold = 262144;
 
+// Part i of `total` elements split into `parts` (`split` in the .strata source) is
+// [PartOffset, PartOffset + PartLength): the first total % parts parts get one element more.
+__aicore__ inline int64_t PartOffset(int64_t total, int64_t parts, int64_t i) {
+  return i * (total / parts) + strata::Min(i, total % parts);
+}
+__aicore__ inline int64_t PartLength(int64_t total, int64_t parts, int64_t i) {
+  return total / parts + (i < total % parts);
+}
+
 template <typename T, strata::Red OP>
 class Broadcast {
  public:
@@ -28,22 +37,23 @@ class Broadcast {
   __aicore__ inline void Process() {
     STRATA_LINE(8);  // strata:8
     strata::Barrier(sync_, epoch_ + 1);
-    if (int64_t(rank == root_)) {  // strata:9
+    if (rank == root_) {  // strata:9
       {  // strata:9 stage 1 on sdma
         STRATA_LINE(9);
         int64_t total = 0;
         for (int64_t p_ = 0; p_ < world; ++p_) {
           if (p_ == rank) continue;
-          total += ((n_ / world) + int64_t(p_ < (n_ % world)));
+          total += PartLength(n_, world, p_);
         }
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
         for (int64_t p_ = 0; p_ < world; ++p_) {
           if (p_ == rank) continue;
           STRATA_LINE(9);  // strata:9
-          if (cut.Take(((n_ / world) + int64_t(p_ < (n_ % world))), off, len)) {
-            mv_.Copy(strata::Via::kSdma, x_ + ((p_ * (n_ / world)) + strata::Min(p_, (n_ % world))) + off, p_,
-                     x_ + ((p_ * (n_ / world)) + strata::Min(p_, (n_ % world))) + off, rank, len, rank, kSdmaThreshold);
+          if (cut.Take(PartLength(n_, world, p_), off, len)) {
+            const int64_t lo = PartOffset(n_, world, p_);
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, p_,
+                     x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
         }
         strata::EndStage(mv_);
@@ -56,19 +66,20 @@ class Broadcast {
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        if (int64_t(p_ != root_)) {
-          total += ((n_ / world) + int64_t(rank < (n_ % world)));
+        if (p_ != root_) {
+          total += PartLength(n_, world, rank);
         }
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        if (int64_t(p_ != root_)) {
+        if (p_ != root_) {
           STRATA_LINE(11);  // strata:11
-          if (cut.Take(((n_ / world) + int64_t(rank < (n_ % world))), off, len)) {
-            mv_.Copy(strata::Via::kSdma, x_ + ((rank * (n_ / world)) + strata::Min(rank, (n_ % world))) + off, p_,
-                     x_ + ((rank * (n_ / world)) + strata::Min(rank, (n_ % world))) + off, rank, len, rank, kSdmaThreshold);
+          if (cut.Take(PartLength(n_, world, rank), off, len)) {
+            const int64_t lo = PartOffset(n_, world, rank);
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, p_,
+                     x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
         }
       }

@@ -36,12 +36,8 @@ class MoeDecodeCombine {
 
   __aicore__ inline void Process() {
     {  // strata:36 stage 1 on aiv
-      STRATA_LINE(36);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(36);  // strata:36
-      rt_.Slots(offs_ + int64_t(0), experts_, capacity_, rank, world);
+      rt_.Slots(offs_, experts_, capacity_, rank, world);
       strata::EndStage(mv_);
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
@@ -58,12 +54,8 @@ class MoeDecodeCombine {
     }
     AscendC::SyncAll<true>();
     {  // strata:39 stage 2 on aiv
-      STRATA_LINE(39);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(39);  // strata:39
-      rt_.Gather(y_, win_, (experts_ * capacity_), ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world);
+      rt_.Gather(y_, win_, experts_ * capacity_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world);
       strata::EndStage(mv_);
     }
     STRATA_LINE(40);  // strata:40

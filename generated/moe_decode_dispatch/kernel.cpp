@@ -36,13 +36,10 @@ class MoeDecodeDispatch {
   __aicore__ inline void Process() {
     {  // strata:18 stage 1 on aiv
       STRATA_LINE(18);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(19);  // strata:19
-      rt_.Histogram(counts_ + (rank * experts_), ids_, (tokens_ * topk_), experts_);
+      rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);
       STRATA_LINE(20);  // strata:20
-      rt_.Slots(offs_ + int64_t(0), experts_, capacity_, rank, world);
+      rt_.Slots(offs_, experts_, capacity_, rank, world);
       strata::EndStage(mv_);
     }
     {  // strata:22 stage 2 on sdma
@@ -58,12 +55,13 @@ class MoeDecodeDispatch {
         if (p_ == rank) continue;
         STRATA_LINE(23);  // strata:23
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
-          mv_.Copy(strata::Via::kSdma, strata::Reinterpret<T>(counts_) + (rank * experts_) * strata::Ratio<int32_t, T>() + off, p_,
-                   strata::Reinterpret<T>(counts_) + (rank * experts_) * strata::Ratio<int32_t, T>() + off, rank, len, rank, kSdmaThreshold);
+          const int64_t lo = rank * experts_;
+          mv_.Copy(strata::Via::kSdma, strata::Reinterpret<T>(counts_ + lo) + off, p_,
+                   strata::Reinterpret<T>(counts_ + lo) + off, rank, len, rank, kSdmaThreshold);
         }
       }
       STRATA_LINE(24);  // strata:24
-      rt_.Place(mv_, strata::Via::kSdma, win_, (experts_ * capacity_), x_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold);
+      rt_.Place(mv_, strata::Via::kSdma, win_, experts_ * capacity_, x_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold);
       strata::EndStage(mv_);
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce

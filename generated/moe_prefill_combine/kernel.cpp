@@ -35,23 +35,15 @@ class MoePrefillCombine {
 
   __aicore__ inline void Process() {
     {  // strata:33 stage 1 on aiv
-      STRATA_LINE(33);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(33);  // strata:33
-      rt_.Exscan(offs_ + int64_t(0), counts_, experts_, rank, world);
+      rt_.Exscan(offs_, counts_, experts_, rank, world);
       strata::EndStage(mv_);
     }
     STRATA_LINE(34);  // strata:34
     strata::Barrier(sync_, epoch_ + 1);
     {  // strata:35 stage 2 on aiv
-      STRATA_LINE(35);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(35);  // strata:35
-      rt_.Gather(y_, win_, ((world * tokens_) * topk_), ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world);
+      rt_.Gather(y_, win_, world * tokens_ * topk_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world);
       strata::EndStage(mv_);
     }
     STRATA_LINE(36);  // strata:36

@@ -34,12 +34,8 @@ class MoePrefillDispatch {
 
   __aicore__ inline void Process() {
     {  // strata:19 stage 1 on aiv
-      STRATA_LINE(19);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(19);  // strata:19
-      rt_.Histogram(counts_ + (rank * experts_), ids_, (tokens_ * topk_), experts_);
+      rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);
       strata::EndStage(mv_);
     }
     STRATA_LINE(20);  // strata:20
@@ -57,8 +53,9 @@ class MoePrefillDispatch {
         if (p_ == rank) continue;
         STRATA_LINE(21);  // strata:21
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
-          mv_.Copy(strata::Via::kSdma, strata::Reinterpret<T>(counts_) + (rank * experts_) * strata::Ratio<int32_t, T>() + off, p_,
-                   strata::Reinterpret<T>(counts_) + (rank * experts_) * strata::Ratio<int32_t, T>() + off, rank, len, rank, kSdmaThreshold);
+          const int64_t lo = rank * experts_;
+          mv_.Copy(strata::Via::kSdma, strata::Reinterpret<T>(counts_ + lo) + off, p_,
+                   strata::Reinterpret<T>(counts_ + lo) + off, rank, len, rank, kSdmaThreshold);
         }
       }
       strata::EndStage(mv_);
@@ -66,21 +63,13 @@ class MoePrefillDispatch {
     STRATA_LINE(22);  // strata:22
     strata::Barrier(sync_, epoch_ + 2);
     {  // strata:23 stage 3 on aiv
-      STRATA_LINE(23);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(23);  // strata:23
-      rt_.Exscan(offs_ + int64_t(0), counts_, experts_, rank, world);
+      rt_.Exscan(offs_, counts_, experts_, rank, world);
       strata::EndStage(mv_);
     }
     {  // strata:24 stage 4 on sdma
-      STRATA_LINE(24);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(24);  // strata:24
-      rt_.Place(mv_, strata::Via::kSdma, win_, ((world * tokens_) * topk_), x_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold);
+      rt_.Place(mv_, strata::Via::kSdma, win_, world * tokens_ * topk_, x_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold);
       strata::EndStage(mv_);
     }
     STRATA_LINE(25);  // strata:25

@@ -35,23 +35,15 @@ class MoeStagingBaselineCombine {
 
   __aicore__ inline void Process() {
     {  // strata:36 stage 1 on aiv
-      STRATA_LINE(36);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(36);  // strata:36
-      rt_.Exscan(offs_ + int64_t(0), counts_, experts_, rank, world);
+      rt_.Exscan(offs_, counts_, experts_, rank, world);
       strata::EndStage(mv_);
     }
     STRATA_LINE(37);  // strata:37
     strata::Barrier(sync_, epoch_ + 1);
     {  // strata:38 stage 2 on aiv
-      STRATA_LINE(38);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(38);  // strata:38
-      rt_.Gather(y_, win_, ((world * tokens_) * topk_), ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world);
+      rt_.Gather(y_, win_, world * tokens_ * topk_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world);
       strata::EndStage(mv_);
     }
     STRATA_LINE(39);  // strata:39

@@ -38,15 +38,15 @@ class MoeStagingBaselineDispatch {
     {  // strata:18 stage 1 on aiv
       STRATA_LINE(18);
       int64_t total = 0;
-      total += (tokens_ * hidden_);
+      total += tokens_ * hidden_;
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       STRATA_LINE(19);  // strata:19
-      rt_.Histogram(counts_ + (rank * experts_), ids_, (tokens_ * topk_), experts_);
+      rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);
       STRATA_LINE(20);  // strata:20
-      if (cut.Take((tokens_ * hidden_), off, len)) {
-        mv_.Copy(strata::Via::kAiv, send_ + int64_t(0) + off, rank,
-                 x_ + int64_t(0) + off, rank, len, rank, kSdmaThreshold);
+      if (cut.Take(tokens_ * hidden_, off, len)) {
+        mv_.Copy(strata::Via::kAiv, send_ + off, rank,
+                 x_ + off, rank, len, rank, kSdmaThreshold);
       }
       strata::EndStage(mv_);
     }
@@ -65,8 +65,9 @@ class MoeStagingBaselineDispatch {
         if (p_ == rank) continue;
         STRATA_LINE(23);  // strata:23
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
-          mv_.Copy(strata::Via::kSdma, strata::Reinterpret<T>(counts_) + (rank * experts_) * strata::Ratio<int32_t, T>() + off, p_,
-                   strata::Reinterpret<T>(counts_) + (rank * experts_) * strata::Ratio<int32_t, T>() + off, rank, len, rank, kSdmaThreshold);
+          const int64_t lo = rank * experts_;
+          mv_.Copy(strata::Via::kSdma, strata::Reinterpret<T>(counts_ + lo) + off, p_,
+                   strata::Reinterpret<T>(counts_ + lo) + off, rank, len, rank, kSdmaThreshold);
         }
       }
       strata::EndStage(mv_);
@@ -74,21 +75,13 @@ class MoeStagingBaselineDispatch {
     STRATA_LINE(24);  // strata:24
     strata::Barrier(sync_, epoch_ + 2);
     {  // strata:25 stage 3 on aiv
-      STRATA_LINE(25);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(25);  // strata:25
-      rt_.Exscan(offs_ + int64_t(0), counts_, experts_, rank, world);
+      rt_.Exscan(offs_, counts_, experts_, rank, world);
       strata::EndStage(mv_);
     }
     {  // strata:26 stage 4 on sdma
-      STRATA_LINE(26);
-      int64_t total = 0;
-      strata::Partition cut(total, sizeof(T));
-      int64_t off = 0, len = 0;
       STRATA_LINE(26);  // strata:26
-      rt_.Place(mv_, strata::Via::kSdma, recv_, ((world * tokens_) * topk_), send_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold);
+      rt_.Place(mv_, strata::Via::kSdma, recv_, world * tokens_ * topk_, send_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold);
       strata::EndStage(mv_);
     }
     STRATA_LINE(27);  // strata:27
@@ -96,13 +89,13 @@ class MoeStagingBaselineDispatch {
     {  // strata:28 stage 5 on aiv
       STRATA_LINE(28);
       int64_t total = 0;
-      total += (((world * tokens_) * topk_) * hidden_);
+      total += world * tokens_ * topk_ * hidden_;
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       STRATA_LINE(28);  // strata:28
-      if (cut.Take((((world * tokens_) * topk_) * hidden_), off, len)) {
-        mv_.Copy(strata::Via::kAiv, win_ + int64_t(0) + off, rank,
-                 recv_ + int64_t(0) + off, rank, len, rank, kSdmaThreshold);
+      if (cut.Take(world * tokens_ * topk_ * hidden_, off, len)) {
+        mv_.Copy(strata::Via::kAiv, win_ + off, rank,
+                 recv_ + off, rank, len, rank, kSdmaThreshold);
       }
       strata::EndStage(mv_);
     }

@@ -28,7 +28,7 @@ class Reduce {
   __aicore__ inline void Process() {
     STRATA_LINE(4);  // strata:4
     strata::Barrier(sync_, epoch_ + 1);
-    if (int64_t(rank == root_)) {  // strata:5
+    if (rank == root_) {  // strata:5
       {  // strata:5 stage 1 on aiv
         STRATA_LINE(5);
         int64_t total = 0;
@@ -41,11 +41,10 @@ class Reduce {
             const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
             bool first = true;
             for (int64_t p_ = 0; p_ < world; ++p_) {
-              mv_.template Fold<OP>(
-                  strata::At(x_ + int64_t(0) + off + t, 0, p_), m, first);
+              mv_.template Fold<OP>(strata::At(x_, off + t, p_), m, first);
               first = false;
             }
-            if (!first) mv_.Store(strata::At(x_ + int64_t(0) + off + t, 0, rank), m);
+            if (!first) mv_.Store(strata::At(x_, off + t, rank), m);
           }
         }
         strata::EndStage(mv_);

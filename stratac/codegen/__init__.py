@@ -7,3 +7,5 @@ cdef are made.
 """
 
 from stratac.codegen.emit import GENERATOR, Output, generate, manifest, write
+
+__all__ = ["GENERATOR", "Output", "generate", "manifest", "write"]

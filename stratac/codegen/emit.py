@@ -7,6 +7,7 @@ the jinja2 templates in templates/ own the text. StrictUndefined: a missing valu
 from __future__ import annotations
 
 import json
+from collections import ChainMap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,24 +48,113 @@ _C = _Names()
 
 
 def c(e: ir.IExpr) -> str:
-    return ir.c_source(e, _C)
+    """An IR expression as C++ (simplified first: constant terms folded, + 0 and * 1 dropped)."""
+    return ir.c_source(ir.simplify(e), _C)
 
 
-def _region(r: ir.Region, s: ir.Schedule) -> dict:
-    """A region in elements of the kernel's type T: a buffer of a fixed element type (counts,
-    ids) is seen as T elements, since copies move bytes."""
-    base, lo, n = _cname(r.buffer), c(r.lo), c(r.length)
+def _addends(e: ir.IExpr) -> list[ir.IExpr]:
+    if isinstance(e, ir.Bin) and e.kind is ir.BinKind.ADD:
+        return _addends(e.lhs) + _addends(e.rhs)
+    return [] if e == ir.Const(0) else [e]
+
+
+def _chain(*terms: str | ir.IExpr) -> str:
+    """`a + b + c` as C++: a pointer (or any int64_t) plus offsets, in the order given. A term is
+    C++ text that binds like a name (a pointer, a local, a call) or an IR expression, whose
+    addends join the chain (offsets are never negative, so any grouping gives the same address)
+    and whose zeros are dropped."""
+    names: dict[str, str] = {}
+    flat: list[ir.IExpr] = []
+    for t in terms:
+        if isinstance(t, str):
+            key = f"\0{len(names)}"          # no IR name has a NUL
+            names[key] = t
+            flat.append(ir.Var(key))
+        else:
+            flat += _addends(ir.simplify(t))
+    e: ir.IExpr = ir.Const(0)
+    for t in flat:
+        e = t if e == ir.Const(0) else ir.Bin(ir.BinKind.ADD, e, t)
+    return ir.c_source(e, ChainMap(names, _C))
+
+
+def _part_helpers() -> dict:
+    """The bodies of PartOffset(total, parts, i) and PartLength(total, parts, i), which a kernel
+    defines when its regions are parts of uneven splits (`part = split(x, k)` in the source): made
+    from ir.split_part, the definition the verifier checks."""
+    lo, n = ir.split_part(ir.Var("total"), ir.Var("parts"), ir.Var("i"))
+    names = {"total": "total", "parts": "parts", "i": "i"}
+    return {"offset": ir.c_source(lo, names), "length": ir.c_source(n, names)}
+
+
+def _has_min(e: ir.IExpr) -> bool:
+    return isinstance(e, ir.Bin) and (e.kind is ir.BinKind.MIN or _has_min(e.lhs) or _has_min(e.rhs))
+
+
+def _part_calls(r: ir.Region, s: ir.Schedule) -> tuple[str, str] | None:
+    """(offset, length) of a part of a split as PartOffset/PartLength calls, when the split is
+    uneven (an even split, e.g. of n * world elements into world parts, simplifies to rank * n and
+    n, which read better as they are) and the region is exactly that part."""
+    if r.part is None:
+        return None
+    index, parts = r.part
+    size = s.param(r.buffer).size
+    lo, n = ir.split_part(size, parts, index)
+    if (lo, n) != (ir.simplify(r.lo), ir.simplify(r.length)) or not _has_min(lo):
+        return None
+    args = f"{c(size)}, {c(parts)}, {c(index)}"
+    return f"PartOffset({args})", f"PartLength({args})"
+
+
+def _offset(r: ir.Region, s: ir.Schedule) -> str | ir.IExpr:
+    """A region's first element, in elements of its buffer: a PartOffset call or an IR expression."""
+    part = _part_calls(r, s)
+    return part[0] if part else ir.simplify(r.lo)
+
+
+def _length(r: ir.Region, s: ir.Schedule) -> str:
+    """A region's length in elements of the kernel's type T (a buffer of a fixed element type,
+    counts or ids, is seen as T elements, since copies move bytes)."""
+    part = _part_calls(r, s)
     d = s.param(r.buffer).dtype
-    if d is not None:
-        ratio = f"strata::Ratio<{d.ctype}, T>()"
-        base, lo, n = f"strata::Reinterpret<T>({base})", f"{lo} * {ratio}", f"{n} * {ratio}"
-    return {"base": base, "lo": lo, "len": n, "pe": c(r.rank) if r.rank is not None else "rank"}
+    ratio = f"strata::Ratio<{d.ctype}, T>()" if d is not None else None
+    if part:
+        return f"{part[1]} * {ratio}" if ratio else part[1]
+    length = ir.simplify(r.length)
+    if ratio is None:
+        return c(length)
+    return ir.c_source(ir.simplify(ir.Bin(ir.BinKind.MUL, length, ir.Var("\0ratio"))),
+                       ChainMap({"\0ratio": ratio}, _C))
+
+
+def _compound(off: str | ir.IExpr) -> bool:
+    return isinstance(off, (str, ir.Bin))
+
+
+def _moves(op, s: ir.Schedule) -> dict:
+    """The regions of a copy, accumulate or reduce: each side's pointer (its buffer plus its offset,
+    as T*) and rank, and the locals the move declares. An offset both sides share, if it is more
+    than a name, is computed once, into `lo`."""
+    offsets = [_offset(op.dst, s), _offset(op.src, s)]
+    local = []
+    if offsets[0] == offsets[1] and _compound(offsets[0]):
+        local = [{"name": "lo", "value": offsets[0] if isinstance(offsets[0], str) else c(offsets[0])}]
+        offsets = ["lo", "lo"]
+
+    def side(r: ir.Region, off: str | ir.IExpr) -> dict:
+        ptr = _chain(_cname(r.buffer), off)
+        if s.param(r.buffer).dtype is not None:
+            ptr = f"strata::Reinterpret<T>({ptr})"
+        return {"ptr": ptr, "pe": c(r.rank) if r.rank is not None else "rank"}
+
+    return {"line": op.span.line, "len": _length(op.dst, s), "locals": local,
+            "dst": side(op.dst, offsets[0]), "src": side(op.src, offsets[1])}
 
 
 def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule) -> dict:
     K = ir.RouteKind
     role = dict(zip(ir.ROUTE_OPERANDS[op.kind], op.operands))
-    dst = f"{_cname(op.dst.buffer)} + {c(op.dst.lo)}"
+    dst = _chain(_cname(op.dst.buffer), op.dst.lo)
     n = c(op.dst.length)
     if op.kind is K.HISTOGRAM:
         call = f"rt_.Histogram({dst}, {_cname(role['ids'])}, {c(s.param(role['ids']).size)}, {n})"
@@ -110,20 +200,37 @@ def _node(op, engine: ir.Engine, s: ir.Schedule) -> dict:
         return _route(op, engine, s)
     if isinstance(op, ir.Copy):
         via = {ir.Engine.AIV: "kAiv", ir.Engine.SDMA: "kSdma", ir.Engine.AUTO: "kAuto"}[engine]
-        return {"kind": "copy", "line": op.span.line, "via": via, "dst": _region(op.dst, s),
-                "src": _region(op.src, s)}
+        return {"kind": "copy", "via": via, **_moves(op, s)}
     if isinstance(op, ir.Accumulate):
-        return {"kind": "accumulate", "line": op.span.line, "op": _red(op.op), "dst": _region(op.dst, s),
-                "src": _region(op.src, s)}
-    return {"kind": "reduce", "line": op.span.line, "op": _red(op.op), "var": _cname(op.var),
-            "peers": op.domain is ir.Domain.PEERS, "dst": _region(op.dst, s), "src": _region(op.src, s)}
+        return {"kind": "accumulate", "op": _red(op.op), **_moves(op, s)}
+    return {"kind": "reduce", "op": _red(op.op), "var": _cname(op.var),
+            "peers": op.domain is ir.Domain.PEERS, **_moves(op, s)}
 
 
-def _flag_bases(s: ir.Schedule) -> dict[str, str]:
+def _regions(ops):
+    """Every region a copy, accumulate or reduce under ops (stages, loops, ifs) reads or writes."""
+    for op in ops:
+        if isinstance(op, (ir.Stage, ir.Loop)):
+            yield from _regions(op.body)
+        elif isinstance(op, ir.If):
+            yield from _regions(op.then + op.orelse)
+        elif isinstance(op, (ir.Copy, ir.Accumulate, ir.Reduce)):
+            yield op.dst
+            yield op.src
+
+
+def _has_moves(nodes: list[dict]) -> bool:
+    """Whether a stage moves data (so needs its Partition): routes alone do not."""
+    return any(n["kind"] in ("copy", "accumulate", "reduce")
+               or _has_moves(n.get("body", []) + n.get("then", []) + n.get("orelse", []))
+               for n in nodes)
+
+
+def _flag_bases(s: ir.Schedule) -> dict[str, ir.IExpr]:
     """Offsets of each flag in the sync area (int32 slots): barrier slots [0, world) first."""
     bases, offset = {}, ir.Var("world")
     for f in s.flags:
-        bases[f.name] = c(offset)
+        bases[f.name] = offset
         offset = ir.add(offset, f.size)
     return bases
 
@@ -141,7 +248,7 @@ def _statements(s: ir.Schedule) -> list[dict]:
             return {"kind": "loop", "var": _cname(op.var), "peers": op.domain is ir.Domain.PEERS,
                     "line": op.span.line, "body": [sync_node(o) for o in op.body]}
         f = flags[op.flag]
-        slot = f"sync_ + {bases[op.flag]} + {c(op.index)}"
+        slot = _chain("sync_", bases[op.flag], op.index)
         if isinstance(op, ir.Signal):
             return {"kind": "signal", "line": op.span.line, "slot": slot, "seq": f.seq, "pe": c(op.rank)}
         return {"kind": "wait", "line": op.span.line, "slot": slot, "seq": f.seq}
@@ -162,8 +269,14 @@ def _statements(s: ir.Schedule) -> list[dict]:
             if isinstance(op, ir.Barrier):
                 out.append({"kind": "barrier", "line": op.span.line, "seq": op.seq})
             elif isinstance(op, ir.Stage):
+                body = [_node(o, op.engine, s) for o in op.body]
+                moves = _has_moves(body)
+                # the stage's own line marker covers its Partition; a stage of routes alone leaves
+                # it to its first statement when that says the same
+                same = bool(body) and body[0]["kind"] == "route" and body[0]["line"] == op.span.line
                 out.append({"kind": "stage", "line": op.span.line, "index": op.index,
-                            "engine": op.engine.value, "body": [_node(o, op.engine, s) for o in op.body]})
+                            "engine": op.engine.value, "body": body, "moves": moves,
+                            "mark": moves or not same})
             elif is_control(op):
                 node = sync_node(op)
                 if out and out[-1]["kind"] == "control":
@@ -240,6 +353,7 @@ def generate(s: ir.Schedule) -> Output:
         "sizes": [{"name": n, "c": _cname(n)} for n in s.sizes],
         "plan": k,
         "statements": _statements(s),
+        "parts": _part_helpers() if any(_part_calls(r, s) for r in _regions(s.body)) else None,
         "sdma_threshold": next((op.plan.sdma_threshold for op in passes_stages(s.body)), 0),
         "contract": str(s.contract),
     }

@@ -115,8 +115,10 @@ def add(a: IExpr, b: IExpr) -> IExpr:
 
 def simplify(e: IExpr) -> IExpr:
     """Local rewrites that keep IR dumps and generated C readable: constant folding,
-    (a * b) / b -> a, (a * b) % b -> 0, identities of 0 and 1, min(x, 0) and x < 0 -> 0 (sizes,
-    offsets and ranks are never negative)."""
+    (a * b) / b -> a, (a * b) % b -> 0, identities of 0 and 1, x - x -> 0 and (x + y) - y -> x
+    (so that a range x[a:a + n] has length n; not when the term cancelled has a / or %, which may
+    be a division by zero for instantiation to report), min(x, 0) and x < 0 -> 0 (sizes, offsets
+    and ranks are never negative)."""
     if not isinstance(e, Bin):
         return e
     a, b, k = simplify(e.lhs), simplify(e.rhs), e.kind
@@ -130,6 +132,11 @@ def simplify(e: IExpr) -> IExpr:
             return a
     if k is BinKind.SUB and b == Const(0):
         return a
+    if k is BinKind.SUB and _divides_nothing(b):
+        if a == b:
+            return Const(0)
+        if isinstance(a, Bin) and a.kind is BinKind.ADD and b in (a.lhs, a.rhs):
+            return a.lhs if b == a.rhs else a.rhs
     if k is BinKind.MUL:
         if Const(0) in (a, b):
             return Const(0)
@@ -147,6 +154,13 @@ def simplify(e: IExpr) -> IExpr:
     if k in (BinKind.MIN, BinKind.LT) and b == Const(0):
         return Const(0)
     return Bin(k, a, b)
+
+
+def _divides_nothing(e: IExpr) -> bool:
+    if isinstance(e, Bin):
+        return e.kind not in (BinKind.DIV, BinKind.MOD) and _divides_nothing(e.lhs) and \
+            _divides_nothing(e.rhs)
+    return True
 
 
 def size_scale(size: IExpr, sym: str, known: frozenset[str] = frozenset({"world"})) -> IExpr | None:
@@ -201,15 +215,56 @@ def py_source(e: IExpr) -> str:
     return f"({a} {op} {b})"
 
 
+# C++ precedence of the binary operators c_source prints (a smaller number binds tighter; 2 is a
+# primary expression: a name, a literal, a call, a cast).
+_C_PRIMARY = 2
+_C_PREC = {BinKind.MUL: 5, BinKind.DIV: 5, BinKind.MOD: 5, BinKind.ADD: 6, BinKind.SUB: 6,
+           BinKind.LT: 9, BinKind.LE: 9, BinKind.GT: 9, BinKind.GE: 9, BinKind.EQ: 10, BinKind.NE: 10}
+_INT32 = range(-2**31, 2**31)
+
+
 def c_source(e: IExpr, names: Mapping[str, str]) -> str:
-    """The expression as C++ (int64_t arithmetic); `names` maps IR names to C expressions."""
+    """The expression as C++ whose value is e's, written the way one would by hand: no parentheses
+    that C++ precedence makes redundant, literals bare, comparisons bare (C++ bool, which converts
+    to 0 or 1 wherever an integer is expected; an `if` takes it as it is).
+
+    `names` maps IR names to C++ expressions of type int64_t that bind like a name (an identifier
+    or a call). Arithmetic is done in int64_t: an operator with an int64_t operand converts the
+    other one (an int literal, a bool), and the only cast written is on an operator neither of whose
+    operands is int64_t (two literals, a literal and a comparison, two comparisons: int arithmetic,
+    which could overflow), where the left operand becomes `int64_t(...)`. Division and remainder
+    truncate in C++ where the IR floors: the same for the non-negative values a valid program has.
+    Run `simplify` first for the shortest text (it folds constant subterms)."""
+    return _c(e, names)[0]
+
+
+def _c(e: IExpr, names: Mapping[str, str]) -> tuple[str, int, bool]:
+    """(text, precedence, whether its C++ type is int64_t)."""
     if isinstance(e, Const):
-        return f"int64_t({e.value})"
+        v = e.value
+        if v == -2**63:                        # 9223372036854775808 is not an int64_t literal
+            return "(-9223372036854775807 - 1)", _C_PRIMARY, True
+        # an int literal outside int's range has a 64-bit type (long or long long)
+        return (str(v) if v >= 0 else f"({v})"), _C_PRIMARY, v not in _INT32
     if isinstance(e, Var):
-        return names[e.name]
-    a, b = c_source(e.lhs, names), c_source(e.rhs, names)
-    if e.kind is BinKind.MIN:
-        return f"strata::Min({a}, {b})"
-    if e.kind in _COMPARE:
-        return f"int64_t({a} {e.kind.value} {b})"
-    return f"({a} {e.kind.value} {b})"
+        return names[e.name], _C_PRIMARY, True
+    (a, pa, wa), (b, pb, wb) = _c(e.lhs, names), _c(e.rhs, names)
+    k = e.kind
+    if k is BinKind.MIN:     # strata::Min(int64_t, int64_t): its arguments convert
+        return f"strata::Min({a}, {b})", _C_PRIMARY, True
+    prec = _C_PREC[k]
+    if k in _COMPARE:
+        # arithmetic binds tighter; a comparison operand of a comparison is parenthesized even
+        # where C++ would not need it (`a < b == c` reads as a chained comparison)
+        a, b = (f"({x})" if px >= _C_PREC[BinKind.LT] else x for x, px in ((a, pa), (b, pb)))
+        return f"{a} {k.value} {b}", prec, False
+    if not (wa or wb):
+        a, pa, wa = f"int64_t({a})", _C_PRIMARY, True
+    # left-associative: the left operand keeps its parentheses only if it binds looser, or, among
+    # * / %, if it is a different operator ((a / b) * c reads ambiguously without them); the right
+    # operand keeps them if it binds as loose or looser (a - (b - c), a * (b / c))
+    if pa > prec or (pa == prec == 5 and not (k is BinKind.MUL and e.lhs.kind is BinKind.MUL)):
+        a = f"({a})"
+    if pb >= prec:
+        b = f"({b})"
+    return f"{a} {k.value} {b}", prec, True

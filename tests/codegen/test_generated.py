@@ -10,7 +10,7 @@ from stratac import codegen, verify
 from stratac.ir import passes
 from stratac.lang import frontend
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.strata"))
 
 

@@ -174,8 +174,17 @@ ADD, SUB, MUL, DIV, MOD, MIN, LT = (BinKind.ADD, BinKind.SUB, BinKind.MUL, BinKi
     # rewrites apply bottom-up, through the whole tree
     (B(ADD, B(MUL, r, Const(1)), B(SUB, n, Const(0))), B(ADD, r, n)),
     (B(ADD, B(MUL, r, B(DIV, B(MUL, n, w), w)), B(MIN, r, B(MOD, B(MUL, n, w), w))), B(MUL, r, n)),
+    # cancellation, exact in integers: a range x[a:a + n] has length n
+    (B(SUB, n, n), Const(0)),
+    (B(SUB, B(ADD, B(MUL, r, n), n), B(MUL, r, n)), n),
+    (B(SUB, B(ADD, r, n), n), r),
+    # ... but not of a term with / or %: it may divide by zero, which instantiation reports
+    (B(SUB, B(DIV, n, w), B(DIV, n, w)), B(SUB, B(DIV, n, w), B(DIV, n, w))),
+    (B(SUB, B(ADD, r, B(MOD, n, w)), B(MOD, n, w)), B(SUB, B(ADD, r, B(MOD, n, w)), B(MOD, n, w))),
+    (B(SUB, B(ADD, B(MOD, n, w), r), r), B(MOD, n, w)),
     # no rule applies
-    (B(SUB, n, n), B(SUB, n, n)),
+    (B(SUB, n, r), B(SUB, n, r)),
+    (B(SUB, B(ADD, r, n), w), B(SUB, B(ADD, r, n), w)),
     (B(DIV, n, w), B(DIV, n, w)),
     (B(MIN, Const(0), r), B(MIN, Const(0), r)),
     (n, n),
