@@ -12,7 +12,7 @@ from stratac.diagnostics import StrataError
 from stratac.ir import passes
 from stratac.lang import frontend
 from stratac.tools import options
-from stratac.tools.simulate import simulate
+from stratac.tools.simulate.command import add_parser as add_simulate_parser
 from stratac.verify.routing import DESCRIPTIONS, ROUTINGS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -87,11 +87,11 @@ def cmd_run(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from stratac.tools.bench import bench
+    from stratac.tools.bench import benchspec, mpi, plot, report, sweep
     echo = lambda line: print(line, file=sys.stderr)
     try:
         if args.setup_mpi:
-            version = bench.setup_mpi(echo)
+            version = mpi.setup_mpi(echo)
             if args.file is None:
                 print(f"MPI ready: {version}")
                 return EXIT_OK
@@ -103,25 +103,25 @@ def cmd_bench(args) -> int:
             return EXIT_USAGE
         peers = [p.strip() for p in args.vs.split(",") if p.strip()] if args.vs else []
         progress = sys.stderr.isatty() if args.progress is None else args.progress
-        spec = bench.BenchSpec(file=args.file, world=args.world, sizes=args.sizes, dtype=args.dtype,
-                               op=args.op, root=args.root, iters=args.iters, warmup=args.warmup,
-                               cores=args.cores, peers=peers, timeout=args.timeout, seed=args.seed,
-                               soc=args.soc, progress=progress, trace=args.trace,
-                               tokens=args.tokens, hidden=args.hidden, topk=args.topk,
-                               experts=args.experts, routings=args.routing)
-        res = bench.run(spec, echo=echo)
-        for line in bench.table(res):
+        spec = benchspec.BenchSpec(file=args.file, world=args.world, sizes=args.sizes, dtype=args.dtype,
+                                   op=args.op, root=args.root, iters=args.iters, warmup=args.warmup,
+                                   cores=args.cores, peers=peers, timeout=args.timeout, seed=args.seed,
+                                   soc=args.soc, progress=progress, trace=args.trace,
+                                   tokens=args.tokens, hidden=args.hidden, topk=args.topk,
+                                   experts=args.experts, routings=args.routing)
+        res = sweep.run(spec, echo=echo)
+        for line in report.table(res):
             print(line)
         if args.json:
-            bench.write_json(res, args.json)
+            report.write_json(res, args.json)
             print(f"# wrote {args.json}")
         if args.plot:
-            bench.plot(res, args.plot)
+            plot.plot(res, args.plot)
             print(f"# wrote {args.plot}")
         if args.trace:
             print(f"# wrote {args.trace} ({res.meta['trace']['events']} spans; open it in "
                   "ui.perfetto.dev or chrome://tracing)")
-    except bench.BenchError as exc:
+    except benchspec.BenchError as exc:
         print(f"stratac bench: error: {exc}", file=sys.stderr)
         return exc.status
     for f in res.failures:
@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("doctor", help="what this machine can build and run, and what is missing")
     d.set_defaults(fn=cmd_doctor)
-    simulate.add_parser(sub)
+    add_simulate_parser(sub)
     return p
 
 

@@ -68,7 +68,7 @@ def parse_counts(text: str) -> list[int]:
 
 def parse_routings(text: str) -> list[str]:
     """'skewed' -> ['skewed']; 'uniform,single' -> both, in the order given; 'all' -> every routing
-    stratac.routing knows (uniform, skewed, single, empty, sparse)."""
+    stratac.verify.routing knows (uniform, skewed, single, empty, sparse)."""
     from stratac.verify.routing import ROUTINGS
     out: list[str] = []
     for name in (x.strip() for x in text.split(",")):

@@ -13,7 +13,15 @@ import pytest
 
 from stratac import cli
 from stratac.tools import options
-from stratac.tools.bench import bench, benchpeer
+from stratac.tools.bench import (
+    benchpeer,
+    benchspec,
+    machine,
+    mpi,
+    progress,
+    report,
+    sweep,
+)
 from stratac.tools.run import runner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +117,7 @@ def test_ratio_column_is_stratac_busbw_over_gloo_busbw(gloo_run):
         for r in (r for r in res if r["schedule"] == name):
             want = r["busbw"] / gloo[r["size"]]["busbw"]
             assert r["ratio"]["gloo"] == pytest.approx(want)
-            assert rows[r["size"]][13] == bench.fmt_ratio(want)
+            assert rows[r["size"]][13] == report.fmt_ratio(want)
 
 
 def test_copies_per_payload_byte_match_the_hand_count(gloo_run):
@@ -174,15 +182,15 @@ def test_sizes_double_like_nccl_tests():
 
 
 def test_minimum_copies_by_contract():
-    assert bench._min_copies("allreduce", 4, True) == 1.0
-    assert bench._min_copies("allgather", 4, False) == 1.0
-    assert bench._min_copies("reducescatter", 4, False) == 0.25
-    assert bench._min_copies("broadcast", 4, True) == 0.75
-    assert bench._min_copies("reduce", 4, True) == 0.25
-    assert bench._min_copies("alltoall", 4, False) == 1.0
-    assert bench._min_copies("allreduce", 1, True) == 0.0
-    assert bench._min_fabric("allreduce", 4) == 1.5 and bench._min_fabric("alltoall", 4) == 0.75
-    assert bench._min_fabric("broadcast", 4) == bench._min_fabric("reduce", 4) == 0.75
+    assert sweep._min_copies("allreduce", 4, True) == 1.0
+    assert sweep._min_copies("allgather", 4, False) == 1.0
+    assert sweep._min_copies("reducescatter", 4, False) == 0.25
+    assert sweep._min_copies("broadcast", 4, True) == 0.75
+    assert sweep._min_copies("reduce", 4, True) == 0.25
+    assert sweep._min_copies("alltoall", 4, False) == 1.0
+    assert sweep._min_copies("allreduce", 1, True) == 0.0
+    assert sweep._min_fabric("allreduce", 4) == 1.5 and sweep._min_fabric("alltoall", 4) == 0.75
+    assert sweep._min_fabric("broadcast", 4) == sweep._min_fabric("reduce", 4) == 0.75
 
 
 def test_peer_references():
@@ -197,18 +205,18 @@ def test_peer_references():
 
 def test_a_sweep_that_would_not_fit_in_memory_is_refused(tmp_path, monkeypatch):
     """An OOM kill would take other processes with it: the bench refuses first, and says why."""
-    monkeypatch.setattr(bench, "_mem_available", lambda: 1 << 30)
-    spec = bench.BenchSpec(file=str(ROOT / "examples" / "allreduce_twoshot.strata"), world=4,
+    monkeypatch.setattr(machine, "mem_available", lambda: 1 << 30)
+    spec = benchspec.BenchSpec(file=str(ROOT / "examples" / "allreduce_twoshot.strata"), world=4,
                            sizes=[256 << 20], ceiling_bytes=1 << 20)
-    with pytest.raises(bench.BenchError, match=r"the largest size needs about 1\d\.\d GiB of memory "
+    with pytest.raises(benchspec.BenchError, match=r"the largest size needs about 1\d\.\d GiB of memory "
                        r"\(4 ranks.*but 1\.0 GiB are available: lower the largest --sizes \(now 256MiB\)"):
-        bench.run(spec, echo=lambda line: None)
+        sweep.run(spec, echo=lambda line: None)
 
 
 def test_progress_line_counts_marks(tmp_path):
     gate = benchpeer.Gate(tmp_path)
     cases = [runner.Case(size=1024), runner.Case(size=2048)]
-    p = bench.Progress(gate, cases, mpi=True, enabled=False)
+    p = progress.Progress(gate, cases, mpi=True, enabled=False)
     assert " 0/4 measurements" in p.line() and "next 1KiB" in p.line()
     gate.mark("stratac-0")
     gate.mark("mpi-0")
@@ -220,9 +228,9 @@ def test_progress_line_counts_marks(tmp_path):
 
 def test_mpi_setup_failure_is_one_clear_message(tmp_path, monkeypatch, capsys):
     def fail(echo=print):
-        raise bench.BenchError("cannot set up MPI: `apt-get install -y -q openmpi-bin "
+        raise benchspec.BenchError("cannot set up MPI: `apt-get install -y -q openmpi-bin "
                                "libopenmpi-dev` failed with status 100:\nE: no such package")
-    monkeypatch.setattr(bench, "setup_mpi", fail)
+    monkeypatch.setattr(mpi, "setup_mpi", fail)
     src = _schedules(tmp_path)
     assert cli.main(["bench", str(src), "--world", "2", "--vs", "mpi", "--sizes", "1K"]) == 1
     err = capsys.readouterr().err
@@ -231,11 +239,11 @@ def test_mpi_setup_failure_is_one_clear_message(tmp_path, monkeypatch, capsys):
 
 
 def test_a_failing_setup_step_names_the_command_and_its_output():
-    with pytest.raises(bench.BenchError, match=r"`.*false` failed with status 1"):
-        bench._step([sys.executable, "-c", "import sys; print('boom'); sys.exit(1)", "false"],
+    with pytest.raises(benchspec.BenchError, match=r"`.*false` failed with status 1"):
+        mpi._step([sys.executable, "-c", "import sys; print('boom'); sys.exit(1)", "false"],
                     echo=lambda line: None)
-    with pytest.raises(bench.BenchError, match="no-such-tool-here is not installed"):
-        bench._step(["no-such-tool-here"], echo=lambda line: None)
+    with pytest.raises(benchspec.BenchError, match="no-such-tool-here is not installed"):
+        mpi._step(["no-such-tool-here"], echo=lambda line: None)
 
 
 def test_bench_usage_errors():
@@ -250,8 +258,8 @@ def test_bench_usage_errors():
 @pytest.mark.slow
 def test_mpi_peer_interleaved_with_stratac(tmp_path):
     try:
-        bench.setup_mpi(echo=lambda line: None)
-    except bench.BenchError as exc:
+        mpi.setup_mpi(echo=lambda line: None)
+    except benchspec.BenchError as exc:
         pytest.skip(f"MPI cannot be installed here: {exc}")
     out_json = tmp_path / "mpi.json"
     p = _bench([str(ROOT / "examples" / "allgather_push.strata"), "--world", "2", "--sizes", "2K,4K",
@@ -259,10 +267,10 @@ def test_mpi_peer_interleaved_with_stratac(tmp_path):
                 "--json", str(out_json)], timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     res = json.loads(out_json.read_text())["results"]
-    mpi = {r["size"]: r for r in res if r["system"] == "mpi"}
-    assert set(mpi) == {2048, 4096}
-    assert all(r["schedule"] == "MPI_Allgather" and r["errors"] == 0 for r in mpi.values())
+    by_size = {r["size"]: r for r in res if r["system"] == "mpi"}
+    assert set(by_size) == {2048, 4096}
+    assert all(r["schedule"] == "MPI_Allgather" and r["errors"] == 0 for r in by_size.values())
     for r in (r for r in res if r["system"] == "stratac"):
-        assert r["ratio"]["mpi"] == pytest.approx(r["busbw"] / mpi[r["size"]]["busbw"])
+        assert r["ratio"]["mpi"] == pytest.approx(r["busbw"] / by_size[r["size"]]["busbw"])
         assert r["copies_per_byte"] == r["min_copies_per_byte"] == 1.0   # push: S landed, once
     assert "mpi4py" in p.stdout and "Open MPI" in p.stdout

@@ -16,7 +16,7 @@ import pytest
 
 from stratac import cli
 from stratac.tools import options
-from stratac.tools.bench import bench, benchpeer
+from stratac.tools.bench import benchpeer, benchspec, moe, plot, progress, report, sweep
 from stratac.tools.run import runner
 from stratac.verify.routing import expert_ids
 
@@ -27,17 +27,17 @@ ROUTINGS = ("uniform", "skewed", "single")
 HIDDEN, TOPK, EXPERTS, WORLD = 64, 4, 8, 2
 
 
-def _spec(**kw) -> bench.BenchSpec:
+def _spec(**kw) -> benchspec.BenchSpec:
     base = dict(file=str(PREFILL), world=WORLD, tokens=list(TOKENS), hidden=HIDDEN, topk=TOPK,
                 experts=EXPERTS, routings=list(ROUTINGS), iters=2, warmup=1, cores=4,
                 ceiling_bytes=1 << 20)
     base.update(kw)
-    return bench.BenchSpec(**base)
+    return benchspec.BenchSpec(**base)
 
 
 def _cli_wired() -> bool:
     """Whether cli.py has the bench's MoE options (--tokens, ...) and returns BenchError.status;
-    until it does, the CLI-level checks below are skipped (bench.run is tested directly above)."""
+    until it does, the CLI-level checks below are skipped (sweep.run is tested directly above)."""
     sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return any("--tokens" in a.option_strings for a in sub.choices["bench"]._actions)
 
@@ -48,11 +48,11 @@ CLI_WIRED = _cli_wired()
 @pytest.fixture(scope="module")
 def moe_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench_moe")
-    res = bench.run(_spec(), echo=lambda line: None)
+    res = sweep.run(_spec(), echo=lambda line: None)
     assert res.exit_code == 0, res.failures
-    bench.write_json(res, str(tmp / "moe.json"))
-    bench.plot(res, str(tmp / "moe.png"))
-    return {"res": res, "lines": bench.table(res), "json": json.loads((tmp / "moe.json").read_text()),
+    report.write_json(res, str(tmp / "moe.json"))
+    plot.plot(res, str(tmp / "moe.png"))
+    return {"res": res, "lines": report.table(res), "json": json.loads((tmp / "moe.json").read_text()),
             "png": tmp / "moe.png"}
 
 
@@ -141,13 +141,13 @@ def test_moe_balance_section_says_what_is_measured_and_what_is_computed(moe_run)
 
 
 def test_per_peer_bytes_by_hand():
-    assert bench.per_peer_bytes("single", 2, 5, 2, 4, 10, 0) == [[50, 0], [50, 0]]
-    got = bench.per_peer_bytes("uniform", 4, 9, 3, 8, 1, 7)
+    assert moe.per_peer_bytes("single", 2, 5, 2, 4, 10, 0) == [[50, 0], [50, 0]]
+    got = moe.per_peer_bytes("uniform", 4, 9, 3, 8, 1, 7)
     for r in range(4):
         ids = expert_ids("uniform", r, 9, 3, 8, 7)
         want = [int(((ids >= 0) & (ids // 2 == p)).sum()) for p in range(4)]
         assert got[r] == want and sum(want) == 27
-    sparse = bench.per_peer_bytes("sparse", 2, 8, 2, 4, 1, 0)   # -1 entries carry nothing
+    sparse = moe.per_peer_bytes("sparse", 2, 8, 2, 4, 1, 0)   # -1 entries carry nothing
     assert sum(map(sum, sparse)) == sum(int((expert_ids("sparse", r, 8, 2, 4, 0) >= 0).sum())
                                         for r in range(2))
 
@@ -171,7 +171,7 @@ def test_moe_plot_is_a_png(moe_run):
 def test_skewed_routing_balanced_partition_against_one_core_per_peer():
     """Issue 5's balance requirement: under skewed routing with enough rows, stratac's partition
     stays within 10% of the mean per core; one core per peer does not."""
-    res = bench.run(_spec(tokens=[512], routings=["skewed"], cores=8, iters=1, warmup=0),
+    res = sweep.run(_spec(tokens=[512], routings=["skewed"], cores=8, iters=1, warmup=0),
                     echo=lambda line: None)
     assert res.exit_code == 0, res.failures
     (r,) = res.records
@@ -181,14 +181,14 @@ def test_skewed_routing_balanced_partition_against_one_core_per_peer():
 
 
 def test_alltoallv_is_dispatch_only(tmp_path):
-    res = bench.run(_spec(file=str(ROOT / "examples" / "alltoallv.strata"), tokens=[16],
+    res = sweep.run(_spec(file=str(ROOT / "examples" / "alltoallv.strata"), tokens=[16],
                           routings=["single"], iters=1, warmup=0), echo=lambda line: None)
     assert res.exit_code == 0, res.failures
     (r,) = res.records
     assert r["combine"] is None and r["combine_us"] is None and r["combine_algbw"] is None
     assert (r["topk"], r["experts"]) == (1, WORLD)          # one destination rank per row
     assert r["per_peer_max_mean"] == 2.0 and r["per_peer_bytes"] == [[16 * HIDDEN * 4, 0]] * 2
-    _, rows = _section(bench.table(res), "# alltoallv (dispatch only), world 2")
+    _, rows = _section(report.table(res), "# alltoallv (dispatch only), world 2")
     assert rows[0][2] == ["-", "-", "-"] and float(rows[0][3][0]) > 0 and rows[0][4] == ["0"]
 
 
@@ -197,7 +197,7 @@ def test_every_pair_of_a_file_gets_its_heap(tmp_path):
     is sized for the largest pair of the file. A table per pair, in file order."""
     both = tmp_path / "both.strata"
     both.write_text(PREFILL.read_text() + (ROOT / "examples" / "moe_staging_baseline.strata").read_text())
-    res = bench.run(_spec(file=str(both), tokens=[1024], hidden=512, routings=["uniform"], iters=1,
+    res = sweep.run(_spec(file=str(both), tokens=[1024], hidden=512, routings=["uniform"], iters=1,
                           warmup=0), echo=lambda line: None)
     assert res.exit_code == 0, res.failures
     assert [r["dispatch"] for r in res.records] == ["moe_prefill_dispatch", "moe_staging_baseline_dispatch"]
@@ -205,14 +205,14 @@ def test_every_pair_of_a_file_gets_its_heap(tmp_path):
     assert staging["heap_bytes"] > prefill["heap_bytes"] + (16 << 20)   # send and recv
     # the staging copies show up in its dispatch engines: x into send, recv into the window
     assert staging["dispatch_engines"]["aiv_out"] >= prefill["dispatch_engines"]["sdma"]
-    text = "\n".join(bench.table(res))
+    text = "\n".join(report.table(res))
     assert "# moe_staging_baseline_dispatch + moe_staging_baseline_combine, world 2" in text
 
 
 def test_moe_usage_errors_are_one_message_each(tmp_path):
     def err(**kw):
-        with pytest.raises(bench.BenchUsageError) as info:
-            bench.run(_spec(**kw), echo=lambda line: None)
+        with pytest.raises(benchspec.BenchUsageError) as info:
+            sweep.run(_spec(**kw), echo=lambda line: None)
         assert info.value.status == 2
         return str(info.value)
 
@@ -249,7 +249,7 @@ def test_tokens_and_routings_parse_like_sizes():
 def test_progress_line_names_the_moe_case(tmp_path):
     gate = benchpeer.Gate(tmp_path)
     cases = [runner.Case(tokens=16, routing="skewed"), runner.Case(tokens=32, routing="skewed")]
-    p = bench.Progress(gate, cases, mpi=False, enabled=False)
+    p = progress.Progress(gate, cases, mpi=False, enabled=False)
     assert " 0/2 cases" in p.line() and "next 16 tokens skewed" in p.line()
     gate.mark("stratac-0")
     assert " 1/2 cases" in p.line() and "next 32 tokens skewed" in p.line()

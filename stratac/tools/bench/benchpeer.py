@@ -1,15 +1,23 @@
 """The peers of `stratac bench`: the same collective measured with torch.distributed (gloo) and with
 MPI (mpi4py), interleaved with stratac's own measurement at every size.
 
-gloo runs inside stratac's rank processes (stratac.worker already holds a gloo process group),
-right after the stratac schedules of a case. MPI runs as its own job under mpirun
-(`python -m stratac.benchpeer SPEC`). The two jobs take turns through a *gate*, a directory of
-marker files: stratac measures case i and marks `stratac-i`; the MPI ranks, which wait for that
-mark, measure case i and mark `mpi-i`; stratac waits for that before case i+1. So no two systems
-ever measure at the same time, and the waiting side sleeps (it polls a file every few ms).
+In: the bench's peer spec (the tasks of each case, the gate's directory, iterations), in a stratac
+rank or in the MPI job. Out: one result record per peer collective and case (gloo's go out through
+the worker's result lines, MPI's as STRATAC-PEER lines on the job's stdout), and the gate's marks.
+
+gloo runs inside stratac's rank processes (stratac.tools.run.worker already holds a gloo process
+group), right after the stratac schedules of a case. MPI runs as its own job under mpirun
+(`python -m stratac.tools.bench.benchpeer SPEC`, started by mpi.MpiJob). The two jobs take turns
+through a *gate*, a directory of marker files: stratac measures case i and marks `stratac-i`; the
+MPI ranks, which wait for that mark, measure case i and mark `mpi-i`; stratac waits for that before
+case i+1. So no two systems ever measure at the same time, and the waiting side sleeps (it polls a
+file every few ms).
 
 Every peer measurement is checked once: inputs are small integers, the expected result is
 computed in float64 with numpy, and `errors` counts the ranks whose result differed.
+
+The ranks import it and the MPI job runs it: it imports no other stratac module, and torch only in
+gloo_task, so that the MPI job needs neither the compiler nor torch.
 """
 
 from __future__ import annotations
@@ -152,7 +160,7 @@ def _record(system: str, task: dict, world: int, time_s: float | None, errors: i
             "busbw_factor": task["busbw_factor"], "time_s": time_s, "errors": errors, "note": note,
             "case": task["case"],
             "schedule": name or (GLOO_NAMES if system == "gloo" else MPI_NAMES)[task["kind"]],
-            # the keys stratac.runner reads from every result line
+            # the keys stratac.tools.run.runner reads from every result line
             "rank": 0, "ok": True, "why": ""}
 
 
@@ -204,7 +212,7 @@ def gloo_task(task: dict, rank: int, world: int, iters: int, warmup: int) -> dic
 
 
 def after_case(bench: dict, index: int, rank: int, world: int) -> list[dict]:
-    """Called by stratac.worker after the stratac schedules of case `index`: the gloo
+    """Called by stratac.tools.run.worker after the stratac schedules of case `index`: the gloo
     measurements of that case, then the hand-over to the MPI job and the wait for it."""
     out = []
     if "gloo" in bench["peers"]:
@@ -221,8 +229,8 @@ def after_case(bench: dict, index: int, rank: int, world: int) -> list[dict]:
 
 
 def before_cases(bench: dict) -> None:
-    """Called by stratac.worker before its first case: the MPI job must be up (started, imported,
-    MPI_Init done) so that its start-up does not run beside stratac's first measurement."""
+    """Called by stratac.tools.run.worker before its first case: the MPI job must be up (started,
+    imported, MPI_Init done) so that its start-up does not run beside stratac's first measurement."""
     if "mpi" in bench["peers"]:
         Gate(bench["gate"]).wait("mpi-ready", bench["peer_timeout"])
 
@@ -253,7 +261,7 @@ def traced_call(comm, call, trace_dir: str, label: str, rank: int) -> None:
     comm.barrier()
 
 
-# ---- MPI, as its own job: mpirun -np W python -m stratac.benchpeer SPEC
+# ---- MPI, as its own job: mpirun -np W python -m stratac.tools.bench.benchpeer SPEC
 
 def _mpi_dtype(MPI, dtype: str):
     return {"f32": MPI.FLOAT, "i32": MPI.INT32_T, "f16": None, "bf16": None}[dtype]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stratac.diagnostics import Codes, StrataError, error
-from stratac.host import comm
+from stratac.host import comm, schedule
 from stratac.ir import passes
 from stratac.lang.frontend import load_source
 from stratac.targets import cpu as build
@@ -58,8 +58,8 @@ class RunSpec:
     soc: str = passes.DEFAULT_SOC
     cores: int | None = None
     heap_bytes: int | None = None
-    target: str = "cpu"          # "npu": CANN build, SHMEM heap on the NPUs (stratac.npu)
-    bench: dict | None = None    # `stratac bench`: peer measurements and gate (stratac.benchpeer)
+    target: str = "cpu"          # "npu": CANN build, SHMEM heap on the NPUs (stratac.targets.npu, stratac.host.npu_comm)
+    bench: dict | None = None    # `stratac bench`: peer measurements and gate (stratac.tools.bench.benchpeer)
 
 
 @dataclass
@@ -69,7 +69,7 @@ class RunOutcome:
     exit_code: int = 0
 
 
-def _heap_bytes(spec: RunSpec, schedules) -> int:
+def heap_bytes(spec: RunSpec, schedules) -> int:
     """Enough for every schedule's tensors (allocated one schedule at a time) plus the flags."""
     if spec.heap_bytes:
         return spec.heap_bytes
@@ -94,7 +94,7 @@ def _heap_bytes(spec: RunSpec, schedules) -> int:
             wl = Workload(s, spec.world, n)
             # tensors and scratch (s.params has both), each rounded to the allocator's 512 bytes
             need = max(need, sum((max(wl.numel(p), 1) * elem + 511) // 512 * 512 for p in s.params))
-    return need + (spec.world + comm.SYNC_SLOTS) * 4 + (1 << 20)
+    return need + (spec.world + schedule.SYNC_SLOTS) * 4 + (1 << 20)
 
 
 def moe_workloads(spec: RunSpec, case: Case, schedules) -> list:
@@ -130,7 +130,7 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
     source = load_source(spec.file)
     opts = passes.Options(soc=spec.soc, cores=spec.cores)
     opts.check()
-    compiled = comm.compile_source(source, opts, worlds=[spec.world])
+    compiled = schedule.compile_source(source, opts, worlds=[spec.world])
     routed = [c.schedule.name for c in compiled if c.schedule.contract.kind.moe]
     for case in spec.cases:
         if routed and case.dtype == "i32":
@@ -141,7 +141,7 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
             npu.build(c.output, spec.soc)
         else:
             build.build_cpu(c.output)
-    heap = _heap_bytes(spec, compiled)
+    heap = heap_bytes(spec, compiled)
     shm = os.statvfs("/dev/shm")
     free = shm.f_bavail * shm.f_frsize
     if spec.target == "cpu" and heap * spec.world > free:

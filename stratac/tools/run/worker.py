@@ -1,4 +1,4 @@
-"""One rank of `stratac run`: started by stratac.runner as `python -m stratac.worker SPEC`.
+"""One rank of `stratac run`: started by stratac.tools.run.runner as `python -m stratac.tools.run.worker SPEC`.
 
 Bootstraps torch.distributed (gloo) from the file store the runner made, builds a Communicator
 (the same public API users call), runs every schedule of the file on heap tensors, checks the
@@ -22,7 +22,8 @@ def main(spec_text: str) -> int:
     import torch.distributed as dist
 
     from stratac.diagnostics import StrataError
-    from stratac.host.comm import Communicator, StrataRuntimeError, StrataUsageError
+    from stratac.host.comm import Communicator
+    from stratac.host.errors import StrataRuntimeError, StrataUsageError
     from stratac.ir import passes
 
     torch.set_num_threads(1)
@@ -35,7 +36,7 @@ def main(spec_text: str) -> int:
     comm = None
     clean = False
     try:
-        if spec.get("target") == "npu":   # the same API on SHMEM's heap (stratac.npu)
+        if spec.get("target") == "npu":   # the same API on SHMEM's heap (stratac.host.npu_comm)
             from stratac.targets.npu import NpuCommunicator
             comm = NpuCommunicator.from_process_group(heap_bytes=spec["heap_bytes"])
         else:
@@ -97,7 +98,7 @@ def _all_ok(ok: bool) -> bool:
 
 def moe_pairs(fns: list) -> list:
     """The loaded schedules paired as workload.moe_pairs pairs them (callables, not IR)."""
-    from stratac.host.comm import StrataUsageError
+    from stratac.host.errors import StrataUsageError
     from stratac.tools.run.workload import PairingError
     from stratac.tools.run.workload import moe_pairs as pair_ir
     by_name = {fn.name: fn for fn in fns}

@@ -1,0 +1,64 @@
+"""What a `stratac bench` call is asked and what it answers, shared by every module of the bench.
+
+In: the command line's values, as a BenchSpec. Out: a BenchResult (meta, one record per system,
+schedule and size, failures, exit status), which the report, the plot and the JSON read; and
+BenchError / BenchUsageError for what the bench cannot do, in one message with its exit status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from stratac.ir import passes
+from stratac.tools.options import parse_sizes
+
+PEERS = ("gloo", "mpi")
+DEFAULT_SIZES = "8:256M"
+MOE_TOKENS = "16:1024"   # the default --tokens sweep of a MoE file
+
+
+class BenchError(Exception):
+    """Something the bench cannot do, said in one message (the CLI prints it, no traceback).
+    `status` is the exit status it calls for."""
+
+    status = 1
+
+
+class BenchUsageError(BenchError):
+    """Options that do not fit the file (e.g. --vs for MoE schedules): exit status 2."""
+
+    status = 2
+
+
+@dataclass
+class BenchSpec:
+    file: str
+    world: int
+    sizes: list[int] | None = field(default_factory=lambda: parse_sizes(DEFAULT_SIZES))
+    dtype: str = "f32"
+    op: str = "sum"
+    root: int = 0
+    iters: int = 20
+    warmup: int = 5
+    cores: int | None = None
+    peers: list[str] = field(default_factory=list)
+    timeout: float = 120.0
+    seed: int = 0
+    soc: str = passes.DEFAULT_SOC
+    progress: bool = False
+    ceiling_bytes: int = 256 << 20
+    trace: str | None = None      # write a Chrome/Perfetto trace of one call per schedule and size
+    # MoE dispatch/combine files (None: the defaults below, or workload.MOE_DEFAULTS)
+    tokens: list[int] | None = None     # tokens per rank, swept (default MOE_TOKENS)
+    hidden: int | None = None
+    topk: int | None = None
+    experts: int | None = None
+    routings: list[str] | None = None   # default ["uniform"]
+
+
+@dataclass
+class BenchResult:
+    meta: dict
+    records: list[dict]          # every system, every size (the JSON's "results")
+    failures: list[str]
+    exit_code: int

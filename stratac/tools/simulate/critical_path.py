@@ -1,0 +1,121 @@
+"""The time of one call. In: a Template's timelines, the StageCost of each of its stages, a Machine
+and the cores per rank. Out: the predicted microseconds from the kernel launch to the last rank's
+exit, and that critical path split by category.
+
+Synchronisation: a barrier releases every rank when the last one arrives, plus its cost (two
+SyncAlls, each core signalling world/cores peers, one fabric latency); a wait returns when the last
+flag it waits for has landed (signal time + fabric latency); a signal costs a flag issue per slot.
+Between two barriers, the traffic of every rank on every UB link and every HBM also bounds the
+phase (a rank's link is shared by everything the other ranks send it or read from it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from stratac.tools.simulate.machine import Machine, SimulateError
+from stratac.tools.simulate.stage_cost import StageCost
+from stratac.tools.simulate.template import Template
+
+
+def _add(parts: dict, cat: str, us: float) -> dict:
+    out = dict(parts)
+    out[cat] = out.get(cat, 0.0) + us
+    return out
+
+
+def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) -> tuple[float, dict]:
+    """(predicted microseconds of one call, its critical path split by category)."""
+    world, lat = t.world, m.fabric_latency_us
+    barrier_cost = 2 * m.sync_all_us + math.ceil(world / cores) * m.flag_issue_us + \
+        (lat if world > 1 else 0.0)
+    clock = [m.launch_us] * world
+    parts = [{"latency": m.launch_us} for _ in range(world)]
+    pos = [0] * world
+    landed: dict[tuple, tuple[float, dict]] = {}
+    arrived: dict[int, tuple[float, dict]] = {}
+    phase, phase_start = 0, (m.launch_us, {"latency": m.launch_us})
+    load: dict[int, list] = {}
+    for cost in costs.values():
+        for ph, (tx, rx, hbm) in cost.loads.items():
+            acc = load.setdefault(ph, [np.zeros(world), np.zeros(world), np.zeros(world)])
+            acc[0] += tx
+            acc[1] += rx
+            acc[2] += hbm
+
+    def bound(ph: int) -> tuple[float, str]:
+        if ph not in load:
+            return 0.0, "fabric"
+        tx, rx, hbm = load[ph]
+        f = max(tx.max(), rx.max()) / (m.fabric_gbps * 1e3)
+        h = hbm.max() / (m.hbm_gbps * 1e3)
+        return (f, "fabric") if f >= h else (h, "hbm")
+
+    def settle(ph: int, when: float, path: dict) -> tuple[float, dict]:
+        """The later of `when` and the phase's link/HBM bound from its start."""
+        us, cat = bound(ph)
+        if phase_start[0] + us > when:
+            return phase_start[0] + us, _add(phase_start[1], cat, us)
+        return when, path
+
+    while True:
+        progressed = False
+        for r in range(world):
+            tl = t.timelines[r]
+            while pos[r] < len(tl):
+                kind, arg = tl[pos[r]]
+                if kind == "stage":
+                    cost = costs[arg]
+                    busy = float(cost.busy_us[r])
+                    scalar = float(cost.scalar_us[r]) if cost.scalar_us is not None else 0.0
+                    clock[r] += float(cost.time_us[r])
+                    path = parts[r]
+                    if scalar > 0:
+                        path = _add(path, "scalar", scalar)
+                    if busy > scalar:
+                        path = _add(path, cost.category[r], busy - scalar)
+                    parts[r] = _add(path, "latency", float(cost.time_us[r]) - busy)
+                elif kind == "signal":
+                    us = len(arg) * m.flag_issue_us + m.sync_all_us
+                    clock[r] += us
+                    parts[r] = _add(parts[r], "latency", us)
+                    here = (clock[r], parts[r])
+                    there = (clock[r] + lat, _add(parts[r], "latency", lat))
+                    for owner, flag, slot in arg:
+                        landed[(owner, flag, slot)] = there if owner != r else here
+                elif kind == "wait":
+                    hits = [landed.get((r, flag, slot)) for flag, slot in arg]
+                    if any(h is None for h in hits):
+                        break
+                    when, path = max(hits, key=lambda h: h[0])
+                    if when > clock[r]:
+                        clock[r], parts[r] = when, path
+                    clock[r] += m.sync_all_us
+                    parts[r] = _add(parts[r], "latency", m.sync_all_us)
+                elif kind == "barrier":
+                    if r not in arrived:
+                        arrived[r] = (clock[r], parts[r])
+                        progressed = True
+                    break
+                pos[r] += 1
+                progressed = True
+        if len(arrived) == world:
+            last = max(arrived, key=lambda r: arrived[r][0])
+            when, path = settle(phase, *arrived[last])
+            when, path = when + barrier_cost, _add(path, "latency", barrier_cost)
+            for r in range(world):
+                clock[r], parts[r] = when, path
+                pos[r] += 1
+            arrived = {}
+            phase += 1
+            phase_start = (when, path)
+            progressed = True
+        if all(pos[r] == len(t.timelines[r]) for r in range(world)):
+            break
+        if not progressed:
+            raise SimulateError("the schedule waits for a flag or barrier nobody provides; run "
+                                "`stratac check` on the file")
+    last = max(range(world), key=lambda r: clock[r])
+    return settle(phase, clock[last], parts[last])

@@ -1,0 +1,273 @@
+"""The cost of one stage on every rank that runs it. In: a Template, the lengths at one size, the
+element bytes, a Machine, the cores per rank and, for routing constructs, a sample routing. Out: a
+StageCost per stage: time, the resource that set it, and the bytes each phase puts on every link
+and HBM.
+
+Work. Each stage of each rank is split over the vector cores the way the kernels split it
+(strata::Partition: the elements the stage moves, end to end in program order, cut evenly by
+32-byte blocks). A core's piece of a copy goes to SDMA (`on sdma`, or `on auto` from the threshold
+the passes chose, decided per piece like the kernel does) or through the core's UB. Per core: bytes
+read GM -> UB, written UB -> GM and folded by the vector unit; per SDMA queue: bytes and posts.
+Data travels source owner -> running rank -> destination owner; a byte whose owner is another rank
+crosses that rank's UB link (tx) and the running rank's (rx), or the reverse. Every byte read or
+written is HBM traffic of its owner.
+
+Time of a stage on a rank: the slowest of its resources (busiest core, busiest SDMA queue, its own
+UB link in each direction, its own HBM), plus the end-of-stage SyncAll, plus one fabric latency if
+it touched another rank's memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from stratac import ir
+from stratac.ir import passes
+from stratac.tools.simulate.machine import Machine, SimulateError
+from stratac.tools.simulate.sample_routing import Routed
+from stratac.tools.simulate.template import (
+    ACCUMULATE,
+    COPY,
+    REDUCE,
+    StageMoves,
+    Template,
+)
+
+BLOCK_BYTES = 32   # the kernels partition a stage over the cores in whole DataCopy blocks
+CATEGORIES = ("fabric", "hbm", "aiv", "sdma", "latency", "scalar")
+
+# Routing metadata runs on a vector core's scalar unit (strata::Router in
+# runtime/device/strata_device.h: histogram, exscan and slots on core 0, one GM value at a time;
+# place and gather scan the ids on every core). No machine file has a figure for it and we found no
+# public one, so both of these are ASSUMPTIONS (plausible orders of magnitude, not sources):
+SCALAR_CALL_US = 1.0        # assumption: entering a routing call (per-expert UB counters cleared,
+                            # the data cache flushed after the metadata is written)
+SCALAR_ELEMENT_US = 0.01    # assumption: 10 ns per id, count or offset the scalar unit reads or
+                            # writes (GM GetValue/SetValue through the scalar data cache)
+# gather's vector work, in passes over a row of f32 (Router::Gather): per routed entry cast to f32
+# (not for f32 tokens), scale by the weight, add; per token zero the accumulator and cast (copy) out
+GATHER_ENTRY_PASSES = {2: 3, 4: 2}   # element bytes of the tokens -> passes per entry
+GATHER_TOKEN_PASSES = 2
+
+
+@dataclass
+class StageCost:
+    time_us: np.ndarray                    # per rank (only ranks that run the stage are meaningful)
+    category: list[str]                    # per rank: the resource that set the time
+    busy_us: np.ndarray                    # per rank: the resource time without the overheads
+    loads: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]   # phase -> tx, rx, hbm bytes per rank
+    scalar_us: np.ndarray | None = None    # per rank: the part of busy_us that is scalar work
+
+
+class _Work:
+    """What one stage asks of every rank's cores, queues, links and memory (bytes, posts, scalar
+    microseconds); ordinary moves and routing constructs add to it."""
+
+    def __init__(self, world: int, cores: int, queues: int):
+        self.world, self.C, self.Q = world, cores, queues
+        n = world * cores
+        self.core_in, self.core_out, self.core_vec, self.core_scalar = (np.zeros(n) for _ in range(4))
+        self.q_bytes, self.q_posts = np.zeros(world * queues), np.zeros(world * queues)
+        self.tx_own, self.rx_own, self.hbm_own = (np.zeros(world) for _ in range(3))
+        self.touched = np.zeros(world, dtype=bool)
+        self.loads: dict[int, list[np.ndarray]] = {}
+
+    def load(self, ph: int) -> list[np.ndarray]:
+        return self.loads.setdefault(ph, [np.zeros(self.world) for _ in range(3)])
+
+
+def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine, cores: int,
+               routed: Routed | None = None) -> StageCost:
+    sm = t.stages[index]
+    a = sm.arrays
+    world, C, Q = t.world, cores, m.queues
+    L = lens[a["key"]] if len(a["key"]) else np.zeros(0, dtype=np.int64)
+    issuer, kind = a["issuer"], a["kind"]
+    # a region of a typed buffer (i32 counts) moves as whole elements of T (strata::Ratio)
+    L = L * np.where(a["scale"] > 0, np.maximum(1, a["scale"] // elem), 1) if len(L) else L
+    w = _Work(world, C, Q)
+
+    # strata::Partition: the stage's elements of each rank, end to end, cut by blocks over the cores
+    T = np.bincount(issuer, weights=L, minlength=world).astype(np.int64) if len(L) else \
+        np.zeros(world, dtype=np.int64)
+    per = max(1, BLOCK_BYTES // elem)
+    blocks = (T + per - 1) // per
+    c = np.arange(C, dtype=np.int64)
+    lo = np.minimum(T[:, None], (blocks[:, None] * c[None, :] // C) * per)
+    base = np.concatenate(([0], np.cumsum(T)[:-1]))
+    bin_start = (base[:, None] + lo).ravel()
+    total = int(T.sum())
+    if total:
+        mv_start = np.concatenate(([0], np.cumsum(L)[:-1]))
+        cuts = np.sort(np.concatenate((mv_start, bin_start, [total])))
+        cuts = cuts[(cuts <= total) & np.concatenate(([True], cuts[1:] != cuts[:-1]))]
+        seg_start, seg_len = cuts[:-1], np.diff(cuts)
+        seg_mv = np.searchsorted(mv_start, seg_start, side="right") - 1
+        seg_bin = np.searchsorted(bin_start, seg_start, side="right") - 1
+        seg_kind = kind[seg_mv]
+        nb = seg_len.astype(np.float64) * elem
+        engine = sm.stage.engine
+        if engine is ir.Engine.SDMA:
+            sdma = seg_kind == COPY
+        elif engine is ir.Engine.AUTO:
+            sdma = (seg_kind == COPY) & (nb >= _threshold(sm))
+        else:
+            sdma = np.zeros(len(nb), dtype=bool)
+        k = a["nsrc"][seg_mv]
+        w.core_in += np.bincount(seg_bin, weights=np.where(sdma, 0.0, k * nb), minlength=world * C)
+        w.core_out += np.bincount(seg_bin, weights=np.where(sdma, 0.0, nb), minlength=world * C)
+        w.core_vec += np.bincount(seg_bin, weights=np.where(seg_kind == REDUCE, k * nb, 0.0),
+                                  minlength=world * C)
+        queue = (seg_bin // C) * Q + (seg_bin % C) % Q
+        w.q_bytes += np.bincount(queue, weights=np.where(sdma, nb, 0.0), minlength=world * Q)
+        w.q_posts += np.bincount(queue, weights=sdma.astype(np.float64), minlength=world * Q)
+
+    # traffic: source owner -> running rank -> destination owner; every access is HBM traffic
+    src_move, src_owner, dst = a["src_move"], a["src_owner"], a["dst"]
+    src_bytes = L[src_move].astype(np.float64) * elem
+    src_issuer = issuer[src_move]
+    src_remote = (src_owner != src_issuer) & (src_bytes > 0)
+    dst_bytes = L.astype(np.float64) * elem
+    dst_remote = (dst != issuer) & (dst_bytes > 0)
+    # own link: what this rank's own moves put through its own UB link
+    w.rx_own += np.bincount(src_issuer, weights=np.where(src_remote, src_bytes, 0.0), minlength=world)
+    w.tx_own += np.bincount(issuer, weights=np.where(dst_remote, dst_bytes, 0.0), minlength=world)
+    dst_hbm = np.where(kind == ACCUMULATE, 2.0, 1.0) * dst_bytes     # an atomic add reads and writes
+    w.hbm_own += (np.bincount(src_issuer, weights=np.where(src_remote, 0.0, src_bytes), minlength=world)
+                  + np.bincount(issuer, weights=np.where(dst_remote, 0.0, dst_hbm), minlength=world))
+    w.touched |= (np.bincount(src_issuer, weights=src_remote.astype(np.float64), minlength=world)
+                  + np.bincount(issuer, weights=dst_remote.astype(np.float64), minlength=world)) > 0
+
+    # every link's and every HBM's load, per phase of the ranks running the stage
+    phase_of = np.full(world, -1, dtype=np.int64)
+    for r, ph in sm.phase.items():
+        phase_of[r] = ph
+    for ph in sorted(set(sm.phase.values())):
+        sel_src = phase_of[src_issuer] == ph
+        sel_dst = phase_of[issuer] == ph
+        w_src = np.where(sel_src & src_remote, src_bytes, 0.0)
+        w_dst = np.where(sel_dst & dst_remote, dst_bytes, 0.0)
+        tx, rx, hbm = w.load(ph)
+        tx += np.bincount(src_owner, weights=w_src, minlength=world) + \
+            np.bincount(issuer, weights=w_dst, minlength=world)
+        rx += np.bincount(src_issuer, weights=w_src, minlength=world) + \
+            np.bincount(dst, weights=w_dst, minlength=world)
+        hbm += np.bincount(src_owner, weights=np.where(sel_src, src_bytes, 0.0), minlength=world) + \
+            np.bincount(dst, weights=np.where(sel_dst, dst_hbm, 0.0), minlength=world)
+
+    if sm.routes:
+        _route_work(sm, w, routed, elem, m, phase_of)
+
+    per_us = lambda gbps: gbps * 1e3   # GB/s -> bytes per microsecond
+    data_us = np.maximum.reduce([w.core_in / per_us(m.gm_to_ub_gbps), w.core_out / per_us(m.ub_to_gm_gbps),
+                                 w.core_vec / per_us(m.vector_gbps)])
+    # a core's scalar work (routing metadata, id scans) comes before the data it moves or posts
+    core_us = (w.core_scalar + data_us).reshape(world, C)
+    core_at = core_us.argmax(axis=1)
+    aiv_us = core_us.max(axis=1)
+    aiv_scalar = w.core_scalar.reshape(world, C)[np.arange(world), core_at]
+    q_scalar = np.zeros(world * Q)
+    np.maximum.at(q_scalar, (np.arange(world * C) // C) * Q + (np.arange(world * C) % C) % Q, w.core_scalar)
+    q_scalar = np.where(w.q_posts > 0, q_scalar, 0.0)
+    q_us = (q_scalar + w.q_bytes / per_us(m.queue_gbps) + w.q_posts * m.post_us).reshape(world, Q)
+    q_at = q_us.argmax(axis=1)
+    sdma_us = q_us.max(axis=1)
+    sdma_scalar = q_scalar.reshape(world, Q)[np.arange(world), q_at]
+    fabric_us = np.maximum(w.tx_own, w.rx_own) / per_us(m.fabric_gbps)
+    hbm_us = w.hbm_own / per_us(m.hbm_gbps)
+
+    parts = np.stack([fabric_us, hbm_us, aiv_us, sdma_us])     # in CATEGORIES order
+    busy = parts.max(axis=0)
+    which = parts.argmax(axis=0)
+    scalar = np.select([which == 2, which == 3], [aiv_scalar, sdma_scalar], 0.0)
+    category = [CATEGORIES[i] if b > s else ("scalar" if b > 0 else "latency")
+                for i, b, s in zip(which, busy, scalar)]
+    time_us = busy + m.sync_all_us + np.where(w.touched, m.fabric_latency_us, 0.0)
+    loads = {ph: tuple(v) for ph, v in w.loads.items()}
+    return StageCost(time_us, category, busy, loads, scalar)
+
+
+def _threshold(sm: StageMoves) -> float:
+    return sm.stage.plan.sdma_threshold if sm.stage.plan else passes.SDMA_THRESHOLD
+
+
+def _route_work(sm: StageMoves, w: _Work, routed: Routed | None, elem: int, m: Machine,
+                phase_of: np.ndarray) -> None:
+    """Adds the routing constructs of a stage to its work, from the sample routing (Router in
+    runtime/device/strata_device.h).
+
+    Their data movement depends on the expert ids: place = one row copy per routed (token, k)
+    entry, from the running rank to the expert's owner, the routed rows split evenly over the cores
+    in (t, k) order (SDMA or the core's UB per the stage's engine, one SDMA post per row); gather =
+    per routed entry one row read (remote if the owner is another rank) and the weighted f32
+    accumulate, the tokens split evenly over the cores, plus one row write per token; histogram,
+    exscan and slots = scalar metadata on core 0. Scalar work (those three, and the id scans of
+    place and gather) costs SCALAR_CALL_US per call and SCALAR_ELEMENT_US per id, count or offset,
+    both assumptions. Count rows are ordinary copies (stage_cost)."""
+    K = ir.RouteKind
+    world, C, Q = w.world, w.C, w.Q
+    cidx = np.arange(C)
+    for r, kind, shape in sm.routes:
+        if routed is None:
+            raise SimulateError(f"stage {sm.stage.index} routes rows by ids: a sample routing is needed "
+                                "(predict_moe)")
+        E = shape["experts"]
+        core0 = r * C
+        if kind is K.HISTOGRAM:         # core 0 reads every id and writes every count
+            w.core_scalar[core0] += SCALAR_CALL_US + (shape["n"] + E) * SCALAR_ELEMENT_US
+            continue
+        if kind is K.EXSCAN:            # core 0 reads the world x experts table, writes the offsets
+            w.core_scalar[core0] += SCALAR_CALL_US + (world * E + E) * SCALAR_ELEMENT_US
+            continue
+        if kind is K.SLOTS:
+            w.core_scalar[core0] += SCALAR_CALL_US + E * SCALAR_ELEMENT_US
+            continue
+        if not shape["sampled"] or routed.world != world or \
+                (shape["tokens"], shape["topk"], E) != (routed.tokens, routed.topk, routed.experts):
+            raise SimulateError(
+                f"{kind.value} routes {shape['tokens']} x {shape['topk']} ids of {shape['ids']} over "
+                f"{E} experts, but the sample routing has {routed.tokens} x {routed.topk} ids over "
+                f"{routed.experts} experts at world {routed.world}: the model only knows the contract's ids")
+        rb = float(shape["hidden"] * elem)               # bytes of one row
+        row = routed.owners[r].astype(np.float64) * rb   # bytes to (place) or from (gather) each owner
+        mine, remote = row[r], row.sum() - row[r]
+        cores = core0 + cidx
+        load_tx, load_rx, load_hbm = w.load(int(phase_of[r]))
+        w.touched[r] |= remote > 0
+        if kind is K.PLACE:
+            rows, scanned = routed.place_split(C)
+            rows, scanned = rows[r].astype(np.float64), scanned[r]
+            w.core_scalar[cores] += SCALAR_CALL_US + (scanned + rows) * SCALAR_ELEMENT_US
+            engine = sm.stage.engine
+            if engine is ir.Engine.SDMA or (engine is ir.Engine.AUTO and rb >= _threshold(sm)):
+                q = r * Q + cidx % Q                     # one post per row, on the core's queue
+                np.add.at(w.q_bytes, q, rows * rb)
+                np.add.at(w.q_posts, q, rows)
+            else:
+                w.core_in[cores] += rows * rb
+                w.core_out[cores] += rows * rb
+            w.tx_own[r] += remote
+            w.hbm_own[r] += routed.routed[r] * rb + mine     # the token rows read, the local rows written
+            load_tx[r] += remote
+            load_rx += row
+            load_rx[r] -= mine
+            load_hbm[r] += routed.routed[r] * rb
+            load_hbm += row
+        else:                           # gather
+            entries, ntok, last = routed.gather_split(C)
+            entries = entries[r].astype(np.float64)
+            w.core_scalar[cores] += SCALAR_CALL_US + (last * routed.topk + 2 * entries) * SCALAR_ELEMENT_US
+            w.core_in[cores] += entries * rb
+            w.core_out[cores] += ntok * rb
+            f32row = shape["hidden"] * 4.0
+            w.core_vec[cores] += (entries * GATHER_ENTRY_PASSES.get(elem, 3) + ntok * GATHER_TOKEN_PASSES) * f32row
+            y = routed.tokens * rb                      # every token's row is written, routed or not
+            w.rx_own[r] += remote
+            w.hbm_own[r] += mine + y
+            load_rx[r] += remote
+            load_tx += row
+            load_tx[r] -= mine
+            load_hbm += row
+            load_hbm[r] += y

@@ -1,0 +1,261 @@
+"""The walk of the IR, once per schedule and world. In: a schedule after the passes, a world and
+the values of its size symbols and rank parameters. Out: a Template (every move of every rank with
+its owners and a symbolic length, every routing construct with its shape, each rank's timeline of
+stages, barriers, signals and waits) and, per size, the lengths of its moves.
+
+Instantiation cost stays bounded at large worlds: the walk mirrors stratac.ir.instantiate but
+keeps no element intervals or accesses, and each size only evaluates the distinct length
+expressions. tests/simulate/test_template.py checks the template against instantiate on every
+example.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stratac import ir
+from stratac.tools.simulate.machine import SimulateError
+
+# a move's kind as a small int, so that a stage's moves become numpy arrays (StageMoves.arrays)
+COPY, ACCUMULATE, REDUCE = 0, 1, 2
+
+
+@dataclass
+class StageMoves:
+    """The moves of one stage over every rank that runs it, in rank order then program order."""
+
+    stage: ir.Stage
+    issuer: list[int] = field(default_factory=list)
+    key: list[int] = field(default_factory=list)       # index of the length in Template.keys
+    kind: list[int] = field(default_factory=list)      # COPY, ACCUMULATE, REDUCE
+    dst: list[int] = field(default_factory=list)       # owner of the destination
+    nsrc: list[int] = field(default_factory=list)
+    src_move: list[int] = field(default_factory=list)  # one entry per source: its move
+    src_owner: list[int] = field(default_factory=list)
+    scale: list[int] = field(default_factory=list)     # bytes of the destination's element type
+                                                       # (0: the schedule's T)
+    phase: dict[int, int] = field(default_factory=dict)   # rank -> barriers before the stage
+    arrays: dict = field(default_factory=dict)
+    routes: list[tuple[int, ir.RouteKind, dict]] = field(default_factory=list)   # issuer, kind, shape
+
+
+@dataclass
+class Template:
+    world: int
+    keys: list[tuple[ir.IExpr, dict]]     # a length expression and its values of non-size names
+    stages: dict[int, StageMoves]
+    timelines: list[list[tuple]]          # per rank: ("stage", index) | ("barrier", k) |
+                                          # ("signal", [(owner, flag, slot)]) | ("wait", [(flag, slot)])
+    size_dependent: bool                  # a condition, rank or flag slot depends on a size symbol
+
+    def moves(self, stage_index: int, lengths: np.ndarray) -> list[tuple]:
+        """(issuer, kind, dst owner, src owners, length) of every move, for the consistency test."""
+        sm = self.stages[stage_index]
+        srcs: dict[int, list[int]] = {}
+        for mv, owner in zip(sm.src_move, sm.src_owner):
+            srcs.setdefault(mv, []).append(owner)
+        return [(sm.issuer[i], sm.kind[i], sm.dst[i], tuple(srcs.get(i, ())), int(lengths[sm.key[i]]))
+                for i in range(len(sm.issuer))]
+
+    def routes(self, stage_index: int) -> list[tuple]:
+        """(issuer, kind, shape) of every routing construct of a stage, for the consistency test."""
+        return [(r, k, dict(shape)) for r, k, shape in self.stages[stage_index].routes]
+
+
+class _Walker:
+    """Mirrors stratac.ir.instantiate's walk of the IR (program order, loop domains, merged signals
+    and waits), keeping only owners and length expressions."""
+
+    def __init__(self, s: ir.Schedule, world: int, env: dict):
+        self.s, self.world, self.base = s, world, {"world": world, **env}
+        self.size_syms = frozenset(s.sizes)
+        self.keys: list[tuple[ir.IExpr, dict]] = []
+        self.key_index: dict[tuple, int] = {}
+        self.names: dict[int, tuple[ir.IExpr, tuple[str, ...]]] = {}
+        self.stages: dict[int, StageMoves] = {}
+        self.size_dependent = False
+        self.steering: dict[int, ir.IExpr] = {}
+
+    def ev(self, e: ir.IExpr, env: dict, what: str) -> int:
+        seen = self.steering.get(id(e))
+        if seen is None or seen is not e:
+            self.steering[id(e)] = e      # kept alive, so its id is not reused
+            if e.names() & self.size_syms:
+                self.size_dependent = True
+        try:
+            return e.eval(env)
+        except ZeroDivisionError:
+            raise SimulateError(f"division by zero evaluating {what} ({e}) at world {self.world}; "
+                                "run `stratac check` on the file") from None
+
+    def owner(self, r: ir.Region, env: dict) -> int:
+        o = env["rank"] if r.rank is None else self.ev(r.rank, env, "a rank")
+        if not 0 <= o < self.world:
+            raise SimulateError(f"rank {o} does not exist in a world of {self.world} (line "
+                                f"{r.span.line}); run `stratac check` on the file")
+        return o
+
+    def length_key(self, e: ir.IExpr, env: dict) -> int:
+        hit = self.names.get(id(e))
+        if hit is None or hit[0] is not e:
+            hit = (e, tuple(sorted(e.names() - self.size_syms)))
+            self.names[id(e)] = hit
+        fixed = tuple(env[n] for n in hit[1])
+        k = (id(e), fixed)
+        i = self.key_index.get(k)
+        if i is None:
+            i = self.key_index[k] = len(self.keys)
+            self.keys.append((e, dict(zip(hit[1], fixed))))
+        return i
+
+    def domain(self, d: ir.Domain, rank: int) -> list[int]:
+        return [p for p in range(self.world) if d is ir.Domain.RANKS or p != rank]
+
+    def timeline(self, rank: int) -> list[tuple]:
+        env = dict(self.base, rank=rank)
+        events: list[tuple] = []
+        barriers = 0
+
+        def sync(op, env):
+            if isinstance(op, ir.Loop):
+                for v in self.domain(op.domain, env["rank"]):
+                    for o in op.body:
+                        sync(o, {**env, op.var: v})
+                return
+            slot = self.ev(op.index, env, f"the index of flag {op.flag}")
+            if isinstance(op, ir.Signal):
+                owner = self.ev(op.rank, env, "the signalled rank")
+                if events and events[-1][0] == "signal":
+                    events[-1][1].append((owner, op.flag, slot))
+                else:
+                    events.append(("signal", [(owner, op.flag, slot)]))
+            else:
+                if events and events[-1][0] == "wait":
+                    events[-1][1].append((op.flag, slot))
+                else:
+                    events.append(("wait", [(op.flag, slot)]))
+
+        def top(ops, env):
+            nonlocal barriers
+            for op in ops:
+                if isinstance(op, ir.Barrier):
+                    events.append(("barrier", barriers))
+                    barriers += 1
+                elif isinstance(op, ir.Stage):
+                    sm = self.stages.setdefault(op.index, StageMoves(op))
+                    sm.phase[rank] = barriers
+                    for inner in op.body:
+                        self.moves(inner, env, sm)
+                    events.append(("stage", op.index))
+                elif isinstance(op, ir.If):
+                    top(op.then if self.ev(op.cond, env, "a condition") else op.orelse, env)
+                else:
+                    sync(op, env)
+
+        top(self.s.body, env)
+        return events
+
+    def moves(self, op, env: dict, sm: StageMoves) -> None:
+        if isinstance(op, ir.Loop):
+            for v in self.domain(op.domain, env["rank"]):
+                for o in op.body:
+                    self.moves(o, {**env, op.var: v}, sm)
+            return
+        if isinstance(op, ir.If):
+            for o in (op.then if self.ev(op.cond, env, "a condition") else op.orelse):
+                self.moves(o, env, sm)
+            return
+        if isinstance(op, ir.Route):
+            self.size_dependent = True      # its shape is read at these sizes (route_shape)
+            sm.routes.append((env["rank"], op.kind, route_shape(self.s, op, env)))
+            return
+        i = len(sm.issuer)
+        sm.issuer.append(env["rank"])
+        sm.key.append(self.length_key(op.dst.length, env))
+        sm.dst.append(self.owner(op.dst, env))
+        dtype = self.s.param(op.dst.buffer).dtype
+        sm.scale.append(dtype.nbytes if dtype is not None else 0)
+        if isinstance(op, ir.Reduce):
+            sm.kind.append(REDUCE)
+            srcs = [self.owner(op.src, {**env, op.var: v}) for v in self.domain(op.domain, env["rank"])]
+        else:
+            sm.kind.append(ACCUMULATE if isinstance(op, ir.Accumulate) else COPY)
+            srcs = [self.owner(op.src, env)]
+        sm.nsrc.append(len(srcs))
+        sm.src_move.extend([i] * len(srcs))
+        sm.src_owner.extend(srcs)
+
+
+def route_shape(s: ir.Schedule, op: ir.Route, env: dict) -> dict:
+    """What the cost of a routing construct depends on besides the ids, at these sizes (as
+    stratac.ir.instantiate reads it): tokens, topk and hidden of place/gather, the experts (the
+    offsets' length), the number of ids a histogram counts, and which buffer holds the ids."""
+    K = ir.RouteKind
+    role = dict(zip(ir.ROUTE_OPERANDS[op.kind], op.operands))
+    full = {"world": env["world"], **env}
+
+    def ev(e: ir.IExpr) -> int:
+        try:
+            return e.eval(full)
+        except ZeroDivisionError:
+            raise SimulateError(f"division by zero evaluating {e} (line {op.span.line}); run "
+                                "`stratac check` on the file") from None
+
+    dims = lambda name: [ev(d) for d in s.param(name).dims]
+    if op.kind is K.HISTOGRAM:
+        return {"ids": role["ids"], "n": ev(s.param(role["ids"]).size), "experts": ev(op.dst.length)}
+    sampled = s.contract.kind.moe and role.get("ids") == s.contract.inputs[1]
+    if op.kind in (K.EXSCAN, K.SLOTS):
+        return {"experts": ev(op.dst.length)}
+    tokens, topk = (dims(role["ids"]) + [1])[:2]      # ids [tokens, topk], or [tokens] (AllToAllV)
+    win = op.dst.buffer if op.kind is K.PLACE else role["win"]
+    return {"ids": role["ids"], "tokens": tokens, "topk": topk, "hidden": dims(win)[1],
+            "experts": ev(s.param(role["offs"]).size), "sampled": sampled}
+
+
+def _routes(ops) -> bool:
+    for op in ops:
+        if isinstance(op, ir.Route):
+            return True
+        if isinstance(op, (ir.Stage, ir.Loop)) and _routes(op.body):
+            return True
+        if isinstance(op, ir.If) and _routes(op.then + op.orelse):
+            return True
+    return False
+
+
+def not_modelled(s: ir.Schedule) -> str | None:
+    """Why the model cannot predict this schedule, or None. MoE and AllToAllV schedules are
+    modelled on a sample routing; routing constructs outside such a contract have no ids to sample."""
+    if _routes(s.body) and not s.contract.kind.moe:
+        return ("its routing constructs move data that depends on ids, and only a MoE or AllToAllV "
+                "contract says which buffer holds ids the model can sample")
+    return None
+
+
+def template(s: ir.Schedule, world: int, env: dict) -> Template:
+    """env: every size symbol and rank parameter (the values instantiate takes as `sizes`)."""
+    w = _Walker(s, world, env)
+    timelines = [w.timeline(r) for r in range(world)]
+    for sm in w.stages.values():
+        sm.arrays = {k: np.asarray(getattr(sm, k), dtype=np.int64)
+                     for k in ("issuer", "key", "kind", "dst", "nsrc", "src_move", "src_owner", "scale")}
+    return Template(world, w.keys, w.stages, timelines, w.size_dependent)
+
+
+def lengths(t: Template, env: dict) -> np.ndarray:
+    """Elements of every length expression of the template at these sizes."""
+    out = np.empty(len(t.keys), dtype=np.int64)
+    for i, (e, fixed) in enumerate(t.keys):
+        try:
+            n = e.eval({"world": t.world, **env, **fixed})
+        except ZeroDivisionError:
+            raise SimulateError(f"division by zero evaluating a length ({e}); run `stratac check` "
+                                "on the file") from None
+        if n < 0:
+            raise SimulateError(f"a move of {n} elements ({e} with {env}); run `stratac check` on "
+                                "the file")
+        out[i] = n
+    return out

@@ -1,0 +1,57 @@
+"""What the tests of `stratac simulate` share: the repository, a tiny machine whose figures make
+the hand arithmetic short, and schedules from text or from the examples."""
+
+from pathlib import Path
+
+from stratac import ir
+from stratac.ir import passes
+from stratac.lang import frontend
+from stratac.tools.run.workload import MoeWorkload
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.strata"))
+
+# A machine whose figures make the hand arithmetic short: bandwidths in GB/s = 1e3 bytes per us.
+TINY = """
+[machine]
+name = "tiny"
+npus = 4
+dies_per_npu = 1
+[rank]
+vector_cores = 1
+ub_bytes_per_core = 196608
+hbm_gbps = 1000.0
+fabric_gbps = 0.5
+fabric_latency_us = 3.0
+[core]
+gm_to_ub_gbps = 2.0
+ub_to_gm_gbps = 4.0
+vector_gbps = 8.0
+[sdma]
+queues = 1
+queue_gbps = 0.5
+post_us = 5.0
+[sync]
+launch_us = 10.0
+sync_all_us = 1.0
+flag_issue_us = 0.5
+"""
+
+
+def schedule(tmp_path, text: str, name: str = "s.strata") -> ir.Schedule:
+    """The first schedule of `text`, after the passes."""
+    path = tmp_path / name
+    path.write_text(text)
+    return passes.pipeline(frontend.schedules(frontend.load_source(path))[0], passes.Options())
+
+
+def example(name: str) -> ir.Schedule:
+    return frontend.schedules(frontend.load_source(ROOT / "examples" / f"{name}.strata"))[0]
+
+
+def moe_env(s: ir.Schedule, world: int, tokens: int = 5, hidden: int = 3, topk: int = 2,
+            experts: int | None = None) -> dict:
+    """The sizes of a MoE or AllToAllV schedule (AllToAllV: topk 1, one "expert" per rank)."""
+    if s.contract.kind is ir.ContractKind.ALLTOALLV:
+        topk, experts = 1, world
+    return MoeWorkload(s, None, world, tokens, hidden, topk, experts or 2 * world).sizes(s)

@@ -1,0 +1,143 @@
+"""`stratac simulate` through add_parser on a fresh parser: the table and JSON of collectives and
+MoE, and every bad request or machine file as one error line."""
+
+import argparse
+import json
+
+import pytest
+from simkit import ROOT, TINY
+
+from stratac.tools.simulate.command import add_parser
+from stratac.tools.simulate.stage_cost import CATEGORIES, SCALAR_ELEMENT_US
+
+
+def _run(argv, capsys):
+    parser = argparse.ArgumentParser(prog="stratac")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    status = args.fn(args)
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def test_table_and_json(tmp_path, capsys):
+    src = tmp_path / "ar.strata"
+    src.write_text((ROOT / "examples" / "allreduce_twoshot.strata").read_text() + "\n"
+                   + (ROOT / "examples" / "allreduce_staging_baseline.strata").read_text())
+    out_json = tmp_path / "out.json"
+    machine = str(ROOT / "machines" / "cloudmatrix384.toml")
+    status, out, err = _run(["simulate", str(src), "--machine", machine, "--world", "16",
+                             "--sizes", "4,1K,64M", "--json", str(out_json)], capsys)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"# stratac simulate {src}  world 16  dtype f32  cores 48  machine {machine}")
+    assert "MODEL PREDICTIONS" in lines[1] and "NOT MEASUREMENTS" in lines[1]
+    assert "# allreduce_twoshot: allreduce, world 16  (ratio against allreduce_twoshot)" in lines
+    assert "# allreduce_staging_baseline: allreduce, world 16  (ratio against allreduce_twoshot)" in lines
+    head = [x for x in lines if x.startswith("#       size")]
+    assert len(head) == 2 and head[0].split()[1:] == ["size", "count", "type", "time(us)", "algbw",
+                                                      "busbw", "bound", "ratio"]
+    rows = [x.split() for x in lines if x and not x.startswith("#")]
+    assert len(rows) == 6                              # 4 B and 1K are distinct counts (1 and 256)
+    assert [r[0] for r in rows[:3]] == ["4", "1024", "67108864"]
+    assert all(r[-1] == "1.00x" for r in rows[:3])
+    assert all(float(r[-1].rstrip("x")) < 1 for r in rows[4:])
+    assert lines[-1] == f"# wrote {out_json}"
+    data = json.loads(out_json.read_text())
+    assert data["meta"]["what"] == "model predictions, not measurements"
+    assert data["meta"]["figures"]["rank"]["vector_cores"] == 48
+    rec = data["results"][-1]
+    assert set(rec) == {"schedule", "kind", "world", "size", "count", "dtype", "time_us", "algbw",
+                        "busbw", "bound", "breakdown_us", "ratio", "ratio_to"}
+    assert rec["ratio_to"] == "allreduce_twoshot" and rec["ratio"] < 1
+    assert rec["busbw"] == pytest.approx(rec["algbw"] * 2 * 15 / 16)
+    assert sum(rec["breakdown_us"].values()) == pytest.approx(rec["time_us"])
+
+
+def test_single_schedule_has_no_ratio_column(capsys):
+    status, out, _ = _run(["simulate", str(ROOT / "examples" / "alltoall.strata"), "--machine",
+                           str(ROOT / "machines" / "cloudmatrix384.toml"), "--world", "4",
+                           "--sizes", "1M"], capsys)
+    assert status == 0
+    assert [x for x in out.splitlines() if x.startswith("#       size")][0].split()[-1] == "bound"
+
+
+def test_moe_table_and_json(tmp_path, capsys):
+    src = tmp_path / "moe.strata"
+    src.write_text((ROOT / "examples" / "moe_prefill.strata").read_text() + "\n"
+                   + (ROOT / "examples" / "moe_staging_baseline.strata").read_text())
+    out_json = tmp_path / "moe.json"
+    machine = str(ROOT / "machines" / "cloudmatrix384.toml")
+    status, out, err = _run(["simulate", str(src), "--machine", machine, "--world", "4",
+                             "--tokens", "16,64", "--hidden", "256", "--json", str(out_json)], capsys)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"# stratac simulate {src}  world 4  dtype bf16  cores 48")
+    assert "MODEL PREDICTIONS" in lines[1] and "NOT MEASUREMENTS" in lines[1]
+    assert lines[2].startswith("# MoE: hidden 256, topk 8, experts 32 (8 per rank); routing uniform")
+    assert any("ASSUMED" in x and "scalar" in x for x in lines[:6])
+    assert "# moe_staging_baseline_dispatch: moe_dispatch, world 4  (ratio against moe_prefill_dispatch)" \
+        in lines
+    head = [x for x in lines if x.startswith("#   tokens")]
+    assert len(head) == 4 and head[0].split()[1:] == ["tokens", "received", "rows/rank", "type",
+                                                      "time(us)", "GB/s", "bound", "heap/rank", "ratio"]
+    rows = [x.split() for x in lines if x and not x.startswith("#")]
+    assert len(rows) == 8 and [r[0] for r in rows[:2]] == ["16", "64"]
+    assert all(r[3] == "bf16" for r in rows)
+    assert float(rows[1][2]) == pytest.approx(64 * 8)                       # rows received per rank
+    assert int(rows[1][1]) == 64 * 8 * 256 * 2                             # bytes received per rank
+    staged = rows[4:6]                                                     # staging dispatch
+    assert all(float(r[-1].rstrip("x")) < 1 for r in staged)
+    data = json.loads(out_json.read_text())
+    assert data["meta"]["moe"]["experts"] == 32 and data["meta"]["moe"]["routing"] == "uniform"
+    assert data["meta"]["moe"]["assumptions"]["scalar_element_us"] == SCALAR_ELEMENT_US
+    rec = data["results"][0]
+    assert rec["moe"]["tokens"] == 16 and rec["count"] == 16 and rec["busbw"] == rec["algbw"]
+    assert sum(rec["breakdown_us"].values()) == pytest.approx(rec["time_us"])
+    assert set(rec["breakdown_us"]) == set(CATEGORIES)
+
+
+def test_alltoallv_takes_one_destination_per_row(capsys):
+    status, out, err = _run(["simulate", str(ROOT / "examples" / "alltoallv.strata"), "--machine",
+                             str(ROOT / "machines" / "cloudmatrix384.toml"), "--world", "4",
+                             "--tokens", "32", "--hidden", "128", "--topk", "3"], capsys)
+    assert status == 0, err
+    assert "# AllToAllV: rows of 128 elements, one destination rank each" in out
+    row = [x.split() for x in out.splitlines() if x and not x.startswith("#")]
+    assert row[0][:3] == ["32", str(32 * 128 * 2), "32.0"]      # topk does not apply: one row each
+
+
+@pytest.mark.parametrize("file, extra, message", [
+    ("moe_prefill", ["--experts", "6"], "--experts 6 is not a positive multiple of the world size (4)"),
+    ("moe_prefill", ["--topk", "40", "--experts", "32"], "--topk 40 must be at most the number of experts"),
+    ("moe_prefill", ["--dtype", "i32"], "moves float tokens"),
+    ("moe_prefill", ["--sizes", "1M"], "--sizes applies to collectives"),
+    ("broadcast", ["--tokens", "16"], "apply to MoE and AllToAllV schedules"),
+])
+def test_bad_moe_requests_are_one_message(capsys, file, extra, message):
+    status, out, err = _run(["simulate", str(ROOT / "examples" / f"{file}.strata"), "--machine",
+                             str(ROOT / "machines" / "cloudmatrix384.toml"), "--world", "4",
+                             "--tokens", "16", *extra], capsys)
+    assert status == 1 and out == ""
+    assert err.startswith("stratac simulate: error: ") and message in err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--world", "769"], "world 769 is larger than the machine"),
+    (["--world", "4", "--cores", "49"], "--cores must be between 1 and 48"),
+])
+def test_bad_requests_are_one_message(capsys, extra, message):
+    status, out, err = _run(["simulate", str(ROOT / "examples" / "broadcast.strata"), "--machine",
+                             str(ROOT / "machines" / "cloudmatrix384.toml"), *extra], capsys)
+    assert status == 1 and out == ""
+    assert err.startswith("stratac simulate: error: ") and message in err
+    assert "Traceback" not in err
+
+
+def test_bad_machine_file_through_the_command(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TINY.replace("vector_cores = 1\n", ""))
+    status, out, err = _run(["simulate", str(ROOT / "examples" / "broadcast.strata"), "--machine",
+                             str(bad), "--world", "2"], capsys)
+    assert status == 1 and out == ""
+    assert err == f"stratac simulate: error: {bad}: missing key 'vector_cores' in [rank] (an integer >= 1)\n"

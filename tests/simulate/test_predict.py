@@ -1,0 +1,119 @@
+"""Predictions of collectives: the model's figures against hand-computed values on the tiny
+machine, and against the shipped machine file. No test asserts anything about real hardware; the
+figures are the model's own arithmetic."""
+
+import pytest
+from simkit import example, schedule
+
+from stratac.ir import passes
+from stratac.tools.simulate.predict import predict, predict_count
+from stratac.tools.simulate.stage_cost import stage_cost
+from stratac.tools.simulate.template import lengths, template
+
+# out-of-place push AllGather on each engine: rank r copies x into block r of every rank's out
+PUSH = """
+schedule push_{engine}(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {{
+  blk = split(out, world)
+  barrier
+  on {engine}: for p in ranks: blk[rank]@p = x
+  barrier
+}}
+"""
+
+
+# ---- the model's arithmetic on the tiny machine (1 core, 1 SDMA queue) ----
+# barrier = 2 SyncAll + ceil(world / cores) flag issues + fabric latency (world > 1)
+# stage   = max(busiest core, busiest queue, own link, own HBM) + SyncAll + latency if remote
+
+def test_local_aiv_copy_is_bytes_over_bandwidth_plus_latency(tmp_path, tiny):
+    s = schedule(tmp_path, PUSH.format(engine="aiv"))
+    us, path, _ = predict_count(s, tiny, world=1, count=1000)
+    nbytes = 1000 * 4
+    barrier = 2 * 1.0 + 1 * 0.5                       # world 1: no fabric latency
+    stage = nbytes / 2e3 + 1.0                        # GM -> UB at 2 GB/s (UB -> GM is faster)
+    assert us == pytest.approx(10.0 + barrier + stage + barrier)
+    assert path["aiv"] == pytest.approx(nbytes / 2e3)
+    assert sum(path.values()) == pytest.approx(us)
+
+
+def test_remote_aiv_copy_is_bound_by_the_link(tmp_path, tiny):
+    s = schedule(tmp_path, PUSH.format(engine="aiv"))
+    us, path, _ = predict_count(s, tiny, world=2, count=1000)
+    b = 4000                                          # bytes per block
+    barrier = 2 * 1.0 + 2 * 0.5 + 3.0
+    # the core moves 2 blocks (2b in at 2 GB/s = 4 us); the link sends 1 block at 0.5 GB/s = 8 us
+    stage = b / 500 + 1.0 + 3.0
+    assert us == pytest.approx(10.0 + barrier + stage + barrier)
+    assert path["fabric"] == pytest.approx(b / 500) and path.get("aiv", 0.0) == 0.0
+
+
+def test_sdma_copy_pays_queue_bandwidth_and_posts(tmp_path, tiny):
+    s = schedule(tmp_path, PUSH.format(engine="sdma"))
+    us, path, _ = predict_count(s, tiny, world=2, count=1000)
+    b = 4000
+    barrier = 2 * 1.0 + 2 * 0.5 + 3.0
+    stage = 2 * b / 500 + 2 * 5.0 + 1.0 + 3.0         # one queue: 2 blocks at 0.5 GB/s, 2 posts
+    assert us == pytest.approx(10.0 + barrier + stage + barrier)
+    assert path["sdma"] == pytest.approx(2 * b / 500 + 2 * 5.0)
+
+
+def test_two_shot_by_hand(tiny):
+    s = passes.pipeline(example("allreduce_twoshot"), passes.Options())
+    us, path, _ = predict_count(s, tiny, world=2, count=1000)
+    part = 500 * 4                                    # bytes of one rank's slice
+    barrier = 2 * 1.0 + 2 * 0.5 + 3.0
+    # reduce: reads its slice from 2 ranks (2 x part at 2 GB/s = 2 us), 1 of them over the link (4 us)
+    reduce = part / 500 + 1.0 + 3.0
+    # all-gather: one SDMA copy to the peer: part / 0.5 GB/s + one post (9 us) > link (4 us)
+    gather = part / 500 + 5.0 + 1.0 + 3.0
+    assert us == pytest.approx(10.0 + barrier + reduce + gather + barrier)
+
+
+def test_partition_follows_the_kernel_blocks(tmp_path, tiny):
+    # 1000 f32 = 125 blocks of 32 B over 2 cores: 62 and 63 blocks; the busiest core sets the time
+    s = schedule(tmp_path, PUSH.format(engine="aiv"))
+    t = template(s, 1, {"n": 1000})
+    cost = stage_cost(t, next(iter(t.stages)), lengths(t, {"n": 1000}), 4, tiny, 2)
+    assert cost.busy_us[0] == pytest.approx(63 * 32 / 2e3)
+
+
+def test_auto_picks_sdma_per_piece_from_the_threshold(tmp_path, tiny):
+    auto, aiv, sdma = (schedule(tmp_path, PUSH.format(engine=e), f"{e}.strata")
+                       for e in ("auto", "aiv", "sdma"))
+    threshold = passes.SDMA_THRESHOLD // 4            # elements
+    for count, same in ((threshold - 8, aiv), (threshold, sdma)):
+        got = predict_count(auto, tiny, world=2, count=count)[0]
+        assert got == pytest.approx(predict_count(same, tiny, world=2, count=count)[0])
+
+
+def test_flags_wait_for_the_last_signal(tiny):
+    s = passes.pipeline(example("allreduce_twoshot_flags"), passes.Options())
+    us, _, _ = predict_count(s, tiny, world=2, count=1000)
+    part = 2000
+    signal = 1 * 0.5 + 1.0                            # one slot per signal event, then SyncAll
+    wait = 3.0 + 1.0                                  # the peer's flag lands one latency later
+    reduce = part / 500 + 1.0 + 3.0
+    gather = part / 500 + 5.0 + 1.0 + 3.0
+    assert us == pytest.approx(10.0 + signal + wait + reduce + gather + signal + wait)
+
+
+# ---- against the real machine file ----
+
+
+def test_staging_baseline_is_predicted_slower_than_two_shot(cm384):
+    sizes = [1 << 20, 64 << 20, 256 << 20]
+    two = predict(example("allreduce_twoshot"), cm384, 16, sizes)
+    staged = predict(example("allreduce_staging_baseline"), cm384, 16, sizes)
+    for a, b in zip(two, staged):
+        assert a.size == b.size
+        assert b.time_us > a.time_us
+        assert b.busbw < a.busbw
+    # at 256 MiB the two extra full-buffer copies are at least 2 x 2S of HBM traffic more
+    assert staged[-1].time_us - two[-1].time_us >= 2 * 2 * (256 << 20) / (cm384.hbm_gbps * 1e3)
+
+
+def test_large_world_stays_cheap(cm384):
+    preds = predict(example("allreduce_twoshot"), cm384, 384, [8, 256 << 20])
+    assert [p.count for p in preds] == [2, 64 << 20]
+    assert preds[-1].bound == "fabric"
+    assert 0 < preds[-1].busbw <= cm384.fabric_gbps
