@@ -10,9 +10,12 @@ __all__ = ["Communicator", "NpuCommunicator", "StrataError", "StrataRuntimeError
 
 
 def __getattr__(name):
-    if name in ("Communicator", "StrataRuntimeError", "StrataUsageError"):
-        from stratac.host import comm
-        return getattr(comm, name)
+    if name == "Communicator":
+        from stratac.host.comm import Communicator
+        return Communicator
+    if name in ("StrataRuntimeError", "StrataUsageError"):
+        from stratac.host import errors
+        return getattr(errors, name)
     if name == "NpuCommunicator":
         from stratac.host.npu_comm import NpuCommunicator
         return NpuCommunicator

@@ -19,6 +19,7 @@ from typing import Callable, Mapping
 from stratac import ir
 from stratac.codegen import abi
 from stratac.diagnostics import Codes, Note, StrataError, error
+from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.ir import passes
 from stratac.targets import cpu as _cache
 from stratac.targets.npu import (
@@ -85,7 +86,6 @@ def optional_attr_version(ffi) -> int:
 
 
 def _shmem_runtime_error(what: str, rc: int) -> Exception:
-    from stratac.host.comm import StrataRuntimeError
     return StrataRuntimeError(f"{what} failed: SHMEM error {rc} "
                               f"({SHMEM_ERRORS.get(rc, 'unknown')})")
 
@@ -121,7 +121,6 @@ class NpuCommunicator:
         self._torch_npu = import_torch_npu()
         import torch
 
-        from stratac.host.comm import StrataRuntimeError, StrataUsageError
         if not 0 <= rank < world:
             raise StrataUsageError(f"rank {rank} is outside world size {world}")
         bad = [e for e in engines if e not in DATA_OP]
@@ -195,7 +194,6 @@ class NpuCommunicator:
         require_npu()       # before any collective, so that every rank fails alike
         import torch.distributed as dist
 
-        from stratac.host.comm import StrataUsageError
         if not dist.is_initialized():
             raise StrataUsageError("torch.distributed is not initialised: call "
                                    "dist.init_process_group(...) first (or use torchrun)")
@@ -228,7 +226,6 @@ class NpuCommunicator:
     # ---- heap
     def _check_open(self) -> None:
         if not self._open:
-            from stratac.host.comm import StrataUsageError
             raise StrataUsageError("the communicator is closed")
 
     def _alloc(self, nbytes: int, zero: bool = False) -> int:
@@ -236,7 +233,6 @@ class NpuCommunicator:
         n = max(int(nbytes), 1)
         p = self._lib.aclshmem_calloc(1, n) if zero else self._lib.aclshmem_malloc(n)
         if p == self._ffi.NULL:
-            from stratac.host.comm import StrataRuntimeError
             raise StrataRuntimeError(f"symmetric heap exhausted: {n} more bytes do not fit in the "
                                      f"{self.heap_bytes}-byte heap per rank (create the "
                                      "communicator with a larger heap_bytes)")
@@ -252,7 +248,6 @@ class NpuCommunicator:
         make_storage = getattr(C, "_construct_storage_from_data_pointer", None)
         make_tensor = getattr(C, "_construct_NPU_Tensor_From_Storage_And_Metadata", None)
         if not (callable(make_storage) and callable(make_tensor)):
-            from stratac.host.comm import StrataRuntimeError
             raise StrataRuntimeError(
                 f"this torch_npu ({torch_npu_installed()}) lacks "
                 "_construct_storage_from_data_pointer/_construct_NPU_Tensor_From_Storage_And_"
@@ -291,7 +286,6 @@ class NpuCommunicator:
     def free(self, t) -> None:
         """Returns a heap tensor's memory (collective, like allocation). Waits for the stream
         first, so that no queued kernel still uses it."""
-        from stratac.host.comm import StrataUsageError
         self.offset_of(t, "tensor")
         if t.data_ptr() not in self._allocs:
             raise StrataUsageError("free takes a tensor returned by comm.empty/comm.zeros, "
@@ -304,7 +298,6 @@ class NpuCommunicator:
         """Checks that t lies inside one heap allocation; returns its offset from the first."""
         import torch
 
-        from stratac.host.comm import StrataUsageError
         if not isinstance(t, torch.Tensor):
             raise StrataUsageError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
         if t.device.type != "npu":
@@ -331,14 +324,14 @@ class NpuCommunicator:
         """Compiles every schedule of a .strata file or source text and builds it with CANN
         (through the cache)."""
         from stratac.diagnostics import Source
-        from stratac.host import comm as cpu
+        from stratac.host import schedule as cpu
         from stratac.lang import frontend
         self._check_open()
         options = options or passes.Options(soc=self.soc() or passes.DEFAULT_SOC)
         options.check()
         here = self.soc()
         if here is not None and here != options.soc:
-            raise cpu.StrataUsageError(f"this NPU is {here}; the schedules were asked for "
+            raise StrataUsageError(f"this NPU is {here}; the schedules were asked for "
                                        f"{options.soc}: load them with Options(soc={here!r})")
         if isinstance(path_or_source, Path) or (isinstance(path_or_source, str)
                                                 and path_or_source.endswith(".strata")
@@ -364,7 +357,6 @@ class NpuCommunicator:
         epoch = self._epoch
         self._epoch += stamps + 1
         if self._epoch >= 2**31 - 1:
-            from stratac.host.comm import StrataRuntimeError
             raise StrataRuntimeError("flag stamps exhausted (2^31 per communicator): create a "
                                      "new one")
         return epoch
@@ -436,9 +428,9 @@ class NpuModule:
 
 @functools.lru_cache(maxsize=1)
 def npu_schedule_class():
-    """NpuSchedule, a stratac.comm.Schedule that launches on the NPU. Made on first use, so that
-    importing stratac.npu does not import torch."""
-    from stratac.host.comm import Schedule, StrataRuntimeError, StrataUsageError
+    """NpuSchedule, a stratac.host.comm.Schedule that launches on the NPU. Made on first use, so that
+    importing stratac.host.npu_comm does not import torch."""
+    from stratac.host.schedule import Schedule
 
     class NpuSchedule(Schedule):
         """A schedule built for the NPU, bound to an NpuCommunicator: call it with heap tensors.

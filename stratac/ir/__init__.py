@@ -57,3 +57,10 @@ from stratac.ir.nodes import (
                              size_rules,
 )
 from stratac.ir.printer import dump
+
+__all__ = ["Bin", "BinKind", "Const", "IExpr", "Var", "add", "bare", "c_source", "py_source",
+           "simplify", "size_scale", "split_part", "ROUTE_OPERANDS", "Accumulate", "Barrier",
+           "Buffer", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",
+           "KernelPlan", "Loop", "Node", "Op", "OpParam", "Plan", "Reduce", "ReduceOp", "Region",
+           "Route", "RouteKind", "Scalar", "ScalarKind", "Schedule", "Signal", "SizeRule", "Stage",
+           "Wait", "size_rules", "dump"]

@@ -3,6 +3,13 @@
 Names, types, symmetric memory, engines and contracts are checked here; everything that needs a
 concrete world size (shapes, races, deadlocks, the contract itself) is the verifier's job.
 All problems of a schedule are collected and raised together.
+
+In: the syntax tree of one file (stratac.lang.ast). Out: its schedules as IR, or a StrataError.
+
+Over 500 lines on purpose: it is one walk of the tree with one scope (names, views, loop
+variables, the engine of the enclosing stage), and the checks and the lowering of each statement
+read the same scope in the same place; split apart, every statement would be visited twice and the
+scope passed around.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Parse .strata text into the syntax tree (stratac.ast). Syntax errors become diagnostics."""
+"""Parse .strata text into the syntax tree (stratac.lang.ast). Syntax errors become diagnostics."""
 
 from __future__ import annotations
 

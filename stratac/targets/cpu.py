@@ -2,7 +2,7 @@
 
 CPU target: g++ compiles kernel.cpp + launch.cpp against runtime/cpu (the CPU model) into a shared
 library linked with the model's own library (libstratacpu.so, built once per runtime version).
-NPU target: the generated CMakeLists.txt with CANN's ascendc_library (stratac.npu).
+NPU target: the generated CMakeLists.txt with CANN's ascendc_library (stratac.targets.npu).
 
 Cache entries live under $STRATAC_CACHE_DIR (default ~/.cache/stratac). The key covers the
 generated sources (hence the IR and options), a hash of stratac's own code, templates and

@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 
 import stratac
-from stratac.host.comm import Communicator, StrataRuntimeError, StrataUsageError
+from stratac.host.comm import Communicator
+from stratac.host.errors import StrataRuntimeError, StrataUsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 AR = ROOT / "examples" / "allreduce_twoshot.strata"

@@ -102,7 +102,7 @@ def test_size_the_heap_cannot_hold():
 
 
 def test_npu_target_says_what_is_missing():
-    """`run --target npu` goes through the NPU runtime (stratac.npu), which names what is missing."""
+    """`run --target npu` goes through the NPU runtime (stratac.host.npu_comm), which names what is missing."""
     p = stratac("run", "examples/allgather_push.strata", "--world", "2", "--target", "npu",
                 env={"ASCEND_HOME_PATH": ""})
     assert p.returncode == 1

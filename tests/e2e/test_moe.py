@@ -1,6 +1,6 @@
 """MoE dispatch/combine and AllToAllV on the CPU build: real rank processes, every routing, every
 token dtype, one token, rows that are not a multiple of 32 bytes; dispatch, the stand-in expert
-step and combine each checked against torch (stratac.workload.MoeWorkload) bit for bit."""
+step and combine each checked against torch (stratac.tools.run.workload.MoeWorkload) bit for bit."""
 
 from pathlib import Path
 

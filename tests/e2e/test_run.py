@@ -1,5 +1,5 @@
 """Every example on the CPU build: real rank processes, real shared memory, results checked
-against torch (stratac.workload) for every dtype and reduction, roots at both ends and in the
+against torch (stratac.tools.run.workload) for every dtype and reduction, roots at both ends and in the
 middle, one element, sizes that are not a multiple of 32 bytes or of the world size, and several
 MiB. All examples run in one job per world size (their sources concatenated) to keep CI short."""
 

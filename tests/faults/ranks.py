@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from stratac import codegen
-from stratac.host.comm import Communicator, Compiled, Module
+from stratac.host.comm import Communicator
+from stratac.host.schedule import Compiled, Module
 from stratac.ir import passes
 from stratac.lang import frontend
 

@@ -11,6 +11,7 @@ import torch
 from faultkit import ROOT
 
 from stratac.host import comm as C
+from stratac.host import errors, schedule
 from stratac.ir import passes
 from stratac.lang import frontend
 
@@ -35,7 +36,7 @@ def refused(comm, text: str, fn, *args, keep=(), **kw) -> str:
     """fn(*args) raises StrataUsageError containing text; no launch, `keep` tensors unchanged."""
     epoch = comm._epoch
     saved = [t.clone() for t in keep]
-    with pytest.raises(C.StrataUsageError) as exc:
+    with pytest.raises(errors.StrataUsageError) as exc:
         fn(*args, **kw)
     assert text in str(exc.value), str(exc.value)
     assert comm._epoch == epoch, "a kernel was launched"
@@ -61,7 +62,7 @@ def test_tensors_of_the_wrong_kind(comm, mods):
             ag.allgather_push, x, out16, keep=(x, out16))
     refused(comm, "cores must be between 1 and 64", ar.allreduce_twoshot, x, op="sum", cores=65, keep=(x,))
     # a tensor of another heap (another communicator's, or freed and reused memory) is not this heap's
-    with pytest.raises(C.StrataUsageError, match="not on the symmetric heap"):
+    with pytest.raises(errors.StrataUsageError, match="not on the symmetric heap"):
         ar.allreduce_twoshot(torch.empty(1 << 20, dtype=torch.float32)[:64], op="sum")
 
 
@@ -88,25 +89,25 @@ def test_world_size_and_manifest_mismatch(comm):
     """A schedule verified for another world than the communicator's, or a library whose manifest
     describes another schedule, is refused when it is bound."""
     src = frontend.load_source(AG)
-    compiled = C.compile_source(src, passes.Options(cores=2), worlds=[2, 4])
-    with pytest.raises(C.StrataUsageError, match=r"allgather_push was verified for world size\(s\) 2, 4, but "
+    compiled = schedule.compile_source(src, passes.Options(cores=2), worlds=[2, 4])
+    with pytest.raises(errors.StrataUsageError, match=r"allgather_push was verified for world size\(s\) 2, 4, but "
                        r"the communicator has world 1"):
-        C.Module(comm, compiled)
-    ar = C.compile_source(frontend.load_source(AR), passes.Options(cores=2), worlds=[1])[0]
-    ag = C.compile_source(src, passes.Options(cores=2), worlds=[1])[0]
+        schedule.Module(comm, compiled)
+    ar = schedule.compile_source(frontend.load_source(AR), passes.Options(cores=2), worlds=[1])[0]
+    ag = schedule.compile_source(src, passes.Options(cores=2), worlds=[1])[0]
     from stratac.targets import cpu as build
-    with pytest.raises(C.StrataUsageError, match=r"allreduce_twoshot: the built library's manifest .* describes "
+    with pytest.raises(errors.StrataUsageError, match=r"allreduce_twoshot: the built library's manifest .* describes "
                        r"'allgather_push' with launcher 'strata_launch_allgather_push', not this schedule"):
-        C.Schedule(comm, ar.schedule, build.build_cpu(ag.output), worlds=(1,))
+        schedule.Schedule(comm, ar.schedule, build.build_cpu(ag.output), worlds=(1,))
 
 
 @pytest.mark.parametrize("timeout", [0, -1, math.inf, math.nan, "10"])
 def test_a_bad_timeout_is_refused(timeout):
-    with pytest.raises(C.StrataUsageError, match="timeout must be a positive number of seconds"):
+    with pytest.raises(errors.StrataUsageError, match="timeout must be a positive number of seconds"):
         C.Communicator(0, 1, segment=C._segment_name(), create=True, timeout=timeout)
 
 
 def test_heap_exhaustion_is_refused_with_the_numbers(comm):
-    with pytest.raises(C.StrataRuntimeError, match=r"symmetric heap exhausted: aclshmem_malloc\(\d+\): "
+    with pytest.raises(errors.StrataRuntimeError, match=r"symmetric heap exhausted: aclshmem_malloc\(\d+\): "
                        r"symmetric heap exhausted: request of \d+ bytes"):
         comm.empty(1 << 30)

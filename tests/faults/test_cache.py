@@ -134,7 +134,10 @@ def test_a_damaged_or_foreign_entry_is_rebuilt_not_loaded(entry, damage):
 
 BUILDER = textwrap.dedent("""
     import json, sys
-    from stratac import build, codegen, frontend, passes
+    from stratac import codegen
+    from stratac.ir import passes
+    from stratac.lang import frontend
+    from stratac.targets import cpu as build
     s = frontend.schedules(frontend.load_source(sys.argv[1]))[0]
     out = codegen.generate(passes.pipeline(s, passes.Options(cores=2)))
     b = build.build_cpu(out)

@@ -16,6 +16,7 @@ from faultkit import ROOT
 
 from stratac.diagnostics import StrataError
 from stratac.host import comm as C
+from stratac.host import errors
 from stratac.lang import frontend
 from stratac.tools.run import runner
 
@@ -64,14 +65,14 @@ def test_a_segment_not_made_privately_by_this_user_is_refused(mode, uid, why):
     name = C._segment_name()
     path = _plant(name, mode, uid)
     try:
-        with pytest.raises(C.StrataRuntimeError) as exc:
+        with pytest.raises(errors.StrataRuntimeError) as exc:
             C.Communicator(0, 1, segment=name, create=False, heap_bytes=1 << 20, timeout=5)
         msg = str(exc.value)
         assert re.search(rf"cannot map the symmetric heap: strata_cpu_init: refusing segment {name}: it is "
                          rf"{why}, but a pool must belong to this user \(uid {os.geteuid()}\) with mode 0600",
                          msg), msg
         # creating one under a name that exists fails too (O_EXCL), whoever made it
-        with pytest.raises(C.StrataRuntimeError, match="File exists"):
+        with pytest.raises(errors.StrataRuntimeError, match="File exists"):
             C.Communicator(0, 1, segment=name, create=True, heap_bytes=1 << 20, timeout=5)
     finally:
         path.unlink()
@@ -99,7 +100,7 @@ def _stringish(node: ast.AST) -> bool:
 def test_nothing_reaches_a_shell():
     """Every process stratac starts gets an argument list; no shell=True, os.system or popen."""
     seen = 0
-    for path in sorted((ROOT / "stratac").glob("*.py")):
+    for path in sorted((ROOT / "stratac").rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
         for name, call in _subprocess_calls(tree):
             assert name not in ("os.system", "os.popen", "subprocess.getoutput",

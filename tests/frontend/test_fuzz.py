@@ -246,7 +246,7 @@ def statement(draw, buffers: list[str]):
     var = draw(st.sampled_from(["p", "q"]))
     dom = draw(st.sampled_from(["ranks", "peers"]))
     inner = draw(st.sampled_from([f"signal f[{var}]@{var}", f"signal f[rank]@{var}",
-                                  f"wait f[{var}]", f"signal f[rank]@((rank + 1) % world)"]))
+                                  f"wait f[{var}]", "signal f[rank]@((rank + 1) % world)"]))
     return f"for {var} in {dom}: {inner}"
 
 

@@ -115,4 +115,4 @@ def test_the_graph_is_read_right():
     assert "stratac.lang.sema" in g["stratac.lang.frontend"]      # `from stratac.lang import sema`
     assert "stratac.ir" in g["stratac.lang.sema"]                 # `from stratac import ir`
     assert "stratac.tools.run.runner" in g["stratac.cli"]         # a function-level import
-    assert stage("stratac.tools.bench.bench") > stage("stratac.host.comm") > stage("stratac.ir.passes")
+    assert stage("stratac.tools.bench.sweep") > stage("stratac.host.comm") > stage("stratac.ir.passes")

@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-// ---- Host C API (loaded from Python with cffi; the cdef is stratac/abi.py: RUNTIME_CDEF) ----
+// ---- Host C API (loaded from Python with cffi; the cdef is stratac/codegen/abi.py: RUNTIME_CDEF) ----
 
 // Counter slots per core, in this order.
 enum { STRATA_CTR_MTE_IN = 0, STRATA_CTR_MTE_OUT = 1, STRATA_CTR_SDMA = 2,

@@ -1,0 +1,327 @@
+"""Schedule calls on the CPU build: a verified, built schedule bound to a communicator.
+
+In: a .strata source, the communicator's world and the pass options. Out: a `Module` whose
+attributes are `Schedule` callables. A call checks every tensor (on the heap, dtype, shape against
+the sizes the schedule was proven for, aliasing, routing inputs) before it launches, so that what
+runs is an instance of what was verified; then it launches through the generated launcher and
+reports a failure of the machine as a StrataRuntimeError.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import cffi
+import torch
+
+from stratac import codegen, ir, verify
+from stratac.codegen import abi
+from stratac.diagnostics import Source, StrataError
+from stratac.host.cpu_model import last_error
+from stratac.host.errors import StrataRuntimeError, StrataUsageError
+from stratac.ir import passes
+from stratac.lang import frontend
+from stratac.targets import cpu as build
+
+SYNC_SLOTS = 4096                      # int32 flag slots after the world barrier slots
+_TORCH_DTYPES = {d: getattr(torch, d.torch_name) for d in ir.DType}
+ROUTE_MAX_EXPERTS = 8192   # strata::kMaxExperts (runtime/device/strata_device.h)
+ROUTE_MAX_TOPK = 64        # strata::Router::kMaxTopk
+
+
+@dataclass
+class Compiled:
+    schedule: ir.Schedule
+    output: codegen.Output
+    worlds: tuple[int, ...] = ()       # the world sizes it was verified for
+
+
+def compile_source(source: Source, options: passes.Options, worlds: list[int]) -> list[Compiled]:
+    """Front end, verification at the given world sizes, passes and code generation."""
+    out = []
+    for s in frontend.schedules(source):
+        for res in verify.verify_worlds(s, worlds):
+            if not res.ok:
+                raise StrataError(res.diagnostics)
+        lowered = passes.pipeline(s, options)
+        out.append(Compiled(lowered, codegen.generate(lowered), tuple(worlds)))
+    return out
+
+
+def _written_params(s: ir.Schedule) -> set[str]:
+    """The parameters a schedule writes (destinations of its moves, and its contract's outputs)."""
+    names = {p.name for p in s.params}
+    out = {n for n in getattr(s.contract, "outputs", ()) if n in names}
+
+    def walk(ops) -> None:
+        for op in ops:
+            dst = getattr(op, "dst", None)
+            if getattr(dst, "buffer", None) in names:
+                out.add(dst.buffer)
+            for attr in ("body", "then", "orelse"):
+                sub = getattr(op, attr, None)
+                if isinstance(sub, (tuple, list)):
+                    walk(sub)
+
+    walk(s.body)
+    return out
+
+
+def _check_manifest(s: ir.Schedule, built: build.Built, world: int, worlds: tuple[int, ...]) -> None:
+    """The library about to be loaded is the one this schedule was compiled to, for this world."""
+    m = built.manifest
+    if m.get("schedule") != s.name or m.get("launcher") != abi.launcher_name(s):
+        raise StrataUsageError(f"{s.name}: the built library's manifest ({built.directory / 'manifest.json'}) "
+                               f"describes {m.get('schedule')!r} with launcher {m.get('launcher')!r}, not this "
+                               "schedule: refusing to load it")
+    mworlds = m.get("worlds")
+    if worlds and world not in worlds or mworlds and world not in mworlds:
+        raise StrataUsageError(f"{s.name} was verified for world size(s) "
+                               f"{', '.join(map(str, worlds or mworlds))}, but the communicator has world "
+                               f"{world}: load it through this communicator (comm.load) so that it is "
+                               "verified for its world")
+
+
+class Module:
+    """The schedules of one .strata source, each a callable attribute."""
+
+    def __init__(self, comm, compiled: list[Compiled]):
+        self.schedules: dict[str, Schedule] = {}
+        for c in compiled:
+            fn = Schedule(comm, c.schedule, build.build_cpu(c.output), worlds=c.worlds)
+            self.schedules[c.schedule.name] = fn
+            setattr(self, c.schedule.name, fn)
+
+    def __getitem__(self, name: str) -> "Schedule":
+        return self.schedules[name]
+
+    def unload(self) -> None:
+        for fn in self.schedules.values():
+            fn.unload()
+
+
+class Schedule:
+    """A compiled schedule bound to a communicator: call it with heap tensors (and, if the schedule
+    has them, `op=` a reduction and rank parameters such as `root=` as keywords)."""
+
+    def __init__(self, comm, s: ir.Schedule, built: build.Built,
+                 worlds: tuple[int, ...] = ()):
+        self.comm, self.ir, self.built = comm, s, built
+        self.name = s.name
+        _check_manifest(s, built, comm.world, worlds)
+        self._written = _written_params(s)
+        self._sync_described: tuple | None = None
+        self._ffi = cffi.FFI()
+        self._ffi.cdef(abi.cdef(s))
+        self._lib = self._ffi.dlopen(str(built.library))
+        self._launch = getattr(self._lib, abi.launcher_name(s))
+        self._scratch: dict[str, torch.Tensor] = {}
+        self.cores = s.kernel.cores
+        params = [p.name for p in s.tensors] + [x.name for x in s.scalars]
+        self.__doc__ = f"{s.name}({', '.join(params)}): implements {s.contract}"
+        kw = inspect.Parameter.KEYWORD_ONLY
+        self.__signature__ = inspect.Signature(
+            [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                               annotation=f"{'sym ' if p.symmetric else ''}{p.type_text}[{p.shape_text}]")
+             for p in s.tensors]
+            + [inspect.Parameter(x.name, kw, annotation=x.kind.value) for x in s.scalars]
+            + [inspect.Parameter("cores", kw, default=None)])
+
+    def unload(self) -> None:
+        if self._lib is not None:
+            self._ffi.dlclose(self._lib)
+            self._lib = self._launch = None
+
+    def bind(self, *tensors: torch.Tensor, **named) -> tuple[ir.DType, dict[str, int], list, dict]:
+        """Checks the arguments against the schedule's parameters before anything is launched;
+        returns dtype, sizes, tensor pointers and scalar values (the op as its index in abi.OPS)."""
+        params = self.ir.tensors
+        names = [p.name for p in params]
+        if len(tensors) > len(params):
+            raise StrataUsageError(f"{self.name} takes {len(params)} tensors "
+                                   f"({', '.join(names)}), got {len(tensors)}")
+        given = dict(zip(names, tensors))
+        scalars = {x.name: x for x in self.ir.scalars}
+        values: dict[str, object] = {}
+        for k, v in named.items():
+            if k in scalars:
+                values[k] = v
+            elif k in names:
+                given[k] = v
+            else:
+                raise StrataUsageError(f"{self.name} has no parameter {k!r}")
+        missing = [n for n in names if n not in given] + [n for n in scalars if n not in values]
+        if missing:
+            raise StrataUsageError(f"{self.name}: missing argument(s) {', '.join(missing)}")
+        scalar_args = {}
+        for name, x in scalars.items():
+            v = values[name]
+            if x.kind is ir.ScalarKind.REDOP:
+                ops = {o.value: i for i, o in enumerate(abi.OPS)}
+                if v not in ops:
+                    raise StrataUsageError(f"{self.name}: {name} must be one of {', '.join(ops)}, got {v!r}")
+                scalar_args[name] = ops[v]
+            else:
+                if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < self.comm.world:
+                    raise StrataUsageError(f"{self.name}: {name} must be a rank in [0, {self.comm.world}), "
+                                           f"got {v!r}")
+                scalar_args[name] = v
+        dtype: ir.DType | None = None
+        for p in params:
+            t = given[p.name]
+            self.comm.offset_of(t, f"{self.name}: parameter {p.name}")
+            want = p.dtype
+            got = next((d for d, td in _TORCH_DTYPES.items() if td == t.dtype), None)
+            if got is None:
+                raise StrataUsageError(f"{self.name}: parameter {p.name} has dtype {t.dtype}; "
+                                       f"supported: {', '.join(str(v) for v in _TORCH_DTYPES.values())}")
+            if want is not None and got is not want:
+                raise StrataUsageError(f"{self.name}: parameter {p.name} must be {want.torch_name}, "
+                                       f"got {t.dtype}")
+            if p.typevar:
+                if dtype is not None and got is not dtype:
+                    raise StrataUsageError(f"{self.name}: parameter {p.name} is {t.dtype} but an "
+                                           f"earlier {p.typevar} parameter is {_TORCH_DTYPES[dtype]}")
+                dtype = got
+        dtype = dtype or next(p.dtype for p in params)
+        if self.ir.contract.kind.moe and dtype not in abi.dtypes(self.ir):
+            raise StrataUsageError(f"{self.name}: the tokens must be float32, float16 or bfloat16, got "
+                                   f"{_TORCH_DTYPES[dtype]}")
+        sizes: dict[str, int] = {}
+        env = {"world": self.comm.world}
+        rules, _ = ir.size_rules(params, self.ir.sizes)
+        for rule in rules:
+            p, t = self.ir.param(rule.param), given[rule.param]
+            if len(p.dims) > 1 and t.dim() != len(p.dims):
+                raise StrataUsageError(f"{self.name}: parameter {p.name} must have shape [{p.shape_text}] "
+                                       f"({len(p.dims)} dimensions), got {list(t.shape)}")
+            extent = t.numel() if len(p.dims) == 1 else t.shape[rule.dim]
+            scale = rule.scale.eval(env)
+            sizes[rule.sym] = env[rule.sym] = extent // scale if scale else 0
+        for p in params:
+            t = given[p.name]
+            if len(p.dims) > 1:
+                want_shape = [d.eval(env) for d in p.dims]
+                if list(t.shape) != want_shape:
+                    raise StrataUsageError(f"{self.name}: parameter {p.name} must have shape [{p.shape_text}] "
+                                           f"= {want_shape}, got {list(t.shape)}")
+            want = p.size.eval(env)
+            if t.numel() != want:
+                raise StrataUsageError(f"{self.name}: parameter {p.name} must have {p.size} = {want} "
+                                       f"elements, got {t.numel()}")
+        if self.ir.contract.kind.moe:
+            self._check_routing(given, env)
+        self._check_aliasing(given)
+        ptrs = [self._ffi.cast("void*", given[p.name].data_ptr()) for p in params]
+        ptrs += [self._ffi.cast("void*", t.data_ptr()) for t in self._scratch_for(dtype, env)]
+        return dtype, sizes, ptrs, scalar_args
+
+    def _check_routing(self, given: dict, env: dict) -> None:
+        """Expert ids are checked before anything is written: a bad id would send a token into
+        another expert's rows (or outside the window)."""
+        c, world = self.ir.contract, self.comm.world
+        ids_name = c.inputs[1]
+        counts = c.outputs[1] if c.kind.dispatch else c.inputs[3]
+        experts = self.ir.param(counts).dims[1].eval(env)
+        ids = given[ids_name]
+        topk = ids.shape[1] if ids.dim() == 2 else 1
+        if experts % world or experts < 1:
+            raise StrataUsageError(f"{self.name}: {experts} experts do not divide over {world} ranks "
+                                   "(the number of experts must be a positive multiple of the world size)")
+        if experts > ROUTE_MAX_EXPERTS:
+            raise StrataUsageError(f"{self.name}: {experts} experts; the kernels count at most "
+                                   f"{ROUTE_MAX_EXPERTS}")
+        if topk > experts or topk > ROUTE_MAX_TOPK:
+            raise StrataUsageError(f"{self.name}: topk = {topk} must be at most the number of experts "
+                                   f"({experts}) and at most {ROUTE_MAX_TOPK}")
+        bad = (ids < -1) | (ids >= experts)
+        if bool(bad.any()):
+            at = tuple(int(v) for v in bad.nonzero()[0])
+            what = "a rank" if c.kind is ir.ContractKind.ALLTOALLV else "an expert"
+            raise StrataUsageError(f"{self.name}: {ids_name}[{', '.join(map(str, at))}] = {int(ids[at])} "
+                                   f"is not {what}: it must lie in [0, {experts}) or be -1 (none); "
+                                   "nothing was written")
+        if c.capacity:
+            cap = env[c.capacity]
+            valid = ids[ids >= 0].to(torch.int64)
+            per = torch.bincount(valid, minlength=experts) if valid.numel() else torch.zeros(experts)
+            worst = int(per.max()) if per.numel() else 0
+            if worst > cap:
+                e = int(per.argmax())
+                raise StrataUsageError(f"{self.name}: {worst} tokens of rank {self.comm.rank} go to expert "
+                                       f"{e}, more than the capacity of {cap} slots per (expert, source "
+                                       "rank); nothing was written (raise the capacity: a larger window)")
+
+    def _scratch_for(self, dtype: ir.DType, env: dict) -> list[torch.Tensor]:
+        """Scratch buffers (staging baselines only), allocated on the heap at the first call of a
+        size and kept; allocation is collective, like every call."""
+        out = []
+        for p in self.ir.scratch:
+            n = p.size.eval(env)
+            tdtype = _TORCH_DTYPES[p.dtype or dtype]
+            have = self._scratch.get(p.name)
+            if have is None or have.numel() != n or have.dtype != tdtype:
+                if have is not None:
+                    self.comm.free(have)
+                have = self._scratch[p.name] = self.comm.empty(max(n, 1), dtype=tdtype)
+            out.append(have)
+        return out
+
+    def release_scratch(self) -> None:
+        """Frees the scratch buffers a staging baseline keeps between calls. Collective."""
+        for t in reversed(list(self._scratch.values())):
+            self.comm.free(t)
+        self._scratch.clear()
+
+    def _check_aliasing(self, given: dict) -> None:
+        """Two tensors that share memory are refused when the schedule writes either: the verifier
+        proved the schedule for separate buffers (an in-place variant is a different schedule)."""
+        spans = [(name, t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+                 for name, t in given.items() if isinstance(t, torch.Tensor) and t.numel() > 0]
+        for i, (a, lo_a, hi_a) in enumerate(spans):
+            for b, lo_b, hi_b in spans[i + 1:]:
+                if lo_a < hi_b and lo_b < hi_a and (a in self._written or b in self._written):
+                    w = " and ".join(n for n in (a, b) if n in self._written)
+                    raise StrataUsageError(
+                        f"{self.name}: parameters {a} and {b} share memory (heap bytes "
+                        f"[{max(lo_a, lo_b) - self.comm._base}, {min(hi_a, hi_b) - self.comm._base}) "
+                        f"overlap) and the schedule writes {w}: pass separate tensors")
+
+    def _describe_sync(self, sizes: dict[str, int]) -> None:
+        """Names the flag slots of this call's sync area for the model's wait-timeout messages, and
+        refuses flags that would not fit the area (nothing may be written outside it)."""
+        key = tuple(sorted(sizes.items()))
+        if self._sync_described != key:
+            env = {"world": self.comm.world, **sizes}
+            base, parts = self.comm.world, []
+            for f in self.ir.flags:
+                n = int(f.size.eval(env))
+                parts.append(f"{f.name} {base} {n}")
+                base += n
+            if base > self.comm.world + SYNC_SLOTS:
+                raise StrataUsageError(f"{self.name}: its flags need {base - self.comm.world} slots at these "
+                                       f"sizes, more than the {SYNC_SLOTS} of the communicator's sync area")
+            self._layout = ";".join(parts).encode()
+            self._sync_described = key
+        self.comm._lib.strata_cpu_describe_sync(self._ffi.cast("void*", self.comm._base + self.comm._sync),
+                                                self.comm.world, self._layout)
+
+    def __call__(self, *tensors: torch.Tensor, cores: int | None = None, **named) -> None:
+        self.comm._check_open()
+        if self._launch is None:
+            raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
+        dtype, sizes, ptrs, scalars = self.bind(*tensors, **named)
+        blocks = cores or self.cores
+        if not 1 <= blocks <= abi.MAX_CORES:
+            raise StrataUsageError(f"cores must be between 1 and {abi.MAX_CORES}, got {blocks}")
+        self._describe_sync(sizes)
+        epoch = self.comm.next_epoch(self.ir.sync_ops)
+        sync = self._ffi.cast("void*", self.comm._base + self.comm._sync)
+        op = scalars.get(self.ir.op_param.name, 0) if self.ir.op_param else 0
+        rc = self._launch(dtype.code, op, blocks, self._ffi.NULL, 0, sync, epoch, *ptrs,
+                          *(sizes[n] for n in self.ir.sizes),
+                          *(scalars[x.name] for x in self.ir.rank_params))
+        if rc != 0:
+            raise StrataRuntimeError(f"{self.name} failed on rank {self.comm.rank}: "
+                                     f"{last_error(self.comm._lib, self.comm._ffi)}")
