@@ -1,5 +1,7 @@
-"""An installed stratac works outside the checkout: dsl/, templates/ and runtime/ ship in the wheel."""
+"""An installed stratac works outside the checkout: every module, dsl/, templates/ and runtime/ ship
+in the wheel; installing it keeps a torch the environment already has."""
 
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +20,8 @@ def test_wheel_works_outside_the_checkout(tmp_path):
                     "-w", str(wheels), str(ROOT)], check=True, capture_output=True, timeout=600)
     wheel = next(wheels.glob("stratac-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
+    modules = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "stratac").rglob("*.py"))
+    assert [m for m in modules if m not in names] == [], "modules missing from the wheel (pyproject packages)"
     for required in ("stratac/dsl/strata.lark", "stratac/templates/kernel.cpp.j2",
                      "stratac/runtime/device/strata_device.h", "stratac/runtime/cpu/src/model.cpp",
                      "stratac/runtime/cpu/include/kernel_operator.h"):
@@ -38,3 +42,31 @@ def test_wheel_works_outside_the_checkout(tmp_path):
                             "print(r.resource_dir('runtime'))"], cwd=work, env=env,
                            capture_output=True, text=True, check=True)
     assert probe.stdout.strip().startswith(str(site))
+
+
+@pytest.mark.slow
+def test_installing_keeps_the_torch_already_there(tmp_path):
+    """pyproject asks for a range of torch, not a pin: with a supported torch installed (the one this
+    suite runs on), pip's plan for installing stratac with its dependencies leaves torch alone."""
+    import torch
+    report = tmp_path / "report.json"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--report", str(report),
+                    str(ROOT)], check=True, capture_output=True, timeout=600)
+    planned = {item["metadata"]["name"].lower(): item["metadata"]["version"]
+               for item in json.loads(report.read_text())["install"]}
+    assert "stratac" in planned                 # the report is the plan for this project
+    assert "torch" not in planned, f"pip would replace torch {torch.__version__} with {planned['torch']}"
+
+
+def test_torch_is_a_range_that_admits_every_torch_npu_line():
+    """torch_npu releases pin their torch (2.1 ... 2.14 on the package index today): a user on any
+    of those lines must be able to install stratac without replacing torch."""
+    from packaging.requirements import Requirement
+    try:
+        import tomllib
+    except ModuleNotFoundError:   # Python 3.10
+        import tomli as tomllib
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_req, = [Requirement(d) for d in deps if Requirement(d).name == "torch"]
+    for version in ("2.1.0", "2.5.1", "2.9.1", "2.13.0", "2.14.1"):
+        assert torch_req.specifier.contains(version), f"{torch_req} refuses torch {version}"
