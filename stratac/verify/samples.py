@@ -1,32 +1,66 @@
 """What the verifier checks: the instances of a schedule at one world size, and their inputs.
 
-In: a schedule and a world size. Out: the samples to check (sizes and rank parameters; for MoE and
-AllToAllV also a sample routing from `routing`), each kept while the provenance simulation stays
-within budget; for an instantiated MoE sample, the routed inputs (every rank's expert ids, and a
-combine's counts). Also how a diagnostic names the instance it is about (`context`).
+In: a schedule and a world size. Out: the samples to check, derived from the schedule itself: a
+base set of sizes (every size symbol independent, both parities), the values on both sides of
+every condition the program tests, every rank parameter value up to world 16 (the boundaries of
+its conditions above), for MoE and AllToAllV token counts, capacities and expert counts chosen the
+same way, each with a sample routing from `routing`; each kept while the provenance simulation
+stays within budget. For an instantiated MoE sample, the routed inputs (every rank's expert ids,
+and a combine's counts). Also how a diagnostic names the instance it is about (`context`).
+The rules are stated for users in dsl/README.md, "What `check` proves"; keep the two in step.
 """
 
 from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
 
 import numpy as np
 
 from stratac import ir
 from stratac.diagnostics import Codes, StrataError, error
 from stratac.ir.instantiate import Instance
+from stratac.ir.passes import SOCS
 from stratac.verify import routing as routing_mod
+
+# The largest world the verifier is meant for: CloudMatrix384's 384 NPUs. Its time and memory grow
+# with the square of the world (world 384 here: the two-shot AllReduce 18 s, MoE prefill 1.2 GB;
+# world 768 about four times both), so a larger world is refused up front rather than left to run
+# for hours and exhaust memory. The command lines refuse it (stratac.tools.options); `run` and
+# `bench` verify the world they start, so they share the bound.
+MAX_WORLD = 384
 
 # a default sample with more buffer elements over all ranks than this is dropped (the smaller
 # ones are kept): the simulation's time and memory grow with the elements
 SIM_ELEMENT_BUDGET = 4_000_000
+
+# up to this world size every value of a rank parameter is checked; above it (an instance costs
+# seconds at world 384) the first, middle and last rank and the boundaries of the conditions on
+# it. Above it the base sizes also leave out 2 world + 5.
+ALL_RANKS_UP_TO = 16
+
+# Place splits the routed rows and gather the tokens evenly over the launched vector cores
+# (runtime/device/strata_device.h): from this many tokens on, every core of any SoC gets work.
+CORE_TOKENS = max(SOCS.values())
+
+MOE_TOPK = 2
+MOE_HIDDEN = 3
+# (tokens, routing) of the base MoE samples, in order (the first is kept even over budget)
+MOE_SAMPLES = ((1, "uniform"), (5, "uniform"), (5, "single"), (5, "empty"), (5, "sparse"),
+               (CORE_TOKENS, "uniform"))
+
+# a condition that is not linear in the symbol is scanned from 0 up to 2 (M + 1)^2 (M: the largest
+# magnitude of its parts that do not involve the symbol), at most this far
+SCAN_LIMIT = 1 << 16
+# points at which a condition's difference (lhs - rhs) must agree with a line to count as linear
+_PROBES = (0, 1, 2, 3, 5, 8, 13, 100, 4097, 1_000_003)
 
 
 class Sample(dict):
     """Sizes (and rank parameters) of one instance to check; a MoE sample also names a routing."""
 
     routing: str | None = None
-
-
-MOE_SAMPLES = ((1, "uniform"), (5, "uniform"), (5, "single"), (5, "empty"), (5, "sparse"))
 
 
 def moe_roles(s: ir.Schedule) -> dict[str, str]:
@@ -47,44 +81,293 @@ def moe_roles(s: ir.Schedule) -> dict[str, str]:
     return roles
 
 
-def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
-    """Token counts 1 and 5 (rows of 3 elements, top-2, 2 experts per rank up to world 64 and one
-    above, where every rank's world x experts count table dominates; capacity = tokens),
-    under the routings of MOE_SAMPLES, each kept while the simulation stays within budget (every
-    rank holds the world x experts count table, so large worlds keep only the one-token sample);
-    other size symbols (such as a window's row count) get the bound world * tokens * topk."""
-    roles = {v: k for k, v in moe_roles(s).items()}
-    out = []
-    for tokens, routing in MOE_SAMPLES:
-        experts = 2 * world if world <= 64 else world
-        value = {"tokens": tokens, "topk": 2, "hidden": 3, "experts": experts, "capacity": tokens}
-        sample = Sample({sym: value.get(roles.get(sym, ""), world * tokens * 2) for sym in s.sizes})
-        sample.update({x.name: 0 for x in s.rank_params})
-        sample.routing = routing
-        if _within_budget(s, world, sample) or not out:   # like default_samples: never none at all
-            out.append(sample)
+def default_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
+    """The instances to check at a world size, in order: the base sizes, then the sizes on both
+    sides of the program's conditions, each with every rank-parameter sample (`rank_samples`);
+    each kept only while the simulation stays within budget, and never none at all."""
+    if s.contract.kind.moe:
+        return _moe_samples(s, world)
+    base = base_sizes(s, world)
+    mid = _middle(base)
+    sizes = list(base)
+    for cond in conditions(s):
+        for sym in [x for x in s.sizes if x in cond.names()]:
+            for v in sorted(boundaries(cond, sym, world, mid, lo=0)):
+                sizes.append({**mid, sym: v})
+    return _keep(s, world, [{**sz, **rs} for sz in _unique(sizes) for rs in rank_samples(s, world)])
+
+
+def base_sizes(s: ir.Schedule, world: int) -> list[dict[str, int]]:
+    """The base samples: the pool of `size_pool` handed round the size symbols in turn, so that in
+    each sample the symbols differ (when there are no more symbols than values) and each symbol
+    takes every value of the pool, above and below each other symbol."""
+    pool = size_pool(world, len(s.sizes))
+    return [{sym: pool[(j + i) % len(pool)] for i, sym in enumerate(s.sizes)}
+            for j in range(len(pool) if s.sizes else 1)]
+
+
+def _middle(base: list[dict[str, int]]) -> dict[str, int]:
+    """The base sample whose values the other symbols keep while one symbol is moved across a
+    condition: the second (world + 3 for a single symbol), clear of the one-element corner."""
+    return base[1] if len(base) > 1 else base[0]
+
+
+def size_pool(world: int, symbols: int = 1) -> list[int]:
+    """1 (fewer elements than ranks), world + 3 and world + 4 (just above the world, uneven
+    splits, one odd and one even), and 2 world + 5 up to world ALL_RANKS_UP_TO; for more symbols
+    than that, 3 world + 7, 4 world + 9, ..."""
+    pool = [1, world + 3, world + 4] + ([2 * world + 5] if world <= ALL_RANKS_UP_TO else [])
+    t = 3
+    while len(pool) < symbols:
+        pool.append(t * world + 2 * t + 1)
+        t += 1
+    return pool
+
+
+def rank_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
+    """Values of the rank parameters: every rank up to world ALL_RANKS_UP_TO; above it 0, world / 2,
+    world - 1 and the boundaries of every condition on a rank parameter that does not mention
+    `rank` or a loop variable (a condition that does, `rank == root`, takes both arms within every
+    instance). With several rank parameters, sample i gives the j-th parameter the (i + j)-th value,
+    and one more sample per value gives it to all of them."""
+    params = [x.name for x in s.rank_params]
+    if not params:
+        return [{}]
+    if world <= ALL_RANKS_UP_TO:
+        values = list(range(world))
+    else:
+        found = {0, world // 2, world - 1}
+        free = set(params) | set(s.sizes) | {"world"}
+        mid = _middle(base_sizes(s, world))
+        for cond in conditions(s):
+            if cond.names() <= free:
+                for p in params:
+                    if p in cond.names():
+                        found |= boundaries(cond, p, world, mid, lo=0, hi=world - 1)
+        values = sorted(found)
+    out = [{p: values[(i + j) % len(values)] for j, p in enumerate(params)}
+           for i in range(len(values))]
+    if len(params) > 1:
+        out += [{p: v for p in params} for v in values]
+    return _unique(out)
+
+
+def conditions(s: ir.Schedule) -> list[ir.IExpr]:
+    """Every condition of an `if` in the program, once, in program order."""
+    out: list[ir.IExpr] = []
+
+    def walk(nodes) -> None:
+        for op in nodes:
+            if isinstance(op, ir.If):
+                out.append(op.cond)
+                walk(op.then)
+                walk(op.orelse)
+            elif isinstance(op, (ir.Stage, ir.Loop)):
+                walk(op.body)
+
+    walk(s.body)
+    return list(dict.fromkeys(out))
+
+
+def boundaries(cond: ir.IExpr, name: str, world: int, fixed: dict[str, int], lo: int = 0,
+               hi: int | None = None) -> set[int]:
+    """Values of `name` on both sides of every place where `cond` changes its truth as `name`
+    grows: for a change between v - 1 and v, the values v - 2, v - 1, v and v + 1 (those in
+    [lo, hi]). The other names of the condition: world, those in `fixed`, and any other (rank, a
+    loop variable, a rank parameter) each of 0, 1, world / 2 and world - 1. A condition linear in
+    `name` is solved (all its changes); any other is scanned (`_changes`: its first two)."""
+    others = sorted(cond.names() - {name, "world"} - fixed.keys())
+    ranks = sorted({r for r in (0, 1, world // 2, world - 1) if 0 <= r < world})
+    out: set[int] = set()
+    for combo in itertools.islice(itertools.product(ranks, repeat=len(others)), 64):
+        env = {"world": world, **fixed, **dict(zip(others, combo))}
+        env.pop(name, None)
+        for v in _changes(cond, name, env):
+            out.update(x for x in (v - 2, v - 1, v, v + 1) if x >= lo and (hi is None or x <= hi))
     return out
 
 
-def default_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
-    """Sizes to check at a world size: one element, an odd size around the world size (so splits
-    are uneven), and a larger odd size, each kept only while the simulation stays within budget;
-    each with the first, the last and a middle rank as the value of every rank parameter."""
-    if s.contract.kind.moe:
-        return _moe_samples(s, world)
-    candidates = [1, world + 3, 2 * world + 5]
+def _changes(cond: ir.IExpr, name: str, env: dict[str, int]) -> list[int]:
+    """The values v where cond's truth at v differs from its truth at v - 1."""
+    if not isinstance(cond, ir.Bin):
+        return []
+    line = _linear(ir.Bin(ir.BinKind.SUB, cond.lhs, cond.rhs), name, env)
+    if line is not None:
+        a, b = line
+        root = Fraction(-b, a)
+        out = []
+        for v in range(math.floor(root) - 1, math.ceil(root) + 3):
+            try:
+                if cond.eval({**env, name: v}) != cond.eval({**env, name: v - 1}):
+                    out.append(v)
+            except (ZeroDivisionError, OverflowError):
+                pass
+        return out
+    limit = min(SCAN_LIMIT, max(64, 2 * (_magnitude(cond, name, env) + 1) ** 2))
+    v = np.arange(limit + 1, dtype=np.int64)
+    valid = np.ones(v.shape, dtype=bool)
+    with np.errstate(all="ignore"):
+        try:
+            truth = np.broadcast_to(np.asarray(_over(cond, name, env, v, valid)) != 0, v.shape)
+        except (KeyError, OverflowError, TypeError, ValueError):
+            return []
+    change = (truth[1:] != truth[:-1]) & valid[1:] & valid[:-1]
+    return [int(i) + 1 for i in np.nonzero(change)[0][:2]]
+
+
+def _linear(d: ir.IExpr, name: str, env: dict[str, int]) -> tuple[int, int] | None:
+    """(a, b) if d = a * name + b with a != 0 at every probe, else None."""
+    try:
+        ys = [d.eval({**env, name: x}) for x in _PROBES]
+    except (ZeroDivisionError, KeyError, OverflowError):
+        return None
+    a, b = ys[1] - ys[0], ys[0]
+    if a == 0 or any(y != a * x + b for x, y in zip(_PROBES, ys)):
+        return None
+    return a, b
+
+
+def _magnitude(e: ir.IExpr, name: str, env: dict[str, int]) -> int:
+    """The largest magnitude of e's subexpressions that do not involve `name`."""
+    if name not in e.names():
+        try:
+            return abs(e.eval(env))
+        except (ZeroDivisionError, KeyError, OverflowError):
+            return 0
+    if isinstance(e, ir.Bin):
+        return max(_magnitude(e.lhs, name, env), _magnitude(e.rhs, name, env))
+    return 0
+
+
+def _over(e: ir.IExpr, name: str, env: dict[str, int], v: np.ndarray, valid: np.ndarray):
+    """e with `name` taking every value of v (the others from env), floor semantics like
+    ir.IExpr.eval; a division by zero clears `valid` where it happens."""
+    if isinstance(e, ir.Const):
+        return e.value
+    if isinstance(e, ir.Var):
+        return v if e.name == name else env[e.name]
+    a, b = _over(e.lhs, name, env, v, valid), _over(e.rhs, name, env, v, valid)
+    k = e.kind
+    if k in (ir.BinKind.DIV, ir.BinKind.MOD):
+        zero = np.asarray(b) == 0
+        if zero.any():
+            valid &= ~np.broadcast_to(zero, valid.shape)
+            b = np.where(zero, 1, b)
+        return np.floor_divide(a, b) if k is ir.BinKind.DIV else np.mod(a, b)
+    ops = {ir.BinKind.ADD: np.add, ir.BinKind.SUB: np.subtract, ir.BinKind.MUL: np.multiply,
+           ir.BinKind.MIN: np.minimum, ir.BinKind.LT: np.less, ir.BinKind.LE: np.less_equal,
+           ir.BinKind.GT: np.greater, ir.BinKind.GE: np.greater_equal, ir.BinKind.EQ: np.equal,
+           ir.BinKind.NE: np.not_equal}
+    out = ops[k](a, b)
+    return out.astype(np.int64) if k not in (ir.BinKind.ADD, ir.BinKind.SUB, ir.BinKind.MUL,
+                                             ir.BinKind.MIN) else out
+
+
+# ---- MoE and AllToAllV ----
+
+def moe_experts(world: int) -> int:
+    """2 experts per rank up to world 64, one above (every rank holds the world x experts counts)."""
+    return 2 * world if world <= 64 else world
+
+
+def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
+    """MOE_SAMPLES' token counts and routings (rows of MOE_HIDDEN elements, top-MOE_TOPK,
+    `moe_experts`; capacity as `_moe_sample` says), then the role values on both sides of every
+    condition on a size symbol, each under the uniform routing with 5 tokens otherwise; other size
+    symbols (a window's row count) get the bound world * tokens * topk; each kept while the
+    simulation stays within budget (large worlds keep only the one-token sample)."""
+    roles = moe_roles(s)
+    role_of = {sym: role for role, sym in roles.items()}
+    samples = [_moe_sample(s, world, role_of, routing, tokens=t) for t, routing in MOE_SAMPLES]
+    mid = samples[1]
+    experts = moe_experts(world)
+    for cond in conditions(s):
+        for sym in [x for x in s.sizes if x in cond.names()]:
+            role = role_of.get(sym)
+            for v in sorted(boundaries(cond, sym, world, dict(mid), lo=0)):
+                if role == "tokens":
+                    samples.append(_moe_sample(s, world, role_of, "uniform", tokens=v))
+                elif role == "topk" and 1 <= v <= experts:
+                    samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, topk=v))
+                elif role == "hidden" and v >= 1:
+                    samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, hidden=v))
+                elif role == "experts":
+                    # a multiple of the world size, at least topk: the nearest on each side of v
+                    for e in {v // world * world, -(-v // world) * world}:
+                        if e >= max(world, MOE_TOPK):
+                            samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5,
+                                                       experts=e))
+                elif role == "capacity":
+                    # a capacity below what the routing needs is refused at the call
+                    if v >= _need(s, world, mid, "uniform"):
+                        samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, capacity=v))
+                else:
+                    extra = Sample({**mid, sym: v})
+                    extra.routing = "uniform"
+                    samples.append(extra)
+    out: list[Sample] = []
+    seen = set()
+    ranks = rank_samples(s, world)
+    for sample in samples:
+        for rs in ranks:
+            full = Sample({**sample, **rs})
+            full.routing = sample.routing
+            key = (tuple(sorted(full.items())), full.routing)
+            if key in seen:
+                continue
+            seen.add(key)
+            if _within_budget(s, world, full) or not out:
+                out.append(full)
+    return out
+
+
+def _moe_sample(s: ir.Schedule, world: int, role_of: dict[str, str], routing: str, tokens: int,
+                topk: int = MOE_TOPK, hidden: int = MOE_HIDDEN, experts: int | None = None,
+                capacity: int | None = None) -> Sample:
+    """One MoE sample. The capacity, unless given: the least that holds the routing (the most
+    entries one rank sends one expert) when that is below the token count, else tokens + 2, so
+    that it never equals the token count and lies on either side of it."""
+    value = {"tokens": tokens, "topk": topk, "hidden": hidden,
+             "experts": experts or moe_experts(world),
+             "capacity": tokens + 2 if capacity is None else capacity}
+    sample = Sample({sym: value.get(role_of.get(sym, ""), world * tokens * topk) for sym in s.sizes})
+    sample.routing = routing
+    if capacity is None and "capacity" in role_of.values():
+        need = _need(s, world, sample, routing)
+        if 0 < need < tokens:
+            sample[next(sym for sym, role in role_of.items() if role == "capacity")] = need
+    return sample
+
+
+def _need(s: ir.Schedule, world: int, sample: dict[str, int], routing: str) -> int:
+    """The most entries one rank's sample routing sends one expert (what a capacity must hold)."""
+    c = s.contract
+    env = {"world": world, **sample}
+    try:
+        T, K = (tuple(d.eval(env) for d in s.param(c.inputs[1]).dims) + (1,))[:2]
+        E = s.param(c.outputs[1] if c.kind.dispatch else c.inputs[3]).dims[-1].eval(env)
+        worst = 0
+        for r in range(world):
+            ids = routing_mod.expert_ids(routing, r, T, K, E)
+            picked = ids[ids >= 0]
+            if picked.size:
+                worst = max(worst, int(np.bincount(picked).max()))
+        return worst
+    except (ZeroDivisionError, ValueError):
+        return 0   # instantiate or route_sample reports what is wrong with the shapes
+
+
+# ---- budget ----
+
+def _unique(samples: list[dict[str, int]]) -> list[dict[str, int]]:
+    return list({tuple(sorted(x.items())): x for x in samples}.values())
+
+
+def _keep(s: ir.Schedule, world: int, samples: list[dict[str, int]]) -> list[dict[str, int]]:
     out: list[dict[str, int]] = []
-    roots = list(dict.fromkeys([0, world - 1, world // 2]))
-    for n in dict.fromkeys(candidates):
-        for root in roots:
-            sizes = {sym: n for sym in s.sizes}
-            sizes.update({x.name: root for x in s.rank_params})
-            if _within_budget(s, world, sizes) or not out:
-                out.append(sizes)
-            if not s.rank_params:
-                break
-        if not s.sizes:
-            break
+    for sample in _unique(samples):
+        if _within_budget(s, world, sample) or not out:
+            out.append(sample)
     return out
 
 

@@ -31,17 +31,18 @@ def test_examples_verify_for_worlds_1_to_16(example):
     worlds = list(range(1, 17))
     results = verify.verify_worlds(s, worlds)
     assert all(r.ok for r in results), [d.render() for r in results for d in r.diagnostics]
-    # every world, with every default sample (1, world + 3, 2 * world + 5 elements)
+    # every world, with every default sample (1, world + 3, world + 4, 2 * world + 5 elements)
     assert [(r.world, r.sizes["n"]) for r in results] == [
-        (w, n) for w in worlds for n in (1, w + 3, 2 * w + 5)]
+        (w, n) for w in worlds for n in (1, w + 3, w + 4, 2 * w + 5)]
     assert all(r.events > 0 for r in results)
     assert all(r.accesses > 0 for r in results if r.world > 1)
 
 
 def test_default_samples():
     s, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allreduce_twoshot.strata"))
-    assert verify.default_samples(s, 4) == [{"n": 1}, {"n": 7}, {"n": 13}]
-    assert verify.default_samples(s, 1) == [{"n": 1}, {"n": 4}, {"n": 7}]
+    assert verify.default_samples(s, 4) == [{"n": 1}, {"n": 7}, {"n": 8}, {"n": 13}]
+    assert verify.default_samples(s, 1) == [{"n": 1}, {"n": 4}, {"n": 5}, {"n": 7}]
+    assert verify.default_samples(s, 17) == [{"n": 1}, {"n": 20}, {"n": 21}]   # no 2 world + 5
     fixed, = lower("schedule s(x: sym f32[world]) implements allreduce(x, sum) {}")
     assert verify.default_samples(fixed, 3) == [{}]
 
@@ -50,7 +51,7 @@ def test_default_samples_stay_within_the_simulation_budget(monkeypatch):
     s, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allgather_push.strata"))
     # x has n, out n * world elements per rank: (n + n * world) * world elements in all
     monkeypatch.setattr(verify.samples, "SIM_ELEMENT_BUDGET", (8 + 8 * 4) * 4)
-    assert verify.default_samples(s, 4) == [{"n": 1}, {"n": 7}]
+    assert verify.default_samples(s, 4) == [{"n": 1}, {"n": 7}, {"n": 8}]
     monkeypatch.setattr(verify.samples, "SIM_ELEMENT_BUDGET", 0)
     assert verify.default_samples(s, 4) == [{"n": 1}]     # never none at all
 
@@ -58,7 +59,7 @@ def test_default_samples_stay_within_the_simulation_budget(monkeypatch):
 def test_default_samples_with_a_size_dividing_by_zero():
     # regression: default_samples raised ZeroDivisionError out of verify_worlds
     s, = lower("schedule s(x: sym T[n], y: sym T[n / (world - 1)]) implements allreduce(x, sum) {}")
-    assert verify.default_samples(s, 1) == [{"n": 1}, {"n": 4}, {"n": 7}]
+    assert verify.default_samples(s, 1) == [{"n": 1}, {"n": 4}, {"n": 5}, {"n": 7}]
     d = first_error(s, [1])
     assert d.code == Codes.BAD_WORLD and "division by zero" in d.message
 
