@@ -36,7 +36,7 @@ def _env() -> jinja2.Environment:
 
 
 def _cname(name: str) -> str:
-    return "rank" if name == "rank" else "world" if name == "world" else f"{name}_"
+    return "rank" if name == "rank" else "world" if name == "world" else f"{abi.c_name(name)}_"
 
 
 class _Names(dict):
@@ -267,7 +267,7 @@ def _statements(s: ir.Schedule) -> list[dict]:
         out: list[dict] = []
         for op in ops:
             if isinstance(op, ir.Barrier):
-                out.append({"kind": "barrier", "line": op.span.line, "seq": op.seq})
+                out.append({"kind": "barrier", "line": op.span.line, "stamp": _chain("epoch_", op.seq)})
             elif isinstance(op, ir.Stage):
                 body = [_node(o, op.engine, s) for o in op.body]
                 moves = _has_moves(body)
@@ -334,23 +334,24 @@ def generate(s: ir.Schedule) -> Output:
         "s": s,
         "source": src,
         "name": s.name,
-        "kernel_class": "".join(w.capitalize() for w in s.name.split("_")),
+        "kernel_class": abi.kernel_class(s),
         "kernels": [{"dtype": d.short, "ctype": d.ctype, "code": d.code,
                      "op": op.value if op else None,
                      "op_code": abi.OPS.index(op) if op else None,
                      "red": _red(op) if op else "strata::Red::kSum",
                      "name": abi.kernel_name(s, d, op)} for d in abi.dtypes(s) for op in abi.ops(s)],
         "has_op": s.op_param is not None,
-        "ranks": [{"name": x.name, "c": _cname(x.name)} for x in s.rank_params],
+        "ranks": [{"name": abi.c_param(s, x.name), "c": _cname(x.name)} for x in s.rank_params],
         "kernel_args": abi.kernel_args(s),
         "launcher_args": abi.args(s),
         "launcher": abi.launcher_name(s),
         "prototype": abi.c_prototype(s),
-        "tensors": [{"name": p.name, "c": _cname(p.name), "ctype": p.dtype.ctype if p.dtype else "T"}
+        "tensors": [{"name": abi.c_param(s, p.name), "c": _cname(p.name),
+                     "ctype": p.dtype.ctype if p.dtype else "T"}
                     for p in s.tensors + s.scratch],
         "routes": bool(rs),
         "gather": any(r.kind is ir.RouteKind.GATHER for r in rs),
-        "sizes": [{"name": n, "c": _cname(n)} for n in s.sizes],
+        "sizes": [{"name": abi.c_param(s, n), "c": _cname(n)} for n in s.sizes],
         "plan": k,
         "statements": _statements(s),
         "parts": _part_helpers() if any(_part_calls(r, s) for r in _regions(s.body)) else None,

@@ -3,7 +3,9 @@
 Each rank's timeline is ENTRY, then its stages and sync operations in program order, then EXIT.
 A stage is one event: everything in it runs concurrently (cores, SDMA queues). Each data movement
 becomes a Move (for the contract simulation) and Accesses with element intervals (for races).
-Consecutive signals (or waits) merge into one event, since nothing happens between them.
+Consecutive signals (or waits) merge into one event, since nothing happens between them. A barrier
+event carries the value ranks meet at: its stamp on the IR after the passes (what the kernel
+compares), before them the number of barriers its rank passed before it.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class Event:
     moves: list[Move] = field(default_factory=list)
     signals: list[tuple[int, str, int, Span]] = field(default_factory=list)   # owner, flag, slot
     waits: list[tuple[str, int, Span]] = field(default_factory=list)          # flag, slot (own)
-    barrier: int = -1
+    barrier: int = -1          # the stamp (or, before the passes, the ordinal) ranks meet at
     routes: list[RouteInst] = field(default_factory=list)
 
 
@@ -160,9 +162,11 @@ def _env_text(env: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
 
 
-def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | None = None) -> Instance:
+def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | None = None,
+                barriers_only: bool = False) -> Instance:
     """sizes gives every size symbol and every rank parameter a value; data the initial values of
-    buffers whose values steer the schedule (expert ids), by (rank, buffer)."""
+    buffers whose values steer the schedule (expert ids), by (rank, buffer). barriers_only: the
+    timelines hold ENTRY, the barriers and EXIT, nothing else (what checking stamps needs)."""
     if world < 1:
         raise StrataError(error(Codes.BAD_WORLD, f"world size must be at least 1, got {world}", s.span))
     for x in s.rank_params:
@@ -178,16 +182,17 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
     flag_sizes = {f.name: _ev(f.size, base, f.span, f"the size of flag {f.name}") for f in s.flags}
     shapes = {p.name: tuple(_ev(d, base, p.span, f"the shape of {p.name}") for d in p.dims)
               for p in s.params}
-    b = _Builder(s, world, base, buffer_sizes, flag_sizes)
+    b = _Builder(s, world, base, buffer_sizes, flag_sizes, barriers_only)
     b.shapes = shapes
     timelines = [b.timeline(r) for r in range(world)]
     return Instance(s, world, dict(sizes), timelines, buffer_sizes, flag_sizes, shapes, dict(data or {}))
 
 
 class _Builder:
-    def __init__(self, s, world, base, buffer_sizes, flag_sizes):
+    def __init__(self, s, world, base, buffer_sizes, flag_sizes, barriers_only):
         self.s, self.world, self.base = s, world, base
         self.buffer_sizes, self.flag_sizes = buffer_sizes, flag_sizes
+        self.barriers_only = barriers_only
         self.instance = 0
 
     def timeline(self, rank: int) -> list[Event]:
@@ -224,14 +229,18 @@ class _Builder:
             nonlocal barriers
             for op in ops:
                 if isinstance(op, ir.Barrier):
-                    new(EventKind.BARRIER, op.span, barrier=barriers)
+                    meet = (_ev(op.seq, env, op.span, "the barrier's stamp") if self.s.lowered
+                            else barriers)
+                    new(EventKind.BARRIER, op.span, barrier=meet)
                     barriers += 1
+                elif isinstance(op, ir.If):
+                    top(op.then if _ev(op.cond, env, op.span, "a condition") else op.orelse, env)
+                elif self.barriers_only:
+                    continue
                 elif isinstance(op, ir.Stage):
                     ev = new(EventKind.STAGE, op.span, stage=op)
                     for inner in op.body:
                         self.moves(inner, env, ev)
-                elif isinstance(op, ir.If):
-                    top(op.then if _ev(op.cond, env, op.span, "a condition") else op.orelse, env)
                 else:
                     sync(op, env)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from stratac.diagnostics import Span
-from stratac.ir.expr import IExpr, bare, size_scale
+from stratac.ir.expr import Const, IExpr, bare, size_scale
 
 
 class DType(enum.Enum):
@@ -217,7 +217,10 @@ class Stage:
 @dataclass(frozen=True)
 class Barrier:
     span: Span
-    seq: int = 0     # position among the sync operations of one call; stamps = epoch + seq
+    # the stamp offset (stamp = epoch + seq) the epoch pass gives it: 1 + the barriers the rank
+    # passed before it in the call, which under an `if` may depend on the condition; 0 before
+    # the pass
+    seq: IExpr = Const(0)
 
 
 @dataclass(frozen=True)
@@ -317,7 +320,8 @@ class Schedule:
     contract: Contract
     body: tuple[Node, ...]
     span: Span
-    sync_ops: int = 0               # stamps one call uses (barriers + flags; the epoch pass sets it)
+    sync_ops: int = 0               # stamps one call uses (the most barriers a rank passes, plus
+                                    # one per flag; the epoch pass sets it)
     kernel: KernelPlan | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -334,6 +338,12 @@ class Schedule:
     @property
     def scratch(self) -> tuple[Buffer, ...]:
         return tuple(p for p in self.params if p.scratch)
+
+    @property
+    def lowered(self) -> bool:
+        """Whether the pass pipeline ran (it ends by planning the kernel): then barriers and flags
+        carry the stamps the kernel uses."""
+        return self.kernel is not None
 
     @property
     def op_param(self) -> Scalar | None:

@@ -2,7 +2,10 @@
 
 - flag epochs: every barrier and every flag gets a stamp offset; a call stamps flags with
   epoch + offset, and the next call's epoch is larger than every stamp of this one, so a stale flag
-  from an earlier call never satisfies a wait.
+  from an earlier call never satisfies a wait. A barrier's offset is 1 + the barriers its rank
+  passed before it in the call: the k-th barrier of every rank has the same stamp, however the
+  ranks got there (the verifier meets ranks at their k-th barriers and, on the IR after the passes,
+  at equal stamps).
 - engine placement: which copies go to the vector cores, which to SDMA (`on auto`: by size, at run
   time, from a documented threshold).
 - UB tiling with double buffering: the tile size that fits the queues of one core in 192 KiB.
@@ -52,19 +55,70 @@ class Options:
                                     f"{SOCS[self.soc]} on {self.soc}, got {self.cores}"))
 
 
-def flag_epochs(s: ir.Schedule) -> ir.Schedule:
-    seq = 0
-    body = []
-    for op in s.body:
+@dataclass(frozen=True)
+class _Count:
+    """How many barriers a rank has passed: a constant plus conditional terms, one per `if` whose
+    arms pass different numbers (each term 0 on the ranks that took the arm with fewer)."""
+
+    const: int = 0
+    terms: tuple[ir.IExpr, ...] = ()
+
+    def plus(self, other: _Count) -> _Count:
+        return _Count(self.const + other.const, self.terms + other.terms)
+
+    def expr(self) -> ir.IExpr:
+        e: ir.IExpr = ir.Const(self.const)
+        for t in self.terms:
+            e = ir.add(e, t)
+        return e
+
+
+_NEGATION = {ir.BinKind.LT: ir.BinKind.GE, ir.BinKind.GE: ir.BinKind.LT,
+             ir.BinKind.LE: ir.BinKind.GT, ir.BinKind.GT: ir.BinKind.LE,
+             ir.BinKind.EQ: ir.BinKind.NE, ir.BinKind.NE: ir.BinKind.EQ}
+
+
+def _truth(cond: ir.IExpr, holds: bool) -> ir.IExpr:
+    """1 where cond holds (holds=False: where it does not), else 0."""
+    if isinstance(cond, ir.Bin) and cond.kind in _NEGATION:
+        return cond if holds else ir.Bin(_NEGATION[cond.kind], cond.lhs, cond.rhs)
+    return ir.Bin(ir.BinKind.NE if holds else ir.BinKind.EQ, cond, ir.Const(0))
+
+
+def _either(cond: ir.IExpr, then: _Count, orelse: _Count) -> _Count:
+    """The barriers passed through an `if` whose arms pass `then` and `orelse`."""
+    if then == orelse:
+        return then
+    if not then.terms and not orelse.terms:   # the usual case: one arm passes d more barriers
+        d = then.const - orelse.const
+        term = ir.simplify(ir.Bin(ir.BinKind.MUL, _truth(cond, d > 0), ir.Const(abs(d))))
+        return _Count(min(then.const, orelse.const), (term,))
+    return _Count(0, (ir.simplify(ir.add(ir.Bin(ir.BinKind.MUL, _truth(cond, True), then.expr()),
+                                         ir.Bin(ir.BinKind.MUL, _truth(cond, False), orelse.expr()))),))
+
+
+def _stamp_barriers(ops, before: _Count) -> tuple[tuple, _Count, int]:
+    """ops with every barrier stamped 1 + the barriers passed before it; the barriers ops pass, and
+    the most any rank passes. Barriers sit at the top level and under ifs only (sema)."""
+    out, passed, most = [], _Count(), 0
+    for op in ops:
         if isinstance(op, ir.Barrier):
-            seq += 1
-            op = replace(op, seq=seq)
-        body.append(op)
-    flags = []
-    for f in s.flags:
-        seq += 1
-        flags.append(replace(f, seq=seq))
-    return replace(s, body=tuple(body), flags=tuple(flags), sync_ops=seq)
+            op = replace(op, seq=before.plus(passed).plus(_Count(1)).expr())
+            passed, most = passed.plus(_Count(1)), most + 1
+        elif isinstance(op, ir.If):
+            here = before.plus(passed)
+            then, a, most_a = _stamp_barriers(op.then, here)
+            orelse, b, most_b = _stamp_barriers(op.orelse, here)
+            op = replace(op, then=then, orelse=orelse)
+            passed, most = passed.plus(_either(op.cond, a, b)), most + max(most_a, most_b)
+        out.append(op)
+    return tuple(out), passed, most
+
+
+def flag_epochs(s: ir.Schedule) -> ir.Schedule:
+    body, _, barriers = _stamp_barriers(s.body, _Count())
+    flags = tuple(replace(f, seq=barriers + i) for i, f in enumerate(s.flags, 1))
+    return replace(s, body=body, flags=flags, sync_ops=barriers + len(flags))
 
 
 def _moves(ops):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from stratac.diagnostics import Span
+from stratac.ir.expr import bare
 from stratac.ir.nodes import (
     Accumulate,
     Barrier,
@@ -81,7 +82,7 @@ def _dump_op(op: Node, depth: int, out: list[str]) -> None:
             for inner in op.orelse:
                 _dump_op(inner, depth + 1, out)
     elif isinstance(op, Barrier):
-        out.append(f"{pad}barrier seq={op.seq}{_line(op.span)}")
+        out.append(f"{pad}barrier seq={bare(op.seq)}{_line(op.span)}")
     elif isinstance(op, Signal):
         out.append(f"{pad}signal {op.flag}[{op.index}]@{op.rank}{_line(op.span)}")
     elif isinstance(op, Wait):

@@ -8,12 +8,12 @@ It shares no code with codegen or the CPU model: it is the independent reference
 Modules, in the order an instance goes through them: `samples` (which instances, their routed
 inputs), `timeline` (happens-before by vector clocks, deadlocks; it drives `provenance`, the
 simulated memory), `races` (races, entry and exit), `contract` (the expected results), and `check`
-(the driver: `verify`, `verify_worlds`).
+(the driver: `verify`, `verify_worlds`, and `verify_lowered` for the IR after the passes).
 """
 
-from stratac.verify.check import Result, verify, verify_worlds
+from stratac.verify.check import Result, verify, verify_lowered, verify_worlds
 from stratac.verify.contract import moe_layout
 from stratac.verify.samples import MOE_SAMPLES, Sample, default_samples, moe_roles
 
 __all__ = ["MOE_SAMPLES", "Result", "Sample", "default_samples", "moe_layout", "moe_roles", "verify",
-           "verify_worlds"]
+           "verify_lowered", "verify_worlds"]

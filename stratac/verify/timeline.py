@@ -5,6 +5,12 @@ values after the call (`provenance`), and a deadlock or double-signal diagnostic
 cannot finish. Stages run in program order within a rank, barriers join all ranks, a wait joins the
 signal that satisfies it. If no rank can move and some have not finished, that is a deadlock,
 reported with who waits for what.
+
+Ranks meet at barriers of equal stamps (on the IR after the passes, the stamps the kernel
+compares). A kernel barrier waits until every rank has announced its stamp or a later one, so a
+join is only what the kernel does when every rank's stamps grow barrier by barrier and stay within
+the stamps a call reserves; anything else is refused first (`stamp_errors`). `unmet_barriers`
+compares the ranks' stamps barrier by barrier, for re-verifying the passes without executing.
 """
 
 from __future__ import annotations
@@ -17,6 +23,55 @@ from stratac.verify.provenance import Values
 from stratac.verify.samples import context
 
 
+def stamp_errors(inst: Instance) -> list[Diagnostic]:
+    """Barrier and flag stamps the kernel could not synchronise with (a bug of the passes, since
+    the epoch pass makes them): a stamp below 1 is met by the zeroed sync area of the first call,
+    one beyond the call's stamps (`sync_ops`) by the next call's, and a barrier whose stamp does not
+    exceed the one before it on its rank by that barrier's announcements."""
+    s = inst.schedule
+    if not s.lowered:
+        return []
+    for f in s.flags:
+        if not 1 <= f.seq <= s.sync_ops:
+            return [error(Codes.SYNC_STAMP, f"flag {f.name} has stamp epoch + {f.seq}, outside the "
+                          f"stamps 1..{s.sync_ops} one call uses: a wait could take a flag of "
+                          "another call for this one's", f.span)]
+    for tl in inst.timelines:
+        last = None
+        for ev in tl:
+            if ev.kind is not EventKind.BARRIER:
+                continue
+            if last is not None and ev.barrier <= last.barrier:
+                why = (f"not above the stamp {last.barrier} of its barrier before (line "
+                       f"{last.span.line}), whose announcements already let it through")
+            elif ev.barrier < 1:
+                why = "below 1: the zeroed sync area of a first call already lets it through"
+            elif ev.barrier > s.sync_ops:
+                why = (f"beyond the {s.sync_ops} stamps a call reserves: the next call's barriers "
+                       "could be let through by it")
+            else:
+                last = ev
+                continue
+            return [error(Codes.SYNC_STAMP, f"on rank {ev.rank} this barrier has stamp epoch + "
+                          f"{ev.barrier} ({context(inst)}), {why}", ev.span)]
+    return []
+
+
+def unmet_barriers(inst: Instance) -> list[Diagnostic]:
+    """A barrier whose stamp on some rank differs from rank 0's barrier at the same place in the
+    call (the k-th of each; a proof by ordinal has shown that every rank passes as many): where the
+    verifier met ranks, the kernel's barriers would not meet."""
+    barriers = [[ev for ev in tl if ev.kind is EventKind.BARRIER] for tl in inst.timelines]
+    for mine in barriers[1:]:
+        for k, (a, b) in enumerate(zip(barriers[0], mine), 1):
+            if a.barrier != b.barrier:
+                return [error(Codes.SYNC_STAMP, f"barrier {k} of the call has stamp epoch + {b.barrier} "
+                              f"on rank {b.rank} but epoch + {a.barrier} on rank 0 ({context(inst)}): "
+                              "the kernel's barriers would not meet where the verified ones do",
+                              b.span, Note(f"rank 0's barrier {k}", a.span))]
+    return []
+
+
 class Execution:
     def __init__(self, inst: Instance):
         self.inst = inst
@@ -27,10 +82,12 @@ class Execution:
 
     def run(self) -> list[Diagnostic]:
         inst, W = self.inst, self.inst.world
+        diags = stamp_errors(inst)
+        if diags:
+            return diags
         pos = [0] * W
         cur = [np.zeros(W, dtype=np.int64) for _ in range(W)]
         signaled: dict[tuple[int, str, int], tuple[np.ndarray, Event]] = {}
-        diags: list[Diagnostic] = []
         done = 0
         while done < W:
             progress = False
@@ -116,8 +173,17 @@ class Execution:
                     notes.append(Note(f"rank {r} waits for {f}[{slot}], which no rank ever signals",
                                       span))
                 break
-        if stuck_at_barrier:
-            notes.append(Note(f"ranks {_ranges(stuck_at_barrier)} wait at a barrier for the others"))
+        meets: dict[int, list[int]] = {}
+        for r in stuck_at_barrier:
+            meets.setdefault(inst.timelines[r][pos[r]].barrier, []).append(r)
+        if len(meets) == 1:
+            notes.append(Note(f"{_who(stuck_at_barrier)} at a barrier for the others"))
+        else:   # at barriers that do not meet: tell which rank is at which
+            for stamp, rs in meets.items():
+                tl = inst.timelines[rs[0]]
+                stamped = f" (stamp epoch + {stamp})" if inst.schedule.lowered else ""
+                notes.append(Note(f"{_who(rs)} at this barrier, the {_nth(tl, pos[rs[0]])} of the call"
+                                  f"{stamped}", tl[pos[rs[0]]].span))
         return error(Codes.DEADLOCK, f"deadlock ({context(inst)}): no rank can make progress", first_span,
                      *notes[:6])
 
@@ -125,6 +191,16 @@ class Execution:
         if a_rank == b_rank:
             return a_index < b_index
         return int(self.vc[(b_rank, b_index)][a_rank]) >= a_index + 1
+
+
+def _nth(timeline: list[Event], at: int) -> str:
+    """Which barrier of its rank's call the event at `at` is, counting from one."""
+    k = sum(1 for e in timeline[:at + 1] if e.kind is EventKind.BARRIER)
+    return f"{k}{'th' if 10 <= k % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')} barrier"
+
+
+def _who(rs: list[int]) -> str:
+    return f"rank {rs[0]} waits" if len(rs) == 1 else f"ranks {_ranges(rs)} wait"
 
 
 def _ranges(rs: list[int]) -> str:

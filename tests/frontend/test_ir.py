@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from stratac import ir
 from stratac.diagnostics import Source
-from stratac.ir import Bin, BinKind, Const, Var, passes
+from stratac.ir import Bin, BinKind, Const, Var, instantiate, passes
 from stratac.lang import frontend
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -283,3 +283,94 @@ def test_size_rules_read_symbols_off_shapes_in_order():
     # capacity comes last: win's rows are experts * capacity, readable once experts is known
     assert order[-1] == ("capacity", "win", 0) and ("experts", "counts", 1) in order
     assert str(rules[-1].scale) == "experts"
+
+
+# ---- the epoch pass: barrier stamps under ifs ----
+
+STAMPS_SRC = """\
+schedule stamps(x: sym T[n], root: rank) implements broadcast(x, root) {
+  flag ready[world]
+  barrier
+  if world > 0 { barrier }
+  if world > 2: barrier
+  if rank == root { barrier } else { barrier }
+  if rank == root {
+    barrier
+    barrier
+  } else {
+    barrier
+  }
+  if rank < 2 { barrier } else {
+    barrier
+    barrier
+    barrier
+  }
+  if world > 1 {
+    if rank == 0 { barrier } else { barrier }
+    for p in peers: signal ready[rank]@p
+  }
+  barrier
+}
+"""
+
+# Read by hand: a barrier's stamp is 1 + the barriers its rank passed before it. An if whose arms
+# pass as many barriers adds a constant; one whose arms differ adds its condition (times the
+# difference), the negated condition when the else arm passes more. The flag comes after the most
+# barriers a rank can pass: 1 + 1 + 1 + 1 + 2 + 3 + 1 + 1 = 11.
+STAMPS_GOLDEN = """\
+schedule stamps(x: sym T[n], root: rank) implements broadcast(x, root)
+  sizes n
+  flag ready[world] seq=12
+  barrier seq=1  # line 3
+  if (world > 0):  # line 4
+    barrier seq=2  # line 4
+  if (world > 2):  # line 5
+    barrier seq=2 + (world > 0)  # line 5
+  if (rank == root):  # line 6
+    barrier seq=(2 + (world > 0)) + (world > 2)  # line 6
+  else:
+    barrier seq=(2 + (world > 0)) + (world > 2)  # line 6
+  if (rank == root):  # line 7
+    barrier seq=(3 + (world > 0)) + (world > 2)  # line 8
+    barrier seq=(4 + (world > 0)) + (world > 2)  # line 9
+  else:
+    barrier seq=(3 + (world > 0)) + (world > 2)  # line 11
+  if (rank < 2):  # line 13
+    barrier seq=((4 + (world > 0)) + (world > 2)) + (rank == root)  # line 13
+  else:
+    barrier seq=((4 + (world > 0)) + (world > 2)) + (rank == root)  # line 14
+    barrier seq=((5 + (world > 0)) + (world > 2)) + (rank == root)  # line 15
+    barrier seq=((6 + (world > 0)) + (world > 2)) + (rank == root)  # line 16
+  if (world > 1):  # line 18
+    if (rank == 0):  # line 19
+      barrier seq=(((5 + (world > 0)) + (world > 2)) + (rank == root)) + ((rank >= 2) * 2)  # line 19
+    else:
+      barrier seq=(((5 + (world > 0)) + (world > 2)) + (rank == root)) + ((rank >= 2) * 2)  # line 19
+    for p in peers:  # line 20
+      signal ready[rank]@p  # line 20
+  barrier seq=((((5 + (world > 0)) + (world > 2)) + (rank == root)) + ((rank >= 2) * 2)) + (world > 1)  # line 22
+  # 12 flag stamps per call
+"""
+
+
+def test_epoch_pass_stamps_barriers_under_ifs():
+    s, = frontend.schedules(Source("stamps.strata", STAMPS_SRC))
+    assert ir.dump(passes.flag_epochs(s)) == STAMPS_GOLDEN
+
+
+def _barrier_stamps(s: ir.Schedule, world: int, root: int) -> list[list[int]]:
+    inst = instantiate.instantiate(s, world, {"n": 5, "root": root})
+    return [[ev.barrier for ev in tl if ev.kind is instantiate.EventKind.BARRIER] for tl in inst.timelines]
+
+
+@pytest.mark.parametrize("world", range(1, 7))
+def test_every_barrier_stamp_is_one_more_than_the_barriers_passed(world):
+    """Against instantiate's own walk of the IR before the passes, which counts the barriers each
+    rank passes as it takes the arms (from 0): after the passes every rank's stamps are 1, 2, 3..."""
+    s, = frontend.schedules(Source("stamps.strata", STAMPS_SRC))
+    lowered = passes.pipeline(s, passes.Options())
+    for root in range(world):
+        before, after = _barrier_stamps(s, world, root), _barrier_stamps(lowered, world, root)
+        assert after == [[k + 1 for k in ordinals] for ordinals in before]
+        assert all(stamps == list(range(1, len(stamps) + 1)) for stamps in after)
+        assert max(map(len, after)) <= lowered.sync_ops - len(lowered.flags)

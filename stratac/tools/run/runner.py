@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stratac.codegen.pipeline import compile_schedules
 from stratac.diagnostics import Codes, StrataError, error
 from stratac.host import comm, schedule
 from stratac.ir import passes
@@ -130,7 +131,7 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
     source = load_source(spec.file)
     opts = passes.Options(soc=spec.soc, cores=spec.cores)
     opts.check()
-    compiled = schedule.compile_source(source, opts, worlds=[spec.world])
+    compiled = compile_schedules(source, opts, [spec.world])
     routed = [c.schedule.name for c in compiled if c.schedule.contract.kind.moe]
     for case in spec.cases:
         if routed and case.dtype == "i32":
