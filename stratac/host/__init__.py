@@ -3,6 +3,7 @@
 In: a .strata file (compiled, verified for the job's world and built through stratac.targets), and
 the ranks of a job (torch.distributed or a Store). Out: a communicator per rank that allocates
 heap tensors and loads schedules whose calls check every tensor against the proof before they
-launch. `comm` is the CPU build (ranks are processes, the heap is shared memory); `npu_comm` is the
-same API on SHMEM for Ascend.
+launch (`schedule`; the instance a call makes is checked and proven by `instance`). `comm` is the
+CPU build (ranks are processes, the heap is shared memory); `npu_comm` is the same API on SHMEM for
+Ascend.
 """

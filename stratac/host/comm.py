@@ -20,6 +20,7 @@ import math
 import os
 import secrets
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -110,6 +111,11 @@ class Communicator:
         self._buffer = self._ffi.buffer(base, heap_bytes)
         self._heap = torch.frombuffer(self._buffer, dtype=torch.uint8)
         self._sync = self._alloc((world + SYNC_SLOTS) * 4, zero=True)
+        # every tensor comm.empty makes has a storage of its own over its allocation, so that a
+        # tensor (or a view of it) names its allocation even after the memory is reused: by the
+        # storage's identity, with the storage held so that the identity stays unique
+        self._live: dict[int, tuple[int, torch.UntypedStorage]] = {}
+        self._freed: weakref.WeakSet = weakref.WeakSet()   # forgotten with the last tensor on them
         self._epoch = 0
         self._modules: list[Module] = []
 
@@ -178,8 +184,13 @@ class Communicator:
         for d in shape:
             numel *= int(d)
         elem = torch.empty(0, dtype=dtype).element_size()
-        off = self._alloc(max(numel * elem, 1))
-        return self._heap[off:off + numel * elem].view(dtype).view(*shape)
+        nbytes = max(numel * elem, 1)
+        off = self._alloc(nbytes)
+        raw = torch.frombuffer(self._ffi.buffer(self._ffi.cast("char *", self._base + off), nbytes),
+                               dtype=torch.uint8)
+        storage = raw.untyped_storage()
+        self._live[storage._cdata] = (off, storage)
+        return raw[:numel * elem].view(dtype).view(*shape)
 
     def zeros(self, *shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         t = self.empty(*shape, dtype=dtype)
@@ -187,10 +198,13 @@ class Communicator:
         return t
 
     def free(self, t: torch.Tensor) -> None:
-        """Returns a heap tensor's memory. Collective, like allocation: same order on every rank."""
+        """Returns the memory of the allocation t (or a view of it) belongs to; t and its views are
+        refused by schedules from then on. Collective, like allocation: same order on every rank."""
         self._check_open()
-        self.offset_of(t, "tensor")
-        self._lib.aclshmem_free(self._ffi.cast("void*", t.data_ptr()))
+        self.offset_of(t, "the tensor to free")
+        off, storage = self._live.pop(t.untyped_storage()._cdata)
+        self._freed.add(storage)
+        self._lib.aclshmem_free(self._ffi.cast("void*", self._base + off))
 
     def offset_of(self, t: torch.Tensor, what: str) -> int:
         if not isinstance(t, torch.Tensor):
@@ -202,6 +216,13 @@ class Communicator:
         if not 0 <= off < self.heap_bytes or off + t.numel() * t.element_size() > self.heap_bytes:
             raise StrataUsageError(f"{what} is not on the symmetric heap: allocate it with "
                                    "comm.empty(shape, dtype=...) (stratac never copies user tensors)")
+        storage = t.untyped_storage()
+        if storage._cdata not in self._live:
+            if storage in self._freed:
+                raise StrataUsageError(f"{what} was given back with comm.free: its memory may belong "
+                                       "to another tensor now; allocate a new one with comm.empty")
+            raise StrataUsageError(f"{what} lies on the symmetric heap but is not a tensor comm.empty "
+                                   "or comm.zeros made: pass the tensor they returned (or a view of it)")
         if not t.is_contiguous():
             raise StrataUsageError(f"{what} must be contiguous")
         return off
@@ -278,6 +299,7 @@ class Communicator:
         for mod in self._modules:
             mod.unload()
         self._modules.clear()
+        self._live.clear()
         if unlink:
             unlink_segment(self.segment)
         self._lib.strata_cpu_finalize(0)

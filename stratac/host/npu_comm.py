@@ -323,8 +323,8 @@ class NpuCommunicator:
              name: str = "<source>") -> "NpuModule":
         """Compiles every schedule of a .strata file or source text and builds it with CANN
         (through the cache)."""
+        from stratac.codegen.pipeline import compile_schedules
         from stratac.diagnostics import Source
-        from stratac.host import schedule as cpu
         from stratac.lang import frontend
         self._check_open()
         options = options or passes.Options(soc=self.soc() or passes.DEFAULT_SOC)
@@ -339,7 +339,7 @@ class NpuCommunicator:
             source = frontend.load_source(path_or_source)
         else:
             source = Source(name, str(path_or_source))
-        compiled = cpu.compile_source(source, options, worlds=[self.world])
+        compiled = compile_schedules(source, options, [self.world])
         mod = NpuModule(self, [(c.schedule, build(c.output, options.soc, toolchain=self.toolchain))
                                for c in compiled])
         self._modules.append(mod)
@@ -456,13 +456,10 @@ def npu_schedule_class():
             self.comm._check_open()
             if self._launch is None:
                 raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
+            blocks = self.launch_cores(cores, self.max_cores)
             bound = self.bind(*tensors, **named)
             dtype, sizes, ptrs = bound[:3]
             scalars = bound[3] if len(bound) > 3 else {}
-            blocks = cores or self.cores
-            if not 1 <= blocks <= self.max_cores:
-                raise StrataUsageError(f"cores must be between 1 and {self.max_cores} on "
-                                       f"{self.ir.kernel.soc}, got {blocks}")
             op_param = getattr(self.ir, "op_param", None)
             fixed = {"dtype": dtype.code, "op": scalars.get(op_param.name, 0) if op_param else 0,
                      "blocks": blocks, "ffts": self.comm._ffts,

@@ -2,26 +2,27 @@
 
 In: a .strata source, the communicator's world and the pass options. Out: a `Module` whose
 attributes are `Schedule` callables. A call checks every tensor (on the heap, dtype, shape against
-the sizes the schedule was proven for, aliasing, routing inputs) before it launches, so that what
-runs is an instance of what was verified; then it launches through the generated launcher and
-reports a failure of the machine as a StrataRuntimeError.
+the schedule's sizes, aliasing, routing inputs) and then its instance (every region against the
+tensors, and the verifier's proof of exactly that instance: stratac.host.instance) before it
+launches, so that what runs is what was proven; then it launches through the generated launcher
+and reports a failure of the machine as a StrataRuntimeError.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 
 import cffi
 import torch
 
-from stratac import codegen, ir, verify
+from stratac import ir
 from stratac.codegen import abi
-from stratac.diagnostics import Source, StrataError
+from stratac.codegen.pipeline import Compiled, compile_schedules
+from stratac.diagnostics import Source
+from stratac.host import instance
 from stratac.host.cpu_model import last_error
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.ir import passes
-from stratac.lang import frontend
 from stratac.targets import cpu as build
 
 SYNC_SLOTS = 4096                      # int32 flag slots after the world barrier slots
@@ -30,23 +31,10 @@ ROUTE_MAX_EXPERTS = 8192   # strata::kMaxExperts (runtime/device/strata_device.h
 ROUTE_MAX_TOPK = 64        # strata::Router::kMaxTopk
 
 
-@dataclass
-class Compiled:
-    schedule: ir.Schedule
-    output: codegen.Output
-    worlds: tuple[int, ...] = ()       # the world sizes it was verified for
-
-
 def compile_source(source: Source, options: passes.Options, worlds: list[int]) -> list[Compiled]:
-    """Front end, verification at the given world sizes, passes and code generation."""
-    out = []
-    for s in frontend.schedules(source):
-        for res in verify.verify_worlds(s, worlds):
-            if not res.ok:
-                raise StrataError(res.diagnostics)
-        lowered = passes.pipeline(s, options)
-        out.append(Compiled(lowered, codegen.generate(lowered), tuple(worlds)))
-    return out
+    """The compile pipeline (stratac.codegen.pipeline): verified before and after the passes at the
+    given world sizes, then generated."""
+    return compile_schedules(source, options, worlds)
 
 
 def _written_params(s: ir.Schedule) -> set[str]:
@@ -117,6 +105,7 @@ class Schedule:
         self._lib = self._ffi.dlopen(str(built.library))
         self._launch = getattr(self._lib, abi.launcher_name(s))
         self._scratch: dict[str, torch.Tensor] = {}
+        self._instances: dict[tuple, str | None] = {}   # instance -> None (proven) or the refusal
         self.cores = s.kernel.cores
         params = [p.name for p in s.tensors] + [x.name for x in s.scalars]
         self.__doc__ = f"{s.name}({', '.join(params)}): implements {s.contract}"
@@ -127,6 +116,14 @@ class Schedule:
              for p in s.tensors]
             + [inspect.Parameter(x.name, kw, annotation=x.kind.value) for x in s.scalars]
             + [inspect.Parameter("cores", kw, default=None)])
+
+    def launch_cores(self, cores, limit: int) -> int:
+        """The vector cores a call launches on: the schedule's default when cores is None, else
+        cores itself, which must be a whole number in [1, limit] (0 is not "all cores")."""
+        blocks = self.cores if cores is None else cores
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= limit:
+            raise StrataUsageError(f"{self.name}: cores must be between 1 and {limit}, got {cores!r}")
+        return blocks
 
     def unload(self) -> None:
         if self._lib is not None:
@@ -213,9 +210,24 @@ class Schedule:
         if self.ir.contract.kind.moe:
             self._check_routing(given, env)
         self._check_aliasing(given)
+        self._check_instance({**sizes, **{x.name: scalar_args[x.name] for x in self.ir.rank_params}})
         ptrs = [self._ffi.cast("void*", given[p.name].data_ptr()) for p in params]
         ptrs += [self._ffi.cast("void*", t.data_ptr()) for t in self._scratch_for(dtype, env)]
         return dtype, sizes, ptrs, scalar_args
+
+    def _check_instance(self, params: dict[str, int]) -> None:
+        """The instance these sizes and rank parameters make touches only what exists and is
+        proven (stratac.host.instance); decided once per instance and remembered, refusals too."""
+        key = tuple(sorted(params.items()))
+        if key not in self._instances:
+            try:
+                instance.check(self.ir, self.comm.world, params)
+                self._instances[key] = None
+            except StrataUsageError as exc:
+                self._instances[key] = str(exc)
+        refused = self._instances[key]
+        if refused is not None:
+            raise StrataUsageError(refused)
 
     def _check_routing(self, given: dict, env: dict) -> None:
         """Expert ids are checked before anything is written: a bad id would send a token into
@@ -311,10 +323,8 @@ class Schedule:
         self.comm._check_open()
         if self._launch is None:
             raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
+        blocks = self.launch_cores(cores, abi.MAX_CORES)
         dtype, sizes, ptrs, scalars = self.bind(*tensors, **named)
-        blocks = cores or self.cores
-        if not 1 <= blocks <= abi.MAX_CORES:
-            raise StrataUsageError(f"cores must be between 1 and {abi.MAX_CORES}, got {blocks}")
         self._describe_sync(sizes)
         epoch = self.comm.next_epoch(self.ir.sync_ops)
         sync = self._ffi.cast("void*", self.comm._base + self.comm._sync)

@@ -105,7 +105,7 @@ class Built:
     cached: bool
 
 
-class _Lock:
+class CacheLock:
     def __init__(self, path: Path):
         self.path = path
 
@@ -119,7 +119,7 @@ class _Lock:
         self.f.close()
 
 
-def _own(path: Path, directory: bool) -> bool:
+def owned_privately(path: Path, directory: bool) -> bool:
     """path is a real file or directory (no symlink) of this user, not writable by group or others."""
     try:
         st = os.lstat(path)
@@ -139,7 +139,7 @@ def _entry_valid(d: Path, libname: str) -> bool:
     """The entry is complete, intact and this user's own: every file entry.json lists (the library
     among them) has its recorded sha256; nothing belongs to or is writable by anyone else."""
     meta = d / "entry.json"
-    if not (_own(d, True) and _own(meta, False)):
+    if not (owned_privately(d, True) and owned_privately(meta, False)):
         return False
     try:
         files = json.loads(meta.read_text())["files"]
@@ -147,7 +147,7 @@ def _entry_valid(d: Path, libname: str) -> bool:
             return False
         for name, want in files.items():
             f = d / name
-            if ".." in Path(name).parts or not _own(f, False) or _sha256(f) != want:
+            if ".." in Path(name).parts or not owned_privately(f, False) or _sha256(f) != want:
                 return False
     except (ValueError, KeyError, TypeError, OSError):
         return False
@@ -159,7 +159,7 @@ def _publish(root: Path, key: str, libname: str, build) -> tuple[Path, bool]:
     final = root / key
     if _entry_valid(final, libname):
         return final, True
-    with _Lock(root / f"{key}.lock"):
+    with CacheLock(root / f"{key}.lock"):
         if _entry_valid(final, libname):
             return final, True
         tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp.", dir=root))

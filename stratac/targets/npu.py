@@ -405,7 +405,7 @@ def build(output: codegen.Output, soc: str, *, env: Mapping[str, str] | None = N
     d, cached = _cache._publish(root, key, libname, do_build)
     if not _kernels_valid(d, s.name):
         # the launcher is intact but its kernels library is not: rebuild the entry
-        with _cache._Lock(root / f"{key}.lock"):
+        with _cache.CacheLock(root / f"{key}.lock"):
             if not _kernels_valid(d, s.name):
                 shutil.rmtree(d, ignore_errors=True)
         d, cached = _cache._publish(root, key, libname, do_build)

@@ -8,10 +8,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from call_schedules import EVEN_ONLY, GRAB
 
 import stratac
+from stratac import codegen
+from stratac.diagnostics import Source
 from stratac.host.comm import Communicator
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
+from stratac.host.schedule import Compiled, Module
+from stratac.ir import passes
+from stratac.lang import frontend
 
 ROOT = Path(__file__).resolve().parents[2]
 AR = ROOT / "examples" / "allreduce_twoshot.strata"
@@ -20,13 +26,22 @@ PREFILL = ROOT / "examples" / "moe_prefill.strata"
 DECODE = ROOT / "examples" / "moe_decode.strata"
 
 
+class Failed(Exception):
+    """An expectation of a scenario did not hold (raised, not asserted: python -O drops asserts)."""
+
+
+def check(ok, what) -> None:
+    if not ok:
+        raise Failed(what)
+
+
 def expect_error(exc_type, text, fn, *args, **kw):
     try:
         fn(*args, **kw)
     except exc_type as exc:
-        assert text in str(exc), f"{text!r} not in {exc!r}"
+        check(text in str(exc), f"{text!r} not in {exc!r}")
         return
-    raise AssertionError(f"expected {exc_type.__name__} containing {text!r}")
+    raise Failed(f"expected {exc_type.__name__} containing {text!r}")
 
 
 def inputs(world, n, seed):
@@ -43,11 +58,11 @@ def interleaved(comm, rank, world):
         xs = inputs(world, n, it)
         x.copy_(xs[rank])
         ar.allreduce_twoshot(x, op="sum", cores=3)
-        assert torch.equal(x, torch.stack(xs).sum(0)), it
+        check(torch.equal(x, torch.stack(xs).sum(0)), it)
         out = comm.empty(n * world, dtype=torch.float32)
         x.copy_(xs[rank])
         ag.allgather_push(x, out, cores=2)
-        assert torch.equal(out, torch.cat(xs)), it
+        check(torch.equal(out, torch.cat(xs)), it)
         comm.free(out)
         comm.free(x)
 
@@ -78,17 +93,16 @@ def bad_input(comm, rank, world):
     expect_error(StrataRuntimeError, "symmetric heap exhausted", comm.empty, 1 << 40)
     import inspect
     sig = str(inspect.signature(ag.allgather_push))
-    assert sig == \
-        "(x: 'sym T[n]', out: 'sym T[n * world]', *, cores=None)", sig
+    check(sig == "(x: 'sym T[n]', out: 'sym T[n * world]', *, cores=None)", sig)
 
 
 def segment_gone(comm, rank, world):
     """The segment's name is removed as soon as every rank mapped it (rank 0 removes it right
     after the bootstrap's last barrier; one more barrier and every rank sees it gone)."""
     comm.barrier()
-    assert not os.path.exists("/dev/shm/" + comm.segment.lstrip("/"))
+    check(not os.path.exists("/dev/shm/" + comm.segment.lstrip("/")), "the segment's name is left")
     x = comm.zeros(16)
-    assert float(x.sum()) == 0.0
+    check(float(x.sum()) == 0.0, x)
 
 
 def closed(comm, rank, world):
@@ -116,7 +130,7 @@ def moe_bad_input(comm, rank, world):
     ids[3, 1] = -2
     expect_error(StrataUsageError, "ids[3, 1] = -2 is not an expert", mod.moe_prefill_dispatch, x, ids,
                  counts, win)
-    assert int(win.abs().sum()) == 0 and int(counts.abs().sum()) == 0   # nothing was written
+    check(int(win.abs().sum()) == 0 and int(counts.abs().sum()) == 0, "something was written")
     f_ids = comm.empty(T, K, dtype=torch.float32)
     expect_error(StrataUsageError, "parameter ids must be int32, got torch.float32",
                  mod.moe_prefill_dispatch, x, f_ids, counts, win)
@@ -142,12 +156,12 @@ def moe_bad_input(comm, rank, world):
     ids.copy_(torch.tensor([[1, 0]] * T, dtype=torch.int32))   # T = 5 tokens to expert 1 > 2 slots
     expect_error(StrataUsageError, f"5 tokens of rank {rank} go to expert 0, more than the capacity of 2",
                  dec.moe_decode_dispatch, x, ids, counts, dwin)
-    assert int(dwin.abs().sum()) == 0
+    check(int(dwin.abs().sum()) == 0, "the decode window was written")
     # a good call after all that
     ids.copy_(torch.tensor([[0, -1]] * T, dtype=torch.int32))
     comm.barrier()
     mod.moe_prefill_dispatch(x, ids, counts, win)
-    assert counts[:, 0].tolist() == [T] * world
+    check(counts[:, 0].tolist() == [T] * world, counts)
     v = comm.load(ROOT / "examples" / "alltoallv.strata")
     rows = comm.empty(T, H, dtype=torch.float32)
     dest = comm.empty(T, dtype=torch.int32)
@@ -196,7 +210,7 @@ def moe_interleaved(comm, rank, world):
                 hits = [t for t, k in (all_ids[s] == e).nonzero().tolist()]
                 start = (l * world + s) * cap if decode else row
                 for j, t in enumerate(hits):
-                    assert torch.equal(win[start + j], xs[s][t]), (it, e, s, t)
+                    check(torch.equal(win[start + j], xs[s][t]), (it, e, s, t))
                 win[start:start + len(hits)] *= e + 1
                 row += len(hits)
         comb(win, ids, w, counts, y, cores=2)
@@ -206,15 +220,101 @@ def moe_interleaved(comm, rank, world):
                 e = int(all_ids[rank][t, k])
                 if e >= 0:
                     want[t] += ws[rank][t, k] * xs[rank][t] * (e + 1)
-        assert torch.equal(y, want), it
+        check(torch.equal(y, want), it)
         comm.barrier()   # everyone has read its window before the next (decode) dispatch writes
         v.fill_(rank + it)
         ar.allreduce_twoshot(v, op="max")
-        assert float(v[0]) == world - 1 + it
+        check(float(v[0]) == world - 1 + it, (it, float(v[0])))
+
+
+def unproven(comm, text: str) -> Module:
+    """The schedules of text built without load-time verification, as schedules whose flaw no
+    load-time sample hit would reach the call: only the call's own checks and proof stand between
+    them and the machine."""
+    compiled = []
+    for s in frontend.schedules(Source("unproven.strata", text)):
+        lowered = passes.pipeline(s, passes.Options(cores=2))
+        compiled.append(Compiled(lowered, codegen.generate(lowered), (comm.world,)))
+    return Module(comm, compiled)
+
+
+def call_refusals(comm, rank, world):
+    """Calls whose instance breaks what was proven are refused before anything is launched or
+    written: extents that break a size relation, an instance the verifier rejects, a tensor given
+    back with comm.free, cores=0. The same schedules then run right where they are proven."""
+    grab = unproven(comm, GRAB).grab
+    x = comm.empty(128, dtype=torch.float32)
+    neighbour = comm.empty(128, dtype=torch.float32)   # what an unchecked grab would read
+    out = comm.empty(256, dtype=torch.float32)
+    x.fill_(rank + 1)
+    neighbour.fill_(100 + rank)
+    out.fill_(-1)
+    epoch = comm._epoch
+    comm.barrier()
+    expect_error(StrataUsageError, "grab: on rank 0, line 4 reads x[0:m]@root = x[0:256], but parameter x "
+                 "has 128 elements: the schedule was proven for calls where m <= n, and this call has "
+                 "m = 256, n = 128; nothing was written", grab, x, out, root=world - 1)
+    short = out[:64]
+    expect_error(StrataUsageError, f"grab: this call's instance (world={world}, m=64, n=128, root="
+                 f"{world - 1}) is not proven, so it was refused before anything was written:\n"
+                 "unproven.strata:2:28: error[E0202]: broadcast needs out as large as x", grab, x, short,
+                 root=world - 1)
+    check(bool((out == -1).all()), "grab wrote out although it was refused")
+    even = unproven(comm, EVEN_ONLY).even_only
+    y = comm.empty(9, dtype=torch.float32)
+    y.fill_(rank + 1)
+    expect_error(StrataUsageError, f"even_only: this call's instance (world={world}, n=9) is not proven, "
+                 "so it was refused before anything was written:\nunproven.strata:", even, y, op="sum")
+    check(bool((y == rank + 1).all()), "even_only wrote y although it was refused")
+    ar = comm.load(AR)
+    old = comm.empty(64, dtype=torch.float32)
+    comm.free(old)
+    new = comm.empty(64, dtype=torch.float32)   # the same memory, another tensor
+    check(new.data_ptr() == old.data_ptr(), "the allocator did not reuse the freed memory")
+    new.fill_(rank + 1)
+    expect_error(StrataUsageError, "allreduce_twoshot: parameter x was given back with comm.free: its "
+                 "memory may belong to another tensor now", ar.allreduce_twoshot, old, op="sum")
+    expect_error(StrataUsageError, "allreduce_twoshot: parameter x was given back with comm.free",
+                 ar.allreduce_twoshot, old[8:16], op="sum")
+    expect_error(StrataUsageError, "the tensor to free was given back with comm.free", comm.free, old)
+    expect_error(StrataUsageError, "allreduce_twoshot: cores must be between 1 and 64, got 0",
+                 ar.allreduce_twoshot, new, op="sum", cores=0)
+    check(bool((new == rank + 1).all()), "new was written by a refused call")
+    check(comm._epoch == epoch, "a refused call launched a kernel")
+    # where the proof holds, the same schedules run, and right
+    comm.barrier()
+    grab(x, out[:128], root=world - 1)
+    check(bool((out[:128] == world).all()) and bool((out[128:] == -1).all()), out)
+    z = comm.empty(10, dtype=torch.float32)
+    z.fill_(rank + 1)
+    even(z, op="sum")
+    check(bool((z == world * (world + 1) // 2).all()), z)
+    ar.allreduce_twoshot(new, op="sum")
+    check(bool((new == world * (world + 1) // 2).all()), new)
+
+
+def verdict_cache(comm, rank, world):
+    """Counts the verifier's runs on the instance of a call (after loading: load-time verification
+    is not counted) and prints `VERIFIED <count>`; the result is checked as usual."""
+    import stratac.verify
+    ar = comm.load(AR)
+    runs, real = [0], stratac.verify.verify
+
+    def counted(*args, **kw):
+        runs[0] += 1
+        return real(*args, **kw)
+
+    stratac.verify.verify = counted
+    x = comm.empty(1000, dtype=torch.float32)
+    for _ in range(2):
+        x.fill_(rank + 1)
+        ar.allreduce_twoshot(x, op="sum")
+        check(bool((x == world * (world + 1) // 2).all()), x)
+    print(f"VERIFIED {runs[0]}", flush=True)
 
 
 SCENARIOS = {f.__name__: f for f in (interleaved, bad_input, segment_gone, closed, moe_bad_input,
-                                     moe_interleaved)}
+                                     moe_interleaved, call_refusals, verdict_cache)}
 
 
 def main(scenario, rank, world, store_path, mode):

@@ -1,5 +1,8 @@
 """The Python API on real rank processes (torch.distributed bootstrap, shared memory)."""
 
+import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,20 +12,54 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
-def run_ranks(scenario, world, tmp_path, mode="pg"):
+def run_ranks(scenario, world, tmp_path, mode="pg", env=None) -> list[str]:
+    """Runs scenario on world rank processes; their stdouts."""
+    store = tmp_path / "store"
+    if store.exists():
+        store.unlink()
     procs = [subprocess.Popen([sys.executable, str(HERE / "ranks.py"), scenario, str(r), str(world),
-                               str(tmp_path / "store"), mode], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(world)]
+                               str(store), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, **(env or {})}) for r in range(world)]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
         assert f"PASS {scenario}" in out
+    return [out for out, _ in outs]
 
 
 @pytest.mark.parametrize("scenario", ["interleaved", "bad_input", "segment_gone", "closed",
-                                      "moe_bad_input", "moe_interleaved"])
+                                      "moe_bad_input", "moe_interleaved", "call_refusals"])
 def test_scenario_process_group(scenario, tmp_path):
     run_ranks(scenario, 3, tmp_path)
+
+
+def test_a_verdict_on_disk_is_reused_and_a_corrupt_one_is_proven_again(tmp_path):
+    """The instance of a call is proven once for all ranks and all later jobs: the first job runs
+    the verifier once (one rank proves, the other waits for its verdict), the next job not at all;
+    a verdict file corrupted on disk is proven again and rewritten, never believed."""
+    env = {"STRATAC_CACHE_DIR": str(tmp_path / "cache")}
+
+    def verified() -> int:
+        outs = run_ranks("verdict_cache", 2, tmp_path, env=env)
+        return sum(int(re.search(r"^VERIFIED (\d+)$", out, re.MULTILINE).group(1)) for out in outs)
+
+    assert verified() == 1
+    files = sorted((tmp_path / "cache" / "verdicts").glob("allreduce_twoshot-*.json"))
+    assert len(files) == 1
+    good = files[0].read_text()
+    assert verified() == 0
+    files[0].write_text(good.replace('"world": 2', '"world": 3'))   # valid JSON, another instance
+    assert verified() == 1
+    assert proven(files[0].read_text()) == proven(good)
+    files[0].write_text(good[:len(good) // 2])                      # truncated
+    assert verified() == 1
+    assert proven(files[0].read_text()) == proven(good)
+
+
+def proven(verdict_text: str):
+    """What a verdict file says was proven, about which instance (not how long it took)."""
+    data = json.loads(verdict_text)
+    return data["fields"], data["proof"]
 
 
 def test_bootstrap_from_a_store(tmp_path):

@@ -1,6 +1,7 @@
 """Bad input is refused before anything is written: every class of wrong argument raises
 StrataUsageError with a message saying what is wrong, no kernel is launched (the flag epoch does
-not move) and the tensors keep their contents."""
+not move) and the tensors keep their contents. The instance checks (regions against the tensors,
+the proof of the instance) are provoked on real ranks by tests/api (call_refusals)."""
 
 from __future__ import annotations
 
@@ -61,9 +62,35 @@ def test_tensors_of_the_wrong_kind(comm, mods):
     refused(comm, "parameter out is torch.float16 but an earlier T parameter is torch.float32",
             ag.allgather_push, x, out16, keep=(x, out16))
     refused(comm, "cores must be between 1 and 64", ar.allreduce_twoshot, x, op="sum", cores=65, keep=(x,))
+    # 0 is not "all cores" (nor is False, or a fraction): only None means the schedule's default
+    for cores in (0, False, 2.5):
+        refused(comm, f"allreduce_twoshot: cores must be between 1 and 64, got {cores!r}",
+                ar.allreduce_twoshot, x, op="sum", cores=cores, keep=(x,))
     # a tensor of another heap (another communicator's, or freed and reused memory) is not this heap's
     with pytest.raises(errors.StrataUsageError, match="not on the symmetric heap"):
         ar.allreduce_twoshot(torch.empty(1 << 20, dtype=torch.float32)[:64], op="sum")
+
+
+def test_a_freed_tensor_is_refused_even_when_its_memory_is_reused(comm, mods):
+    """comm.free gives the memory back; the tensor and its views are refused from then on, also
+    once another tensor holds that memory (the call would write into it)."""
+    ar, _ = mods
+    old = comm.empty(64, dtype=torch.float32)
+    comm.free(old)
+    new = comm.empty(64, dtype=torch.float32)
+    assert new.data_ptr() == old.data_ptr()
+    new.copy_(torch.arange(64))
+    for t in (old, old[8:16]):
+        refused(comm, "allreduce_twoshot: parameter x was given back with comm.free: its memory may "
+                "belong to another tensor now; allocate a new one with comm.empty", ar.allreduce_twoshot,
+                t, op="sum", keep=(new,))
+    refused(comm, "the tensor to free was given back with comm.free", comm.free, old, keep=(new,))
+    refused(comm, "parameter x lies on the symmetric heap but is not a tensor comm.empty or comm.zeros "
+            "made", ar.allreduce_twoshot, comm._heap[-256:].view(torch.float32), op="sum", keep=(new,))
+    ar.allreduce_twoshot(new, op="sum")   # world 1: unchanged, and allowed
+    assert torch.equal(new, torch.arange(64, dtype=torch.float32))
+    comm.free(new[8:16])                  # a view gives back its whole allocation
+    refused(comm, "parameter x was given back with comm.free", ar.allreduce_twoshot, new, op="sum")
 
 
 def test_aliasing_where_the_schedule_writes(comm, mods):

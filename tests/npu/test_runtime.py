@@ -148,6 +148,7 @@ def test_a_launch_passes_the_launcher_its_arguments_in_abi_order(example):
     fn._ffi = cffi.FFI()
     fn._ffi.cdef(abi.cdef(s))
     fn._scratch = {}
+    fn._instances = {}          # the call proves its instance (stratac.host.instance) before launching
     calls = []
     fn._launch = lambda *a: calls.append(a) or 0
     env = {"world": FakeComm.world, **{n: 64 for n in s.sizes}}

@@ -24,7 +24,7 @@ import torch
 from stratac.host import schedule
 from stratac.ir import DType, passes
 from stratac.lang.frontend import load_source, schedules
-from stratac.tools.bench import benchpeer, machine
+from stratac.tools.bench import benchpeer, machine, proofs
 from stratac.tools.bench.benchspec import (
     DEFAULT_SIZES,
     MOE_TOKENS,
@@ -136,6 +136,9 @@ def run(spec: BenchSpec, pairs: list[tuple[str, str | None]], echo=print) -> Ben
                            warmup=spec.warmup, timeout=spec.timeout, check=True, seed=spec.seed,
                            soc=spec.soc, cores=spec.cores)
     rspec.heap_bytes = runner.heap_bytes(rspec, compiled)
+    meta["instance_proofs"] = proofs.prove(spec.world, [
+        (s, wl.sizes(s)) for case in cases for wl in runner.moe_workloads(rspec, case, compiled)
+        for s in (wl.dispatch, wl.combine) if s is not None])
     need, avail = moe_memory_needed(rspec, compiled), machine.mem_available()
     if avail is not None and need > 0.8 * avail:   # an OOM kill would take other processes too
         raise BenchError(f"the largest case needs about {need / 2**30:.1f} GiB of memory ({spec.world} "

@@ -33,6 +33,17 @@ def _f(v, spec: str, width: int) -> str:
     return f"{'n/a':>{width}}" if v is None else f"{v:>{width}{spec}}"
 
 
+def proofs_note(meta: dict) -> list[str]:
+    """The header line on what proving the sweep's instances cost (tools/bench/proofs.py)."""
+    p = meta.get("instance_proofs")
+    if p is None:
+        return []
+    return [(f"# instance proofs (a call's first use of a world, sizes and rank parameters verifies "
+             f"that instance; verdicts are cached beside the builds): {p['instances']} instances, "
+             f"{p['seconds']:.2f} s in this run, the costliest {p['max_seconds']:.2f} s when proven, "
+             f"{p['cached']} read from the cache")]
+
+
 def table(res: BenchResult) -> list[str]:
     if res.meta.get("moe"):
         return moe_table(res)
@@ -48,6 +59,7 @@ def table(res: BenchResult) -> list[str]:
     lines.append(f"# peers: {', '.join(peers) or 'none'}"
                  + (f"  (gloo: torch.distributed {m['torch']} in stratac's rank processes)" if "gloo" in peers else "")
                  + (f"  (mpi: {m['mpi']}, mpirun -np {m['world']})" if "mpi" in peers else ""))
+    lines += proofs_note(m)
     lines.append("# time: median over the timed calls of each call's slowest rank; algbw = size/time, busbw = algbw x factor "
                  "(GB/s, nccl-tests); ratio = stratac busbw / peer busbw; #wrong = ranks whose "
                  "result differed from the reference; engine bytes: per rank and call, mean over ranks")
@@ -143,6 +155,7 @@ def moe_table(res: BenchResult) -> list[str]:
                  f"{c['threads']} threads")
     lines.append(f"# MoE dispatch/combine, tokens per rank swept, routings {', '.join(mo['routings'])}; "
                  "peers: none (neither gloo nor MPI has a routed dispatch/combine)")
+    lines += proofs_note(m)
     lines.append("# recv: bytes each rank receives in dispatch, mean over ranks (DeepEP's count: routed "
                  "(token, expert) rows x hidden x element size); time: median over the timed calls of each call's slowest rank; "
                  "algbw = recv / time (GB/s, GB = 1e9 B); op: the whole operation, dispatch + the host's "

@@ -28,7 +28,7 @@ import torch
 from stratac.host import schedule
 from stratac.ir import DType, passes
 from stratac.lang.frontend import load_source
-from stratac.tools.bench import benchpeer, machine, moe, mpi, trace
+from stratac.tools.bench import benchpeer, machine, moe, mpi, proofs, trace
 from stratac.tools.bench.benchspec import (
     DEFAULT_SIZES,
     PEERS,
@@ -67,6 +67,7 @@ def run(spec: BenchSpec, echo=print) -> BenchResult:
     meta["copy_ceiling"] = machine.copy_ceiling(spec.ceiling_bytes)   # before anything else runs
     pl = plan(spec)
     meta["cores"] = spec.cores or pl.compiled[0].schedule.kernel.cores
+    meta["instance_proofs"] = proofs.prove(spec.world, pl.instances)
     rspec = runner.RunSpec(file=spec.file, world=spec.world, cases=pl.cases, iters=spec.iters,
                            warmup=spec.warmup, timeout=spec.timeout, check=True, seed=spec.seed,
                            soc=spec.soc, cores=spec.cores)
@@ -93,6 +94,7 @@ class Plan:
     cases: list[runner.Case]
     tasks: list[list[dict]]   # per case: the distinct collectives the peers run
     largest_numel: int        # elements of the largest tensor of any case (memory_needed)
+    instances: list           # (schedule, sizes and rank parameters) of every call (proofs.prove)
 
 
 def plan(spec: BenchSpec) -> Plan:
@@ -103,7 +105,7 @@ def plan(spec: BenchSpec) -> Plan:
     if not compiled:
         raise BenchError(f"{spec.file} holds no schedule")
     elem = DType.parse(spec.dtype).nbytes
-    cases, tasks, seen_counts, largest = [], [], None, 0
+    cases, tasks, seen_counts, largest, instances = [], [], None, 0, []
     for size in spec.sizes:
         counts = tuple(Workload.count_for_bytes(c.schedule, spec.world, size, elem) for c in compiled)
         if counts == seen_counts:   # below the smallest size a schedule can take: same case again
@@ -114,6 +116,7 @@ def plan(spec: BenchSpec) -> Plan:
             s = c.schedule
             wl = Workload(s, spec.world, n, op=spec.op, root=spec.root)
             largest = max([largest] + [wl.numel(p) for p in s.params])
+            instances.append((s, {**wl.sizes, **{x.name: spec.root for x in s.rank_params}}))
             kind = s.contract.kind.value
             x = s.param(s.contract.inputs[0])
             out_numel = None
@@ -130,7 +133,7 @@ def plan(spec: BenchSpec) -> Plan:
             case_tasks.setdefault((kind, task["in_numel"], out_numel), task)
         cases.append(runner.Case(dtype=spec.dtype, size=size, op=spec.op, root=spec.root))
         tasks.append(list(case_tasks.values()))
-    return Plan(compiled, cases, tasks, largest)
+    return Plan(compiled, cases, tasks, largest, instances)
 
 
 def memory_needed(spec: BenchSpec, pl: Plan, heap: int) -> int:

@@ -1,0 +1,418 @@
+"""The instance a call runs, checked before it launches: every region it touches against the
+caller's tensors, and its proof.
+
+In: a schedule (the IR after the passes: what the kernel is generated from), the world size and
+the call's parameters (the sizes read off its tensors, its rank parameters). Out: the verdict, or a
+StrataUsageError naming what breaks: a region outside its tensor (the parameter, the relation the
+proof assumed, the line, the rank and loop variables), a rank or flag slot that does not exist,
+or the verifier's diagnostics on this instance.
+
+The regions are evaluated rank by rank, every value of a loop variable at once (numpy), so the
+check costs little even at world 384. The proof is stratac.verify on this very instance (MoE:
+under each sample routing that fits its capacity), cached by stratac.targets.verdicts. An instance
+whose simulation would hold more elements than the verifier's sample budget is proven on its
+representative instead: the same world and rank parameters, and sizes as small as possible that
+keep equal sizes equal and distinct ones distinct, each size's residue modulo 2 and every divisor
+of a `/` or `%` over it, for MoE the experts a multiple of the world (several per rank if the call
+has several), and that the schedule's IR cannot tell from the call's own by anything it computes
+of its sizes: the same arm of every `if`, the same outcome of every comparison, `min`, `%` and
+zero test of a `/` over a size, the same order of all the ends of the regions of each buffer
+(hence the same overlaps, adjacencies and empty regions) and the same direction of every move, at
+every rank and loop variable. When no smaller instance qualifies, the call's own is proven (and
+one too large for the verifier to simulate is refused).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from stratac import ir, verify
+from stratac.host.errors import StrataUsageError
+from stratac.targets import verdicts
+from stratac.verify import routing as routing_mod
+from stratac.verify.check import SIM_ELEMENT_LIMIT
+from stratac.verify.samples import SIM_ELEMENT_BUDGET, moe_experts
+
+_ARITH = {ir.BinKind.ADD: np.add, ir.BinKind.SUB: np.subtract, ir.BinKind.MUL: np.multiply}
+_COMPARE = {ir.BinKind.LT: np.less, ir.BinKind.LE: np.less_equal, ir.BinKind.GT: np.greater,
+            ir.BinKind.GE: np.greater_equal, ir.BinKind.EQ: np.equal, ir.BinKind.NE: np.not_equal}
+
+
+class _Fault(Exception):
+    """The instance touches something that does not exist (the message says what and where)."""
+
+
+class _Walk:
+    """One pass over the schedule for every rank of an instance, loop variables as numpy axes:
+    checks that every region, rank and flag slot exists, and records what the schedule can observe
+    of its sizes (`seen`, in walk order) and the ends of the regions of each buffer (`ends`)."""
+
+    def __init__(self, s: ir.Schedule, world: int, params: dict[str, int]):
+        self.s, self.world = s, world
+        self.base = {"world": world, **params}
+        self.extent = {p.name: int(p.size.eval(self.base)) for p in s.params}
+        self.flag_size = {f.name: int(f.size.eval(self.base)) for f in s.flags}
+        self.seen: list[np.ndarray] = []
+        self.ends: dict[str, list[np.ndarray]] = {}
+        self._size_names = set(s.sizes)
+        self._sized: dict[int, bool] = {}   # by node identity: the IR outlives the walk
+        self._loops: list[str] = []
+        for r in range(world):
+            self._top(s.body, {**self.base, "rank": r}, np.ones((), dtype=bool))
+
+    # ---- expressions
+    def _is_sized(self, e: ir.IExpr) -> bool:
+        hit = self._sized.get(id(e))
+        if hit is None:
+            hit = self._sized[id(e)] = bool(e.names() & self._size_names)
+        return hit
+
+    def _see(self, value, mask: np.ndarray) -> None:
+        self.seen.append(np.broadcast_to(value, mask.shape)[mask])
+
+    def _val(self, e: ir.IExpr, env: dict, mask: np.ndarray, span):
+        if isinstance(e, ir.Const):
+            return e.value
+        if isinstance(e, ir.Var):
+            return env[e.name]
+        a, b = self._val(e.lhs, env, mask, span), self._val(e.rhs, env, mask, span)
+        k, sized = e.kind, self._is_sized(e)
+        if k in (ir.BinKind.DIV, ir.BinKind.MOD):
+            zero = mask & (np.asarray(b) == 0)
+            if zero.any():
+                self._fault(span, zero, env, f"divides by zero evaluating {ir.bare(e)}")
+            b = np.where(np.asarray(b) == 0, 1, b)
+            v = np.floor_divide(a, b) if k is ir.BinKind.DIV else np.mod(a, b)
+            if sized:
+                self._see(v == 0 if k is ir.BinKind.DIV else v, mask)
+            return v
+        if k is ir.BinKind.MIN:
+            if sized:
+                self._see(np.less_equal(a, b), mask)
+            return np.minimum(a, b)
+        if k in _COMPARE:
+            v = _COMPARE[k](a, b)
+            if sized:
+                self._see(v, mask)
+            return v.astype(np.int64)
+        return _ARITH[k](a, b)
+
+    def _fault(self, span, bad: np.ndarray, env: dict, what: str) -> None:
+        at = tuple(int(i) for i in np.argwhere(bad)[0]) if bad.ndim else ()
+        where = [f"rank {env['rank']}"] + [f"{v} = {int(np.broadcast_to(env[v], bad.shape)[at])}"
+                                            for v in self._loops]
+        raise _Fault(f"on {', '.join(where)}, line {span.line} {what}")
+
+    # ---- the schedule
+    def _loop(self, var: str, domain: ir.Domain, env: dict, mask: np.ndarray) -> tuple[dict, np.ndarray]:
+        """env and mask one axis deeper, with var taking every rank on it (peers: but this one)."""
+        inner = {k: (v[..., None] if isinstance(v, np.ndarray) else v) for k, v in env.items()}
+        inner[var] = np.arange(self.world).reshape((1,) * mask.ndim + (self.world,))
+        deeper = mask[..., None] & np.ones(inner[var].shape, dtype=bool)
+        if domain is ir.Domain.PEERS:
+            deeper = deeper & (inner[var] != env["rank"])
+        return inner, deeper
+
+    def _top(self, ops, env: dict, mask: np.ndarray) -> None:
+        for op in ops:
+            if not mask.any():
+                return
+            if isinstance(op, ir.Barrier):
+                seq = self._val(op.seq, env, mask, op.span)
+                if self._is_sized(op.seq):
+                    self._see(seq, mask)
+            elif isinstance(op, ir.Stage):
+                for inner in op.body:
+                    self._move(inner, env, mask)
+            elif isinstance(op, ir.If):
+                cond = np.asarray(self._val(op.cond, env, mask, op.span)) != 0
+                self._top(op.then, env, mask & cond)
+                self._top(op.orelse, env, mask & ~cond)
+            elif isinstance(op, ir.Loop):
+                inner, deeper = self._loop(op.var, op.domain, env, mask)
+                self._loops.append(op.var)
+                self._top(op.body, inner, deeper)
+                self._loops.pop()
+            else:
+                self._sync(op, env, mask)
+
+    def _sync(self, op, env: dict, mask: np.ndarray) -> None:
+        if isinstance(op, ir.Signal):
+            self._rank(op.rank, env, mask, op.span, f"signals {op.flag}[{ir.bare(op.index)}]@"
+                       f"{ir.bare(op.rank)}")
+        slot = self._val(op.index, env, mask, op.span)
+        if self._is_sized(op.index):
+            self._see(slot, mask)
+        n = self.flag_size[op.flag]
+        bad = mask & ((np.asarray(slot) < 0) | (np.asarray(slot) >= n))
+        if bad.any():
+            verb = "signals" if isinstance(op, ir.Signal) else "waits for"
+            self._fault(op.span, bad, env, f"{verb} slot {int(np.broadcast_to(slot, bad.shape)[bad][0])} "
+                        f"of flag {op.flag}, which has {n} slots")
+
+    def _rank(self, e: ir.IExpr, env: dict, mask: np.ndarray, span, what: str):
+        r = self._val(e, env, mask, span)
+        bad = mask & ((np.asarray(r) < 0) | (np.asarray(r) >= self.world))
+        if bad.any():
+            self._fault(span, bad, env, f"{what}: rank {int(np.broadcast_to(r, bad.shape)[bad][0])} "
+                        f"does not exist in a world of {self.world}")
+        return r
+
+    def _region(self, r: ir.Region, env: dict, mask: np.ndarray, verb: str) -> np.ndarray:
+        """Checks that r lies inside its buffer wherever mask holds; returns its start."""
+        at = f"@{ir.bare(r.rank)}" if r.rank is not None else ""
+        end = ir.simplify(ir.add(r.lo, r.length))
+        text = f"{r.buffer}[{ir.bare(r.lo)}:{ir.bare(end)}]{at}"
+        if r.rank is not None:
+            self._rank(r.rank, env, mask, r.span, f"{verb} {text}")
+        lo = np.broadcast_to(self._val(r.lo, env, mask, r.span), mask.shape)
+        n = np.broadcast_to(self._val(r.length, env, mask, r.span), mask.shape)
+        size = self.extent[r.buffer]
+        p = self.s.param(r.buffer)
+        for bad, relation, exprs in ((mask & (lo < 0), f"{ir.bare(r.lo)} >= 0", (r.lo,)),
+                                     (mask & (n < 0), f"{ir.bare(r.length)} >= 0", (r.length,)),
+                                     (mask & (lo + n > size), f"{ir.bare(end)} <= {ir.bare(p.size)}",
+                                      (end, p.size))):
+            if bad.any():
+                i = tuple(int(j) for j in np.argwhere(bad)[0]) if bad.ndim else ()
+                names = sorted(set().union(*(e.names() for e in exprs)) & self.base.keys())
+                values = ", ".join(f"{k} = {self.base[k]}" for k in names)
+                what = "scratch buffer" if p.scratch else "parameter"
+                self._fault(r.span, bad, env,
+                            f"{verb} {text} = {r.buffer}[{int(lo[i])}:{int(lo[i] + n[i])}], but {what} "
+                            f"{r.buffer} has {size} elements: the schedule was proven for calls where "
+                            f"{relation}" + (f", and this call has {values}" if values else ""))
+        self.ends.setdefault(r.buffer, []).extend((lo[mask], (lo + n)[mask]))
+        return lo
+
+    def _shift(self, dst_lo, src_lo, mask: np.ndarray) -> None:
+        self._see(np.sign(np.asarray(dst_lo) - np.asarray(src_lo)), mask)
+
+    def _move(self, op, env: dict, mask: np.ndarray) -> None:
+        if not mask.any():
+            return
+        if isinstance(op, ir.Loop):
+            inner, deeper = self._loop(op.var, op.domain, env, mask)
+            self._loops.append(op.var)
+            for o in op.body:
+                self._move(o, inner, deeper)
+            self._loops.pop()
+        elif isinstance(op, ir.If):
+            cond = np.asarray(self._val(op.cond, env, mask, op.span)) != 0
+            for o in op.then:
+                self._move(o, env, mask & cond)
+            for o in op.orelse:
+                self._move(o, env, mask & ~cond)
+        elif isinstance(op, ir.Route):
+            self._region(op.dst, env, mask, "writes")
+            if op.capacity is not None:   # evaluated for what it observes of the sizes
+                self._val(op.capacity, env, mask, op.span)
+        elif isinstance(op, ir.Reduce):
+            dst = self._region(op.dst, env, mask, "writes")
+            inner, deeper = self._loop(op.var, op.domain, env, mask)
+            self._loops.append(op.var)
+            self._shift(dst[..., None], self._region(op.src, inner, deeper, "reads"), deeper)
+            self._loops.pop()
+        else:   # Copy, Accumulate
+            dst = self._region(op.dst, env, mask, "writes")
+            self._shift(dst, self._region(op.src, env, mask, "reads"), mask)
+
+
+def _same(a: _Walk, b: _Walk) -> bool:
+    """Whether the schedule observes the same of both instances (module docstring)."""
+    if len(a.seen) != len(b.seen) or a.ends.keys() != b.ends.keys():
+        return False
+    if any(x.shape != y.shape or not np.array_equal(x, y) for x, y in zip(a.seen, b.seen)):
+        return False
+    for buf in a.ends:
+        x = np.concatenate(a.ends[buf] + [np.array([0, a.extent[buf]])])
+        y = np.concatenate(b.ends[buf] + [np.array([0, b.extent[buf]])])
+        if x.shape != y.shape:
+            return False
+        order = np.argsort(x, kind="stable")
+        dx, dy = np.diff(x[order]), np.diff(y[order])
+        if (dy < 0).any() or not np.array_equal(dx > 0, dy > 0):
+            return False
+    return True
+
+
+def _elements(s: ir.Schedule, world: int, params: dict[str, int]) -> int:
+    env = {"world": world, **params}
+    return sum(int(p.size.eval(env)) for p in s.params) * world
+
+
+def _exprs(s: ir.Schedule):
+    """Every integer expression of the schedule."""
+    for p in s.params:
+        yield p.size
+        yield from p.dims
+    for f in s.flags:
+        yield f.size
+
+    def region(r: ir.Region):
+        yield from (r.lo, r.length)
+        if r.rank is not None:
+            yield r.rank
+        if r.part is not None:
+            yield from r.part
+
+    def walk(ops):
+        for op in ops:
+            if isinstance(op, ir.If):
+                yield op.cond
+                yield from walk(op.then + op.orelse)
+            elif isinstance(op, (ir.Stage, ir.Loop)):
+                yield from walk(op.body)
+            elif isinstance(op, ir.Barrier):
+                yield op.seq
+            elif isinstance(op, ir.Signal):
+                yield from (op.index, op.rank)
+            elif isinstance(op, ir.Wait):
+                yield op.index
+            elif isinstance(op, ir.Route):
+                yield from region(op.dst)
+                if op.capacity is not None:
+                    yield op.capacity
+            else:
+                yield from region(op.dst)
+                yield from region(op.src)
+
+    yield from walk(s.body)
+
+
+def _moduli(s: ir.Schedule, env: dict[str, int]) -> dict[str, int]:
+    """Per size symbol: 2 and every divisor of a / or % whose dividend mentions it (those divisors
+    that do not depend on a rank or loop variable, at the call's values)."""
+    out = {sym: 2 for sym in s.sizes}
+
+    def visit(e: ir.IExpr) -> None:
+        if not isinstance(e, ir.Bin):
+            return
+        visit(e.lhs)
+        visit(e.rhs)
+        syms = e.lhs.names() & set(s.sizes)
+        if e.kind in (ir.BinKind.DIV, ir.BinKind.MOD) and syms and e.rhs.names() <= env.keys():
+            d = e.rhs.eval(env)
+            for sym in syms:
+                if d > 0:
+                    out[sym] = math.lcm(out[sym], d)
+
+    for e in _exprs(s):
+        visit(e)
+    return out
+
+
+def _reduced(s: ir.Schedule, world: int, params: dict[str, int], floor: int,
+             moduli: dict[str, int]) -> dict[str, int]:
+    """The call's parameters with every size above `floor` replaced by the least value above floor
+    with its residues, distinct from the other sizes' (module docstring)."""
+    roles = verify.moe_roles(s) if s.contract.kind.moe else {}
+    experts = roles.get("experts")
+    sizes = {sym: params[sym] for sym in s.sizes}
+    out = dict(params)
+    taken: set[int] = set()
+    for value in sorted(set(sizes.values())):
+        syms = [sym for sym, v in sizes.items() if v == value]
+        new = value
+        if value > floor:
+            m = math.lcm(*(moduli[sym] for sym in syms))
+            least = floor + 1
+            if experts in syms:   # as many per rank as the call has, up to what the samples afford
+                m = math.lcm(m, world)
+                least = max(least, world * min(value // world, moe_experts(world) // world))
+            new = least + (value - least) % m
+            while new in taken:
+                new += m
+        taken.add(new)
+        out.update({sym: new for sym in syms})
+    if experts in sizes and roles.get("topk") in sizes:   # a token picks at most every expert
+        out[experts] = max(out[experts], -(-out[roles["topk"]] // world) * world)
+    return out
+
+
+def _routings(s: ir.Schedule, world: int, params: dict[str, int]) -> list[str]:
+    """The sample routings a MoE instance is proven under: those whose entries for one expert from
+    one rank fit its capacity (the call refuses any routing that does not); only the first when
+    the instance is over the sample budget, as the verifier's own samples do at large worlds."""
+    if not s.contract.kind.moe:
+        return []
+    names = list(dict.fromkeys(r for _, r in verify.MOE_SAMPLES))
+    cap = s.contract.capacity
+    if cap:
+        names = [n for n in names if _need(s, world, params, n) <= params[cap]]
+    return names[:1] if _elements(s, world, params) > SIM_ELEMENT_BUDGET else names
+
+
+def _need(s: ir.Schedule, world: int, params: dict[str, int], routing: str) -> int:
+    """The most entries one rank's sample routing sends one expert."""
+    c, env = s.contract, {"world": world, **params}
+    tokens, topk = (tuple(int(d.eval(env)) for d in s.param(c.inputs[1]).dims) + (1,))[:2]
+    experts = int(s.param(c.outputs[1] if c.kind.dispatch else c.inputs[3]).dims[-1].eval(env))
+    need = 0
+    for r in range(world):
+        ids = routing_mod.expert_ids(routing, r, tokens, topk, experts)
+        if (ids >= 0).any():
+            need = max(need, int(np.bincount(ids[ids >= 0]).max()))
+    return need
+
+
+def _proof(s: ir.Schedule, world: int, params: dict[str, int], call: _Walk) -> tuple[dict, list]:
+    """The parameters to prove (the call's own, or its representative) and the routings."""
+    if _elements(s, world, params) > SIM_ELEMENT_BUDGET and s.sizes:
+        moduli = _moduli(s, {"world": world, **params})
+        floor = 1
+        while True:
+            cand = _reduced(s, world, params, floor, moduli)
+            if cand == params or _elements(s, world, cand) > SIM_ELEMENT_LIMIT:
+                break
+            routings = _routings(s, world, cand)
+            try:
+                if (routings or not s.contract.kind.moe) and _same(call, _Walk(s, world, cand)):
+                    return cand, routings
+            except _Fault:
+                pass
+            # the next candidate differs once the floor reaches the least reduced size; doubling
+            # at least bounds the search by the bits of the largest size
+            floor = max(2 * floor, min(v for k, v in cand.items() if k in s.sizes and v != params[k]))
+    return params, _routings(s, world, params)
+
+
+def _text(params: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
+
+
+def check(s: ir.Schedule, world: int, params: dict[str, int]) -> verdicts.Verdict:
+    """Refuses an instance that touches a region, rank or flag slot that does not exist, then
+    returns its verdict (proving it on a cache miss); raises StrataUsageError when the instance is
+    not proven. Nothing is launched or written either way."""
+    try:
+        call = _Walk(s, world, params)
+    except _Fault as exc:
+        raise StrataUsageError(f"{s.name}: {exc}; nothing was written") from None
+
+    def prove() -> dict:
+        proof, routings = _proof(s, world, params, call)
+        instance = f"world={world}" + (f", {_text(params)}" if params else "")
+        on = "" if proof == params else f", checked on its representative ({_text(proof)}),"
+        if proof == params and _elements(s, world, params) > SIM_ELEMENT_LIMIT:
+            raise StrataUsageError(
+                f"{s.name}: this call's instance ({instance}) has {_elements(s, world, params)} buffer "
+                f"elements over all ranks, more than the {SIM_ELEMENT_LIMIT} the verifier simulates, "
+                "and no smaller instance is one the schedule cannot tell from it (an `if`, a "
+                "comparison or the order of its regions differs); it cannot be proven, so it was "
+                "refused before anything was written")
+        if s.contract.kind.moe and not routings:
+            raise StrataUsageError(f"{s.name}: this call's instance ({instance}) cannot be proven: "
+                                   "none of the verifier's sample routings fits its capacity "
+                                   f"({params[s.contract.capacity]}); nothing was written")
+        for routing in routings or [None]:
+            res = verify.verify(s, world, proof, routing)
+            if not res.ok:
+                raise StrataUsageError(
+                    f"{s.name}: this call's instance ({instance}){on} is not proven, so it was refused "
+                    "before anything was written:\n" + "\n".join(d.render() for d in res.diagnostics))
+        return {"sizes": proof, "routings": routings}
+
+    return verdicts.verdict(s, world, params, prove)

@@ -1,0 +1,98 @@
+"""The proof of a call's instance, without ranks: which instance is proven (the call's own, or its
+representative when the call's is too large to simulate), the relation a refused region breaks,
+and the verdict cache's trust (stratac.host.instance, stratac.targets.verdicts)."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from call_schedules import BIG_ONLY, EVEN_ONLY, GRAB
+
+from stratac.diagnostics import Source
+from stratac.host import instance
+from stratac.host.errors import StrataUsageError
+from stratac.ir import passes
+from stratac.lang import frontend
+from stratac.targets import verdicts
+
+AR = Path(__file__).resolve().parents[2] / "examples" / "allreduce_twoshot.strata"
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("STRATAC_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def lowered(source: Source):
+    return passes.pipeline(frontend.schedules(source)[0], passes.Options(cores=2))
+
+
+def test_a_small_instance_is_proven_as_it_is_and_a_large_one_on_its_representative():
+    s = lowered(frontend.load_source(AR))
+    assert instance.check(s, 8, {"n": 1000}).proof == {"sizes": {"n": 1000}, "routings": []}
+    # n = 2^23 + 3 over 8 ranks: three parts of one element more; the least n with the same
+    # residues (mod 2 and 8) whose parts are as (un)even and none of them empty is 11
+    v = instance.check(s, 8, {"n": (1 << 23) + 3})
+    assert v.proof == {"sizes": {"n": 11}, "routings": []} and not v.cached
+    assert instance.check(s, 8, {"n": (1 << 23) + 3}).cached
+
+
+def test_the_representative_keeps_what_the_schedule_branches_on():
+    s = lowered(Source("even.strata", EVEN_ONLY))
+    assert instance.check(s, 4, {"n": 1 << 22}).proof["sizes"] == {"n": 4}
+    with pytest.raises(StrataUsageError) as exc:
+        instance.check(s, 4, {"n": (1 << 22) + 1})
+    assert str(exc.value).startswith(
+        "even_only: this call's instance (world=4, n=4194305), checked on its representative (n=5), "
+        "is not proven, so it was refused before anything was written:\neven.strata:"), str(exc.value)
+
+
+def test_equal_sizes_stay_equal_in_the_representative():
+    s = lowered(Source("grab.strata", GRAB))
+    v = instance.check(s, 2, {"n": 3_000_000, "m": 3_000_000, "root": 1})
+    assert v.proof["sizes"] == {"n": 2, "m": 2, "root": 1}
+
+
+def test_an_instance_too_large_to_simulate_and_without_a_representative_is_refused():
+    s = lowered(Source("big.strata", BIG_ONLY))
+    with pytest.raises(StrataUsageError, match=r"^big_only: this call's instance \(world=2, n=40000000\) has "
+                       r"80000000 buffer elements over all ranks, more than the 64000000 the verifier "
+                       r"simulates, and no smaller instance is one the schedule cannot tell from it"):
+        instance.check(s, 2, {"n": 40_000_000})
+
+
+def test_a_region_outside_its_tensor_names_the_parameter_and_the_relation():
+    s = lowered(Source("grab.strata", GRAB))
+    with pytest.raises(StrataUsageError, match=r"^grab: on rank 0, line 4 reads x\[0:m\]@root = x\[0:9\], "
+                       r"but parameter x has 8 elements: the schedule was proven for calls where "
+                       r"m <= n, and this call has m = 9, n = 8; nothing was written$"):
+        instance.check(s, 2, {"n": 8, "m": 9, "root": 1})
+    assert not (verdicts.cache_root() / "verdicts").exists() or \
+        not list((verdicts.cache_root() / "verdicts").glob("*.json"))
+
+
+def test_a_verdict_is_believed_only_when_it_is_intact_own_and_about_this_instance():
+    s = lowered(frontend.load_source(AR))
+    proofs = []
+
+    def prove():
+        proofs.append(1)
+        return {"sizes": {"n": 7}}
+
+    assert not verdicts.verdict(s, 2, {"n": 7}, prove).cached
+    assert verdicts.verdict(s, 2, {"n": 7}, prove).cached and len(proofs) == 1
+    path = verdicts.verdict_path(s, 2, {"n": 7})
+    # a consistent verdict, checksum and all, but about another instance: not this one's
+    other = verdicts.verdict_path(s, 2, {"n": 8})
+    verdicts.verdict(s, 2, {"n": 8}, prove)
+    os.replace(other, path)
+    assert not verdicts.verdict(s, 2, {"n": 7}, prove).cached and len(proofs) == 3
+    assert json.loads(path.read_text())["fields"]["params"] == {"n": 7}
+    os.chmod(path, 0o664)                       # writable by the group: anyone there could forge it
+    assert not verdicts.verdict(s, 2, {"n": 7}, prove).cached and len(proofs) == 4
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    with pytest.raises(StrataUsageError):      # a refusal is not stored
+        verdicts.verdict(s, 2, {"n": 5}, lambda: (_ for _ in ()).throw(StrataUsageError("no")))
+    assert not verdicts.verdict_path(s, 2, {"n": 5}).exists()
