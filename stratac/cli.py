@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 from stratac import codegen, ir, verify
-from stratac.diagnostics import StrataError
+from stratac.codegen.pipeline import compile_schedules
+from stratac.diagnostics import Codes, StrataError, error
 from stratac.ir import passes
 from stratac.lang import frontend
 from stratac.tools import options
@@ -48,20 +50,42 @@ def cmd_check(args) -> int:
     return status
 
 
+def _output_dir(path: str) -> Path:
+    """-o names a directory that compile creates or adds to. Checked before any verification, so
+    that a wrong path costs nothing and leaves nothing half written."""
+    out = Path(path)
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        where = f"-o {out}" if existing == out else f"-o {out}: {existing}"
+        raise StrataError(error(Codes.OUTPUT, f"{where} is a file, not a directory (compile writes "
+                                "DIR/<schedule>/kernel.cpp, ...)"))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise StrataError(error(Codes.OUTPUT, f"-o {out}: cannot write into {existing} (permission "
+                                "denied)"))
+    return out
+
+
+def _write(out: codegen.Output, directory: Path) -> Path:
+    try:
+        return codegen.write(out, directory)
+    except FileExistsError as exc:   # DIR/<schedule> is a file
+        raise StrataError(error(Codes.OUTPUT, f"cannot write {exc.filename}/: a file of that name is in "
+                                "the way")) from None
+    except OSError as exc:   # what the check above cannot see: a read-only or special file system
+        raise StrataError(error(Codes.OUTPUT, f"cannot write {exc.filename or directory}: "
+                                f"{exc.strerror or exc}")) from None
+
+
 def cmd_compile(args) -> int:
     opts = _options(args)
     opts.check()
-    out_dir = Path(args.output)
+    out_dir = _output_dir(args.output)
     schedules = [s for f in args.files for s in frontend.schedules(frontend.load_source(f))]
-    for s in schedules:
-        for res in verify.verify_worlds(s, args.world):
-            if not res.ok:
-                raise StrataError(res.diagnostics)
-        lowered = passes.pipeline(s, opts)
+    for c in compile_schedules(schedules, opts, args.world):
         if args.dump_ir:
-            print(ir.dump(lowered), end="")
-        target = codegen.write(codegen.generate(lowered), out_dir)
-        print(f"{s.name}: wrote {target}/{{kernel.cpp,launch.cpp,CMakeLists.txt,manifest.json}}",
+            print(ir.dump(c.schedule), end="")
+        target = _write(c.output, out_dir)
+        print(f"{c.schedule.name}: wrote {target}/{{kernel.cpp,launch.cpp,CMakeLists.txt,manifest.json}}",
               file=sys.stderr)
     return EXIT_OK
 
@@ -70,6 +94,13 @@ def cmd_run(args) -> int:
     from stratac.tools.run import runner
     if args.count is not None and args.size is not None:
         print("stratac: error: give --count or --size, not both", file=sys.stderr)
+        return EXIT_USAGE
+    elem = ir.DType.parse(args.dtype).nbytes
+    if args.size is not None and (args.size == 0 or args.size % elem):
+        # rounded to whole elements, the run would move other than the bytes asked and still say OK
+        print(f"stratac: error: --size {args.size} is not a positive multiple of the {args.dtype} element "
+              f"size ({elem} bytes): give a multiple of {elem}, e.g. "
+              f"{max(elem, args.size - args.size % elem)}, or --count", file=sys.stderr)
         return EXIT_USAGE
     case = runner.Case(dtype=args.dtype, count=args.count,
                        size=args.size if args.size is not None else (None if args.count else 1 << 20),
@@ -144,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="verify every schedule of a file for some world sizes")
     c.add_argument("file")
     c.add_argument("--world", type=options.world_list, default=list(range(1, 17)),
-                   help="world sizes: a list and ranges, e.g. 2,3,4,8 or 1-16 (default 1-16)")
+                   help="world sizes: a list and ranges, e.g. 2,3,4,8 or 1-16 (default 1-16; at most "
+                   f"{options.MAX_WORLD})")
     c.set_defaults(fn=cmd_check)
 
     def target_opts(q):
@@ -157,14 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("files", nargs="+", metavar="FILE")
     k.add_argument("-o", "--output", required=True, metavar="DIR")
     k.add_argument("--world", type=options.world_list, default=list(range(1, 9)),
-                   help="world sizes verified before generating code (default 1-8)")
+                   help="world sizes verified before generating code (default 1-8; at most "
+                   f"{options.MAX_WORLD})")
     k.add_argument("--dump-ir", action="store_true", help="print the IR after the passes")
     target_opts(k)
     k.set_defaults(fn=cmd_compile)
 
     r = sub.add_parser("run", help="run every schedule of a file on WORLD local ranks")
     r.add_argument("file")
-    r.add_argument("--world", type=options.positive_int, required=True)
+    r.add_argument("--world", type=options.world_size, required=True)
     r.add_argument("--target", choices=["cpu", "npu"], default="cpu")
     r.add_argument("--count", type=options.positive_int, help="elements per rank of the input")
     r.add_argument("--size", type=options.byte_size, help="bytes (nccl-tests' S), e.g. 64M (default 1M)")
@@ -193,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="sweep sizes for every schedule of a file; nccl-tests style "
                        "figures, optionally against gloo and MPI, and the copies each engine made")
     b.add_argument("file", nargs="?")
-    b.add_argument("--world", type=options.positive_int)
+    b.add_argument("--world", type=options.world_size)
     b.add_argument("--sizes", type=options.size_sweep, default=None,
                    help="MIN:MAX doubling (MIN:MAX:FACTOR, or a comma list) of S in bytes "
                    "(default 8:256M)")

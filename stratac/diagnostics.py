@@ -18,6 +18,13 @@ class Source:
     name: str
     text: str
 
+    def __post_init__(self):
+        # A UTF-8 byte order mark (Windows editors write one) is an encoding mark, not text: dropped
+        # here, where every source is made (files and the API's strings), it never reaches the
+        # parser, and line 1's columns stay those an editor shows, which hides the mark.
+        if self.text.startswith("\ufeff"):
+            object.__setattr__(self, "text", self.text[1:])
+
     @staticmethod
     def from_path(path: str | Path) -> "Source":
         p = Path(path)
@@ -126,9 +133,11 @@ class Codes:
     EXIT = "E0304"
     CONTRACT = "E0305"
     DOUBLE_SIGNAL = "E0306"
+    SYNC_STAMP = "E0307"
     REDUNDANT_SYNC = "W0301"
     BUILD = "E0401"
     TOOLCHAIN = "E0402"
+    OUTPUT = "E0403"
 
 
 def check_source_name(name: str) -> None:

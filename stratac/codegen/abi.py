@@ -8,11 +8,13 @@ Launcher:  int strata_launch_<schedule>(int32_t dtype, int32_t op, uint32_t bloc
 Kernel:    one entry per element type (and reduction, for a schedule with a redop parameter),
            <schedule>_<dtype>[_<op>](ffts, sync, epoch, tensors..., scratch..., sizes..., ranks...).
 `dtype` is ir.DType.code, `op` the index in OPS (ignored without a redop parameter); `sync` is the
-symmetric flag area; `epoch` the call's first flag stamp.
+symmetric flag area; `epoch` the call's first flag stamp. A user name that would clash in C++
+(`class`, `sync`, `x_`) is renamed there (c_name, c_param); the manifest keeps the user's names.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from stratac import ir
@@ -24,6 +26,88 @@ class Arg:
     ctype: str          # launcher (host) C type
     kernel_ctype: str   # kernel entry C type ("" when the argument is the launcher's own)
     role: str           # dtype | blocks | stream | ffts | sync | epoch | tensor | size
+    c: str = ""         # the parameter's name in C++ (c_param), when it is not `name`
+
+    @property
+    def c_name(self) -> str:
+        return self.c or self.name
+
+
+# ---- user names in C++
+# A .strata name is not a C++ name: a tensor may be called `class`, `sync` or `x_`. Refusing such
+# names would be a rule users cannot guess, and one that moves whenever a template changes, so
+# codegen renames them instead, and only those that need it (the kernels of ordinary names read as
+# written). A user name appears in C++ as itself (a parameter of Init, the kernel entry and the
+# launcher, where the names below are in scope) and with `_` appended (a member, a loop variable).
+# A name that could clash in either form becomes NAME_u; a name ending in k underscores becomes
+# the name without them, then _u and k (`x_` -> `x_u1`), so that no two names meet and no renamed
+# parameter ends in `_` like a member. The manifest, the Python API and every message keep the
+# user's name.
+
+# C++20's keywords and alternative tokens, and C's `restrict` (the cffi cdef of a launcher is C)
+CPP_KEYWORDS = frozenset("""
+    alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
+    char32_t class compl concept const consteval constexpr constinit const_cast continue co_await
+    co_return co_yield decltype default delete do double dynamic_cast else enum explicit export
+    extern false float for friend goto if inline int long mutable namespace new noexcept not not_eq
+    nullptr operator or or_eq private protected public register reinterpret_cast requires restrict
+    return short signed sizeof static static_assert static_cast struct switch template this
+    thread_local throw true try typedef typeid typename union unsigned using virtual void volatile
+    wchar_t while xor xor_eq""".split())
+
+# What the generated code (templates/*.j2, codegen/emit.py) and the macros it expands (GM_ADDR,
+# STRATA_CPU_LAUNCH) name unqualified where a user's parameter is in scope, the stems of the
+# members it declares (sync_, epoch_, mv_, rt_, pipe_), and the C library's and GNU's macros in
+# lower case. The locals of Process and the parameters of PartOffset are not here: user names
+# appear there only with `_`. tests/codegen/test_names.py builds a kernel whose parameters are named
+# after every identifier of the generated code, of runtime/'s headers and of their macros: a name a
+# template starts to use without adding it here fails there.
+GENERATED_NAMES = frozenset("""
+    T OP GM_ADDR uint8_t int32_t int64_t uint32_t uint64_t half bfloat16_t sync epoch ffts dtype op
+    blocks stream mv rt pipe aclshmem_my_pe aclshmem_n_pes kTileBytes kCopyTiles kReduceTiles
+    kScratchBytes kSdmaThreshold PartOffset PartLength strata strata_cpu AscendC
+    KERNEL_TASK_TYPE_DEFAULT KERNEL_TYPE_MIX_AIV_1_0 util_set_ffts_config STRATA_LAUNCH STRATA_GM
+    STRATA_CPU_LAUNCH ACLRT_LAUNCH_KERNEL aclrtStream body
+    math_errhandling errno linux unix""".split())
+
+# the shapes of members (x_) and of renamed names (x_u, x_u1): a name kept as written never has them
+_MEMBER_OR_RENAMED = re.compile(r".*(_|_u\d*)")
+
+
+def _clashes(name: str) -> bool:
+    return (name in CPP_KEYWORDS or name in GENERATED_NAMES or bool(_MEMBER_OR_RENAMED.fullmatch(name))
+            # reserved to the compiler and its headers (__gm__, _Bool, ...)
+            or name.startswith("__") or bool(re.match(r"_[A-Z]", name))
+            # macros start with capitals (NULL, CHAR_BIT, M_PIf, and the toolkits' own)
+            or bool(re.match(r"[A-Z][A-Z0-9_]", name)))
+
+
+def _renamed(name: str) -> str:
+    base = name.rstrip("_")
+    k = len(name) - len(base)
+    return f"{base}_u{k or ''}"
+
+
+def c_name(name: str) -> str:
+    """A user name as C++ writes it (members and loop variables add `_`)."""
+    return _renamed(name) if _clashes(name) else name
+
+
+def kernel_class(s: ir.Schedule) -> str:
+    """The kernel's class, the schedule's name in CamelCase (allreduce_twoshot: AllreduceTwoshot);
+    `Kernel` in front when that would not be a fresh C++ name (`_1x`, `ascend_c`)."""
+    name = "".join(w.capitalize() for w in s.name.split("_"))
+    return name if name[:1].isalpha() and name not in GENERATED_NAMES else f"Kernel{name}"
+
+
+def c_param(s: ir.Schedule, name: str) -> str:
+    """A user name as a parameter of the kernel entry and the launcher, where the schedule's own
+    generated names (its class, kernels and launcher) are in scope too."""
+    own = {kernel_class(s), launcher_name(s)}
+    for d in dtypes(s):
+        for op in ops(s):
+            own |= {kernel_name(s, d, op), "aclrtlaunch_" + kernel_name(s, d, op)}
+    return _renamed(name) if _clashes(name) or name in own else name
 
 
 def launcher_name(s: ir.Schedule) -> str:
@@ -62,10 +146,10 @@ def args(s: ir.Schedule) -> list[Arg]:
         Arg("sync", "void*", "GM_ADDR", "sync"),
         Arg("epoch", "int32_t", "int32_t", "epoch"),
     ]
-    out += [Arg(p.name, "void*", "GM_ADDR", "tensor") for p in s.tensors]
-    out += [Arg(p.name, "void*", "GM_ADDR", "scratch") for p in s.scratch]
-    out += [Arg(n, "uint64_t", "uint64_t", "size") for n in s.sizes]
-    out += [Arg(x.name, "int32_t", "int32_t", "rank") for x in s.rank_params]
+    out += [Arg(p.name, "void*", "GM_ADDR", "tensor", c_param(s, p.name)) for p in s.tensors]
+    out += [Arg(p.name, "void*", "GM_ADDR", "scratch", c_param(s, p.name)) for p in s.scratch]
+    out += [Arg(n, "uint64_t", "uint64_t", "size", c_param(s, n)) for n in s.sizes]
+    out += [Arg(x.name, "int32_t", "int32_t", "rank", c_param(s, x.name)) for x in s.rank_params]
     return out
 
 
@@ -74,7 +158,7 @@ def kernel_args(s: ir.Schedule) -> list[Arg]:
 
 
 def c_prototype(s: ir.Schedule) -> str:
-    params = ", ".join(f"{a.ctype} {a.name}" for a in args(s))
+    params = ", ".join(f"{a.ctype} {a.c_name}" for a in args(s))
     return f'int {launcher_name(s)}({params})'
 
 

@@ -21,6 +21,10 @@ from stratac.diagnostics import Codes, Diagnostic, Note, Span, StrataError, erro
 from stratac.lang import ast
 
 RESERVED = {"rank", "world"}
+# A call from Python takes the parameters by name beside its own option `cores=` (the vector cores
+# to launch on), so a parameter of that name could not be passed. Names that clash in C++ are not
+# refused but renamed in the generated code (codegen/abi.py): there the user never sees them.
+CALL_OPTIONS = {"cores"}
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,11 @@ class _Lowering:
             if self.taken(p.name):
                 self.err(Codes.DUPLICATE_NAME, f"parameter {p.name!r} is already defined", p.span)
                 continue
+            if p.name in CALL_OPTIONS:   # still declared, so its uses and the contract do not cascade
+                name = Span(p.span.source, p.span.line, p.span.col, p.span.line, p.span.col + len(p.name))
+                self.err(Codes.DUPLICATE_NAME, f"parameter {p.name!r} would clash with the option "
+                         f"`{p.name}=` of a call from Python ({s.name}(..., {p.name}=8) picks the vector "
+                         "cores): name it otherwise", name)
             if p.dims is None:
                 kinds = {k.value: k for k in ir.ScalarKind}
                 if p.dtype not in kinds or p.symmetric:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import re
 
+from stratac.verify.samples import MAX_WORLD
+
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
@@ -81,6 +83,10 @@ def parse_routings(text: str) -> list[str]:
     return out
 
 
+_TOO_LARGE = (f"is above {MAX_WORLD}, the largest world stratac verifies (CloudMatrix384); the "
+              "verifier's time and memory grow with the square of the world")
+
+
 def world_list(text: str) -> list[int]:
     out = []
     for part in text.split(","):
@@ -90,8 +96,18 @@ def world_list(text: str) -> list[int]:
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if lo < 1 or hi < lo:
             raise argparse.ArgumentTypeError(f"bad world size range {part!r}")
+        if hi > MAX_WORLD:   # before the range is built: 1-10000000000 must not allocate it
+            raise argparse.ArgumentTypeError(f"world {hi} {_TOO_LARGE}")
         out.extend(range(lo, hi + 1))
     return out
+
+
+def world_size(text: str) -> int:
+    """One world size, as `run` and `bench` start it: 1 to MAX_WORLD."""
+    v = positive_int(text)
+    if v > MAX_WORLD:
+        raise argparse.ArgumentTypeError(f"world {v} {_TOO_LARGE}")
+    return v
 
 
 def ranges_text(xs: list[int]) -> str:

@@ -1,6 +1,7 @@
 """The command line as a user meets it: real subprocesses, exit codes, messages, no tracebacks."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +119,85 @@ def test_run_prints_one_line_per_schedule():
     assert lines[0].split()[:3] == ["schedule", "world", "size"]
     assert lines[1].split()[:3] == ["allreduce_twoshot", "2", "64.0KiB"]
     assert lines[1].endswith("OK")
+
+
+def test_world_above_the_verifiers_bound_is_refused_at_once(tmp_path):
+    for args in (("check", "examples/allgather_push.strata", "--world", "100000"),
+                 ("check", "examples/allgather_push.strata", "--world", "1-100000000000000"),
+                 ("run", "examples/allgather_push.strata", "--world", "385")):
+        p = stratac(*args, timeout=30)
+        assert p.returncode == 2
+        assert "is above 384, the largest world stratac verifies" in p.stderr
+        no_traceback(p)
+    # 384 itself is verified (an empty AllReduce fails at once, for world 384)
+    f = tmp_path / "empty.strata"
+    f.write_text("schedule empty(x: sym T[n]) implements allreduce(x, sum) {\n}\n")
+    p = stratac("check", f, "--world", "384", timeout=120)
+    assert p.returncode == 1 and "(world=384, " in p.stderr
+    no_traceback(p)
+
+
+def test_size_that_is_not_whole_elements_is_refused():
+    for size, dtype, elem, example in (("10", "f32", 4, 8), ("3", "bf16", 2, 2), ("0", "i32", 4, 4)):
+        p = stratac("run", "examples/allgather_push.strata", "--world", "2", "--size", size, "--dtype", dtype)
+        assert p.returncode == 2
+        assert (f"stratac: error: --size {size} is not a positive multiple of the {dtype} element size "
+                f"({elem} bytes): give a multiple of {elem}, e.g. {example}, or --count") in p.stderr
+        assert p.stdout == ""   # refused before anything ran
+        no_traceback(p)
+
+
+def test_byte_order_mark_is_not_text(tmp_path):
+    bom = "\ufeff"
+    good = tmp_path / "good.strata"
+    good.write_text(bom + (ROOT / "examples" / "allgather_push.strata").read_text(), encoding="utf-8")
+    p = stratac("check", good, "--world", "2")
+    assert p.returncode == 0, p.stderr
+    # positions are those an editor shows, which hides the mark: on its line and after it
+    for text, where in (("schedule 1s(x: sym T[n]) implements allreduce(x, sum) {\n}\n", "1:10"),
+                        (("schedule s(x: sym T[n]) implements allreduce(x, sum) {\n  barrier\n"
+                          "  on aiv x = x\n}\n"), "3:10")):
+        f = tmp_path / "bad.strata"
+        f.write_text(bom + text, encoding="utf-8")
+        p = stratac("check", f)
+        assert p.returncode == 1
+        assert f"{f}:{where}: error[E0001]: unexpected" in p.stderr
+        assert bom not in p.stderr
+        no_traceback(p)
+
+
+def test_compile_output_that_cannot_be_a_directory(tmp_path):
+    ex = "examples/allgather_push.strata"
+    afile = tmp_path / "afile"
+    afile.write_text("keep me\n")
+    blocked = tmp_path / "out"
+    blocked.mkdir()
+    (blocked / "allgather_push").write_text("a file where the schedule's directory goes\n")
+    for out, text in ((afile, f"error[E0403]: -o {afile} is a file, not a directory"),
+                      (afile / "sub", (f"error[E0403]: -o {afile / 'sub'}: {afile} is a file, not a "
+                                       "directory")),
+                      (blocked, (f"error[E0403]: cannot write {blocked / 'allgather_push'}/: a file of "
+                                 "that name is in the way")),
+                      # a directory nobody can create in, root included (the message depends on who)
+                      (Path("/proc/stratac-out"), "error[E0403]: ")):
+        p = stratac("compile", ex, "-o", out)
+        assert p.returncode == 1
+        assert text in p.stderr and str(out) in p.stderr
+        no_traceback(p)
+    assert afile.read_text() == "keep me\n"
+
+
+def test_compile_into_a_directory_without_write_permission(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    as_user = []
+    if os.geteuid() == 0:   # root writes anywhere: drop the capability that lets it
+        if shutil.which("setpriv") is None:
+            pytest.skip("root without setpriv writes into a read-only directory")
+        as_user = ["setpriv", "--inh-caps=-dac_override", "--bounding-set=-dac_override"]
+    p = subprocess.run([*as_user, sys.executable, "-m", "stratac", "compile",
+                        "examples/allgather_push.strata", "-o", str(ro / "gen")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 1
+    assert f"error[E0403]: -o {ro / 'gen'}: cannot write into {ro} (permission denied)" in p.stderr
+    no_traceback(p)
