@@ -1,0 +1,359 @@
+"""The line-deletion mutation test over every example (issue 10): no mutant is verified and then
+runs WRONG.
+
+A mutant is an example with ONE line of a schedule body deleted: every line between a schedule's
+opening `{` and its closing `}` except blank lines, comments and lines of braces only. The grammar
+ignores newlines, so a line is a unit of text, not of syntax: deleting the line that opens a block
+(`on aiv {`) or one line of a statement written over several lines leaves a fragment, and a syntax
+error is a fine "rejected". Each mutant is classified, per world size W, as
+  * rejected: by the front end (any world) or by stratac.verify.verify_worlds at W with the samples
+    it derives from the schedule, the way tests/verify/test_corpus.py drives them; or
+  * accepted at W: then `stratac run` (stratac.tools.run.runner, rank processes of the CPU build,
+    every result against the torch reference) must call it OK at W, or refuse the call before
+    anything is written (the proof of the call's instance), or reject it while compiling (the IR
+    after the passes). WRONG, a hang or a crashed rank fails the test, naming the file, the deleted
+    line and the world.
+The verdicts are taken at worlds 1-4, the runs at worlds 2, 3 and 4. STRATAC_MUTATION_WORLDS (`1-8`)
+runs other worlds; world 1 is not run by default because it accepts 61 mutants (every deleted line
+about peers or synchronisation: at world 1 there are none), a build each, about 3 minutes (all ran
+OK when this test was written). The mutants accepted at worlds 2-4 must be exactly the ones listed
+in EQUIVALENT, each with the reason it is equivalent: a new one, even one that runs OK, is either a
+weaker verifier or a difference the run's inputs miss, and someone must say which.
+
+test_the_oracle_says_wrong shows the runs can fail: mutants the verifier rejects, built and run
+without it (tests/verify/unverified_worker.py), are called WRONG or hung by the same classifier.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from stratac import verify
+from stratac.diagnostics import Severity, Source, StrataError
+from stratac.lang import frontend
+from stratac.tools.run import runner
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.strata"))
+VERIFY_WORLDS = [1, 2, 3, 4]
+
+
+def _worlds(spec: str) -> list[int]:
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+RUN_WORLDS = _worlds(os.environ.get("STRATAC_MUTATION_WORLDS", "2-4"))
+# A verifier that stopped rejecting would otherwise turn CI into hours of builds and runs: past this
+# many accepted mutants at one world the test fails at once, naming them (not when asked for worlds).
+MAX_RUNS_PER_WORLD = None if "STRATAC_MUTATION_WORLDS" in os.environ else 16
+
+# (file, the deleted line's text, which occurrence of that text among the file's mutated lines)
+# -> (the worlds of VERIFY_WORLDS above 1 at which the verifier accepts the mutant, why the
+# mutant computes the same thing there). World 1 is left out: there every peer loop is empty
+# and every barrier meets only itself, so any deleted line about peers or synchronisation is
+# equivalent.
+EQUIVALENT = {
+    ("allreduce_reduce_on_write.strata", "barrier", 1): (
+        (2, 3, 4),
+        "the first barrier orders nothing: the seed after it (os[rank] = xs[rank]) touches only the "
+        "rank's own x and out, valid from entry; the second barrier, now the first, is the one "
+        "that keeps the peers' accumulates out of my out until I have entered and seeded it; and "
+        "the previous call's writes into my out (the peers' pushes of their slices) all landed "
+        "before its last barrier"),
+    ("broadcast.strata", "barrier", 2): (
+        (2,),
+        "at world 2 the all-gather step sends nothing from the non-root rank (its only peer is the "
+        "root, which `if p != root` skips), so nobody forwards a slice it received in the scatter "
+        "and the middle barrier orders nothing; at world 3 the non-roots forward, and the mutant "
+        "is rejected (E0301)"),
+}
+
+
+# ---- mutants ------------------------------------------------------------------------------------
+
+def mutated_lines(text: str) -> list[int]:
+    """The 1-based numbers of the lines a mutant may delete: inside a schedule's body (after the
+    line holding its opening `{`, before the line that closes it), not blank, not only a comment,
+    not only braces."""
+    out: list[int] = []
+    depth = 0   # of braces at the start of the line: a header (no braces in it) is at depth 0
+    for no, line in enumerate(text.split("\n"), start=1):
+        code = line.split("#", 1)[0]
+        if depth > 0 and code.strip().strip("{}").strip():
+            out.append(no)
+        depth += code.count("{") - code.count("}")
+    return out
+
+
+@dataclass(frozen=True)
+class Mutant:
+    path: Path
+    line: int         # the deleted line, 1-based, in the example
+    text: str         # the deleted line, stripped
+    nth: int          # which occurrence of `text` among the file's mutated lines (1-based)
+    source: str       # the example without that line
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.path.name, self.text, self.nth)
+
+    def __str__(self) -> str:
+        return f"{self.path.name}:{self.line} deleted (`{self.text}`)"
+
+
+def mutants(path: Path) -> list[Mutant]:
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    seen: Counter[str] = Counter()
+    out = []
+    for no in mutated_lines(text):
+        stripped = lines[no - 1].strip()
+        seen[stripped] += 1
+        out.append(Mutant(path, no, stripped, seen[stripped], "\n".join(lines[:no - 1] + lines[no:])))
+    return out
+
+
+# ---- verdicts -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: bool
+    by: str = ""      # "front end" or "verifier"
+    code: str = ""    # the first error's code
+
+    def __str__(self) -> str:
+        return "accepted" if self.accepted else f"{self.by} {self.code}"
+
+
+def _first_error(diags) -> str:
+    errors = [d for d in diags if d.severity is Severity.ERROR]
+    assert errors, "a rejection without an error diagnostic"
+    return errors[0].code
+
+
+@cache
+def verdicts(m: Mutant) -> dict[int, Verdict]:
+    """The mutant's verdict at every world of VERIFY_WORLDS and RUN_WORLDS. Anything but a
+    StrataError from the front end or the verifier propagates: a crash is a bug too."""
+    worlds = sorted(set(VERIFY_WORLDS) | set(RUN_WORLDS))
+    try:
+        scheds = frontend.schedules(Source(f"{m.path.stem}-without-{m.line}.strata", m.source))
+    except StrataError as exc:
+        v = Verdict(False, "front end", _first_error(exc.diagnostics))
+        return {w: v for w in worlds}
+    out = {}
+    for w in worlds:
+        out[w] = Verdict(True)
+        for s in scheds:
+            bad = [r for r in verify.verify_worlds(s, [w]) if not r.ok]
+            if bad:
+                out[w] = Verdict(False, "verifier", _first_error(bad[0].diagnostics))
+                break
+    return out
+
+
+def _all_mutants() -> list[Mutant]:
+    return [m for p in EXAMPLES for m in mutants(p)]
+
+
+# ---- runs ---------------------------------------------------------------------------------------
+
+def collective_cases(world: int) -> list[runner.Case]:
+    """One element (fewer than ranks), an uneven split and one above the UB tile; roots at both
+    ends and in the middle; sum and max; integers exact under any order of the additions."""
+    return [runner.Case("f32", count=1, op="sum", root=world - 1),
+            runner.Case("bf16", count=1001, op="max", root=0),
+            runner.Case("i32", count=4099, op="sum", root=world // 2)]
+
+
+# every routing, one token, rows that are not a multiple of 32 bytes (tests/e2e/test_moe.py's)
+MOE_CASES = [
+    runner.Case("f32", tokens=37, hidden=33, topk=2, routing="uniform"),
+    runner.Case("bf16", tokens=37, hidden=33, topk=3, routing="skewed"),
+    runner.Case("f16", tokens=37, hidden=65, topk=2, routing="single"),
+    runner.Case("bf16", tokens=1, hidden=33, topk=2, routing="empty"),
+    runner.Case("f32", tokens=29, hidden=7, topk=4, routing="sparse"),
+]
+
+FINE = ("OK", "REFUSED", "REJECTED")   # a run outcome of an accepted mutant that is no bug
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str         # OK, REFUSED (at the call), REJECTED (compiling), WRONG, HANG, FAILED
+    detail: str = ""
+
+
+def run_mutant(source: str, name: str, world: int, tmp: Path, timeout: float = 30.0) -> Outcome:
+    """`stratac run` of `source` at `world`: every schedule, every case, checked against torch."""
+    path = tmp / f"{name}-w{world}.strata"
+    path.write_text(source, encoding="utf-8")
+    try:
+        scheds = frontend.schedules(Source(str(path), source))
+        moe = any(s.contract.kind.moe for s in scheds)
+        cases = MOE_CASES if moe else collective_cases(world)
+        out = runner.run(runner.RunSpec(file=str(path), world=world, cases=cases, iters=1, warmup=0,
+                                        cores=4, timeout=timeout), echo=lambda line: None)
+    except StrataError as exc:
+        return Outcome("REJECTED", _first_error(exc.diagnostics))
+    if out.failures:
+        text = "\n".join(out.failures)
+        # the proof of the call's instance refused it (stratac.host.instance): nothing was written
+        if all("nothing was written" in f for f in out.failures):
+            return Outcome("REFUSED", text)
+        return Outcome("HANG" if "timed out" in text else "FAILED", text)
+    wrong = [r for r in out.results if not r["ok"]]
+    if wrong:
+        return Outcome("WRONG", "\n".join(
+            f"{r['schedule']} rank {r['rank']} {r['dtype']} count={r['count']} op={r['op']} "
+            f"root={r['root']}{' routing=' + r['moe']['routing'] if r.get('moe') else ''}: "
+            f"{r['why'] or '(the dispatch line says why)'}" for r in wrong))
+    want = world * len(cases) * len(scheds)
+    if len(out.results) != want or out.exit_code != 0:
+        return Outcome("FAILED", f"{len(out.results)} results of {want}, exit status {out.exit_code}")
+    return Outcome("OK")
+
+
+# ---- tests --------------------------------------------------------------------------------------
+
+def test_mutated_lines_are_the_statement_lines_of_schedule_bodies():
+    text = "\n".join([
+        "# a comment before",                                    # 1
+        "schedule s(x: sym T[n],",                               # 2  header, over two lines
+        "           op: redop) implements allreduce(x, op) {",   # 3
+        "  part = split(x, world)  # trailing comment",          # 4  *
+        "",                                                      # 5
+        "  # a comment inside",                                  # 6
+        "  on aiv {",                                            # 7  * (deleting it: syntax error)
+        "    part[rank] = op(part[rank]@p",                      # 8  * one statement, two lines
+        "                    for p in ranks)",                   # 9  *
+        "  }",                                                   # 10
+        "  barrier }",                                           # 11 * closes the body too
+        "schedule t(x: sym T[n]) implements allgather(x -> x) {",  # 12
+        "  {",                                                   # 13
+        "  barrier",                                             # 14 *
+        "}",                                                     # 15
+    ])
+    assert mutated_lines(text) == [4, 7, 8, 9, 11, 14]
+
+
+def test_every_example_has_mutants_and_verifies_unmutated():
+    """A broken example would make every mutant "rejected" and the test vacuous."""
+    assert len(EXAMPLES) >= 15
+    for p in EXAMPLES:
+        assert len(mutants(p)) >= 3, p.name
+        for s in frontend.schedules(frontend.load_source(str(p))):
+            bad = [r for r in verify.verify_worlds(s, VERIFY_WORLDS) if not r.ok]
+            assert not bad, f"{p.name}: {bad[0].diagnostics[0].render()}"
+
+
+def test_the_accepted_mutants_are_the_known_equivalent_ones():
+    """Every mutant the verifier accepts at a world above 1 is listed in EQUIVALENT with its reason,
+    and every entry there still exists and is accepted at exactly the worlds it says."""
+    t0 = time.monotonic()
+    accepted: dict[tuple, tuple[int, ...]] = {}
+    summary = []
+    for p in EXAMPLES:
+        ms = mutants(p)
+        codes: Counter[str] = Counter()
+        for m in ms:
+            vs = verdicts(m)
+            rejected = [v for w, v in vs.items() if w in VERIFY_WORLDS and not v.accepted]
+            codes.update({str(rejected[0]) if rejected else "accepted at every world"})
+            worlds = tuple(w for w in VERIFY_WORLDS if w > 1 and vs[w].accepted)
+            if worlds:
+                accepted[m.key] = worlds
+        at1 = sum(verdicts(m)[1].accepted for m in ms)
+        summary.append(f"{p.name}: {len(ms)} mutants; first rejection (worlds 1-4) "
+                       f"{dict(sorted(codes.items()))}; accepted at world 1: {at1}")
+    print(f"mutants and verdicts ({time.monotonic() - t0:.1f} s; pytest -s shows this):\n  "
+          + "\n  ".join(summary))
+    new = {k: w for k, w in accepted.items() if k not in EQUIVALENT}
+    assert not new, ("the verifier accepts mutants nobody has explained (file, line, occurrence -> "
+                     f"worlds): {new}; say why each is equivalent in EQUIVALENT, or, if it is not, "
+                     "make the verifier reject it")
+    stale = {k: (v[0], accepted.get(k, ())) for k, v in EQUIVALENT.items() if accepted.get(k) != v[0]}
+    assert not stale, f"EQUIVALENT is out of date (entry -> (listed worlds, accepted worlds)): {stale}"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    """The mutants' builds stay out of the user's cache, and are shared by the worlds."""
+    return tmp_path_factory.mktemp("mutant-cache")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", RUN_WORLDS)
+def test_accepted_mutants_run_ok(world, tmp_path, cache_dir, monkeypatch):
+    """Every mutant the verifier accepts at `world` runs OK there against torch (or is refused
+    before anything is written)."""
+    monkeypatch.setenv("STRATAC_CACHE_DIR", str(cache_dir))
+    todo = [m for m in _all_mutants() if verdicts(m)[world].accepted]
+    assert MAX_RUNS_PER_WORLD is None or len(todo) <= MAX_RUNS_PER_WORLD, \
+        f"{len(todo)} mutants accepted at world {world}: " + ", ".join(map(str, todo))
+    bad = []
+    for m in todo:
+        got = run_mutant(m.source, f"{m.path.stem}-L{m.line}", world, tmp_path)
+        print(f"world {world}: {m}: {got.kind}")
+        if got.kind not in FINE:
+            bad.append(f"{m} at world {world}: verified, then {got.kind}:\n{got.detail}")
+    assert not bad, "\n\n".join(bad)
+
+
+def _unverified_worker():
+    spec = importlib.util.spec_from_file_location("unverified_worker", HERE / "unverified_worker.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _UnverifiedRanks:
+    """The runner's subprocess module, except that the rank processes it starts are
+    tests/verify/unverified_worker.py instead of stratac.tools.run.worker."""
+
+    def __getattr__(self, name):
+        return getattr(subprocess, name)
+
+    def Popen(self, argv, **kw):   # noqa: N802 - subprocess's name
+        i = argv.index("-m")
+        assert argv[i + 1] == "stratac.tools.run.worker", argv
+        return subprocess.Popen([argv[0], str(HERE / "unverified_worker.py"), *argv[i + 2:]], **kw)
+
+
+# (example, deleted line's text, what the run must say, a substring of its detail)
+KNOWN_BAD = [
+    ("allreduce_twoshot.strata", "on aiv: part[rank] = op(part[rank]@p for p in ranks)", "WRONG",
+     "expected"),
+    ("moe_prefill.strata", "on aiv: y = gather(win, ids, weights, offs)", "WRONG", "y["),
+    ("allreduce_twoshot_flags.strata", "for p in peers: signal ready[rank]@p", "HANG",
+     "never signalled"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, text, kind, detail", KNOWN_BAD, ids=[k[0] + ":" + k[2] for k in KNOWN_BAD])
+def test_the_oracle_says_wrong(name, text, kind, detail, tmp_path, cache_dir, monkeypatch):
+    """A mutant the verifier rejects, built and run without it, is WRONG (or hangs) by the same
+    classifier that calls the accepted mutants OK: the oracle can fail."""
+    m = next(m for m in mutants(ROOT / "examples" / name) if m.text == text)
+    assert not verdicts(m)[2].accepted
+    monkeypatch.setenv("STRATAC_CACHE_DIR", str(cache_dir))
+    monkeypatch.setattr(runner, "compile_schedules", _unverified_worker().compile_unverified)
+    monkeypatch.setattr(runner, "subprocess", _UnverifiedRanks())
+    got = run_mutant(m.source, f"{m.path.stem}-L{m.line}", 2, tmp_path, timeout=3)
+    assert got.kind == kind, f"{m}: {got}"
+    assert detail in got.detail, got.detail
