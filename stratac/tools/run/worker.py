@@ -171,6 +171,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
         if comb:
             t["y"].fill_(-3)
         step(seed)
+        _test_corrupt(t, rank)
         host = {k: v.cpu() for k, v in t.items()}   # NPU tensors are compared on the host
         result = _compare_moe(wl, host, rank, seed, tdtype, rows, wl.counts(seed))
         # a decode dispatch writes into peers' windows without waiting for them to enter: nobody
@@ -254,6 +255,52 @@ def _peer_state(comm) -> str:
     return "a peer probably stopped first"
 
 
+def _compare_case(wl, tensors: dict, rank: int, seed: int, tdtype) -> tuple[bool, str]:
+    """After a collective: every parameter the contract defines, against torch, bit for bit; the
+    first difference named (parameter, flat index, value, expected)."""
+    import torch
+    for p in wl.schedule.tensors:
+        want = wl.expected(p.name, rank, seed, tdtype)
+        if want is None:
+            continue
+        got = tensors[p.name].cpu()   # a no-op on the CPU target
+        if not torch.equal(got, want):
+            bad = (got != want).nonzero()
+            i = int(bad[0]) if bad.numel() else -1
+            return False, (f"{p.name}[{i}] = {got[i].item()} on rank {rank}, expected "
+                           f"{want[i].item()} ({bad.numel()} elements differ)")
+    return True, ""
+
+
+TEST_CORRUPT_ENV = "STRATAC_TEST_CORRUPT"
+
+
+def _test_corrupt(tensors: dict, rank: int) -> None:
+    """A test hook, nothing else (tests/README.md): with STRATAC_TEST_CORRUPT=RANK[,RANK...]:NAME:INDEX
+    (several separated by ';') in the environment, each rank listed adds 1 to element INDEX (flat) of
+    its tensor NAME after the kernel and before the check, so that tests can show the check calls a
+    wrong result WRONG. NAME is a collective's parameter or an MoE tensor's role (x, ids, win,
+    counts, weights, y). The rank says on its output that it did, so the hook cannot pass unnoticed."""
+    value = os.environ.get(TEST_CORRUPT_ENV)
+    if not value:
+        return
+    from stratac.host.errors import StrataUsageError
+    for item in value.split(";"):
+        try:
+            r, name, index = item.split(":")
+            ranks, index = {int(x) for x in r.split(",")}, int(index)
+        except ValueError:
+            raise StrataUsageError(f"{TEST_CORRUPT_ENV}={value!r}: {item!r} is not "
+                                   "RANK[,RANK...]:NAME:INDEX") from None
+        if rank not in ranks or name not in tensors:
+            continue
+        flat = tensors[name].view(-1)
+        before = flat[index].item()
+        flat[index] += 1
+        print(f"{TEST_CORRUPT_ENV}: rank {rank} changed {name}[{index}] from {before} to "
+              f"{flat[index].item()} after the kernel", flush=True)
+
+
 def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
     """One schedule at one dtype and size: a checked call, timed calls, a second checked call."""
     import torch
@@ -280,17 +327,8 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
         comm.synchronize()   # the inputs are on the device before any peer may read them
         comm.barrier()
         fn(**args, cores=blocks)
-        for p in s.tensors:
-            want = wl.expected(p.name, rank, seed, tdtype)
-            if want is None:
-                continue
-            got = tensors[p.name].cpu()   # a no-op on the CPU target
-            if not torch.equal(got, want):
-                bad = (got != want).nonzero()
-                i = int(bad[0]) if bad.numel() else -1
-                return False, (f"{p.name}[{i}] = {got[i].item()} on rank {rank}, expected "
-                               f"{want[i].item()} ({bad.numel()} elements differ)")
-        return True, ""
+        _test_corrupt(tensors, rank)
+        return _compare_case(wl, tensors, rank, seed, tdtype)
 
     comm.reset_counters()
     ok, why = checked(spec["seed"])
