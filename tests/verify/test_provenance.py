@@ -100,8 +100,9 @@ def test_double_counting_is_rejected(world, n):
     assert (d.span.line, d.span.col) == (1, TWOSHOT.index("allreduce") + 1)  # the contract
 
 
-def test_double_counting_at_world_one_is_still_rejected():
-    # With one rank the second pass adds nothing (there are no peers): x is reduced once, correct.
+def test_reducing_twice_at_world_one_is_accepted_as_it_adds_nothing():
+    # With one rank the second pass adds nothing (there are no peers): x is reduced once, correct,
+    # so the verifier accepts it (at worlds 2-4 it is rejected: test_double_counting_is_rejected).
     assert verify.verify(schedule(again=True), 1, {"n": 3}).ok
 
 
