@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 
 from stratac.codegen import abi
-from stratac.diagnostics import Source
 from stratac.host.cpu_model import check_pool, last_error, runtime
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.host.schedule import SYNC_SLOTS, Module, compile_source
@@ -236,12 +235,7 @@ class Communicator:
              name: str = "<source>") -> "Module":
         """Compiles (through the cache) every schedule of a .strata file or source text."""
         self._check_open()
-        if isinstance(path_or_source, Path) or (isinstance(path_or_source, str)
-                                                and path_or_source.endswith(".strata")
-                                                and "\n" not in path_or_source):
-            source = frontend.load_source(path_or_source)
-        else:
-            source = Source(name, str(path_or_source))
+        source = frontend.path_or_text(path_or_source, name)
         mod = Module(self, compile_source(source, options or passes.Options(), worlds=[self.world]))
         self._modules.append(mod)
         return mod

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import os
-from pathlib import Path
 from typing import Callable, Mapping
 
 from stratac import ir
@@ -324,7 +323,6 @@ class NpuCommunicator:
         """Compiles every schedule of a .strata file or source text and builds it with CANN
         (through the cache)."""
         from stratac.codegen.pipeline import compile_schedules
-        from stratac.diagnostics import Source
         from stratac.lang import frontend
         self._check_open()
         options = options or passes.Options(soc=self.soc() or passes.DEFAULT_SOC)
@@ -332,13 +330,8 @@ class NpuCommunicator:
         here = self.soc()
         if here is not None and here != options.soc:
             raise StrataUsageError(f"this NPU is {here}; the schedules were asked for "
-                                       f"{options.soc}: load them with Options(soc={here!r})")
-        if isinstance(path_or_source, Path) or (isinstance(path_or_source, str)
-                                                and path_or_source.endswith(".strata")
-                                                and "\n" not in path_or_source):
-            source = frontend.load_source(path_or_source)
-        else:
-            source = Source(name, str(path_or_source))
+                                   f"{options.soc}: load them with Options(soc={here!r})")
+        source = frontend.path_or_text(path_or_source, name)
         compiled = compile_schedules(source, options, [self.world])
         mod = NpuModule(self, [(c.schedule, build(c.output, options.soc, toolchain=self.toolchain))
                                for c in compiled])

@@ -20,5 +20,15 @@ def load_source(path: str | Path) -> Source:
         raise StrataError(error(Codes.SYNTAX, f"cannot read {path}: {exc}")) from None
 
 
+def path_or_text(path_or_source: str | Path, name: str = "<source>") -> Source:
+    """What `comm.load` takes: a path (a Path, or a one-line string ending in .strata) or the text
+    of a .strata file, named `name` in diagnostics."""
+    if isinstance(path_or_source, Path) or (isinstance(path_or_source, str)
+                                            and path_or_source.endswith(".strata")
+                                            and "\n" not in path_or_source):
+        return load_source(path_or_source)
+    return Source(name, str(path_or_source))
+
+
 def schedules(source: Source) -> list[ir.Schedule]:
     return sema.lower(parse(source))
