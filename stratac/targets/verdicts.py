@@ -79,15 +79,19 @@ def _write(path: Path, fields: dict, verdict: Verdict) -> None:
 
 def verdict_path(s: ir.Schedule, world: int, params: dict[str, int]) -> Path:
     """Where the verdict on this instance is stored."""
-    key = _digest(json.dumps(_fields(s, world, params), sort_keys=True))[:32]
-    return cache_root() / "verdicts" / f"{s.name}-{key}.json"
+    return _path(s.name, _fields(s, world, params))
+
+
+def _path(name: str, fields: dict) -> Path:
+    key = _digest(json.dumps(fields, sort_keys=True))[:32]
+    return cache_root() / "verdicts" / f"{name}-{key}.json"
 
 
 def verdict(s: ir.Schedule, world: int, params: dict[str, int], prove: Callable[[], dict]) -> Verdict:
     """The verdict on the instance (s, world, params): from the cache, or prove() (which raises when
     the instance is not proven; nothing is stored then) timed and stored."""
-    fields = _fields(s, world, params)
-    path = verdict_path(s, world, params)
+    fields = _fields(s, world, params)   # the IR's text is hashed once per instance
+    path = _path(s.name, fields)
     path.parent.mkdir(mode=0o700, exist_ok=True)
     if not owned_privately(path.parent, True):
         # someone else's directory: nothing in it is believed, and nothing is left in it
