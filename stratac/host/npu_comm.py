@@ -3,8 +3,8 @@
 What stratac.host.comm.Communicator does on the CPU model, on the NPU. SHMEM is initialised from a
 unique id that rank 0 creates and the job shares (torch.distributed or a Store); heap tensors are
 aclshmem_malloc memory wrapped as torch_npu tensors; schedules launch through the generated
-launcher on torch_npu's current stream with the FFTS address from util_get_ffts_config; close()
-synchronises and calls aclshmem_finalize. The kernels come from stratac.targets.npu.build.
+launcher on torch_npu's current stream (the kernels' FFTS address is set by the wrapper that
+CANN's ascendc_library generates, not passed by stratac); close() synchronises and calls aclshmem_finalize. The kernels come from stratac.targets.npu.build.
 
 torch_npu is imported only here, lazily, and only for the NPU target (docs/npu.md).
 """
@@ -55,7 +55,6 @@ int aclshmem_finalize(void);
 void* aclshmem_malloc(size_t size);
 void* aclshmem_calloc(size_t nmemb, size_t size);
 void aclshmem_free(void* ptr);
-uint64_t util_get_ffts_config(void);
 void aclshmem_info_get_version(int* major, int* minor);
 """
 INIT_WITH_UNIQUEID = 1 << 3               # aclshmemx_bootstrap_t ACLSHMEMX_INIT_WITH_UNIQUEID
@@ -179,7 +178,6 @@ class NpuCommunicator:
             raise _shmem_runtime_error(f"aclshmemx_init_attr (rank {rank} of {world}, engines "
                                        f"{'+'.join(engines)}, heap {self.heap_bytes} bytes)", rc)
         self._open = True
-        self._ffts = int(self._lib.util_get_ffts_config())
         self._allocs: dict[int, int] = {}
         self._sync = self._alloc((world + SYNC_SLOTS) * 4, zero=True)
         self._epoch = 0
@@ -455,7 +453,7 @@ def npu_schedule_class():
             scalars = bound[3] if len(bound) > 3 else {}
             op_param = getattr(self.ir, "op_param", None)
             fixed = {"dtype": dtype.code, "op": scalars.get(op_param.name, 0) if op_param else 0,
-                     "blocks": blocks, "ffts": self.comm._ffts,
+                     "blocks": blocks,
                      "sync": self._ffi.cast("void*", self.comm._sync),
                      "epoch": self.comm.next_epoch(self.ir.sync_ops),
                      # read last: reading it flushes torch_npu's queue (see stream_handle)
