@@ -63,33 +63,29 @@ class AllgatherPull {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void allgather_pull_f32(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
+extern "C" __global__ __aicore__ void allgather_pull_f32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllgatherPull<float, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allgather_pull_f16(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
+extern "C" __global__ __aicore__ void allgather_pull_f16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllgatherPull<half, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allgather_pull_bf16(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
+extern "C" __global__ __aicore__ void allgather_pull_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllgatherPull<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allgather_pull_i32(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
+extern "C" __global__ __aicore__ void allgather_pull_i32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllgatherPull<int32_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();

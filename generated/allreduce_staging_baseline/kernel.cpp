@@ -122,97 +122,85 @@ class AllreduceStagingBaseline {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void allreduce_staging_baseline_f32_sum(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_staging_baseline_f32_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceStagingBaseline<float, strata::Red::kSum> op;
   op.Init(sync, epoch, x, stage, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_staging_baseline_f32_max(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_staging_baseline_f32_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceStagingBaseline<float, strata::Red::kMax> op;
   op.Init(sync, epoch, x, stage, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_staging_baseline_f32_min(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_staging_baseline_f32_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceStagingBaseline<float, strata::Red::kMin> op;
   op.Init(sync, epoch, x, stage, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_staging_baseline_f16_sum(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_staging_baseline_f16_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceStagingBaseline<half, strata::Red::kSum> op;
   op.Init(sync, epoch, x, stage, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_staging_baseline_f16_max(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_staging_baseline_f16_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceStagingBaseline<half, strata::Red::kMax> op;
   op.Init(sync, epoch, x, stage, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_staging_baseline_f16_min(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_staging_baseline_f16_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceStagingBaseline<half, strata::Red::kMin> op;
   op.Init(sync, epoch, x, stage, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_staging_baseline_bf16_sum(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_staging_baseline_bf16_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceStagingBaseline<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, stage, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_staging_baseline_bf16_max(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_staging_baseline_bf16_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceStagingBaseline<bfloat16_t, strata::Red::kMax> op;
   op.Init(sync, epoch, x, stage, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_staging_baseline_bf16_min(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_staging_baseline_bf16_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceStagingBaseline<bfloat16_t, strata::Red::kMin> op;
   op.Init(sync, epoch, x, stage, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_staging_baseline_i32_sum(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_staging_baseline_i32_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceStagingBaseline<int32_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, stage, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_staging_baseline_i32_max(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_staging_baseline_i32_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceStagingBaseline<int32_t, strata::Red::kMax> op;
   op.Init(sync, epoch, x, stage, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_staging_baseline_i32_min(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_staging_baseline_i32_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR stage, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceStagingBaseline<int32_t, strata::Red::kMin> op;
   op.Init(sync, epoch, x, stage, n);
   op.Process();

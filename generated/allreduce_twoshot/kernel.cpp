@@ -94,97 +94,85 @@ class AllreduceTwoshot {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void allreduce_twoshot_f32_sum(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_twoshot_f32_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceTwoshot<float, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_twoshot_f32_max(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_twoshot_f32_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceTwoshot<float, strata::Red::kMax> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_twoshot_f32_min(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_twoshot_f32_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceTwoshot<float, strata::Red::kMin> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_twoshot_f16_sum(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_twoshot_f16_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceTwoshot<half, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_twoshot_f16_max(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_twoshot_f16_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceTwoshot<half, strata::Red::kMax> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_twoshot_f16_min(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_twoshot_f16_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceTwoshot<half, strata::Red::kMin> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_twoshot_bf16_sum(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_twoshot_bf16_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceTwoshot<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_twoshot_bf16_max(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_twoshot_bf16_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceTwoshot<bfloat16_t, strata::Red::kMax> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_twoshot_bf16_min(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_twoshot_bf16_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceTwoshot<bfloat16_t, strata::Red::kMin> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_twoshot_i32_sum(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_twoshot_i32_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceTwoshot<int32_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_twoshot_i32_max(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_twoshot_i32_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceTwoshot<int32_t, strata::Red::kMax> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void allreduce_twoshot_i32_min(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
+extern "C" __global__ __aicore__ void allreduce_twoshot_i32_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   AllreduceTwoshot<int32_t, strata::Red::kMin> op;
   op.Init(sync, epoch, x, n);
   op.Process();

@@ -93,25 +93,22 @@ class Alltoallv {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void alltoallv_f32(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR dest, GM_ADDR counts, GM_ADDR out, GM_ADDR offs, uint64_t hidden, uint64_t rows) {
+extern "C" __global__ __aicore__ void alltoallv_f32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR dest, GM_ADDR counts, GM_ADDR out, GM_ADDR offs, uint64_t hidden, uint64_t rows) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Alltoallv<float, strata::Red::kSum> op;
   op.Init(sync, epoch, x, dest, counts, out, offs, hidden, rows);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void alltoallv_f16(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR dest, GM_ADDR counts, GM_ADDR out, GM_ADDR offs, uint64_t hidden, uint64_t rows) {
+extern "C" __global__ __aicore__ void alltoallv_f16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR dest, GM_ADDR counts, GM_ADDR out, GM_ADDR offs, uint64_t hidden, uint64_t rows) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Alltoallv<half, strata::Red::kSum> op;
   op.Init(sync, epoch, x, dest, counts, out, offs, hidden, rows);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void alltoallv_bf16(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR dest, GM_ADDR counts, GM_ADDR out, GM_ADDR offs, uint64_t hidden, uint64_t rows) {
+extern "C" __global__ __aicore__ void alltoallv_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR dest, GM_ADDR counts, GM_ADDR out, GM_ADDR offs, uint64_t hidden, uint64_t rows) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Alltoallv<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, dest, counts, out, offs, hidden, rows);
   op.Process();

@@ -103,33 +103,29 @@ class Broadcast {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void broadcast_f32(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void broadcast_f32(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Broadcast<float, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void broadcast_f16(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void broadcast_f16(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Broadcast<half, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void broadcast_bf16(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void broadcast_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Broadcast<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void broadcast_i32(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void broadcast_i32(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Broadcast<int32_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();

@@ -72,25 +72,22 @@ class MoeStagingBaselineCombine {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void moe_staging_baseline_combine_f32(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_staging_baseline_combine_f32(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   MoeStagingBaselineCombine<float, strata::Red::kSum> op;
   op.Init(sync, epoch, win, ids, weights, counts, y, offs, experts, hidden, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_staging_baseline_combine_f16(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_staging_baseline_combine_f16(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   MoeStagingBaselineCombine<half, strata::Red::kSum> op;
   op.Init(sync, epoch, win, ids, weights, counts, y, offs, experts, hidden, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_staging_baseline_combine_bf16(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_staging_baseline_combine_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   MoeStagingBaselineCombine<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, win, ids, weights, counts, y, offs, experts, hidden, tokens, topk);
   op.Process();

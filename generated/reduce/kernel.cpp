@@ -68,97 +68,85 @@ class Reduce {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void reduce_f32_sum(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void reduce_f32_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Reduce<float, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void reduce_f32_max(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void reduce_f32_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Reduce<float, strata::Red::kMax> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void reduce_f32_min(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void reduce_f32_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Reduce<float, strata::Red::kMin> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void reduce_f16_sum(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void reduce_f16_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Reduce<half, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void reduce_f16_max(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void reduce_f16_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Reduce<half, strata::Red::kMax> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void reduce_f16_min(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void reduce_f16_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Reduce<half, strata::Red::kMin> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void reduce_bf16_sum(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void reduce_bf16_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Reduce<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void reduce_bf16_max(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void reduce_bf16_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Reduce<bfloat16_t, strata::Red::kMax> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void reduce_bf16_min(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void reduce_bf16_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Reduce<bfloat16_t, strata::Red::kMin> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void reduce_i32_sum(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void reduce_i32_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Reduce<int32_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void reduce_i32_max(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void reduce_i32_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Reduce<int32_t, strata::Red::kMax> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void reduce_i32_min(uint64_t ffts, GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
+extern "C" __global__ __aicore__ void reduce_i32_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
-  util_set_ffts_config(ffts);
   Reduce<int32_t, strata::Red::kMin> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();

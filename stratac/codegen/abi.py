@@ -2,11 +2,13 @@
 kernel entry's parameter list, the cffi cdef and manifest.json are all derived from it.
 
 Launcher:  int strata_launch_<schedule>(int32_t dtype, int32_t op, uint32_t blocks, void* stream,
-                                         uint64_t ffts, void* sync, int32_t epoch,
+                                         void* sync, int32_t epoch,
                                          void* <tensor>..., void* <scratch>..., uint64_t <size>...,
                                          int32_t <rank parameter>...)
 Kernel:    one entry per element type (and reduction, for a schedule with a redop parameter),
-           <schedule>_<dtype>[_<op>](ffts, sync, epoch, tensors..., scratch..., sizes..., ranks...).
+           <schedule>_<dtype>[_<op>](sync, epoch, tensors..., scratch..., sizes..., ranks...).
+No FFTS (hard-sync) address is passed: for a MIX kernel type the NPU build's ascendc_library adds a
+hidden ffts_addr argument itself and sets it in the wrapper it generates (docs/npu.md, "Launch").
 `dtype` is ir.DType.code, `op` the index in OPS (ignored without a redop parameter); `sync` is the
 symmetric flag area; `epoch` the call's first flag stamp. A user name that would clash in C++
 (`class`, `sync`, `x_`) is renamed there (c_name, c_param); the manifest keeps the user's names.
@@ -25,7 +27,7 @@ class Arg:
     name: str
     ctype: str          # launcher (host) C type
     kernel_ctype: str   # kernel entry C type ("" when the argument is the launcher's own)
-    role: str           # dtype | blocks | stream | ffts | sync | epoch | tensor | size
+    role: str           # dtype | op | blocks | stream | sync | epoch | tensor | scratch | size | rank
     c: str = ""         # the parameter's name in C++ (c_param), when it is not `name`
 
     @property
@@ -63,10 +65,10 @@ CPP_KEYWORDS = frozenset("""
 # after every identifier of the generated code, of runtime/'s headers and of their macros: a name a
 # template starts to use without adding it here fails there.
 GENERATED_NAMES = frozenset("""
-    T OP GM_ADDR uint8_t int32_t int64_t uint32_t uint64_t half bfloat16_t sync epoch ffts dtype op
+    T OP GM_ADDR uint8_t int32_t int64_t uint32_t uint64_t half bfloat16_t sync epoch dtype op
     blocks stream mv rt pipe aclshmem_my_pe aclshmem_n_pes kTileBytes kCopyTiles kReduceTiles
     kScratchBytes kSdmaThreshold PartOffset PartLength strata strata_cpu AscendC
-    KERNEL_TASK_TYPE_DEFAULT KERNEL_TYPE_MIX_AIV_1_0 util_set_ffts_config STRATA_LAUNCH STRATA_GM
+    KERNEL_TASK_TYPE_DEFAULT KERNEL_TYPE_MIX_AIV_1_0 STRATA_LAUNCH STRATA_GM
     STRATA_CPU_LAUNCH ACLRT_LAUNCH_KERNEL aclrtStream body
     math_errhandling errno linux unix""".split())
 
@@ -142,7 +144,6 @@ def args(s: ir.Schedule) -> list[Arg]:
         Arg("op", "int32_t", "", "op"),
         Arg("blocks", "uint32_t", "", "blocks"),
         Arg("stream", "void*", "", "stream"),
-        Arg("ffts", "uint64_t", "uint64_t", "ffts"),
         Arg("sync", "void*", "GM_ADDR", "sync"),
         Arg("epoch", "int32_t", "int32_t", "epoch"),
     ]

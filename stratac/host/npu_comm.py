@@ -3,8 +3,8 @@
 What stratac.host.comm.Communicator does on the CPU model, on the NPU. SHMEM is initialised from a
 unique id that rank 0 creates and the job shares (torch.distributed or a Store); heap tensors are
 aclshmem_malloc memory wrapped as torch_npu tensors; schedules launch through the generated
-launcher on torch_npu's current stream with the FFTS address from util_get_ffts_config; close()
-synchronises and calls aclshmem_finalize. The kernels come from stratac.targets.npu.build.
+launcher on torch_npu's current stream (the kernels' FFTS address is set by the wrapper that
+CANN's ascendc_library generates, not passed by stratac); close() synchronises and calls aclshmem_finalize. The kernels come from stratac.targets.npu.build.
 
 torch_npu is imported only here, lazily, and only for the NPU target (docs/npu.md).
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from typing import Callable, Mapping
 
 from stratac import ir
@@ -55,13 +56,47 @@ int aclshmem_finalize(void);
 void* aclshmem_malloc(size_t size);
 void* aclshmem_calloc(size_t nmemb, size_t size);
 void aclshmem_free(void* ptr);
-uint64_t util_get_ffts_config(void);
 void aclshmem_info_get_version(int* major, int* minor);
 """
 INIT_WITH_UNIQUEID = 1 << 3               # aclshmemx_bootstrap_t ACLSHMEMX_INIT_WITH_UNIQUEID
 DATA_OP = {"mte": 0x01, "sdma": 0x02, "roce": 0x04, "udma": 0x08}
 DEFAULT_ENGINES = ("mte", "sdma")         # stratac kernels copy with MTE and SDMA
 DEFAULT_TIMEOUT_S = 120                   # SHMEM's DEFAULT_TIMEOUT for the three init timeouts
+# One HCCS domain per SoC family, in ranks (processors as Huawei's MindCluster scheduling guide counts
+# them; on A3 a rank is one die). The kernels reach peers only by MTE and SDMA, and cross-card
+# DataCopy works over HCCS links only (Ascend C DataCopy（UBToUB连续数据搬运）.md, 约束说明).
+#   A2: "select Ascend AI Processors in the same HCCS" for jobs of up to 8 (MindCluster 7.3,
+#       dl_affinity_0016.html); servers are joined by RoCE only: beyond 8 is refused.
+#   A3: 16 per server, "connected through HCCS" (dl_affinity_0040.html); Atlas 900 A3 SuperPoD
+#       nodes are joined by HCCS-L2 inside a logical SuperPoD (dl_affinity_0007.html), but whether
+#       SHMEM's MTE path reaches across servers is UNVERIFIED: refused unless the caller opts in.
+HCCS_DOMAIN = {"Ascend910B": (8, False), "Ascend910_93": (16, True)}   # prefix: (ranks, may opt in)
+
+
+def check_topology(soc: str | None, world: int, allow_unverified: bool = False) -> str | None:
+    """Refuses a world larger than one HCCS domain of the SoC (StrataUsageError); returns a
+    warning when the world was not checked or goes beyond it on the caller's word, else None."""
+    family = next((f for f in HCCS_DOMAIN if soc and soc.startswith(f)), None)
+    if family is None:
+        return (f"the HCCS domain of SoC {soc!r} is not known to stratac: a world of {world} ranks "
+                "was not checked against it (docs/npu.md, \"Worlds beyond one HCCS domain\")")
+    domain, may_opt_in = HCCS_DOMAIN[family]
+    if world <= domain:
+        return None
+    if not may_opt_in:
+        raise StrataUsageError(f"a world of {world} ranks on {soc} spans more than one HCCS domain "
+                               f"({domain} processors per server on Atlas A2): the kernels reach peers "
+                               "only over HCCS (MTE, SDMA) and A2 servers are joined by RoCE only; run "
+                               f"at most {domain} ranks per job")
+    if not allow_unverified:
+        raise StrataUsageError(f"a world of {world} ranks on {soc} spans more than one A3 server "
+                               f"({domain} dies joined by HCCS); whether SHMEM's MTE path reaches "
+                               "across servers (CloudMatrix384 / Atlas 900 A3 SuperPoD, HCCS-L2) is "
+                               "UNVERIFIED: pass allow_unverified_topology=True to run it anyway")
+    return (f"a world of {world} ranks on {soc} spans more than one A3 server ({domain} dies): MTE "
+            "reach across servers is UNVERIFIED (allow_unverified_topology=True)")
+
+
 SHMEM_ERRORS = {-1: "invalid parameter", -2: "invalid value", -3: "SMEM error",
                 -4: "internal error", -5: "not initialised", -6: "bootstrap error", -7: "timeout"}
 
@@ -112,9 +147,12 @@ class NpuCommunicator:
     def __init__(self, rank: int, world: int, *, exchange_uid: Callable[[bytes | None], bytes],
                  heap_bytes: int = DEFAULT_HEAP_BYTES, device: int | None = None,
                  engines: tuple[str, ...] = DEFAULT_ENGINES,
-                 barrier: Callable[[], None] | None = None, env: Mapping[str, str] | None = None):
+                 barrier: Callable[[], None] | None = None, env: Mapping[str, str] | None = None,
+                 allow_unverified_topology: bool = False):
         """exchange_uid(uid) is called on every rank: rank 0 passes its SHMEM unique id (bytes),
-        the others None; it returns rank 0's id on every rank."""
+        the others None; it returns rank 0's id on every rank. A world larger than one HCCS domain
+        of the SoC is refused (check_topology); allow_unverified_topology lets an A3 job span
+        servers, with a warning."""
         self._open = False
         self.toolchain = require_npu(env)
         self._torch_npu = import_torch_npu()
@@ -138,6 +176,9 @@ class NpuCommunicator:
         self.device = int(device)
         self.torch_device = torch.device("npu", self.device)
         self._npu.set_device(self.device)
+        note = check_topology(self.soc(), world, allow_unverified_topology)
+        if note:
+            warnings.warn(note, stacklevel=2)
 
         self._ffi = shmem_ffi()
         try:
@@ -179,7 +220,6 @@ class NpuCommunicator:
             raise _shmem_runtime_error(f"aclshmemx_init_attr (rank {rank} of {world}, engines "
                                        f"{'+'.join(engines)}, heap {self.heap_bytes} bytes)", rc)
         self._open = True
-        self._ffts = int(self._lib.util_get_ffts_config())
         self._allocs: dict[int, int] = {}
         self._sync = self._alloc((world + SYNC_SLOTS) * 4, zero=True)
         self._epoch = 0
@@ -188,7 +228,8 @@ class NpuCommunicator:
     # ---- construction from a job
     @classmethod
     def from_process_group(cls, heap_bytes: int = DEFAULT_HEAP_BYTES, device: int | None = None,
-                           engines: tuple[str, ...] = DEFAULT_ENGINES) -> "NpuCommunicator":
+                           engines: tuple[str, ...] = DEFAULT_ENGINES,
+                           allow_unverified_topology: bool = False) -> "NpuCommunicator":
         """Every rank of an initialised torch.distributed job (any backend; gloo suffices)."""
         require_npu()       # before any collective, so that every rank fails alike
         import torch.distributed as dist
@@ -203,12 +244,14 @@ class NpuCommunicator:
             return box[0]
 
         return cls(dist.get_rank(), dist.get_world_size(), exchange_uid=exchange,
-                   heap_bytes=heap_bytes, device=device, engines=engines, barrier=dist.barrier)
+                   heap_bytes=heap_bytes, device=device, engines=engines, barrier=dist.barrier,
+                   allow_unverified_topology=allow_unverified_topology)
 
     @classmethod
     def from_store(cls, rank: int, world: int, store, heap_bytes: int = DEFAULT_HEAP_BYTES,
                    device: int | None = None, engines: tuple[str, ...] = DEFAULT_ENGINES,
-                   timeout: float = 300.0, prefix: str = "stratac-npu") -> "NpuCommunicator":
+                   timeout: float = 300.0, prefix: str = "stratac-npu",
+                   allow_unverified_topology: bool = False) -> "NpuCommunicator":
         """Bootstrap from a torch.distributed Store (TCPStore, FileStore, ...): rank 0 puts the
         unique id in the store, the others read it."""
         require_npu()
@@ -220,7 +263,8 @@ class NpuCommunicator:
 
         from stratac.host.comm import store_barrier
         return cls(rank, world, exchange_uid=exchange, heap_bytes=heap_bytes, device=device,
-                   engines=engines, barrier=store_barrier(store, world, timeout, prefix))
+                   engines=engines, barrier=store_barrier(store, world, timeout, prefix),
+                   allow_unverified_topology=allow_unverified_topology)
 
     # ---- heap
     def _check_open(self) -> None:
@@ -311,6 +355,11 @@ class NpuCommunicator:
         if not t.is_contiguous():
             raise StrataUsageError(f"{what} must be contiguous")
         return lo - min(self._allocs)
+
+    @property
+    def _base(self) -> int:
+        """Where heap offsets in messages count from (the first allocation, as offset_of)."""
+        return min(self._allocs) if self._allocs else 0
 
     @property
     def heap_used(self) -> int:
@@ -455,7 +504,7 @@ def npu_schedule_class():
             scalars = bound[3] if len(bound) > 3 else {}
             op_param = getattr(self.ir, "op_param", None)
             fixed = {"dtype": dtype.code, "op": scalars.get(op_param.name, 0) if op_param else 0,
-                     "blocks": blocks, "ffts": self.comm._ffts,
+                     "blocks": blocks,
                      "sync": self._ffi.cast("void*", self.comm._sync),
                      "epoch": self.comm.next_epoch(self.ir.sync_ops),
                      # read last: reading it flushes torch_npu's queue (see stream_handle)

@@ -329,7 +329,7 @@ class Schedule:
         epoch = self.comm.next_epoch(self.ir.sync_ops)
         sync = self._ffi.cast("void*", self.comm._base + self.comm._sync)
         op = scalars.get(self.ir.op_param.name, 0) if self.ir.op_param else 0
-        rc = self._launch(dtype.code, op, blocks, self._ffi.NULL, 0, sync, epoch, *ptrs,
+        rc = self._launch(dtype.code, op, blocks, self._ffi.NULL, sync, epoch, *ptrs,
                           *(sizes[n] for n in self.ir.sizes),
                           *(scalars[x.name] for x in self.ir.rank_params))
         if rc != 0:

@@ -54,6 +54,8 @@ def test_cmakelists_builds_with_ascendc_library(example):
         inc = re.search(rf"ascendc_include_directories\({name}_kernels PRIVATE (.*?)\)\n", text,
                         re.S).group(1)
         assert "${STRATA_DEVICE_DIR}" in inc.split() and "${SHMEM_HOME}/include" in inc.split()
+        # shmem.h includes acl/acl_rt.h and acl/acl.h in the device compile too
+        assert "${ASCEND_CANN_PACKAGE_PATH}/include" in inc.split()
         assert f"add_library({name} SHARED ${{CMAKE_CURRENT_LIST_DIR}}/launch.cpp)" in text
         assert f"target_include_directories({name} PRIVATE ${{ASCEND_CANN_PACKAGE_PATH}}/include)" in text
         assert re.search(rf"target_link_libraries\({name} PRIVATE {name}_kernels ascendcl\)", text)
@@ -81,7 +83,7 @@ def test_launch_cpp_npu_branch_launches_the_manifest_kernels(example):
         assert manifest["launcher"] == abi.launcher_name(out.schedule)
         # each kernel is an Ascend C entry point of kernel.cpp
         for k in names:
-            assert re.search(rf'extern "C" __global__ __aicore__ void {k}\(uint64_t ffts, GM_ADDR sync',
+            assert re.search(rf'extern "C" __global__ __aicore__ void {k}\(GM_ADDR sync, int32_t epoch',
                              out.files["kernel.cpp"]), k
 
 
@@ -109,3 +111,22 @@ def test_cmakelists_has_shmems_device_include_dirs():
             inc = re.search(rf"ascendc_include_directories\({name}_kernels PRIVATE (.*?)\)\n",
                             out.files["CMakeLists.txt"], re.S).group(1).split()
             assert "${SHMEM_HOME}/src/device" in inc and "${SHMEM_HOME}/src" in inc, name
+
+
+def test_no_ffts_argument_and_no_util_set_ffts_config():
+    """ascendc_library gives a MIX kernel (KERNEL_TYPE_MIX_AIV_1_0) a hidden `void* ffts_addr`
+    argument, fills it from GetAscendCoreSyncAddr in the aclrtlaunch_ stub and calls
+    set_ffts_base_addr in the kernel wrapper it generates (asc-devkit
+    cmake/asc/legacy_modules/util/extract_host_stub.py: add_ffts_addr_func_param_by_mode,
+    generate_get_sync_addr_code, _generate_ffts_source). A second, explicit FFTS argument set with
+    SHMEM's util_set_ffts_config would only duplicate it: neither the kernels, the launcher nor the
+    ABI carry one, and the CPU model no longer declares the call."""
+    for example in EXAMPLES:
+        for out in outputs(example):
+            for name in ("kernel.cpp", "launch.cpp", "manifest.json"):
+                assert "ffts" not in out.files[name].lower(), (out.schedule.name, name)
+            assert all(a.role != "ffts" for a in abi.args(out.schedule))
+            entries = re.findall(r'extern "C" __global__ __aicore__ void \w+\(([^)]*)\)', out.files["kernel.cpp"])
+            assert entries and all(e.startswith("GM_ADDR sync, int32_t epoch") for e in entries)
+    shmem_h = (ROOT / "runtime" / "cpu" / "include" / "shmem.h").read_text()
+    assert "util_set_ffts_config" not in shmem_h

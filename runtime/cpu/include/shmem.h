@@ -53,9 +53,6 @@ inline int32_t aclshmem_signal_wait_until(__gm__ int32_t* sig_addr, int cmp, int
 inline void aclshmem_quiet(void) { ::strata_cpu::Fence(); }
 inline void aclshmem_fence(void) { ::strata_cpu::Fence(); }
 
-// Sets the FFTS base address for hard sync on hardware; nothing to set in the model.
-inline void util_set_ffts_config(uint64_t config) { (void)config; }
-
 // ---- SDMA: each core's asynchronous copy engine ----
 // `dst` is a local symmetric address translated to `pe`; `src` any pool address. `elem_size` is
 // the element count. `buf`/`ub_size` is the UB scratch the hardware path needs (>= 64 bytes, a
