@@ -12,8 +12,9 @@
 #include "strata_cpu.h"
 // Tells the CPU model which .strata line the core is executing, for its error messages.
 #define STRATA_LINE(n) ::strata_cpu::SetLine(n)
-// Tells the CPU model what the next wait is for (`what` over `count` slots at `group`, waiting on
-// slot `index`), so that a timeout can say which flag and who has not arrived.
+// Tells the CPU model what the next wait is for (`what` over `count` sync slots, one 64-byte line
+// each, from `group`, waiting on slot `index`), so that a timeout can say which flag and who has
+// not arrived.
 #define STRATA_WAIT_NOTE(what, group, count, index) ::strata_cpu::NoteWait(what, group, count, index)
 #else
 #define STRATA_LINE(n) ((void)0)
@@ -28,6 +29,17 @@ enum class Via { kAiv, kSdma, kAuto };
 constexpr uint32_t kBlockBytes = 32;       // DataCopy granularity
 constexpr uint32_t kSdmaScratchBytes = 64; // SDMA descriptor scratch in UB (>= 64, 64-aligned)
 constexpr uint32_t kSdmaIssueLimit = 256;  // outstanding SDMA posts per core before a quiet
+
+// The sync area (barrier slots, then the named flags) is an array of slots, one 64-byte line
+// each, as SHMEM pads its own sync words (ACLSHMEM_SYNCBIT_SIZE = 64): a signal is a scalar store
+// plus a flush of its whole D-cache line, so two flags in one line can overwrite each other and a
+// signal can be lost. Slot i is the int32 at SyncSlot(sync, i). The host allocates
+// (world + SYNC_SLOTS) * kSyncSlotBytes bytes (stratac/host/schedule.py: SYNC_SLOT_BYTES).
+constexpr int64_t kSyncSlotBytes = 64;
+constexpr int64_t kSyncSlotInts = kSyncSlotBytes / static_cast<int64_t>(sizeof(int32_t));
+#ifdef STRATA_CPU_MODEL
+static_assert(static_cast<uint64_t>(kSyncSlotBytes) == ::strata_cpu::kCacheLineBytes, "one sync slot per D-cache line");
+#endif
 
 __aicore__ inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 __aicore__ inline int64_t Max(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -465,6 +477,11 @@ __aicore__ inline void EndStage(Mover<T>& mv) {
   AscendC::SyncAll<true>();
 }
 
+// Slot i of a sync area (its int32 word; the rest of the slot's line is padding).
+__aicore__ inline __gm__ int32_t* SyncSlot(__gm__ int32_t* sync, int64_t i) {
+  return sync + i * kSyncSlotInts;
+}
+
 // Sets flag slot `slot` (a local symmetric address) on rank `pe` to `stamp`.
 __aicore__ inline void Signal(__gm__ int32_t* slot, int32_t stamp, int64_t pe) {
   aclshmemx_signal_op(slot, stamp, ACLSHMEM_SIGNAL_SET, static_cast<int>(pe));
@@ -475,17 +492,17 @@ __aicore__ inline void WaitFlag(__gm__ int32_t* slot, int32_t stamp) {
   aclshmem_signal_wait_until(slot, ACLSHMEM_CMP_GE, stamp);
 }
 
-// Cross-rank barrier over the slots [0, world) of the sync area: slot p of rank q holds the stamp
-// of the last barrier rank p announced to q. The cores share the peers between them.
+// Cross-rank barrier over the slots [0, world) of the sync area (SyncSlot): slot p of rank q holds
+// the stamp of the last barrier rank p announced to q. The cores share the peers between them.
 __aicore__ inline void Barrier(__gm__ int32_t* slots, int32_t stamp) {
   const int64_t me = aclshmem_my_pe(), world = aclshmem_n_pes();
   const int64_t c = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
   AscendC::PipeBarrier<PIPE_ALL>();
   AscendC::SyncAll<true>();
-  for (int64_t p = c; p < world; p += cores) Signal(slots + me, stamp, p);
+  for (int64_t p = c; p < world; p += cores) Signal(SyncSlot(slots, me), stamp, p);
   for (int64_t p = c; p < world; p += cores) {
     STRATA_WAIT_NOTE("barrier", slots, world, p);
-    WaitFlag(slots + p, stamp);
+    WaitFlag(SyncSlot(slots, p), stamp);
   }
   AscendC::SyncAll<true>();
 }
