@@ -38,12 +38,12 @@ class AllreduceTwoshotFlags {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         STRATA_LINE(11);  // strata:11
-        strata::Signal(sync_ + world + rank, epoch_ + 1, p_);
+        strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, p_);
       }
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         STRATA_LINE(12);  // strata:12
-        strata::WaitFlag(sync_ + world + p_, epoch_ + 1);
+        strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 1);
       }
     }
     AscendC::SyncAll<true>();
@@ -92,12 +92,12 @@ class AllreduceTwoshotFlags {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         STRATA_LINE(15);  // strata:15
-        strata::Signal(sync_ + world + world + rank, epoch_ + 2, p_);
+        strata::Signal(strata::SyncSlot(sync_, world + world + rank), epoch_ + 2, p_);
       }
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         STRATA_LINE(16);  // strata:16
-        strata::WaitFlag(sync_ + world + world + p_, epoch_ + 2);
+        strata::WaitFlag(strata::SyncSlot(sync_, world + world + p_), epoch_ + 2);
       }
     }
     AscendC::SyncAll<true>();

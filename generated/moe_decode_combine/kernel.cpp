@@ -44,12 +44,12 @@ class MoeDecodeCombine {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         STRATA_LINE(37);  // strata:37
-        strata::Signal(sync_ + world + rank, epoch_ + 2, p_);
+        strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 2, p_);
       }
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         STRATA_LINE(38);  // strata:38
-        strata::WaitFlag(sync_ + world + p_, epoch_ + 2);
+        strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 2);
       }
     }
     AscendC::SyncAll<true>();

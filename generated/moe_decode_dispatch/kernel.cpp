@@ -68,12 +68,12 @@ class MoeDecodeDispatch {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         STRATA_LINE(26);  // strata:26
-        strata::Signal(sync_ + world + rank, epoch_ + 1, p_);
+        strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, p_);
       }
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         STRATA_LINE(27);  // strata:27
-        strata::WaitFlag(sync_ + world + p_, epoch_ + 1);
+        strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 1);
       }
     }
     AscendC::SyncAll<true>();

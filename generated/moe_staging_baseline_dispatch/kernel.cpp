@@ -5,7 +5,7 @@
 
 namespace {
 
-constexpr uint32_t kTileBytes = 81792;
+constexpr uint32_t kTileBytes = 77696;
 constexpr uint32_t kCopyTiles = 2;
 constexpr uint32_t kReduceTiles = 0;
 constexpr uint32_t kScratchBytes = 256;

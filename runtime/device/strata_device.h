@@ -12,8 +12,9 @@
 #include "strata_cpu.h"
 // Tells the CPU model which .strata line the core is executing, for its error messages.
 #define STRATA_LINE(n) ::strata_cpu::SetLine(n)
-// Tells the CPU model what the next wait is for (`what` over `count` slots at `group`, waiting on
-// slot `index`), so that a timeout can say which flag and who has not arrived.
+// Tells the CPU model what the next wait is for (`what` over `count` sync slots, one 64-byte line
+// each, from `group`, waiting on slot `index`), so that a timeout can say which flag and who has
+// not arrived.
 #define STRATA_WAIT_NOTE(what, group, count, index) ::strata_cpu::NoteWait(what, group, count, index)
 #else
 #define STRATA_LINE(n) ((void)0)
@@ -28,6 +29,17 @@ enum class Via { kAiv, kSdma, kAuto };
 constexpr uint32_t kBlockBytes = 32;       // DataCopy granularity
 constexpr uint32_t kSdmaScratchBytes = 64; // SDMA descriptor scratch in UB (>= 64, 64-aligned)
 constexpr uint32_t kSdmaIssueLimit = 256;  // outstanding SDMA posts per core before a quiet
+
+// The sync area (barrier slots, then the named flags) is an array of slots, one 64-byte line
+// each, as SHMEM pads its own sync words (ACLSHMEM_SYNCBIT_SIZE = 64): a signal is a scalar store
+// plus a flush of its whole D-cache line, so two flags in one line can overwrite each other and a
+// signal can be lost. Slot i is the int32 at SyncSlot(sync, i). The host allocates
+// (world + SYNC_SLOTS) * kSyncSlotBytes bytes (stratac/host/schedule.py: SYNC_SLOT_BYTES).
+constexpr int64_t kSyncSlotBytes = 64;
+constexpr int64_t kSyncSlotInts = kSyncSlotBytes / static_cast<int64_t>(sizeof(int32_t));
+#ifdef STRATA_CPU_MODEL
+static_assert(static_cast<uint64_t>(kSyncSlotBytes) == ::strata_cpu::kCacheLineBytes, "one sync slot per D-cache line");
+#endif
 
 __aicore__ inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 __aicore__ inline int64_t Max(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -242,13 +254,22 @@ template <> struct IsF32<float> { static constexpr bool value = true; };
 
 constexpr int64_t kMaxExperts = 8192;          // per-core running counters live in UB
 constexpr uint32_t kMetaBytes = kMaxExperts * sizeof(int32_t);
+constexpr int64_t kRouteChunk = 1024;          // ids (and weights) staged in UB per DMA
+constexpr uint32_t kStageBytes = kRouteChunk * (sizeof(int32_t) + sizeof(float));
 constexpr uint32_t kGatherElems = 2048;        // columns per gather chunk
 
+// Routing data (ids, weights, counts, offsets) is written by DMA, SDMA, other kernels or the host,
+// so the scalar unit never reads it from GM (its D-cache would be stale: asc-devkit
+// GlobalTensor/GetValue.md): each piece is copied into UB by DMA and scanned there, and results
+// leave UB by DMA, each core writing byte ranges of its own (no two cores' scalar stores in one
+// 64-byte line). Counters, cursors and staged ids live in UB (meta_: kMaxExperts int32; stage_:
+// kRouteChunk ids and kRouteChunk weights).
 template <typename T>
 class Router {
  public:
   __aicore__ inline void Init(AscendC::TPipe* pipe, bool gather) {
     pipe->InitBuffer(meta_, kMetaBytes);
+    pipe->InitBuffer(stage_, kStageBytes);
     if (gather) {
       pipe->InitBuffer(inQ_, 2, kGatherElems * sizeof(T));
       pipe->InitBuffer(outQ_, 2, kGatherElems * sizeof(T));
@@ -257,170 +278,166 @@ class Router {
     }
   }
 
-  // dst[e] = number of the n ids equal to e (one core counts; the metadata is small).
+  // dst[e] = number of the n ids equal to e (one core counts in UB; the metadata is small).
   __aicore__ inline void Histogram(__gm__ int32_t* dst, __gm__ int32_t* ids, int64_t n, int64_t experts) {
     if (AscendC::GetBlockIdx() != 0) return;
     AscendC::LocalTensor<int32_t> c = Counters(experts);
-    AscendC::GlobalTensor<int32_t> g;
-    g.SetGlobalBuffer(ids, n);
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t e = g.GetValue(i);
-      if (e >= 0 && e < experts) c.SetValue(e, c.GetValue(e) + 1);
+    AscendC::LocalTensor<int32_t> ib = Ids();
+    for (int64_t i0 = 0; i0 < n; i0 += kRouteChunk) {
+      const int64_t m = Min(kRouteChunk, n - i0);
+      Fetch(ib, ids + i0, m);
+      for (int64_t i = 0; i < m; ++i) {
+        const int32_t e = ib.GetValue(static_cast<uint32_t>(i));
+        if (e >= 0 && e < experts) c.SetValue(e, c.GetValue(e) + 1);
+      }
     }
-    AscendC::GlobalTensor<int32_t> d;
-    d.SetGlobalBuffer(dst, experts);
-    for (int64_t e = 0; e < experts; ++e) d.SetValue(e, c.GetValue(e));
-    Flush(d);
+    Emit(dst, c, experts);
   }
 
   // Packed windows: dst[e] = the first row, on e's owner, of this rank's rows for expert e: the
   // rows of the owner's earlier local experts from every rank, then e's rows from lower ranks.
   // counts is world x experts, row s = rank s's histogram. The owners are independent, so the
-  // cores split them (the table has world x experts entries).
+  // cores split them; a core loads its owners' columns of every row into UB in chunks, sums them
+  // there and writes its owners' offsets (a contiguous range of dst) with one DMA per chunk.
   __aicore__ inline void Exscan(__gm__ int32_t* dst, __gm__ int32_t* counts, int64_t experts,
                                 int64_t rank, int64_t world) {
     const int64_t core = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
-    AscendC::GlobalTensor<int32_t> c, d;
-    c.SetGlobalBuffer(counts, world * experts);
-    d.SetGlobalBuffer(dst, experts);
     const int64_t local = experts / world;
-    for (int64_t o = world * core / cores; o < world * (core + 1) / cores; ++o) {
-      int64_t row = 0;
-      for (int64_t l = 0; l < local; ++l) {
-        const int64_t e = o * local + l;
-        int64_t before = 0, all = 0;
-        for (int64_t s = 0; s < world; ++s) {
-          const int64_t n = c.GetValue(s * experts + e);
-          all += n;
-          if (s < rank) before += n;
+    const int64_t lo = world * core / cores * local, hi = world * (core + 1) / cores * local;
+    if (lo >= hi) return;
+    Counters(experts);   // the experts bound
+    AscendC::LocalTensor<int32_t> meta = meta_.template Get<int32_t>();
+    AscendC::LocalTensor<int32_t> before = meta, all = meta[kRouteChunk];
+    AscendC::LocalTensor<int32_t> row_s = Ids();
+    int64_t row = 0;
+    for (int64_t a = lo; a < hi; a += kRouteChunk) {
+      const int64_t m = Min(kRouteChunk, hi - a);
+      AscendC::Duplicate(meta, 0, static_cast<int32_t>(2 * kRouteChunk));
+      AscendC::PipeBarrier<PIPE_ALL>();
+      for (int64_t s = 0; s < world; ++s) {
+        Fetch(row_s, counts + s * experts + a, m);
+        for (int64_t j = 0; j < m; ++j) {
+          const int32_t n = row_s.GetValue(static_cast<uint32_t>(j));
+          all.SetValue(static_cast<uint32_t>(j), all.GetValue(static_cast<uint32_t>(j)) + n);
+          if (s < rank) before.SetValue(static_cast<uint32_t>(j), before.GetValue(static_cast<uint32_t>(j)) + n);
         }
-        d.SetValue(e, static_cast<int32_t>(row + before));
-        row += all;
       }
+      for (int64_t j = 0; j < m; ++j) {
+        if ((a + j) % local == 0) row = 0;   // the first local expert of an owner
+        before.SetValue(static_cast<uint32_t>(j),
+                        static_cast<int32_t>(row + before.GetValue(static_cast<uint32_t>(j))));
+        row += all.GetValue(static_cast<uint32_t>(j));
+      }
+      Emit(dst + a, before, m);
     }
-    Flush(d);
   }
 
   // Fixed-capacity windows: rank r's rows for local expert l start at row (l * world + r) * capacity.
   __aicore__ inline void Slots(__gm__ int32_t* dst, int64_t experts, int64_t capacity, int64_t rank,
                                int64_t world) {
     if (AscendC::GetBlockIdx() != 0) return;
-    AscendC::GlobalTensor<int32_t> d;
-    d.SetGlobalBuffer(dst, experts);
+    AscendC::LocalTensor<int32_t> d = Counters(experts);
     const int64_t local = experts / world;
     for (int64_t e = 0; e < experts; ++e) {
-      d.SetValue(e, static_cast<int32_t>(((e % local) * world + rank) * capacity));
+      d.SetValue(static_cast<uint32_t>(e), static_cast<int32_t>(((e % local) * world + rank) * capacity));
     }
-    Flush(d);
+    Emit(dst, d, experts);
   }
 
   // Row t of x goes to row offs[e] + j of win on e's owner, for every entry (t, k) with expert e,
   // j counting this rank's earlier entries for e. The cores split the routed rows evenly (not the
-  // experts or the peers), so a skewed routing keeps them balanced.
+  // experts or the peers), so a skewed routing keeps them balanced. Each core keeps, per expert,
+  // the next row (offs[e] + j) in UB, and scans the ids in UB chunks up to its last row.
   __aicore__ inline void Place(Mover<T>& mv, Via via, __gm__ T* win, int64_t rows, __gm__ T* x,
                                __gm__ int32_t* ids, __gm__ int32_t* offs, int64_t tokens, int64_t topk,
                                int64_t hidden, int64_t experts, int64_t rank, int64_t world,
                                int64_t sdmaThreshold) {
-    AscendC::GlobalTensor<int32_t> g, o;
-    g.SetGlobalBuffer(ids, tokens * topk);
-    o.SetGlobalBuffer(offs, experts);
     const int64_t n = tokens * topk, local = experts / world;
+    AscendC::LocalTensor<int32_t> ib = Ids();
     int64_t routed = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t e = g.GetValue(i);
-      routed += (e >= 0 && e < experts) ? 1 : 0;
+    for (int64_t i0 = 0; i0 < n; i0 += kRouteChunk) {
+      const int64_t m = Min(kRouteChunk, n - i0);
+      Fetch(ib, ids + i0, m);
+      for (int64_t i = 0; i < m; ++i) {
+        const int32_t e = ib.GetValue(static_cast<uint32_t>(i));
+        routed += (e >= 0 && e < experts) ? 1 : 0;
+      }
     }
     const int64_t c = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
     const int64_t lo = routed * c / cores, hi = routed * (c + 1) / cores;
-    AscendC::LocalTensor<int32_t> seen = Counters(experts);
+    if (lo >= hi) return;
+    AscendC::LocalTensor<int32_t> next = Cursors(offs, experts);
     int64_t index = 0;
-    for (int64_t i = 0; i < n && index < hi; ++i) {
-      const int32_t e = g.GetValue(i);
-      if (e < 0 || e >= experts) continue;
-      const int64_t j = seen.GetValue(e);
-      seen.SetValue(e, static_cast<int32_t>(j + 1));
-      if (index++ < lo) continue;
-      const int64_t row = o.GetValue(e) + j;
-      if (row < 0 || row >= rows) {
-        Fault("place: a token's row is outside the window (offsets or window size wrong)");
-        continue;
+    for (int64_t i0 = 0; i0 < n && index < hi; i0 += kRouteChunk) {
+      const int64_t m = Min(kRouteChunk, n - i0);
+      Fetch(ib, ids + i0, m);
+      for (int64_t k = 0; k < m && index < hi; ++k) {
+        const int32_t e = ib.GetValue(static_cast<uint32_t>(k));
+        if (e < 0 || e >= experts) continue;
+        const int64_t row = next.GetValue(e);
+        next.SetValue(e, static_cast<int32_t>(row + 1));
+        if (index++ < lo) continue;
+        if (row < 0 || row >= rows) {
+          Fault("place: a token's row is outside the window (offsets or window size wrong)");
+          continue;
+        }
+        const int64_t i = i0 + k;
+        mv.Copy(via, win + row * hidden, e / local, x + (i / topk) * hidden, rank, hidden, rank,
+                sdmaThreshold);
       }
-      mv.Copy(via, win + row * hidden, e / local, x + (i / topk) * hidden, rank, hidden, rank,
-              sdmaThreshold);
     }
   }
 
   // y[t] = sum over k of weights[t, k] * (the window row of entry (t, k)), accumulated in float.
-  // The cores split the tokens evenly.
+  // The cores split the tokens evenly; ids and weights come into UB in chunks of whole tokens.
   __aicore__ inline void Gather(__gm__ T* y, __gm__ T* win, int64_t rows, __gm__ int32_t* ids,
                                 __gm__ float* weights, __gm__ int32_t* offs, int64_t tokens,
                                 int64_t topk, int64_t hidden, int64_t experts, int64_t world) {
-    AscendC::GlobalTensor<int32_t> g, o;
-    AscendC::GlobalTensor<float> w;
-    g.SetGlobalBuffer(ids, tokens * topk);
-    w.SetGlobalBuffer(weights, tokens * topk);
-    o.SetGlobalBuffer(offs, experts);
     const int64_t local = experts / world;
     const int64_t c = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
     const int64_t first = tokens * c / cores, last = tokens * (c + 1) / cores;
-    AscendC::LocalTensor<int32_t> seen = Counters(experts);
-    for (int64_t i = 0; i < first * topk; ++i) {   // the earlier tokens' rows, for j
-      const int32_t e = g.GetValue(i);
-      if (e >= 0 && e < experts) seen.SetValue(e, seen.GetValue(e) + 1);
+    if (first >= last) return;
+    if (topk > kMaxTopk) Fault("gather: more than 64 experts per token");
+    AscendC::LocalTensor<int32_t> next = Cursors(offs, experts);
+    AscendC::LocalTensor<int32_t> ib = Ids();
+    AscendC::LocalTensor<float> wb = stage_.template GetWithOffset<float>(
+        static_cast<uint32_t>(kRouteChunk), static_cast<uint32_t>(kRouteChunk * sizeof(int32_t)));
+    for (int64_t i0 = 0; i0 < first * topk; i0 += kRouteChunk) {   // the earlier tokens' rows
+      const int64_t m = Min(kRouteChunk, first * topk - i0);
+      Fetch(ib, ids + i0, m);
+      for (int64_t i = 0; i < m; ++i) {
+        const int32_t e = ib.GetValue(static_cast<uint32_t>(i));
+        if (e >= 0 && e < experts) next.SetValue(e, next.GetValue(e) + 1);
+      }
     }
     AscendC::LocalTensor<float> acc = acc_.template Get<float>();
     AscendC::LocalTensor<float> tmp = tmp_.template Get<float>();
-    for (int64_t t = first; t < last; ++t) {
-      int64_t row[kMaxTopk];
-      int64_t pe[kMaxTopk];
-      float wt[kMaxTopk];
-      int64_t m = 0;
-      for (int64_t k = 0; k < topk; ++k) {
-        const int32_t e = g.GetValue(t * topk + k);
-        if (e < 0 || e >= experts) continue;
-        const int64_t j = seen.GetValue(e);
-        seen.SetValue(e, static_cast<int32_t>(j + 1));
-        const int64_t r = o.GetValue(e) + j;
-        if (r < 0 || r >= rows || m >= kMaxTopk) {
-          Fault("gather: an entry's row is outside the window (offsets or window size wrong)");
-          continue;
-        }
-        row[m] = r;
-        pe[m] = e / local;
-        wt[m] = w.GetValue(t * topk + k);
-        ++m;
-      }
-      for (int64_t h = 0; h < hidden; h += kGatherElems) {
-        const uint32_t len = static_cast<uint32_t>(Min(kGatherElems, hidden - h));
-        AscendC::Duplicate(acc, 0.0f, static_cast<int32_t>(len));
-        for (int64_t k = 0; k < m; ++k) {
-          AscendC::GlobalTensor<T> src;
-          src.SetGlobalBuffer(At(win + row[k] * hidden + h, 0, pe[k]), len);
-          AscendC::LocalTensor<T> in = inQ_.template AllocTensor<T>();
-          LoadTile(in, src, len);
-          inQ_.EnQue(in);
-          in = inQ_.template DeQue<T>();
-          if constexpr (IsF32<T>::value) {
-            AscendC::Muls(tmp, in, wt[k], static_cast<int32_t>(len));
-          } else {
-            AscendC::Cast(tmp, in, AscendC::RoundMode::CAST_NONE, len);
-            AscendC::Muls(tmp, tmp, wt[k], static_cast<int32_t>(len));
+    const int64_t perChunk = Max(1, kRouteChunk / Max(1, topk));   // tokens per staged chunk
+    for (int64_t t0 = first; t0 < last; t0 += perChunk) {
+      const int64_t t1 = Min(last, t0 + perChunk);
+      Fetch(ib, ids + t0 * topk, (t1 - t0) * topk);
+      Fetch(wb, weights + t0 * topk, (t1 - t0) * topk);
+      for (int64_t t = t0; t < t1; ++t) {
+        int64_t row[kMaxTopk];
+        int64_t pe[kMaxTopk];
+        float wt[kMaxTopk];
+        int64_t m = 0;
+        for (int64_t k = 0; k < topk; ++k) {
+          const uint32_t at = static_cast<uint32_t>((t - t0) * topk + k);
+          const int32_t e = ib.GetValue(at);
+          if (e < 0 || e >= experts) continue;
+          const int64_t r = next.GetValue(e);
+          next.SetValue(e, static_cast<int32_t>(r + 1));
+          if (r < 0 || r >= rows || m >= kMaxTopk) {
+            Fault("gather: an entry's row is outside the window (offsets or window size wrong)");
+            continue;
           }
-          inQ_.FreeTensor(in);
-          AscendC::Add(acc, acc, tmp, static_cast<int32_t>(len));
+          row[m] = r;
+          pe[m] = e / local;
+          wt[m] = wb.GetValue(at);
+          ++m;
         }
-        AscendC::LocalTensor<T> out = outQ_.template AllocTensor<T>();
-        if constexpr (IsF32<T>::value) {
-          AscendC::DataCopy(out, acc, (len + 7) / 8 * 8);
-        } else {
-          AscendC::Cast(out, acc, AscendC::RoundMode::CAST_RINT, len);
-        }
-        outQ_.EnQue(out);
-        out = outQ_.template DeQue<T>();
-        AscendC::GlobalTensor<T> dst;
-        dst.SetGlobalBuffer(y + t * hidden + h, len);
-        StoreTile(dst, out, len);
-        outQ_.FreeTensor(out);
+        Combine(y + t * hidden, win, hidden, row, pe, wt, m, acc, tmp);
       }
     }
   }
@@ -428,17 +445,83 @@ class Router {
   static constexpr int64_t kMaxTopk = 64;
 
  private:
+  // y_t[0, hidden) = sum over k < m of wt[k] * win[row[k]] of rank pe[k], in float.
+  __aicore__ inline void Combine(__gm__ T* yt, __gm__ T* win, int64_t hidden, const int64_t* row,
+                                 const int64_t* pe, const float* wt, int64_t m,
+                                 AscendC::LocalTensor<float>& acc, AscendC::LocalTensor<float>& tmp) {
+    for (int64_t h = 0; h < hidden; h += kGatherElems) {
+      const uint32_t len = static_cast<uint32_t>(Min(kGatherElems, hidden - h));
+      AscendC::Duplicate(acc, 0.0f, static_cast<int32_t>(len));
+      for (int64_t k = 0; k < m; ++k) {
+        AscendC::GlobalTensor<T> src;
+        src.SetGlobalBuffer(At(win + row[k] * hidden + h, 0, pe[k]), len);
+        AscendC::LocalTensor<T> in = inQ_.template AllocTensor<T>();
+        LoadTile(in, src, len);
+        inQ_.EnQue(in);
+        in = inQ_.template DeQue<T>();
+        if constexpr (IsF32<T>::value) {
+          AscendC::Muls(tmp, in, wt[k], static_cast<int32_t>(len));
+        } else {
+          AscendC::Cast(tmp, in, AscendC::RoundMode::CAST_NONE, len);
+          AscendC::Muls(tmp, tmp, wt[k], static_cast<int32_t>(len));
+        }
+        inQ_.FreeTensor(in);
+        AscendC::Add(acc, acc, tmp, static_cast<int32_t>(len));
+      }
+      AscendC::LocalTensor<T> out = outQ_.template AllocTensor<T>();
+      if constexpr (IsF32<T>::value) {
+        AscendC::DataCopy(out, acc, (len + 7) / 8 * 8);
+      } else {
+        AscendC::Cast(out, acc, AscendC::RoundMode::CAST_RINT, len);
+      }
+      outQ_.EnQue(out);
+      out = outQ_.template DeQue<T>();
+      AscendC::GlobalTensor<T> dst;
+      dst.SetGlobalBuffer(yt + h, len);
+      StoreTile(dst, out, len);
+      outQ_.FreeTensor(out);
+    }
+  }
+
   __aicore__ inline AscendC::LocalTensor<int32_t> Counters(int64_t experts) {
     if (experts > kMaxExperts) Fault("more experts than the kernel's counters hold (8192)");
     AscendC::LocalTensor<int32_t> c = meta_.template Get<int32_t>();
     AscendC::Duplicate(c, 0, static_cast<int32_t>(Min(experts, kMaxExperts)));
+    AscendC::PipeBarrier<PIPE_ALL>();   // the vector fill is done before the scalar unit counts
     return c;
   }
 
-  // Scalar GM writes become visible to the DMA engines and other cores.
-  __aicore__ inline void Flush(AscendC::GlobalTensor<int32_t>& d) {
-    AscendC::DataCacheCleanAndInvalid<int32_t, AscendC::CacheLine::ENTIRE_DATA_CACHE,
-                                      AscendC::DcciDst::CACHELINE_OUT>(d);
+  // next[e] = offs[e], the first row of this rank's entries for expert e, loaded into UB.
+  __aicore__ inline AscendC::LocalTensor<int32_t> Cursors(__gm__ int32_t* offs, int64_t experts) {
+    AscendC::LocalTensor<int32_t> next = Counters(experts);
+    Fetch(next, offs, Min(experts, kMaxExperts));
+    return next;
+  }
+
+  __aicore__ inline AscendC::LocalTensor<int32_t> Ids() {
+    return stage_.template GetWithOffset<int32_t>(static_cast<uint32_t>(kRouteChunk), 0);
+  }
+
+  // dst[0, n) = src[0, n) from GM into UB by DMA, complete before the scalar unit reads it.
+  template <typename D>
+  __aicore__ inline void Fetch(AscendC::LocalTensor<D>& dst, __gm__ D* src, int64_t n) {
+    if (n <= 0) return;
+    AscendC::GlobalTensor<D> g;
+    g.SetGlobalBuffer(src, n);
+    AscendC::PipeBarrier<PIPE_ALL>();   // earlier scalar reads of dst are done
+    LoadTile(dst, g, static_cast<uint32_t>(n));
+    AscendC::PipeBarrier<PIPE_ALL>();
+  }
+
+  // dst[0, n) = src[0, n) from UB to GM by DMA, after the scalar unit's writes to src.
+  template <typename D>
+  __aicore__ inline void Emit(__gm__ D* dst, AscendC::LocalTensor<D>& src, int64_t n) {
+    if (n <= 0) return;
+    AscendC::GlobalTensor<D> g;
+    g.SetGlobalBuffer(dst, n);
+    AscendC::PipeBarrier<PIPE_ALL>();
+    StoreTile(g, src, static_cast<uint32_t>(Min(n, kMaxExperts)));
+    AscendC::PipeBarrier<PIPE_ALL>();
   }
 
   __aicore__ inline void Fault(const char* what) {
@@ -450,6 +533,7 @@ class Router {
   }
 
   AscendC::TBuf<AscendC::TPosition::VECCALC> meta_;
+  AscendC::TBuf<AscendC::TPosition::VECCALC> stage_;
   AscendC::TQue<AscendC::TPosition::VECIN, 2> inQ_;
   AscendC::TQue<AscendC::TPosition::VECOUT, 2> outQ_;
   AscendC::TBuf<AscendC::TPosition::VECCALC> acc_;
@@ -465,6 +549,11 @@ __aicore__ inline void EndStage(Mover<T>& mv) {
   AscendC::SyncAll<true>();
 }
 
+// Slot i of a sync area (its int32 word; the rest of the slot's line is padding).
+__aicore__ inline __gm__ int32_t* SyncSlot(__gm__ int32_t* sync, int64_t i) {
+  return sync + i * kSyncSlotInts;
+}
+
 // Sets flag slot `slot` (a local symmetric address) on rank `pe` to `stamp`.
 __aicore__ inline void Signal(__gm__ int32_t* slot, int32_t stamp, int64_t pe) {
   aclshmemx_signal_op(slot, stamp, ACLSHMEM_SIGNAL_SET, static_cast<int>(pe));
@@ -475,17 +564,17 @@ __aicore__ inline void WaitFlag(__gm__ int32_t* slot, int32_t stamp) {
   aclshmem_signal_wait_until(slot, ACLSHMEM_CMP_GE, stamp);
 }
 
-// Cross-rank barrier over the slots [0, world) of the sync area: slot p of rank q holds the stamp
-// of the last barrier rank p announced to q. The cores share the peers between them.
+// Cross-rank barrier over the slots [0, world) of the sync area (SyncSlot): slot p of rank q holds
+// the stamp of the last barrier rank p announced to q. The cores share the peers between them.
 __aicore__ inline void Barrier(__gm__ int32_t* slots, int32_t stamp) {
   const int64_t me = aclshmem_my_pe(), world = aclshmem_n_pes();
   const int64_t c = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
   AscendC::PipeBarrier<PIPE_ALL>();
   AscendC::SyncAll<true>();
-  for (int64_t p = c; p < world; p += cores) Signal(slots + me, stamp, p);
+  for (int64_t p = c; p < world; p += cores) Signal(SyncSlot(slots, me), stamp, p);
   for (int64_t p = c; p < world; p += cores) {
     STRATA_WAIT_NOTE("barrier", slots, world, p);
-    WaitFlag(slots + p, stamp);
+    WaitFlag(SyncSlot(slots, p), stamp);
   }
   AscendC::SyncAll<true>();
 }

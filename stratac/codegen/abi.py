@@ -21,6 +21,19 @@ from dataclasses import dataclass
 
 from stratac import ir
 
+# ---- the sync area (`sync`): an array of slots, one 64-byte line each, the int32 flag at the start
+# of its line (strata::kSyncSlotBytes, strata::SyncSlot in runtime/device/strata_device.h; SHMEM
+# pads its signals the same way, ACLSHMEM_SYNCBIT_SIZE = 64: a signal is a scalar store plus a
+# flush of its whole D-cache line, so flags sharing a line can overwrite each other). Slots
+# [0, world) are the barrier's, then SYNC_SLOTS slots for the schedules' named flags.
+SYNC_SLOT_BYTES = 64
+SYNC_SLOTS = 4096
+
+
+def sync_area_bytes(world: int) -> int:
+    """Bytes of a communicator's sync area: (world + 4096) * 64, 256 KiB + 64 B per rank."""
+    return (world + SYNC_SLOTS) * SYNC_SLOT_BYTES
+
 
 @dataclass(frozen=True)
 class Arg:

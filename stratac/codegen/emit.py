@@ -227,7 +227,8 @@ def _has_moves(nodes: list[dict]) -> bool:
 
 
 def _flag_bases(s: ir.Schedule) -> dict[str, ir.IExpr]:
-    """Offsets of each flag in the sync area (int32 slots): barrier slots [0, world) first."""
+    """Offsets of each flag in the sync area (slots of one 64-byte line each, strata::SyncSlot):
+    barrier slots [0, world) first."""
     bases, offset = {}, ir.Var("world")
     for f in s.flags:
         bases[f.name] = offset
@@ -248,7 +249,7 @@ def _statements(s: ir.Schedule) -> list[dict]:
             return {"kind": "loop", "var": _cname(op.var), "peers": op.domain is ir.Domain.PEERS,
                     "line": op.span.line, "body": [sync_node(o) for o in op.body]}
         f = flags[op.flag]
-        slot = _chain("sync_", bases[op.flag], op.index)
+        slot = f"strata::SyncSlot(sync_, {_chain(bases[op.flag], op.index)})"
         if isinstance(op, ir.Signal):
             return {"kind": "signal", "line": op.span.line, "slot": slot, "seq": f.seq, "pe": c(op.rank)}
         return {"kind": "wait", "line": op.span.line, "slot": slot, "seq": f.seq}
@@ -311,7 +312,7 @@ def manifest(s: ir.Schedule) -> dict:
                     for p in s.scratch],
         "scalars": [{"name": x.name, "kind": x.kind.value} for x in s.scalars],
         "sizes": list(s.sizes),
-        "flags": {"barrier_slots": "world",
+        "flags": {"barrier_slots": "world", "slot_bytes": abi.SYNC_SLOT_BYTES,
                   "named": [{"name": f.name, "size": str(f.size), "seq": f.seq} for f in s.flags],
                   "stamps_per_call": s.sync_ops},
         "ub_bytes_per_core": k.ub_bytes,

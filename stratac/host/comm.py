@@ -28,7 +28,7 @@ import torch
 from stratac.codegen import abi
 from stratac.host.cpu_model import check_pool, last_error, runtime
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
-from stratac.host.schedule import SYNC_SLOTS, Module, compile_source
+from stratac.host.schedule import Module, compile_source
 from stratac.ir import passes
 from stratac.lang import frontend
 
@@ -109,7 +109,7 @@ class Communicator:
         self._base = int(self._ffi.cast("uintptr_t", base))
         self._buffer = self._ffi.buffer(base, heap_bytes)
         self._heap = torch.frombuffer(self._buffer, dtype=torch.uint8)
-        self._sync = self._alloc((world + SYNC_SLOTS) * 4, zero=True)
+        self._sync = self._alloc(abi.sync_area_bytes(world), zero=True)
         # every tensor comm.empty makes has a storage of its own over its allocation, so that a
         # tensor (or a view of it) names its allocation even after the memory is reused: by the
         # storage's identity, with the storage held so that the identity stays unique

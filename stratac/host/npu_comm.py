@@ -32,7 +32,6 @@ from stratac.targets.npu import (
 
 DEFAULT_HEAP_BYTES = 256 << 20
 HEAP_ALIGN = 2 << 20                      # SHMEM maps the heap in 2 MiB pages
-SYNC_SLOTS = 4096                         # as stratac.host.comm: int32 flags after the barrier slots
 
 # The host API subset, from SHMEM's public headers (include/host/...; hicann/shmem v1.3.0):
 # aclshmemx_uniqueid_t {int32 version; int my_pe; int n_pes; char internal[124]} and
@@ -221,7 +220,7 @@ class NpuCommunicator:
                                        f"{'+'.join(engines)}, heap {self.heap_bytes} bytes)", rc)
         self._open = True
         self._allocs: dict[int, int] = {}
-        self._sync = self._alloc((world + SYNC_SLOTS) * 4, zero=True)
+        self._sync = self._alloc(abi.sync_area_bytes(world), zero=True)
         self._epoch = 0
         self._modules: list[NpuModule] = []
 

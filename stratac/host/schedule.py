@@ -25,7 +25,7 @@ from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.ir import passes
 from stratac.targets import cpu as build
 
-SYNC_SLOTS = 4096                      # int32 flag slots after the world barrier slots
+SYNC_SLOTS = abi.SYNC_SLOTS            # flag slots (64 B each) after the world barrier slots
 _TORCH_DTYPES = {d: getattr(torch, d.torch_name) for d in ir.DType}
 ROUTE_MAX_EXPERTS = 8192   # strata::kMaxExperts (runtime/device/strata_device.h)
 ROUTE_MAX_TOPK = 64        # strata::Router::kMaxTopk

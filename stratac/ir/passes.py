@@ -26,7 +26,7 @@ QUEUE_DEPTH = 2             # double buffering: load tile k+1 while tile k is co
 SDMA_THRESHOLD = 256 * 1024 # `on auto`: copies of at least this many bytes go to SDMA
 # MoE routing (strata::Router): per-core expert counters (8192 x int32), and for gather two
 # double-buffered queues of 2048 elements (4-byte worst case) plus two float accumulators.
-ROUTE_META_BYTES = 8192 * 4
+ROUTE_META_BYTES = 8192 * 4 + 1024 * 8    # strata::Router meta_ (counters) + stage_ (ids, weights)
 ROUTE_GATHER_BYTES = 2 * 2 * 2048 * 4 + 2 * 2048 * 4
 
 # Vector cores (AIV) per SoC, from the public hardware descriptions.

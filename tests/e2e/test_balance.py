@@ -279,8 +279,16 @@ def test_gather_splits_tokens_evenly(moe, rank):
     tokens = even_units(TOKENS, CORES)
     starts = [sum(tokens[:c]) for c in range(CORES)]
     reads = [int(routed_per_token[s:s + t].sum()) * row for s, t in zip(starts, tokens)]
-    assert _ctr(rec, "mte_out") == scale(row, tokens)
-    assert _ctr(rec, "mte_in") == reads
+    # plus the routing metadata, moved by DMA: exscan (owners split over the cores) loads its
+    # owners' columns of every rank's counts and stores their offsets; gather loads the offsets, the
+    # earlier tokens' ids and its own tokens' ids and weights (int32/f32)
+    local = EXPERTS // WORLD
+    owners = even_units(WORLD, CORES)
+    meta_in = [WORLD * o * local * 4 + (EXPERTS * 4 + (s + 2 * t) * TOPK * 4 if t else 0)
+               for o, s, t in zip(owners, starts, tokens)]
+    meta_out = [o * local * 4 for o in owners]
+    assert _ctr(rec, "mte_out") == add(scale(row, tokens), meta_out)
+    assert _ctr(rec, "mte_in") == add(reads, meta_in)
 
 
 # ---- stratac simulate's split against the kernel's ----

@@ -265,7 +265,7 @@ schedule moe_decode_dispatch(x: sym T[tokens, hidden], ids: i32[tokens, topk], c
   for p in peers:  # line 27
     wait ready[p]  # line 27
   # 1 flag stamps per call
-  # UB per core: 0 copy + 0 reduce tiles x 0 B + 256 B scratch + 32768 B routing = 33024 B; 40 cores (Ascend910B3)
+  # UB per core: 0 copy + 0 reduce tiles x 0 B + 256 B scratch + 40960 B routing = 41216 B; 40 cores (Ascend910B3)
 """
 
 

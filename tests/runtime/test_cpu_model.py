@@ -61,7 +61,7 @@ def test_exchange(driver, tmp_path, world, cores, n, sdma_delay_us):
                      env={"STRATA_CPU_SDMA_DELAY_US": str(sdma_delay_us)})
     assert sorted(out) == list(range(world))
     chunk = 4 * n
-    sizes = [cores * chunk, world * cores * chunk, world * cores * chunk, cores * chunk, cores * 32]
+    sizes = [cores * chunk, world * cores * chunk, world * cores * chunk, cores * chunk, cores * 64]
     offsets = np.cumsum([0] + [ceil512(s) for s in sizes])
     for r in range(world):
         allocs = [l for l in out[r] if l.startswith("alloc ")]
@@ -74,7 +74,7 @@ def test_exchange(driver, tmp_path, world, cores, n, sdma_delay_us):
         mte = np.fromfile(tmp_path / f"exchange_mte_{r}.bin", dtype=np.float32).reshape(world, cores, n)
         sdma = np.fromfile(tmp_path / f"exchange_sdma_{r}.bin", dtype=np.float32).reshape(world, cores, n)
         get = np.fromfile(tmp_path / f"exchange_get_{r}.bin", dtype=np.float32).reshape(cores, n)
-        flags = np.fromfile(tmp_path / f"exchange_flags_{r}.bin", dtype=np.int32).reshape(cores, 8)
+        flags = np.fromfile(tmp_path / f"exchange_flags_{r}.bin", dtype=np.int32).reshape(cores, 16)
         np.testing.assert_array_equal(mte, expect_all)
         np.testing.assert_array_equal(sdma, expect_all)
         np.testing.assert_array_equal(get, expect_all[(r + 1) % world])
@@ -111,7 +111,8 @@ def test_atomic_from_several_ranks(driver, tmp_path):
 def test_syncall_eight_cores(driver, tmp_path):
     cores, rounds = 8, 150
     run_driver(driver, tmp_path, "syncall", cores, rounds)
-    sums = np.fromfile(tmp_path / "syncall_sums.bin", dtype=np.int32).reshape(rounds, cores)
+    stride = (rounds + 15) // 16 * 16   # core c's sums are row c, padded to whole 64-byte lines
+    sums = np.fromfile(tmp_path / "syncall_sums.bin", dtype=np.int32).reshape(cores, stride)[:, :rounds].T
     r = np.arange(rounds)
     expect = cores * cores * r + cores * (cores - 1) // 2
     np.testing.assert_array_equal(sums, np.repeat(expect[:, None], cores, axis=1))
@@ -456,6 +457,17 @@ FAIL_CASES = {
     "uncaught_exception": (16, 4, 10, [PREFIX + "uncaught C++ exception: boom"]),
     "tbuf_offset": (18, 4, 10, [PREFIX + "TBuf::GetWithOffset: byte offset 100 is not 32-byte aligned"]),
     "deque_empty": (19, 4, 10, [PREFIX + "TQue::DeQue on an empty queue"]),
+    # the scalar data cache (runtime/README.md, "scalar data cache")
+    "two_cores_one_line": (25, 2, 10, ["rank 0 core 1 strata:72 kernel fail_kernel: GlobalTensor::SetValue: two "
+                                       "cores scalar-store into one 64-byte line (at rank 0 heap offset 3072 "
+                                       "(0xc00)): core 0 already SetValue'd into it in this launch; the hardware "
+                                       "loses one of the writes (asc-devkit DataCacheCleanAndInvalid.md example 3)"]),
+    "dirty_line_at_return": (27, 4, 10, ["rank 0 core 3 strata:81 kernel fail_kernel: kernel returned with scalar "
+                                         "GM writes not flushed: 1 dirty D-cache line(s) of SetValue data (the "
+                                         "lowest at rank 0 heap offset 3072 (0xc00)) never written back"]),
+    "lost_write": (28, 2, 10, ["rank 0 core 0 strata:92 kernel fail_kernel: DataCacheCleanAndInvalid: lost "
+                               "write: the write-back of this core's dirty 64-byte line at rank 0 heap offset 3072 "
+                               "(0xc00) would overwrite bytes 32-60 (8 bytes differ), which another agent"]),
 }
 
 
@@ -475,6 +487,53 @@ def test_rule_violation(driver, tmp_path, name):
     assert field(lines, "aborted") == "1"
     assert field(lines, "abort_message") == message
     assert "RELAUNCH_OK" not in lines   # an aborted pool refuses later launches
+
+
+def test_unpadded_flags_fail_on_the_rank_whose_flag_shares_a_line(driver, tmp_path):
+    """Case 22: two ranks signal flags 4 bytes apart on rank 0 (the packed layout): rank 0's flag
+    starts a 64-byte line, rank 1's is 4 bytes into it and is refused."""
+    out = run_driver(driver, tmp_path, "fail", 22, 2, 1, 10)
+    message = field(out[1], "LAUNCH_FAILED").split(" ", 1)[1]
+    assert message.startswith(
+        "rank 1 core 0 strata:51 kernel fail_kernel: aclshmemx_signal_op: signal address rank 1 heap offset 3076 "
+        "(0xc04), 4 bytes into its 64-byte line is not 64-byte aligned: each signal needs a D-cache line of its "
+        "own"), message
+    assert "ACLSHMEM_SYNCBIT_SIZE = 64" in message
+
+
+@pytest.mark.parametrize("flushed", [False, True])
+def test_stale_read_of_gm_another_rank_wrote(driver, tmp_path, flushed):
+    """Cases 23/24: rank 0 reads x (caching its line), rank 1 overwrites x by DMA, rank 0 reads x
+    again: without a flush it is a stale read; with DataCacheCleanAndInvalid it reads 4242."""
+    out = run_driver(driver, tmp_path, "fail", 24 if flushed else 23, 2, 1, 10)
+    if flushed:
+        assert field(out[0], "LAUNCH_OK") and field(out[1], "LAUNCH_OK")
+        return
+    message = field(out[0], "LAUNCH_FAILED").split(" ", 1)[1]
+    assert message.startswith(
+        "rank 0 core 0 strata:62 kernel fail_kernel: GlobalTensor::GetValue: stale read: GetValue of GM written "
+        "by another agent since this core cached the line: call DataCacheCleanAndInvalid first (asc-devkit "
+        "GlobalTensor/GetValue.md); element at rank 0 heap offset 3072 (0xc00), bytes 0-29 "), message
+
+
+def test_each_core_writing_its_own_lines_and_flushing_passes(driver, tmp_path):
+    """Case 26: as case 25 (two cores, one line), but core 1 writes a line of its own; core 0 reads
+    both values back after invalidating."""
+    out = run_driver(driver, tmp_path, "fail", 26, 1, 2, 10)
+    assert field(out[0], "LAUNCH_OK")
+
+
+def test_stale_read_of_gm_the_host_changed_between_launches(driver, tmp_path):
+    """The core's data cache persists across launches: reads after a flush see each value the host
+    wrote; a read without one, of a line cached by the launch before, fails."""
+    lines = run_driver(driver, tmp_path, "stale_host")[0]
+    launches = [l for l in lines if l.startswith("launch ")]
+    assert [l.split(" rc ")[0] for l in launches] == ["launch 0 case 30", "launch 1 case 30", "launch 2 case 29"]
+    assert [l for l in lines if l.startswith("read ")] == ["read 100", "read 101"]
+    assert launches[0].endswith("rc 0 ") and launches[1].endswith("rc 0 ")
+    assert launches[2].startswith(
+        "launch 2 case 29 rc -1 rank 0 core 0 strata:101 kernel fail_kernel: GlobalTensor::GetValue: stale read: "
+        "GetValue of GM written by another agent since this core cached the line"), launches[2]
 
 
 def test_peer_abort_propagates(driver, tmp_path):
@@ -596,7 +655,7 @@ def test_barrier_timeout_names_the_rank_that_never_arrived(driver, tmp_path):
         times.append(float(elapsed))
         # its own timeout, or the abort of the rank that timed out first (which quotes it)
         assert re.search(r"rank ([01]) core 0 strata:31 kernel fail_kernel: aclshmem_signal_wait_until timed out "
-                         r"after 0.5 s: barrier slot of rank 2 \(flag at rank \1 heap offset 1032 \(0x408\)\): "
+                         r"after 0.5 s: barrier slot of rank 2 \(flag at rank \1 heap offset 1152 \(0x480\)\): "
                          r"ACLSHMEM_CMP_GE \(expected >= 5\), seen 0 \(never signalled\); ranks that have not "
                          r"arrived at this barrier: 2$", message), message
     assert max(times) >= 0.5 and max(times) < 3.0, times
@@ -609,7 +668,7 @@ def test_named_flag_timeout_names_the_flag_the_slot_and_what_is_missing(driver, 
     out = run_driver(driver, tmp_path, "fail", 21, 1, 4, 0.5)
     message = field(out[0], "LAUNCH_FAILED").split(" ", 1)[1]
     assert message == ("rank 0 core 3 strata:44 kernel fail_kernel: aclshmem_signal_wait_until timed out after "
-                       "0.5 s: flag go[2] (flag at rank 0 heap offset 2060 (0x80c)): ACLSHMEM_CMP_GE (expected "
+                       "0.5 s: flag go[2] (flag at rank 0 heap offset 2240 (0x8c0)): ACLSHMEM_CMP_GE (expected "
                        ">= 5), seen 3 (an earlier stamp); slots of go on rank 0 not yet signalled in this call: "
                        "0, 2, 3 (of 4)")
 

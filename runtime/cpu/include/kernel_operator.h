@@ -134,37 +134,6 @@ template <class T> constexpr int DTypeOf() {
   return ::strata_cpu::kDtOther;
 }
 
-// Tearing-free scalar access to GM that other cores/ranks write concurrently.
-template <class T> inline T LoadScalar(const T* p) {
-  if constexpr (sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8) {
-    using U = typename std::conditional<sizeof(T) == 1, uint8_t,
-              typename std::conditional<sizeof(T) == 2, uint16_t,
-              typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type>::type>::type;
-    if (reinterpret_cast<uintptr_t>(p) % sizeof(T) == 0) {
-      U u = __atomic_load_n(reinterpret_cast<const U*>(p), __ATOMIC_ACQUIRE);
-      T v;
-      std::memcpy(&v, &u, sizeof(T));
-      return v;
-    }
-  }
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-template <class T> inline void StoreScalar(T* p, const T& v) {
-  if constexpr (sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8) {
-    using U = typename std::conditional<sizeof(T) == 1, uint8_t,
-              typename std::conditional<sizeof(T) == 2, uint16_t,
-              typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type>::type>::type;
-    if (reinterpret_cast<uintptr_t>(p) % sizeof(T) == 0) {
-      U u;
-      std::memcpy(&u, &v, sizeof(T));
-      __atomic_store_n(reinterpret_cast<U*>(p), u, __ATOMIC_RELEASE);
-      return;
-    }
-  }
-  std::memcpy(p, &v, sizeof(T));
-}
 }  // namespace detail
 
 // ---- GlobalTensor: a view of GM (any pool address, local or a peer's) ----
@@ -196,13 +165,18 @@ template <class T> class GlobalTensor {
   // 0 when the buffer was set without a size.
   uint64_t GetSize() const { return sized_ ? size_ : 0; }
 
+  // Scalar GM access goes through the core's data cache (non-coherent, write-back; strata_cpu.h:
+  // ScalarLoad/ScalarStore): read GM that others write only after DataCacheCleanAndInvalid, and
+  // flush after writing.
   T GetValue(uint64_t offset) const {
     StrataCheck(offset, 1, "GlobalTensor::GetValue");
-    return detail::LoadScalar(ptr_ + offset);
+    T v;
+    ::strata_cpu::ScalarLoad(ptr_ + offset, &v, sizeof(T), "GlobalTensor::GetValue");
+    return v;
   }
   void SetValue(uint64_t offset, T value) const {
     StrataCheck(offset, 1, "GlobalTensor::SetValue");
-    detail::StoreScalar(ptr_ + offset, value);
+    ::strata_cpu::ScalarStore(ptr_ + offset, &value, sizeof(T), "GlobalTensor::SetValue");
   }
 
   // Model internals: `count` elements from `first` lie inside the tensor and the pool.
@@ -857,8 +831,10 @@ inline void DisableDmaAtomic() { ::strata_cpu::SetAtomicMode(::strata_cpu::kAtom
 // in flag-polling loops) ----
 template <class T, CacheLine entireType, DcciDst dcciDst>
 inline void DataCacheCleanAndInvalid(const GlobalTensor<T>& dst) {
-  (void)dst;
-  ::strata_cpu::PollHint("DataCacheCleanAndInvalid");
+  // every DcciDst is treated alike: the core's scalar data cache is written back and invalidated
+  // (SINGLE_CACHE_LINE: the 64-byte line holding dst's first element; ENTIRE_DATA_CACHE: all)
+  ::strata_cpu::DataCacheCleanInvalidate(dst.GetPhyAddr(), entireType == CacheLine::ENTIRE_DATA_CACHE,
+                                         "DataCacheCleanAndInvalid");
 }
 
 }  // namespace AscendC

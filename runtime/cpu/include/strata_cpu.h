@@ -32,8 +32,9 @@ void strata_cpu_leave(void);
 // Waits (kernel flag waits and the host barrier) check this every 50 ms and fail with that text.
 int strata_cpu_dead_rank(void);
 // Names the sync area of the launches to come, for wait-timeout messages: `sync` is this rank's
-// flag area, slots [0, barrier_slots) are barrier slots (slot p: rank p), then `layout` lists the
-// named flags as "name base size;..." in int32 slots from the start of the area.
+// flag area, an array of slots of one 64-byte line each (the int32 flag at the start of its line);
+// slots [0, barrier_slots) are barrier slots (slot p: rank p), then `layout` lists the named flags
+// as "name base size;..." in slots from the start of the area.
 void strata_cpu_describe_sync(const void* sync, int64_t barrier_slots, const char* layout);
 const char* strata_cpu_last_error(void);
 
@@ -98,6 +99,9 @@ void SetLine(int line);
 // All state they touch lives in the library: the calling thread's core (block index, UB arena,
 // kernel type, atomic mode, events, SDMA queue) and the process's pool.
 constexpr uint32_t kUbBytes = 196608;   // Unified Buffer per vector core
+// A vector core's scalar data cache line (DataCacheCleanAndInvalid SINGLE_CACHE_LINE; SHMEM's
+// ACLSHMEM_SYNCBIT_SIZE pads each signal to one line). Signals must be line-aligned.
+constexpr uint64_t kCacheLineBytes = 64;
 
 // Element type codes (for DMA atomics and messages).
 enum DType : int { kDtOther = 0, kDtF32, kDtF16, kDtBF16, kDtI32, kDtI16, kDtI8, kDtU32, kDtU16,
@@ -126,6 +130,14 @@ void SetCurrentPipe(void* pipe);
 void SyncAllCores(bool aiv_only);
 void Fence();
 void PollHint(const char* op);          // fence + abort check + occasional yield (DCCI)
+// The core's scalar data cache (GlobalTensor::GetValue/SetValue; model.cpp: g_dcache): a load of a
+// cached line whose memory changed since it was cached fails (stale read); a store marks the line
+// dirty and fails when another core of the rank scalar-wrote the line in this launch;
+// DataCacheCleanInvalidate writes back and forgets the line of p (or every line: `entire`), and
+// fails when a dirty line's other bytes changed in memory (lost write).
+void ScalarLoad(const void* p, void* out, uint64_t bytes, const char* op);
+void ScalarStore(void* p, const void* in, uint64_t bytes, const char* op);
+void DataCacheCleanInvalidate(const void* p, bool entire, const char* op);
 
 // SHMEM device side.
 int MyPe();
@@ -134,8 +146,9 @@ void* PeerPtr(const void* local_sym, int pe, const char* op);
 void SignalOp(int32_t* sig_addr, int32_t signal, int sig_op, int pe);
 int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value);
 // STRATA_WAIT_NOTE (strata_device.h, CPU model only): the calling core's next SignalWaitUntil is
-// on slot `index` of `count` int32 slots at `group`, which are `what` ("barrier": slot p is rank
-// p's arrival). A timeout then names the slot and lists the slots still below the stamp.
+// on slot `index` of `count` sync slots (int32 flags kCacheLineBytes apart) from `group`, which
+// are `what` ("barrier": slot p is rank p's arrival). A timeout then names the slot and lists the
+// slots still below the stamp.
 void NoteWait(const char* what, const int32_t* group, int64_t count, int64_t index);
 // put: dst local symmetric (translated to pe), src any pool address; get: src local symmetric
 // (translated to pe), dst any pool address.

@@ -32,6 +32,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "strata_cpu.h"
@@ -394,6 +395,9 @@ struct Launch {
   uint64_t bar_gen = 0;
   uint32_t exited = 0;     // cores that returned from the kernel normally
   int first_exited = -1;
+  // 64-byte lines some core of this rank scalar-wrote (SetValue) in this launch, and which core
+  std::mutex scalar_mu;
+  std::unordered_map<uintptr_t, int> scalar_writer;
 };
 
 constexpr int kEvents = 16, kEventIds = 16;
@@ -422,7 +426,7 @@ struct CoreState {
 // The sync area of the launches to come (strata_cpu_describe_sync), to name flags in messages.
 struct SyncFlag {
   std::string name;
-  int64_t base, size;  // int32 slots from the start of the sync area
+  int64_t base, size;  // sync slots (one 64-byte line each) from the start of the sync area
 };
 struct SyncLayout {
   const uint8_t* sync = nullptr;
@@ -444,6 +448,26 @@ thread_local CoreState* t_core = nullptr;
 
 std::mutex g_arena_mu;
 uint8_t* g_arenas[STRATA_MAX_CORES] = {};
+
+// ---- the scalar data cache of each vector core ----
+// GlobalTensor::GetValue/SetValue go through a private, non-coherent, write-back cache of 64-byte
+// lines (asc-devkit GlobalTensor/GetValue.md, DataCacheCleanAndInvalid.md); DMA (DataCopy, SDMA,
+// DMA atomics) and signals do not. A cached line keeps the memory it was loaded from (`snap`), so
+// that a change by anyone else (another core or rank, a DMA, the host) is seen: reading such a
+// line is a stale read, writing back a dirty line whose other bytes changed is a lost write.
+// Core i's cache survives launches of the same pool (its thread persists; whether the hardware's
+// D-cache survives between kernel launches is unverified, so the model assumes the worst); it is
+// emptied when a pool is mapped or unmapped. Only core i's thread touches it during a launch.
+struct DLine {
+  uint8_t snap[kCacheLineBytes];  // memory when the line was loaded
+  uint8_t data[kCacheLineBytes];  // the core's copy
+  uint64_t dirty = 0;             // bit b: byte b written by SetValue and not written back
+};
+std::unordered_map<uintptr_t, DLine> g_dcache[STRATA_MAX_CORES];
+
+void DCacheReset() {
+  for (auto& c : g_dcache) c.clear();
+}
 
 const char* KernelTypeName(int t) {
   static const char* const names[] = {"KERNEL_TYPE_AIV_ONLY",    "KERNEL_TYPE_AIC_ONLY",
@@ -651,6 +675,80 @@ SdmaEngine* Engine(CoreState* c) {
   return e;
 }
 
+// ---- scalar data cache (see g_dcache) ----
+void LineRead(uintptr_t line, uint8_t* out) {  // tearing-free per 8 bytes (lines are 64-aligned)
+  const uint64_t* src = reinterpret_cast<const uint64_t*>(line);
+  for (uint64_t w = 0; w < kCacheLineBytes / 8; ++w) {
+    uint64_t v = __atomic_load_n(src + w, __ATOMIC_ACQUIRE);
+    std::memcpy(out + 8 * w, &v, 8);
+  }
+}
+
+// The bytes of a line where x and y differ, outside `skip`: "32-47 (4 bytes differ)".
+std::string ByteRanges(const uint8_t* x, const uint8_t* y, uint64_t skip) {
+  int lo = -1, hi = -1, n = 0;
+  for (int i = 0; i < int(kCacheLineBytes); ++i) {
+    if (x[i] == y[i] || ((skip >> i) & 1)) continue;
+    if (lo < 0) lo = i;
+    hi = i;
+    ++n;
+  }
+  return Sprintf("%d-%d (%d byte%s differ%s)", lo, hi, n, n == 1 ? "" : "s", n == 1 ? "s" : "");
+}
+
+// The line's bytes that memory holds differently from the snapshot, ignoring `skip` (dirty bytes).
+bool LineChanged(const DLine& e, uintptr_t line, uint64_t skip, std::string* which) {
+  uint8_t now[kCacheLineBytes];
+  LineRead(line, now);
+  for (uint64_t i = 0; i < kCacheLineBytes; ++i) {
+    if (((skip >> i) & 1) == 0 && now[i] != e.snap[i]) {
+      *which = ByteRanges(now, e.snap, skip);
+      return true;
+    }
+  }
+  return false;
+}
+
+DLine& LineFill(CoreState* c, uintptr_t line) {
+  auto it = g_dcache[c->idx].find(line);
+  if (it != g_dcache[c->idx].end()) return it->second;
+  DLine& e = g_dcache[c->idx][line];
+  LineRead(line, e.snap);
+  std::memcpy(e.data, e.snap, kCacheLineBytes);
+  e.dirty = 0;
+  return e;
+}
+
+// Writes back (clean) a dirty line and forgets it (invalidate).
+void LineCleanInvalidate(CoreState* c, uintptr_t line, const char* op) {
+  auto it = g_dcache[c->idx].find(line);
+  if (it == g_dcache[c->idx].end()) return;
+  DLine& e = it->second;
+  if (e.dirty) {
+    std::string which;
+    if (LineChanged(e, line, e.dirty, &which))
+      FailStr(Sprintf("%s: lost write: the write-back of this core's dirty 64-byte line at %s would overwrite "
+                      "bytes %s, which another agent (core, rank, DMA, SDMA or the host) wrote since this core "
+                      "cached the line; the hardware writes back whole lines, so two writers in one line "
+                      "between flushes lose one's data (asc-devkit DataCacheCleanAndInvalid.md example 3)",
+                      op, GmWhere(reinterpret_cast<const void*>(line)).c_str(), which.c_str()));
+    uint8_t* dst = reinterpret_cast<uint8_t*>(line);
+    for (uint64_t w = 0; w < kCacheLineBytes / 8; ++w) {
+      uint64_t m = (e.dirty >> (8 * w)) & 0xff;
+      if (m == 0xff) {
+        uint64_t v;
+        std::memcpy(&v, e.data + 8 * w, 8);
+        __atomic_store_n(reinterpret_cast<uint64_t*>(dst) + w, v, __ATOMIC_RELEASE);
+      } else {
+        for (uint64_t b = 0; b < 8; ++b)
+          if ((m >> b) & 1) __atomic_store_n(dst + 8 * w + b, e.data[8 * w + b], __ATOMIC_RELEASE);
+      }
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  g_dcache[c->idx].erase(it);
+}
+
 void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
   CoreState cs;
   cs.launch = L;
@@ -666,6 +764,18 @@ void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
     if (cs.sdma_unquieted > 0)
       FailStr(Sprintf("kernel returned with %llu SDMA copies not waited for by aclshmemx_sdma_quiet",
                       (unsigned long long)cs.sdma_unquieted));
+    {
+      uint64_t dirty = 0;
+      uintptr_t first = 0;
+      for (auto& kv : g_dcache[idx])
+        if (kv.second.dirty && (dirty++ == 0 || kv.first < first)) first = kv.first;
+      if (dirty)
+        FailStr(Sprintf("kernel returned with scalar GM writes not flushed: %llu dirty D-cache line(s) of "
+                        "SetValue data (the lowest at %s) never written back; call DataCacheCleanAndInvalid "
+                        "after GlobalTensor::SetValue (until then neither DMA, other cores nor other ranks see "
+                        "the data)", (unsigned long long)dirty,
+                        GmWhere(reinterpret_cast<const void*>(first)).c_str()));
+    }
     normal = true;
   } catch (const CoreUnwind&) {
   } catch (const std::exception& e) {
@@ -1089,6 +1199,75 @@ STRATA_EXPORT void SetCurrentPipe(void* pipe) {
   if (t_core) t_core->pipe = pipe;
 }
 
+STRATA_EXPORT void ScalarLoad(const void* p, void* out, uint64_t bytes, const char* op) {
+  CoreState* c = Cur(op);
+  CheckGmImpl(p, bytes, op);
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint8_t* o = static_cast<uint8_t*>(out);
+  while (bytes > 0) {
+    uintptr_t line = a / kCacheLineBytes * kCacheLineBytes;
+    uint64_t at = a - line, n = std::min<uint64_t>(bytes, kCacheLineBytes - at);
+    bool cached = g_dcache[c->idx].count(line) != 0;
+    DLine& e = LineFill(c, line);
+    std::string which;
+    if (cached && LineChanged(e, line, 0, &which))
+      FailStr(Sprintf("%s: stale read: GetValue of GM written by another agent since this core cached the line: "
+                      "call DataCacheCleanAndInvalid first (asc-devkit GlobalTensor/GetValue.md); element at %s, "
+                      "bytes %s of its 64-byte line changed (by another core, rank, DMA, SDMA or the host, in "
+                      "this launch or between launches)",
+                      op, GmWhere(reinterpret_cast<const void*>(a)).c_str(), which.c_str()));
+    std::memcpy(o, e.data + at, n);
+    a += n;
+    o += n;
+    bytes -= n;
+  }
+}
+
+STRATA_EXPORT void ScalarStore(void* p, const void* in, uint64_t bytes, const char* op) {
+  CoreState* c = Cur(op);
+  CheckGmImpl(p, bytes, op);
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uint8_t* i = static_cast<const uint8_t*>(in);
+  while (bytes > 0) {
+    uintptr_t line = a / kCacheLineBytes * kCacheLineBytes;
+    uint64_t at = a - line, n = std::min<uint64_t>(bytes, kCacheLineBytes - at);
+    int other = -1;
+    {
+      std::lock_guard<std::mutex> lk(c->launch->scalar_mu);
+      auto ins = c->launch->scalar_writer.emplace(line, c->idx);
+      if (ins.second == false && ins.first->second != c->idx) other = ins.first->second;
+    }
+    if (other >= 0)
+      FailStr(Sprintf("%s: two cores scalar-store into one 64-byte line (at %s): core %d already SetValue'd "
+                      "into it in this launch; the hardware loses one of the writes (asc-devkit "
+                      "DataCacheCleanAndInvalid.md example 3): give each core's scalar data lines of its own, or "
+                      "write through UB with DataCopyPad",
+                      op, GmWhere(reinterpret_cast<const void*>(line)).c_str(), other));
+    DLine& e = LineFill(c, line);
+    std::memcpy(e.data + at, i, n);
+    for (uint64_t b = at; b < at + n; ++b) e.dirty |= uint64_t(1) << b;
+    a += n;
+    i += n;
+    bytes -= n;
+  }
+}
+
+STRATA_EXPORT void DataCacheCleanInvalidate(const void* p, bool entire, const char* op) {
+  CoreState* c = Cur(op);
+  if (entire) {
+    std::vector<uintptr_t> lines;
+    lines.reserve(g_dcache[c->idx].size());
+    for (auto& kv : g_dcache[c->idx]) lines.push_back(kv.first);
+    std::sort(lines.begin(), lines.end());
+    for (uintptr_t line : lines) LineCleanInvalidate(c, line, op);
+  } else {
+    if (p == nullptr) FailStr(Sprintf("%s: GlobalTensor has no buffer (SetGlobalBuffer missing)", op));
+    CheckGmImpl(p, 1, op);
+    LineCleanInvalidate(c, reinterpret_cast<uintptr_t>(p) / kCacheLineBytes * kCacheLineBytes, op);
+  }
+  PollHint(op);
+}
+
 STRATA_EXPORT void Fence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 STRATA_EXPORT void PollHint(const char* op) {
@@ -1171,14 +1350,33 @@ STRATA_EXPORT void* PeerPtr(const void* local_sym, int pe, const char* op) {
   return HeapOf(pe) + (p - mine);
 }
 
+// A signal is a scalar store plus a flush of its whole 64-byte D-cache line (SHMEM
+// shmem_device_so.hpp: aclshmemi_store + dcci_cacheline), so neighbouring signals in one line
+// overwrite each other; SHMEM requires "separate elements ... on different cachelines" and pads
+// its own to ACLSHMEM_SYNCBIT_SIZE = 64. The model requires each signal at the start of a line.
+static void CheckSignalLine(const int32_t* sig_addr, const char* op) {
+  if (reinterpret_cast<uintptr_t>(sig_addr) % kCacheLineBytes == 0) return;
+  int owner = OwnerOf(sig_addr);
+  std::string where = GmWhere(sig_addr);
+  if (owner >= 0) {
+    uint64_t off = reinterpret_cast<const uint8_t*>(sig_addr) - HeapOf(owner);
+    where += Sprintf(", %llu bytes into its 64-byte line", (unsigned long long)(off % kCacheLineBytes));
+  }
+  FailStr(Sprintf("%s: signal address %s is not 64-byte aligned: each signal needs a D-cache line of its own "
+                  "(a signal is a scalar store plus a flush of its whole line, so signals sharing a line "
+                  "overwrite each other and one can be lost; SHMEM pads its signals to "
+                  "ACLSHMEM_SYNCBIT_SIZE = 64 bytes)", op, where.c_str()));
+}
+
 STRATA_EXPORT void SignalOp(int32_t* sig_addr, int32_t signal, int sig_op, int pe) {
   const char* op = "aclshmemx_signal_op";
   CoreState* c = Cur(op);
   AbortCheck(c, op);
-  if (reinterpret_cast<uintptr_t>(sig_addr) % 4 != 0)
-    FailStr(Sprintf("%s: signal address %p is not 4-byte aligned", op, (void*)sig_addr));
+  CheckSignalLine(sig_addr, op);
   int32_t* remote = static_cast<int32_t*>(PeerPtr(sig_addr, pe, op));
   CheckGmImpl(remote, 4, op);
+  // the store and the flush of its line (dcci_cacheline): this core's copy of the line is gone
+  LineCleanInvalidate(c, reinterpret_cast<uintptr_t>(remote), op);
   if (sig_op == 0)
     __atomic_store_n(remote, signal, __ATOMIC_SEQ_CST);
   else if (sig_op == 1)
@@ -1188,12 +1386,15 @@ STRATA_EXPORT void SignalOp(int32_t* sig_addr, int32_t signal, int sig_op, int p
 }
 
 namespace {
-// Indices i in [0, count) with group[i] < stamp, as "1, 3, 5" (at most 16, then how many in all).
+constexpr int64_t kSlotInts = int64_t(kCacheLineBytes / sizeof(int32_t));  // sync slots: one line each
+
+// Sync slots i in [0, count) (one line each from `group`) whose flag is below stamp, as "1, 3, 5"
+// (at most 16, then how many in all).
 std::string SlotsBelow(const int32_t* group, int64_t count, int32_t stamp) {
   std::string out;
   int64_t n = 0;
   for (int64_t i = 0; i < count; ++i) {
-    if (__atomic_load_n(group + i, __ATOMIC_SEQ_CST) >= stamp) continue;
+    if (__atomic_load_n(group + i * kSlotInts, __ATOMIC_SEQ_CST) >= stamp) continue;
     if (n < 16) out += Sprintf("%s%lld", n ? ", " : "", (long long)i);
     ++n;
   }
@@ -1208,7 +1409,7 @@ void DescribeWait(const char* note_what, const int32_t* group, int64_t count, in
   what->clear();
   pending->clear();
   bool ge = cmp == 3;  // ACLSHMEM_CMP_GE: the device library's stamp waits
-  if (note_what && group + index == addr) {
+  if (note_what && group + index * kSlotInts == addr) {
     if (strcmp(note_what, "barrier") == 0) {
       *what = Sprintf("barrier slot of rank %lld", (long long)index);
       std::string below = ge ? SlotsBelow(group, count, value) : "";
@@ -1222,8 +1423,8 @@ void DescribeWait(const char* note_what, const int32_t* group, int64_t count, in
   }
   std::lock_guard<std::mutex> lk(g_sync_mu);
   const uint8_t* a = reinterpret_cast<const uint8_t*>(addr);
-  if (!g_sync.sync || a < g_sync.sync || (a - g_sync.sync) % 4 != 0) return;
-  int64_t slot = (a - g_sync.sync) / 4;
+  if (!g_sync.sync || a < g_sync.sync || (a - g_sync.sync) % kCacheLineBytes != 0) return;
+  int64_t slot = (a - g_sync.sync) / kCacheLineBytes;
   const int32_t* base = reinterpret_cast<const int32_t*>(g_sync.sync);
   if (slot < g_sync.barrier_slots) {
     *what = Sprintf("barrier slot of rank %lld", (long long)slot);
@@ -1234,7 +1435,7 @@ void DescribeWait(const char* note_what, const int32_t* group, int64_t count, in
   for (const SyncFlag& f : g_sync.flags) {
     if (slot < f.base || slot >= f.base + f.size) continue;
     *what = Sprintf("flag %s[%lld]", f.name.c_str(), (long long)(slot - f.base));
-    std::string below = ge ? SlotsBelow(base + f.base, f.size, value) : "";
+    std::string below = ge ? SlotsBelow(base + f.base * kSlotInts, f.size, value) : "";
     if (!below.empty())
       *pending = Sprintf("; slots of %s on rank %d not yet signalled in this call: %s (of %lld)", f.name.c_str(),
                          g_pool.rank, below.c_str(), (long long)f.size);
@@ -1270,9 +1471,9 @@ STRATA_EXPORT int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value)
   c->note_what = nullptr;
   c->note_group = nullptr;
   if (cmp < 0 || cmp > 5) FailStr(Sprintf("%s: invalid comparison %d", op, cmp));
-  if (reinterpret_cast<uintptr_t>(sig_addr) % 4 != 0)
-    FailStr(Sprintf("%s: signal address %p is not 4-byte aligned", op, (void*)sig_addr));
   CheckGmImpl(sig_addr, 4, op);
+  CheckSignalLine(sig_addr, op);
+  LineCleanInvalidate(c, reinterpret_cast<uintptr_t>(sig_addr), op);  // each poll flushes the line
   double deadline = -1, next_live = 0;
   Backoff backoff;
   double t0 = Tracing() ? Now() : 0;
@@ -1469,6 +1670,7 @@ STRATA_EXPORT int strata_cpu_init(int rank, int world, const char* shm_name, uin
     }
   }
   g_pool.inited = true;
+  DCacheReset();
   g_pool.rank = rank;
   g_pool.world = world;
   g_pool.name = name;
@@ -1497,6 +1699,7 @@ STRATA_EXPORT int strata_cpu_finalize(int unlink_segment) {
   __atomic_store_n(&g_pool.hdr->ranks[g_pool.rank].state, int32_t(kRankLeft), __ATOMIC_RELEASE);
   munmap(g_pool.base, g_pool.total);
   LiveReset();
+  DCacheReset();
   g_pool = Pool();
   {
     std::lock_guard<std::mutex> lk(g_alloc_mu);

@@ -22,9 +22,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stratac.codegen import abi
 from stratac.codegen.pipeline import compile_schedules
 from stratac.diagnostics import Codes, StrataError, error
-from stratac.host import comm, schedule
+from stratac.host import comm
 from stratac.ir import passes
 from stratac.lang.frontend import load_source
 from stratac.targets import cpu as build
@@ -95,7 +96,7 @@ def heap_bytes(spec: RunSpec, schedules) -> int:
             wl = Workload(s, spec.world, n)
             # tensors and scratch (s.params has both), each rounded to the allocator's 512 bytes
             need = max(need, sum((max(wl.numel(p), 1) * elem + 511) // 512 * 512 for p in s.params))
-    return need + (spec.world + schedule.SYNC_SLOTS) * 4 + (1 << 20)
+    return need + abi.sync_area_bytes(spec.world) + (1 << 20)
 
 
 def moe_workloads(spec: RunSpec, case: Case, schedules) -> list:

@@ -6,6 +6,7 @@
 //   driver syncall OUT_DIR C ROUNDS      driver numeric OUT_DIR N   (reads OUT_DIR/numeric_in.bin)
 //   driver fail OUT_DIR CASE W C TIMEOUT
 //   driver reuse OUT_DIR W N             driver relaunch OUT_DIR
+//   driver stale_host OUT_DIR
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -111,7 +112,7 @@ static int Exchange(int W, int C, uint32_t n) {
     uint8_t* mte = Alloc(r, W * C * chunk);
     uint8_t* sdma = Alloc(r, W * C * chunk);
     uint8_t* get = Alloc(r, C * chunk);
-    uint8_t* flags = Alloc(r, C * 32);
+    uint8_t* flags = Alloc(r, C * 64);
     float* s = reinterpret_cast<float*>(src);
     for (int c = 0; c < C; ++c)
       for (uint32_t i = 0; i < n; ++i) s[c * n + i] = float(r * 1000000 + c * 10000 + int(i));
@@ -125,7 +126,7 @@ static int Exchange(int W, int C, uint32_t n) {
     Dump(name, sdma, W * C * chunk);
     snprintf(name, sizeof name, "exchange_get_%d.bin", r);
     Dump(name, get, C * chunk);
-    Dump(std::string("exchange_flags_") + std::to_string(r) + ".bin", flags, C * 32);
+    Dump(std::string("exchange_flags_") + std::to_string(r) + ".bin", flags, C * 64);
     printf("rank %d: heap_used %llu\n", r, (unsigned long long)strata_cpu_heap_used());
     PrintCounters(r);
     return 0;
@@ -151,10 +152,11 @@ static int Atomic(int W, int C, uint32_t m, uint32_t rounds) {
 
 static int SyncAllTest(int C, uint32_t rounds) {
   return RunRanks(1, kHeap, 20.0, [&](int r) {
-    uint8_t* slots = Alloc(r, C * 4);
-    uint8_t* sums = Alloc(r, size_t(rounds) * C * 4);
+    const size_t stride = (rounds + 15) / 16 * 16;  // core c's sums: row c, 64-byte lines of its own
+    uint8_t* slots = Alloc(r, C * 64);
+    uint8_t* sums = Alloc(r, stride * C * 4);
     if (launch_syncall(C, slots, sums, rounds) != 0) Die(r, "launch_syncall");
-    Dump("syncall_sums.bin", sums, size_t(rounds) * C * 4);
+    Dump("syncall_sums.bin", sums, stride * C * 4);
     return 0;
   });
 }
@@ -179,7 +181,7 @@ static int FailCase(int which, int W, int C, double timeout) {
     uint8_t* buf = Alloc(r, 4096);
     char layout[64];
     snprintf(layout, sizeof layout, "go %d 4", W);
-    strata_cpu_describe_sync(buf + 2048, W, layout);  // names the flags of case 21
+    strata_cpu_describe_sync(buf + 2048, W, layout);  // names the flags of case 21 (64 B per slot)
     if (strata_cpu_barrier() != 0) Die(r, "barrier");
     timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -194,6 +196,25 @@ static int FailCase(int which, int W, int C, double timeout) {
     if (strata_cpu_aborted()) printf("rank %d: abort_message %s\n", r, strata_cpu_abort_message());
     // A failed pool refuses later launches.
     if (rc != 0 && launch_fail(1, buf, -1) == 0) printf("rank %d: RELAUNCH_OK\n", r);
+    return 0;
+  });
+}
+
+// One rank, one core: the host writes an int at buf + 3072 between launches that read it with
+// GetValue (case 29; 30 invalidates the line first). The core's data cache persists across the
+// launches: with the flush every launch reads the host's value; without it the second read of a
+// cached line that the host changed fails as a stale read.
+static int StaleHost() {
+  return RunRanks(1, kHeap, 10.0, [&](int r) {
+    uint8_t* buf = Alloc(r, 4096);
+    int32_t* x = reinterpret_cast<int32_t*>(buf + 3072);
+    const int cases[] = {30, 30, 29, 29};
+    for (int k = 0; k < 4; ++k) {
+      *x = 100 + k;
+      int rc = launch_fail(1, buf, cases[k]);
+      printf("rank %d: launch %d case %d rc %d %s\n", r, k, cases[k], rc, rc ? strata_cpu_last_error() : "");
+      if (rc) break;
+    }
     return 0;
   });
 }
@@ -219,7 +240,7 @@ struct ExchangeBufs {
 static ExchangeBufs ExchangeAlloc(int r, int W, uint32_t n) {
   size_t chunk = size_t(n) * 4;
   ExchangeBufs b{Alloc(r, kMaxC * chunk), Alloc(r, W * kMaxC * chunk), Alloc(r, W * kMaxC * chunk),
-                 Alloc(r, kMaxC * chunk), Alloc(r, kMaxC * 32)};
+                 Alloc(r, kMaxC * chunk), Alloc(r, kMaxC * 64)};
   float* s = reinterpret_cast<float*>(b.src);
   for (int c = 0; c < kMaxC; ++c)
     for (uint32_t i = 0; i < n; ++i) s[c * n + i] = float(r * 1000000 + c * 10000 + int(i));
@@ -231,7 +252,7 @@ static long ExchangeOnce(int r, int W, int C, uint32_t n, const ExchangeBufs& b)
   memset(b.mte, 0, W * kMaxC * chunk);
   memset(b.sdma, 0, W * kMaxC * chunk);
   memset(b.get, 0, kMaxC * chunk);
-  memset(b.flags, 0, kMaxC * 32);
+  memset(b.flags, 0, kMaxC * 64);
   if (strata_cpu_barrier() != 0) Die(r, "barrier");
   if (launch_exchange(C, b.src, b.mte, b.sdma, b.get, b.flags, n) != 0) Die(r, "launch_exchange");
   if (strata_cpu_barrier() != 0) Die(r, "barrier");
@@ -250,7 +271,7 @@ static long ExchangeOnce(int r, int W, int C, uint32_t n, const ExchangeBufs& b)
         bad += sdma[k] != want;
         if (p == next) bad += get[size_t(c) * n + i] != want;
       }
-  for (int c = 0; c < C; ++c) bad += flags[c * 8] != W || flags[c * 8 + 1] != 0 || flags[c * 8 + 2] != 0;
+  for (int c = 0; c < C; ++c) bad += flags[c * 16] != W || flags[c * 16 + 1] != 0 || flags[c * 16 + 2] != 0;
   return bad;
 }
 
@@ -326,6 +347,7 @@ int main(int argc, char** argv) {
   if (what == "fail") return FailCase(int(arg(3)), int(arg(4)), int(arg(5)), arg(6));
   if (what == "reuse") return Reuse(int(arg(3)), uint32_t(arg(4)));
   if (what == "relaunch") return Relaunch();
+  if (what == "stale_host") return StaleHost();
   fprintf(stderr, "unknown scenario %s\n", what.c_str());
   return 1;
 }

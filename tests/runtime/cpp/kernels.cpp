@@ -1,6 +1,7 @@
 // Test kernels for the CPU model, written as Ascend C kernels against kernel_operator.h/shmem.h
 // and built as a shared library linked against libstratacpu.so (the layout generated kernels use).
 #include <sched.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <stdexcept>
@@ -47,15 +48,22 @@ extern "C" __global__ __aicore__ void exchange_kernel(GM_ADDR src, GM_ADDR recv_
   for (int p = 0; p < W; ++p)
     aclshmemx_sdma_put_nbi(reinterpret_cast<float*>(recv_sdma) + slot, my_src, s.GetPhyAddr(), 64, n, p, EVENT_ID0);
   aclshmemx_sdma_quiet(s.GetPhyAddr(), 64, EVENT_ID0);
-  int32_t* flag = reinterpret_cast<int32_t*>(flags) + c * 8;
+  // one 64-byte line per core: flag[0] is signalled (a signal needs a line of its own), flag[1..2]
+  // count mismatches (scalar writes of this core only)
+  int32_t* flag = reinterpret_cast<int32_t*>(flags) + c * 16;
   // After the quiet the copy to this rank has landed: count mismatches in flag[1] (expected 0).
+  // The scalar reads below see GM written by DMA and SDMA (and by the host and earlier launches),
+  // so the core's data cache is invalidated first.
   GlobalTensor<float> self, orig;
   self.SetGlobalBuffer(reinterpret_cast<float*>(recv_sdma) + slot, n);
   orig.SetGlobalBuffer(my_src, n);
   GlobalTensor<int32_t> bad;
-  bad.SetGlobalBuffer(flag, 8);
+  bad.SetGlobalBuffer(flag, 16);
+  DataCacheCleanAndInvalid<int32_t, CacheLine::ENTIRE_DATA_CACHE, DcciDst::CACHELINE_OUT>(bad);
   for (uint32_t i = 0; i < n; ++i)
     if (self.GetValue(i) != orig.GetValue(i)) bad.SetValue(1, bad.GetValue(1) + 1);
+  // written back before the signal flushes the same line
+  DataCacheCleanAndInvalid<int32_t, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(bad);
   for (int p = 0; p < W; ++p) aclshmemx_signal_op(flag, 1, ACLSHMEM_SIGNAL_ADD, p);
   aclshmem_signal_wait_until(flag, ACLSHMEM_CMP_EQ, W);
   aclshmemx_sdma_get_nbi(reinterpret_cast<float*>(recv_get) + c * n, my_src, s.GetPhyAddr(), 64, n, (me + 1) % W,
@@ -64,8 +72,10 @@ extern "C" __global__ __aicore__ void exchange_kernel(GM_ADDR src, GM_ADDR recv_
   GlobalTensor<float> got, theirs;  // mismatches with the peer's chunk in flag[2]
   got.SetGlobalBuffer(reinterpret_cast<float*>(recv_get) + c * n, n);
   theirs.SetGlobalBuffer(static_cast<float*>(aclshmem_ptr(my_src, (me + 1) % W)), n);
+  DataCacheCleanAndInvalid<int32_t, CacheLine::ENTIRE_DATA_CACHE, DcciDst::CACHELINE_OUT>(bad);
   for (uint32_t i = 0; i < n; ++i)
     if (got.GetValue(i) != theirs.GetValue(i)) bad.SetValue(2, bad.GetValue(2) + 1);
+  DataCacheCleanAndInvalid<int32_t, CacheLine::ENTIRE_DATA_CACHE, DcciDst::CACHELINE_OUT>(bad);
   SyncAll();
 }
 
@@ -123,22 +133,28 @@ extern "C" int launch_atomic(uint32_t blocks, uint8_t* acc_f, uint8_t* acc_i, ui
 
 // ---------------------------------------------------------------------------------------------
 // syncall: in each round every core publishes a value, SyncAll, every core sums all published
-// values, SyncAll. Without a real barrier the sums come out wrong.
+// values, SyncAll. Without a real barrier the sums come out wrong. Scalar GM data follows the
+// D-cache rules: each core's slot is a 64-byte line of its own, flushed after the write and
+// invalidated before the reads; core c's sums are row c ([C][stride], stride a multiple of 16 ints).
 extern "C" __global__ __aicore__ void syncall_kernel(GM_ADDR slots, GM_ADDR sums, uint32_t rounds) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   const int64_t c = GetBlockIdx(), C = GetBlockNum();
+  const uint64_t stride = (rounds + 15) / 16 * 16;
   GlobalTensor<int32_t> sl, su;
-  sl.SetGlobalBuffer(reinterpret_cast<int32_t*>(slots), C);
-  su.SetGlobalBuffer(reinterpret_cast<int32_t*>(sums), uint64_t(rounds) * C);
+  sl.SetGlobalBuffer(reinterpret_cast<int32_t*>(slots), C * 16);
+  su.SetGlobalBuffer(reinterpret_cast<int32_t*>(sums), uint64_t(C) * stride);
   for (uint32_t r = 0; r < rounds; ++r) {
     if ((r + c) % 3 == 0) sched_yield();  // shuffle the arrival order
-    sl.SetValue(c, int32_t(r * C + c));
+    sl.SetValue(c * 16, int32_t(r * C + c));
+    DataCacheCleanAndInvalid<int32_t, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(sl[c * 16]);
     SyncAll();
+    DataCacheCleanAndInvalid<int32_t, CacheLine::ENTIRE_DATA_CACHE, DcciDst::CACHELINE_OUT>(sl);
     int32_t total = 0;
-    for (int64_t j = 0; j < C; ++j) total += sl.GetValue(j);
-    su.SetValue(r * C + c, total);
+    for (int64_t j = 0; j < C; ++j) total += sl.GetValue(j * 16);
+    su.SetValue(c * stride + r, total);
     SyncAll();
   }
+  DataCacheCleanAndInvalid<int32_t, CacheLine::ENTIRE_DATA_CACHE, DcciDst::CACHELINE_OUT>(su);
 }
 
 extern "C" int launch_syncall(uint32_t blocks, uint8_t* slots, uint8_t* sums, uint32_t rounds) {
@@ -247,6 +263,9 @@ enum FailCase {
   kSdmaNoQuiet, kSdmaSmallScratch, kSdmaCore48, kWaitTimeout, kQueExhausted, kWaitFlagUnset, kUbBounds,
   kShmemPtrForeign, kPadBlockCount, kSyncAllExited, kThrow, kPeerAbort, kTBufOffset, kDeQueEmpty,
   kBarrierMissingRank, kNamedFlagTimeout,
+  // the scalar data cache and signal lines (strata_cpu.h: ScalarLoad, ScalarStore, ...)
+  kUnpaddedFlags, kStaleReadPeer, kStaleReadPeerFlushed, kTwoCoresOneLine, kOwnLinesFlushed,
+  kDirtyAtReturn, kLostWrite, kReadLine, kReadLineFlushed,
 };
 
 extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
@@ -377,27 +396,133 @@ extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
     case kBarrierMissingRank: {
       // a barrier as strata_device.h's Barrier does it (with its STRATA_WAIT_NOTE), over slots at
       // buf + 1 KiB (not described to the model); the last rank never arrives
+      // (one 64-byte line per slot)
       int32_t* slots = reinterpret_cast<int32_t*>(buf + 1024);
       const int me = aclshmem_my_pe(), W = aclshmem_n_pes();
       if (me == W - 1) break;
       strata_cpu::SetLine(31);
-      for (int p = int(c); p < W; p += int(C)) aclshmemx_signal_op(slots + me, 5, ACLSHMEM_SIGNAL_SET, p);
+      for (int p = int(c); p < W; p += int(C)) aclshmemx_signal_op(slots + me * 16, 5, ACLSHMEM_SIGNAL_SET, p);
       for (int p = int(c); p < W; p += int(C)) {
         strata_cpu::NoteWait("barrier", slots, W, p);
-        aclshmem_signal_wait_until(slots + p, ACLSHMEM_CMP_GE, 5);
+        aclshmem_signal_wait_until(slots + p * 16, ACLSHMEM_CMP_GE, 5);
       }
       break;
     }
     case kNamedFlagTimeout:
       // the driver described the sync area at buf + 2 KiB: barrier slots [0, W), then go[4]
       if (actor) {
-        int32_t* go = reinterpret_cast<int32_t*>(buf + 2048) + aclshmem_n_pes();
+        int32_t* go = reinterpret_cast<int32_t*>(buf + 2048) + aclshmem_n_pes() * 16;  // 64 B per slot
         strata_cpu::SetLine(44);
-        aclshmemx_signal_op(go + 1, 5, ACLSHMEM_SIGNAL_SET, 0);
-        aclshmemx_signal_op(go + 2, 3, ACLSHMEM_SIGNAL_SET, 0);   // a stamp of an earlier call
-        aclshmem_signal_wait_until(go + 2, ACLSHMEM_CMP_GE, 5);
+        aclshmemx_signal_op(go + 16, 5, ACLSHMEM_SIGNAL_SET, 0);
+        aclshmemx_signal_op(go + 32, 3, ACLSHMEM_SIGNAL_SET, 0);   // a stamp of an earlier call
+        aclshmem_signal_wait_until(go + 32, ACLSHMEM_CMP_GE, 5);
       }
       break;
+    case kUnpaddedFlags:
+      // every rank signals its own flag on rank 0, the flags packed 4 bytes apart (as stratac's sync
+      // area was): rank 1's flag is not at the start of a 64-byte line
+      if (actor) {
+        int32_t* flags = reinterpret_cast<int32_t*>(buf + 3072);
+        strata_cpu::SetLine(51);
+        aclshmemx_signal_op(flags + aclshmem_my_pe(), 1, ACLSHMEM_SIGNAL_SET, 0);
+      }
+      return;
+    case kStaleReadPeer:
+    case kStaleReadPeerFlushed: {
+      // rank 0 reads x (its line is cached), lets rank 1 overwrite x by DMA, and reads x again
+      int32_t* x = reinterpret_cast<int32_t*>(buf + 3072);
+      int32_t* ping = reinterpret_cast<int32_t*>(buf + 3584);
+      int32_t* pong = reinterpret_cast<int32_t*>(buf + 3648);
+      GlobalTensor<int32_t> gx;
+      gx.SetGlobalBuffer(x, 16);
+      strata_cpu::SetLine(61);
+      if (aclshmem_my_pe() == 0) {
+        int32_t before = gx.GetValue(0);
+        aclshmemx_signal_op(ping, 1, ACLSHMEM_SIGNAL_SET, 1);
+        aclshmem_signal_wait_until(pong, ACLSHMEM_CMP_EQ, 1);
+        if (which == kStaleReadPeerFlushed)
+          DataCacheCleanAndInvalid<int32_t, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(gx);
+        strata_cpu::SetLine(62);
+        int32_t after = gx.GetValue(0);
+        if (before != 0 || after != 4242) strata_cpu::Fail("read %d then %d (expected 0 then 4242)", before, after);
+      } else {
+        aclshmem_signal_wait_until(ping, ACLSHMEM_CMP_EQ, 1);
+        LocalTensor<int32_t> v = t.ReinterpretCast<int32_t>();
+        Duplicate(v, int32_t(4242), 8);
+        GlobalTensor<int32_t> peer;
+        peer.SetGlobalBuffer(static_cast<int32_t*>(aclshmem_ptr(x, 0)), 8);
+        DataCopy(peer, v, 8);
+        aclshmemx_signal_op(pong, 1, ACLSHMEM_SIGNAL_SET, 0);
+      }
+      return;
+    }
+    case kTwoCoresOneLine:
+    case kOwnLinesFlushed: {
+      // core 0 writes int 0 of a line and flushes it; then core 1 writes int 1 (the same line) or,
+      // fixed, int 16 (a line of its own)
+      GlobalTensor<int32_t> gi;
+      gi.SetGlobalBuffer(reinterpret_cast<int32_t*>(buf + 3072), 64);
+      strata_cpu::SetLine(71);
+      if (c == 0) {
+        gi.SetValue(0, 7);
+        DataCacheCleanAndInvalid<int32_t, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(gi);
+      }
+      SyncAll();
+      if (c == 1) {
+        strata_cpu::SetLine(72);
+        const uint64_t at = which == kTwoCoresOneLine ? 1 : 16;
+        gi.SetValue(at, 8);
+        DataCacheCleanAndInvalid<int32_t, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(gi[at]);
+      }
+      SyncAll();
+      if (c == 0) {
+        DataCacheCleanAndInvalid<int32_t, CacheLine::ENTIRE_DATA_CACHE, DcciDst::CACHELINE_OUT>(gi);
+        if (gi.GetValue(0) != 7 || gi.GetValue(16) != 8) strata_cpu::Fail("lost a flushed scalar write");
+      }
+      return;
+    }
+    case kDirtyAtReturn:
+      if (actor) {
+        GlobalTensor<int32_t> gi;
+        gi.SetGlobalBuffer(reinterpret_cast<int32_t*>(buf + 3072), 16);
+        strata_cpu::SetLine(81);
+        gi.SetValue(3, 1);
+      }
+      return;
+    case kLostWrite: {
+      // core 0 caches the line (a read), core 1 writes other bytes of it by DMA, core 0 writes int 0
+      // and flushes: the write-back of the whole line would undo core 1's bytes
+      GlobalTensor<int32_t> gi;
+      gi.SetGlobalBuffer(reinterpret_cast<int32_t*>(buf + 3072), 16);
+      strata_cpu::SetLine(91);
+      if (c == 0) (void)gi.GetValue(0);
+      SyncAll();
+      if (c == 1) {
+        LocalTensor<int32_t> v = t.ReinterpretCast<int32_t>();
+        Duplicate(v, int32_t(5), 8);
+        DataCopy(gi[8], v, 8);
+      }
+      SyncAll();
+      if (c == 0) {
+        gi.SetValue(0, 1);
+        strata_cpu::SetLine(92);
+        DataCacheCleanAndInvalid<int32_t, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(gi);
+      }
+      return;
+    }
+    case kReadLine:
+    case kReadLineFlushed: {
+      // core 0 prints the int the host put at buf + 3072 (the driver changes it between launches)
+      GlobalTensor<int32_t> gi;
+      gi.SetGlobalBuffer(reinterpret_cast<int32_t*>(buf + 3072), 16);
+      if (c == 0) {
+        strata_cpu::SetLine(101);
+        if (which == kReadLineFlushed)
+          DataCacheCleanAndInvalid<int32_t, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(gi);
+        printf("rank %d: read %d\n", aclshmem_my_pe(), gi.GetValue(0));
+      }
+      return;
+    }
     default:
       break;
   }
