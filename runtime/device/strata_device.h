@@ -108,23 +108,42 @@ __aicore__ inline constexpr int64_t Ratio() {
   return static_cast<int64_t>(sizeof(D) / sizeof(T));
 }
 
-// One core's data mover. UB holds a double-buffered copy queue, double-buffered reduce input and
-// output queues (each only if the kernel needs it) and a small scratch area.
+// 16-bit floats are reduced in float: A2/A3 have no bfloat16_t Add/Max/Min (asc-devkit docs Add.md,
+// Max.md, Min.md), and production kernels accumulate half and bfloat16_t in float in UB, rounding
+// once when the result is stored.
+template <typename T> struct IsWideAcc {
+  static constexpr bool value = sizeof(T) == 2;   // half, bfloat16_t
+};
+
+// One core's data mover. UB holds a double-buffered copy queue, the reduction's buffers (each only
+// if the kernel needs it) and a small scratch area. The reduction takes `reduceTiles` tiles of
+// `tileBytes` (4 = 2 * the queue depth, or 0) and works on tiles of tileBytes / 4 elements:
+//   32-bit T: input queue 2 x tileBytes, output queue 2 x tileBytes (its tile is the accumulator);
+//   16-bit T: input and output queues 2 x tileBytes / 2 each, a float accumulator and a float
+//             temporary of tileBytes each.
+// Either way 4 x tileBytes (tileBytes a multiple of 64, so that half tiles stay 32-byte aligned).
 template <typename T>
 class Mover {
  public:
   __aicore__ inline void Init(AscendC::TPipe* pipe, uint32_t tileBytes, uint32_t copyTiles,
                               uint32_t reduceTiles, uint32_t scratchBytes) {
     tile_ = tileBytes / sizeof(T);
+    rtile_ = tileBytes / sizeof(float);
     if (copyTiles) pipe->InitBuffer(copyQ_, copyTiles, tileBytes);
     if (reduceTiles) {
-      pipe->InitBuffer(inQ_, reduceTiles / 2, tileBytes);
-      pipe->InitBuffer(outQ_, reduceTiles / 2, tileBytes);
+      const uint32_t bytes = static_cast<uint32_t>(rtile_ * sizeof(T));
+      pipe->InitBuffer(inQ_, reduceTiles / 2, bytes);
+      pipe->InitBuffer(outQ_, reduceTiles / 2, bytes);
+      if constexpr (IsWideAcc<T>::value) {
+        pipe->InitBuffer(accBuf_, static_cast<uint32_t>(rtile_ * sizeof(float)));
+        pipe->InitBuffer(tmpBuf_, static_cast<uint32_t>(rtile_ * sizeof(float)));
+      }
     }
     pipe->InitBuffer(scratch_, scratchBytes);
   }
 
-  __aicore__ inline int64_t Tile() const { return tile_; }
+  // Elements per reduction tile (the generated reduce loops step by it).
+  __aicore__ inline int64_t Tile() const { return rtile_; }
 
   // dst[0, n) = src[0, n); each side is (local symmetric address, rank). `via` picks the engine;
   // kAuto sends copies of at least `sdmaThreshold` bytes to SDMA.
@@ -158,7 +177,10 @@ class Mover {
     AscendC::SetAtomicNone();
   }
 
-  // Tile reduction: call Fold once per source (first = true for the first), then Store.
+  // Tile reduction of m <= Tile() elements: call Fold once per source (first = true for the
+  // first), then Store. The first source initialises the accumulator through the vector unit
+  // (no UB -> UB DataCopy): 16-bit T by its Cast to float, 32-bit T by Muls(1), exact for every
+  // value (x * 1 == x, -0 and NaN included).
   template <Red op>
   __aicore__ inline void Fold(__gm__ T* src, uint32_t m, bool first) {
     AscendC::GlobalTensor<T> g;
@@ -167,15 +189,23 @@ class Mover {
     LoadTile(in, g, m);
     inQ_.EnQue(in);
     in = inQ_.template DeQue<T>();
-    if (first) {
-      acc_ = outQ_.template AllocTensor<T>();
-      AscendC::DataCopy(acc_, in, AlignUp(m));
-    } else if (op == Red::kSum) {
-      AscendC::Add(acc_, acc_, in, static_cast<int32_t>(m));
-    } else if (op == Red::kMax) {
-      AscendC::Max(acc_, acc_, in, static_cast<int32_t>(m));
+    const int32_t n = static_cast<int32_t>(m);
+    if constexpr (IsWideAcc<T>::value) {
+      AscendC::LocalTensor<float> acc = accBuf_.template Get<float>();
+      if (first) {
+        AscendC::Cast(acc, in, AscendC::RoundMode::CAST_NONE, m);
+      } else {
+        AscendC::LocalTensor<float> x = tmpBuf_.template Get<float>();
+        AscendC::Cast(x, in, AscendC::RoundMode::CAST_NONE, m);
+        Combine<op, float>(acc, x, n);
+      }
     } else {
-      AscendC::Min(acc_, acc_, in, static_cast<int32_t>(m));
+      if (first) {
+        acc_ = outQ_.template AllocTensor<T>();
+        AscendC::Muls(acc_, in, static_cast<T>(1), n);
+      } else {
+        Combine<op, T>(acc_, in, n);
+      }
     }
     inQ_.FreeTensor(in);
   }
@@ -183,6 +213,10 @@ class Mover {
   __aicore__ inline void Store(__gm__ T* dst, uint32_t m) {
     AscendC::GlobalTensor<T> g;
     g.SetGlobalBuffer(dst, m);
+    if constexpr (IsWideAcc<T>::value) {
+      acc_ = outQ_.template AllocTensor<T>();
+      AscendC::Cast(acc_, accBuf_.template Get<float>(), AscendC::RoundMode::CAST_RINT, m);
+    }
     outQ_.EnQue(acc_);
     AscendC::LocalTensor<T> out = outQ_.template DeQue<T>();
     StoreTile(g, out, m);
@@ -198,9 +232,15 @@ class Mover {
   }
 
  private:
-  __aicore__ inline uint32_t AlignUp(uint32_t m) const {
-    const uint32_t per = kBlockBytes / sizeof(T);
-    return (m + per - 1) / per * per;
+  template <Red op, typename A>
+  __aicore__ inline void Combine(AscendC::LocalTensor<A>& acc, AscendC::LocalTensor<A>& x, int32_t n) {
+    if (op == Red::kSum) {
+      AscendC::Add(acc, acc, x, n);
+    } else if (op == Red::kMax) {
+      AscendC::Max(acc, acc, x, n);
+    } else {
+      AscendC::Min(acc, acc, x, n);
+    }
   }
 
   // GM -> UB -> GM through the double-buffered copy queue (both addresses already translated).
@@ -241,8 +281,11 @@ class Mover {
   AscendC::TQue<AscendC::TPosition::VECIN, 2> inQ_;
   AscendC::TQue<AscendC::TPosition::VECOUT, 2> outQ_;
   AscendC::TBuf<AscendC::TPosition::VECCALC> scratch_;
-  AscendC::LocalTensor<T> acc_;
-  int64_t tile_ = 0;
+  AscendC::TBuf<AscendC::TPosition::VECCALC> accBuf_;   // 16-bit T: the float accumulator
+  AscendC::TBuf<AscendC::TPosition::VECCALC> tmpBuf_;   // 16-bit T: a source cast to float
+  AscendC::LocalTensor<T> acc_;   // 32-bit T: the accumulator; 16-bit T: the rounded result
+  int64_t tile_ = 0;    // elements per copy tile
+  int64_t rtile_ = 0;   // elements per reduction tile
   uint32_t posted_ = 0;
 };
 

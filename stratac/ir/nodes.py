@@ -196,8 +196,8 @@ class KernelPlan:
     """UB layout of one core, the same for every stage of the kernel (one TPipe per kernel)."""
 
     copy_tiles: int                # tiles of the copy queue (VECIN->VECOUT, double-buffered)
-    reduce_tiles: int              # tiles of the reduce input and output queues
-    tile_bytes: int                # bytes per tile, a multiple of 32
+    reduce_tiles: int              # tiles of the reduction: its queues (and for 16-bit types its float accumulator)
+    tile_bytes: int                # bytes per tile, a multiple of 32 (of 64 if the kernel reduces)
     scratch_bytes: int             # UB scratch for SDMA descriptors and flag staging
     ub_bytes: int                  # total UB bytes per core
     cores: int                     # vector cores a launch uses by default

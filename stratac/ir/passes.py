@@ -172,7 +172,12 @@ def tile_ub(s: ir.Schedule, opts: Options) -> ir.Schedule:
     route_bytes = (ROUTE_META_BYTES if rs else 0) + (
         ROUTE_GATHER_BYTES if any(r.kind is ir.RouteKind.GATHER for r in rs) else 0)
     tiles = copy_tiles + reduce_tiles
-    tile = ((UB_BYTES - SCRATCH_BYTES - route_bytes) // tiles) // 32 * 32 if tiles else 0
+    # The reduction's 4 tiles hold, for 32-bit types, two input and two output tiles; for half and
+    # bfloat16, two input and two output tiles of half the size plus a float accumulator and a
+    # float temporary of a whole tile each (they accumulate in float: strata::Mover). Half tiles
+    # must stay 32-byte aligned, so a kernel that reduces takes tiles in multiples of 64 bytes.
+    grain = 64 if reduce_tiles else 32
+    tile = ((UB_BYTES - SCRATCH_BYTES - route_bytes) // tiles) // grain * grain if tiles else 0
     ub = tiles * tile + SCRATCH_BYTES + route_bytes
     assert ub <= UB_BYTES
     kernel = ir.KernelPlan(copy_tiles, reduce_tiles, tile, SCRATCH_BYTES, ub,

@@ -313,8 +313,30 @@ def verdict_cache(comm, rank, world):
     print(f"VERIFIED {runs[0]}", flush=True)
 
 
+def half_sums_round_once(comm, rank, world):
+    """half and bfloat16 AllReduce sums accumulate in float and round once (strata::Mover; on A2/A3
+    there is no bfloat16 Add): a large value on rank 0 plus small ones elsewhere, where rounding
+    after every addition would lose the small ones and rounding once keeps them."""
+    ar = comm.load(AR)
+    n = 64
+    small = torch.arange(n) % 4
+    for dtype, big in ((torch.bfloat16, 256.0), (torch.float16, 2048.0)):
+        parts = [torch.full((n,), big, dtype=torch.float64) if r == 0 else small.double() for r in range(world)]
+        exact = torch.stack(parts).sum(0)
+        once = exact.to(dtype)                            # one rounding of the exact sum
+        per_op = parts[0].to(dtype)
+        for r in range(1, world):
+            per_op = per_op + parts[r].to(dtype)          # torch rounds every addition to dtype
+        check(not torch.equal(once, per_op), "the inputs do not tell the two roundings apart")
+        x = comm.empty(n, dtype=dtype)
+        x.copy_(parts[rank].to(dtype))
+        ar.allreduce_twoshot(x, op="sum", cores=2)
+        check(torch.equal(x, once), (dtype, x.tolist(), once.tolist()))
+        comm.free(x)
+
+
 SCENARIOS = {f.__name__: f for f in (interleaved, bad_input, segment_gone, closed, moe_bad_input,
-                                     moe_interleaved, call_refusals, verdict_cache)}
+                                     moe_interleaved, call_refusals, verdict_cache, half_sums_round_once)}
 
 
 def main(scenario, rank, world, store_path, mode):

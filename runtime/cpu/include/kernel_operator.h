@@ -621,47 +621,80 @@ inline void Scalar(const LocalTensor<T>& dst, const LocalTensor<T>& src, T s, in
 }
 }  // namespace detail
 
+// The A2/A3 (910B/910C) dtype tables of the vector APIs, from the public docs
+// (asc-devkit docs/zh/api/SIMD-API/基础API/Memory矢量计算/基础算术/<Op>.md and 数据填充/Duplicate.md,
+// "数据类型", the Atlas A2/A3 rows). bisheng rejects other types (the dav_c220 impl static_asserts);
+// so does the model, at compile time. bfloat16_t gets its own message: it is the likely mistake.
+namespace detail {
+template <class T, class... U> struct OneOf : std::disjunction<std::is_same<T, U>...> {};
+template <class T> struct A2Arith : OneOf<T, int16_t, half, int32_t, float> {};      // Add Sub Mul Max Min, *s
+template <class T> struct A2Div : OneOf<T, half, float> {};                           // Div
+template <class T> struct A2Dup : OneOf<T, int16_t, uint16_t, half, bfloat16_t, int32_t, uint32_t, float> {};
+}  // namespace detail
+
+#define STRATA_A2_ARITH_TYPES(OP, T)                                                                        \
+  static_assert(!std::is_same<T, bfloat16_t>::value,                                                        \
+                "AscendC::" OP " on A2/A3 has no bfloat16_t form: it takes int16_t, half, int32_t, float only " \
+                "(asc-devkit docs " OP ".md); Cast to float (CAST_NONE), compute, Cast back (CAST_RINT)");   \
+  static_assert(detail::A2Arith<T>::value || std::is_same<T, bfloat16_t>::value,                            \
+                "AscendC::" OP " on A2/A3 takes int16_t, half, int32_t, float only (asc-devkit docs " OP ".md)")
+
 template <class T>
 inline void Add(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count) {
+  STRATA_A2_ARITH_TYPES("Add", T);
   detail::Binary(dst, src0, src1, count, "Add", detail::VAdd<T>);
 }
 template <class T>
 inline void Sub(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count) {
+  STRATA_A2_ARITH_TYPES("Sub", T);
   detail::Binary(dst, src0, src1, count, "Sub", detail::VSub<T>);
 }
 template <class T>
 inline void Mul(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count) {
+  STRATA_A2_ARITH_TYPES("Mul", T);
   detail::Binary(dst, src0, src1, count, "Mul", detail::VMul<T>);
 }
 template <class T>
 inline void Div(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count) {
+  static_assert(detail::A2Div<T>::value,
+                "AscendC::Div on A2/A3 takes half, float only (asc-devkit docs Div.md)");
   detail::Binary(dst, src0, src1, count, "Div", detail::VDiv<T>);
 }
 template <class T>
 inline void Max(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count) {
+  STRATA_A2_ARITH_TYPES("Max", T);
   detail::Binary(dst, src0, src1, count, "Max", detail::VMax<T>);
 }
 template <class T>
 inline void Min(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count) {
+  STRATA_A2_ARITH_TYPES("Min", T);
   detail::Binary(dst, src0, src1, count, "Min", detail::VMin<T>);
 }
 template <class T>
 inline void Adds(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue, const int32_t& count) {
+  STRATA_A2_ARITH_TYPES("Adds", T);
   detail::Scalar(dst, src, scalarValue, count, "Adds", detail::VAdd<T>);
 }
 template <class T>
 inline void Muls(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue, const int32_t& count) {
+  STRATA_A2_ARITH_TYPES("Muls", T);
   detail::Scalar(dst, src, scalarValue, count, "Muls", detail::VMul<T>);
 }
 template <class T>
 inline void Maxs(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue, const int32_t& count) {
+  STRATA_A2_ARITH_TYPES("Maxs", T);
   detail::Scalar(dst, src, scalarValue, count, "Maxs", detail::VMax<T>);
 }
 template <class T>
 inline void Mins(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue, const int32_t& count) {
+  STRATA_A2_ARITH_TYPES("Mins", T);
   detail::Scalar(dst, src, scalarValue, count, "Mins", detail::VMin<T>);
 }
+#undef STRATA_A2_ARITH_TYPES
 template <class T> inline void Duplicate(const LocalTensor<T>& dst, const T& scalarValue, const int32_t& count) {
+  static_assert(detail::A2Dup<T>::value,
+                "AscendC::Duplicate on A2/A3 takes int16_t, uint16_t, half, bfloat16_t, int32_t, uint32_t, float only "
+                "(asc-devkit docs Duplicate.md)");
   detail::CheckCount(count, "Duplicate");
   if (count == 0) return;
   dst.StrataCheck(0, count, "Duplicate", "dst");
@@ -780,26 +813,130 @@ template <class D, class S> inline D CastOne(S v, RoundMode mode) {
     return static_cast<int32_t>(r);
   }
 }
-template <class T> struct IsCastType {
-  static constexpr bool value = std::is_same<T, float>::value || IsF16<T>::value || IsBf16<T>::value ||
-                                std::is_same<T, int32_t>::value;
-};
 }  // namespace detail
 
+// The A2/A3 (910B/910C) table of Cast (asc-devkit docs/zh/api/SIMD-API/基础API/Memory矢量计算/类型转换/
+// Cast.md, "数据类型", the Atlas A2 and A3 tables), restricted to the types the model implements:
+// which RoundModes each (src, dst) pair takes; 0 = the pair is not in the table.
+namespace detail {
+enum : unsigned {
+  kModeNone = 1u << 0, kModeRint = 1u << 1, kModeFloor = 1u << 2, kModeCeil = 1u << 3, kModeRound = 1u << 4,
+  kModeTrunc = 1u << 5, kModeOdd = 1u << 6,
+  kModesDirected = kModeRint | kModeFloor | kModeCeil | kModeRound | kModeTrunc,
+};
+template <class D, class S> constexpr unsigned CastModes() {
+  using std::is_same;
+  if (is_same<S, half>::value && is_same<D, float>::value) return kModeNone;
+  if (is_same<S, half>::value && is_same<D, int32_t>::value) return kModesDirected;
+  if (is_same<S, bfloat16_t>::value && is_same<D, float>::value) return kModeNone;
+  if (is_same<S, bfloat16_t>::value && is_same<D, int32_t>::value) return kModesDirected;
+  if (is_same<S, int32_t>::value && is_same<D, float>::value) return kModeNone | kModesDirected;
+  if (is_same<S, float>::value && is_same<D, half>::value) return kModeNone | kModesDirected | kModeOdd;
+  if (is_same<S, float>::value && is_same<D, bfloat16_t>::value) return kModesDirected;
+  if (is_same<S, float>::value && is_same<D, int32_t>::value) return kModesDirected;
+  if (is_same<S, float>::value && is_same<D, float>::value) return kModesDirected;
+  return 0;
+}
+constexpr unsigned ModeBit(RoundMode m) {
+  return static_cast<int>(m) >= 0 && static_cast<int>(m) <= 6 ? 1u << static_cast<int>(m) : 0u;
+}
+inline const char* ModeName(RoundMode m) {
+  static const char* const names[] = {"CAST_NONE", "CAST_RINT",  "CAST_FLOOR", "CAST_CEIL",
+                                      "CAST_ROUND", "CAST_TRUNC", "CAST_ODD"};
+  const int i = static_cast<int>(m);
+  return i >= 0 && i <= 6 ? names[i] : "an unknown RoundMode";
+}
+template <class T> constexpr const char* TypeName() {
+  return IsF16<T>::value ? "half" : IsBf16<T>::value ? "bfloat16_t" : std::is_same<T, float>::value ? "float"
+       : std::is_same<T, int32_t>::value ? "int32_t" : "?";
+}
+inline const char* ModesText(unsigned modes) {
+  if (modes == kModeNone) return "CAST_NONE";
+  if (modes == kModesDirected) return "CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC";
+  if (modes == (kModeNone | kModesDirected)) return "CAST_NONE/CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC";
+  return "CAST_NONE/CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC/CAST_ODD";
+}
+
+// A RoundMode the pair does not take is a compile error where the call passes a constant (the
+// compiler proves the call reachable with that mode; g++ -O1 and above, as stratac builds) and a
+// model failure at run time otherwise. Declared, never defined: a call that survives optimisation
+// is reported by the compiler with the message.
+#define STRATA_CAST_MODE_ERROR(NAME, PAIR, MODES)                                                     \
+  void NAME() __attribute__((error("AscendC::Cast " PAIR " on A2/A3 takes " MODES                     \
+                                   " only (asc-devkit docs Cast.md); this call passes another RoundMode")))
+STRATA_CAST_MODE_ERROR(CastModeErrorHalfToFloat, "half->float", "CAST_NONE");
+STRATA_CAST_MODE_ERROR(CastModeErrorBf16ToFloat, "bfloat16_t->float", "CAST_NONE");
+STRATA_CAST_MODE_ERROR(CastModeErrorHalfToInt32, "half->int32_t", "CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC");
+STRATA_CAST_MODE_ERROR(CastModeErrorBf16ToInt32, "bfloat16_t->int32_t",
+                       "CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC");
+STRATA_CAST_MODE_ERROR(CastModeErrorInt32ToFloat, "int32_t->float",
+                       "CAST_NONE/CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC");
+STRATA_CAST_MODE_ERROR(CastModeErrorFloatToBf16, "float->bfloat16_t",
+                       "CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC");
+STRATA_CAST_MODE_ERROR(CastModeErrorFloatToInt32, "float->int32_t", "CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC");
+STRATA_CAST_MODE_ERROR(CastModeErrorFloatToFloat, "float->float", "CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC");
+STRATA_CAST_MODE_ERROR(CastModeErrorFloatToHalf, "float->half", "CAST_NONE/CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC/CAST_ODD");
+#undef STRATA_CAST_MODE_ERROR
+
+template <class D, class S> __attribute__((always_inline)) inline void CastModeConstantCheck(const RoundMode& m) {
+  using std::is_same;
+  if (__builtin_constant_p(m) && (CastModes<D, S>() & ModeBit(m)) == 0) {
+    if constexpr (is_same<S, half>::value && is_same<D, float>::value) CastModeErrorHalfToFloat();
+    else if constexpr (is_same<S, bfloat16_t>::value && is_same<D, float>::value) CastModeErrorBf16ToFloat();
+    else if constexpr (is_same<S, half>::value && is_same<D, int32_t>::value) CastModeErrorHalfToInt32();
+    else if constexpr (is_same<S, bfloat16_t>::value && is_same<D, int32_t>::value) CastModeErrorBf16ToInt32();
+    else if constexpr (is_same<S, int32_t>::value && is_same<D, float>::value) CastModeErrorInt32ToFloat();
+    else if constexpr (is_same<S, float>::value && is_same<D, bfloat16_t>::value) CastModeErrorFloatToBf16();
+    else if constexpr (is_same<S, float>::value && is_same<D, int32_t>::value) CastModeErrorFloatToInt32();
+    else if constexpr (is_same<S, float>::value && is_same<D, float>::value) CastModeErrorFloatToFloat();
+    else if constexpr (is_same<S, float>::value && is_same<D, half>::value) CastModeErrorFloatToHalf();
+  }
+}
+
 template <class D, class S>
-inline void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, const RoundMode& roundMode, const uint32_t count) {
-  static_assert(detail::IsCastType<D>::value && detail::IsCastType<S>::value,
-                "Cast is modeled between float, half, bfloat16_t and int32_t");
+inline void CastRun(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundMode roundMode, uint32_t count) {
+  constexpr unsigned modes = CastModes<D, S>();
+  if ((modes & ModeBit(roundMode)) == 0)
+    ::strata_cpu::Fail("Cast %s->%s with %s: A2/A3 take %s only for this pair (asc-devkit docs Cast.md)",
+                       TypeName<S>(), TypeName<D>(), ModeName(roundMode), ModesText(modes));
   if (count == 0) return;
   dst.StrataCheck(0, count, "Cast", "dst");
   src.StrataCheck(0, count, "Cast", "src");
   D* d = dst.GetPhyAddr();
   const S* s = src.GetPhyAddr();
-  if (sizeof(D) <= sizeof(S)) {
-    for (uint32_t i = 0; i < count; ++i) d[i] = detail::CastOne<D, S>(s[i], roundMode);
-  } else {  // widening: run backwards so an in-place cast reads each source before overwriting it
-    for (uint32_t i = count; i-- > 0;) d[i] = detail::CastOne<D, S>(s[i], roundMode);
+  if constexpr (sizeof(D) > sizeof(S)) {
+    const uint8_t* d0 = reinterpret_cast<const uint8_t*>(d);
+    const uint8_t* s0 = reinterpret_cast<const uint8_t*>(s);
+    if (d0 < s0 + uint64_t(count) * sizeof(S) && s0 < d0 + uint64_t(count) * sizeof(D))
+      ::strata_cpu::Fail("Cast %s->%s: dst (UB offset %lld, %llu bytes) and src (UB offset %lld, %llu bytes) overlap; "
+                         "a widening Cast over overlapping operands may give wrong results on A2/A3 "
+                         "(asc-devkit docs Cast.md, 约束说明)",
+                         TypeName<S>(), TypeName<D>(), (long long)::strata_cpu::UbOffset(d),
+                         (unsigned long long)(uint64_t(count) * sizeof(D)), (long long)::strata_cpu::UbOffset(s),
+                         (unsigned long long)(uint64_t(count) * sizeof(S)));
   }
+  for (uint32_t i = 0; i < count; ++i) d[i] = CastOne<D, S>(s[i], roundMode);
+}
+}  // namespace detail
+
+template <class D, class S>
+__attribute__((always_inline)) inline void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src,
+                                                const RoundMode& roundMode, const uint32_t count) {
+  static_assert(!((std::is_same<D, half>::value && std::is_same<S, bfloat16_t>::value) ||
+                  (std::is_same<D, bfloat16_t>::value && std::is_same<S, half>::value)),
+                "AscendC::Cast between bfloat16_t and half: A2/A3 have no direct conversion (asc-devkit docs "
+                "Cast.md); go through float");
+  static_assert(!(std::is_same<D, half>::value && std::is_same<S, int32_t>::value),
+                "AscendC::Cast int32_t->half on A2/A3 needs SetDeqScale (asc-devkit docs Cast.md), which the CPU "
+                "model does not model; go through float");
+  static_assert(detail::CastModes<D, S>() != 0 ||
+                    (std::is_same<D, half>::value && std::is_same<S, int32_t>::value) ||
+                    (std::is_same<D, half>::value && std::is_same<S, bfloat16_t>::value) ||
+                    (std::is_same<D, bfloat16_t>::value && std::is_same<S, half>::value),
+                "AscendC::Cast: this (src, dst) pair is not in the A2/A3 table (asc-devkit docs Cast.md) among the "
+                "types the model implements (float, half, bfloat16_t, int32_t)");
+  detail::CastModeConstantCheck<D, S>(roundMode);
+  detail::CastRun(dst, src, roundMode, count);
 }
 
 // ---- Pipe synchronisation: every operation is synchronous, so only the pairing is checked ----

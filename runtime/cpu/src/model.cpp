@@ -1209,8 +1209,11 @@ STRATA_EXPORT void ScalarLoad(const void* p, void* out, uint64_t bytes, const ch
     uint64_t at = a - line, n = std::min<uint64_t>(bytes, kCacheLineBytes - at);
     bool cached = g_dcache[c->idx].count(line) != 0;
     DLine& e = LineFill(c, line);
+    // only the bytes read count: the line's other bytes may be stale in the cache without harm
+    // until they are read (a later read fails then) or written back (a lost write)
+    const uint64_t read = (n == kCacheLineBytes ? ~uint64_t(0) : ((uint64_t(1) << n) - 1) << at);
     std::string which;
-    if (cached && LineChanged(e, line, 0, &which))
+    if (cached && LineChanged(e, line, ~read, &which))
       FailStr(Sprintf("%s: stale read: GetValue of GM written by another agent since this core cached the line: "
                       "call DataCacheCleanAndInvalid first (asc-devkit GlobalTensor/GetValue.md); element at %s, "
                       "bytes %s of its 64-byte line changed (by another core, rank, DMA, SDMA or the host, in "

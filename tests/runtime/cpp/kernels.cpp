@@ -183,6 +183,9 @@ extern "C" __global__ __aicore__ void numeric_kernel(GM_ADDR in, GM_ADDR out, ui
   pipe.InitBuffer(b_in, 8 * n * 4);
   pipe.InitBuffer(b_tmp, n * 4);
   pipe.InitBuffer(b_tmp2, n * 4);
+  TBuf<> b_fa, b_fb;
+  pipe.InitBuffer(b_fa, n * 4);
+  pipe.InitBuffer(b_fb, n * 4);
   // input: xs f32[n] | ha f16[n] | hb f16[n] | ba bf16[n] | bb bf16[n] | ia i32[n] | ib i32[n]
   LocalTensor<uint8_t> raw = b_in.Get<uint8_t>();
   LocalTensor<float> xs = raw.ReinterpretCast<float>();
@@ -210,12 +213,15 @@ extern "C" __global__ __aicore__ void numeric_kernel(GM_ADDR in, GM_ADDR out, ui
   LocalTensor<int32_t> ti = b_tmp.Get<int32_t>();
   LocalTensor<float> tf = b_tmp.Get<float>();
   uint64_t o = 0;
-  // output: f32->f16 [7][n] | f32->bf16 [7][n] | f32->i32 [7][n] | i32->f32 [7][n] | i32->f16 [7][n]
+  // output: f32->f16 [7][n] | f32->bf16 [7][n] | f32->i32 [7][n] | i32->f32 [7][n] | (unused) [7][n]
+  // Only the modes the A2/A3 Cast table gives each pair (kernel_operator.h); the rows of the other
+  // modes stay zero, and int32 -> half (needs SetDeqScale) is not built at all.
+  const auto directed = [](RoundMode m) { return m != RoundMode::CAST_NONE && m != RoundMode::CAST_ODD; };
   for (auto m : modes) { Cast(th, xs, m, n); Store(out, o, th, n); o += n * 2; }
-  for (auto m : modes) { Cast(tb, xs, m, n); Store(out, o, tb, n); o += n * 2; }
-  for (auto m : modes) { Cast(ti, xs, m, n); Store(out, o, ti, n); o += n * 4; }
-  for (auto m : modes) { Cast(tf, ia, m, n); Store(out, o, tf, n); o += n * 4; }
-  for (auto m : modes) { Cast(th, ia, m, n); Store(out, o, th, n); o += n * 2; }
+  for (auto m : modes) { if (directed(m)) { Cast(tb, xs, m, n); Store(out, o, tb, n); } o += n * 2; }
+  for (auto m : modes) { if (directed(m)) { Cast(ti, xs, m, n); Store(out, o, ti, n); } o += n * 4; }
+  for (auto m : modes) { if (m != RoundMode::CAST_ODD) { Cast(tf, ia, m, n); Store(out, o, tf, n); } o += n * 4; }
+  o += 7 * n * 2;
   // | f16 round trip: f16(rint)->f32 [n] | bf16(rint)->f32 [n]
   Cast(th, xs, RoundMode::CAST_RINT, n);
   LocalTensor<float> tf2 = b_tmp2.Get<float>();
@@ -232,14 +238,26 @@ extern "C" __global__ __aicore__ void numeric_kernel(GM_ADDR in, GM_ADDR out, ui
   Min(th, ha, hb, n); Store(out, o, th, n); o += n * 2;
   Muls(th, ha, half(0.1f), n); Store(out, o, th, n); o += n * 2;
   Adds(th, ha, half(3.0f), n); Store(out, o, th, n); o += n * 2;
-  // | bf16: same [7][n]
-  Add(tb, ba, bb, n); Store(out, o, tb, n); o += n * 2;
-  Sub(tb, ba, bb, n); Store(out, o, tb, n); o += n * 2;
-  Mul(tb, ba, bb, n); Store(out, o, tb, n); o += n * 2;
-  Max(tb, ba, bb, n); Store(out, o, tb, n); o += n * 2;
-  Min(tb, ba, bb, n); Store(out, o, tb, n); o += n * 2;
-  Muls(tb, ba, bfloat16_t(0.1f), n); Store(out, o, tb, n); o += n * 2;
-  Adds(tb, ba, bfloat16_t(3.0f), n); Store(out, o, tb, n); o += n * 2;
+  // | bf16: same [7][n], as A2/A3 compute it (no bfloat16_t arithmetic there): Cast to float
+  // (CAST_NONE), the op in float, Cast back (CAST_RINT)
+  LocalTensor<float> fa = b_fa.Get<float>();
+  LocalTensor<float> fb = b_fb.Get<float>();
+  const auto bf16_op = [&](auto op) {
+    Cast(fa, ba, RoundMode::CAST_NONE, n);
+    Cast(fb, bb, RoundMode::CAST_NONE, n);
+    op();
+    Cast(tb, fa, RoundMode::CAST_RINT, n);
+    Store(out, o, tb, n);
+    o += n * 2;
+  };
+  const int32_t cnt = static_cast<int32_t>(n);
+  bf16_op([&] { Add(fa, fa, fb, cnt); });
+  bf16_op([&] { Sub(fa, fa, fb, cnt); });
+  bf16_op([&] { Mul(fa, fa, fb, cnt); });
+  bf16_op([&] { Max(fa, fa, fb, cnt); });
+  bf16_op([&] { Min(fa, fa, fb, cnt); });
+  bf16_op([&] { Muls(fa, fa, static_cast<float>(bfloat16_t(0.1f)), cnt); });
+  bf16_op([&] { Adds(fa, fa, 3.0f, cnt); });
   // | int32: add sub mul max min [5][n]
   Add(ti, ia, ib, n); Store(out, o, ti, n); o += n * 4;
   Sub(ti, ia, ib, n); Store(out, o, ti, n); o += n * 4;
@@ -266,6 +284,7 @@ enum FailCase {
   // the scalar data cache and signal lines (strata_cpu.h: ScalarLoad, ScalarStore, ...)
   kUnpaddedFlags, kStaleReadPeer, kStaleReadPeerFlushed, kTwoCoresOneLine, kOwnLinesFlushed,
   kDirtyAtReturn, kLostWrite, kReadLine, kReadLineFlushed,
+  kCastModeAtRunTime, kCastWideningOverlap,
 };
 
 extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
@@ -523,6 +542,23 @@ extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
       }
       return;
     }
+    case kCastModeAtRunTime:
+      // a RoundMode only known at run time (read from GM: 0 = CAST_NONE), which float -> bfloat16_t
+      // does not take on A2/A3
+      if (actor) {
+        LocalTensor<bfloat16_t> b16 = t[512].ReinterpretCast<bfloat16_t>();
+        const RoundMode mode = static_cast<RoundMode>(static_cast<int>(g.GetValue(0)));
+        strata_cpu::SetLine(52);
+        Cast(b16, t, mode, 64);
+      }
+      break;
+    case kCastWideningOverlap:
+      // half -> float with the half source inside the float destination
+      if (actor) {
+        LocalTensor<half> h = t.ReinterpretCast<half>()[64];
+        Cast(t, h, RoundMode::CAST_NONE, 64);
+      }
+      break;
     default:
       break;
   }
