@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from stratac.codegen import abi
 from stratac.diagnostics import Codes, StrataError
 from stratac.host import npu_comm
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
@@ -86,7 +87,7 @@ def test_bootstrap_allocate_free_barrier_synchronize_close(rt):
     x = comm.empty(64, dtype=torch.float16)
     assert isinstance(x, torch.Tensor) and x.device.type == "npu" and x.dtype == torch.float16
     assert x.numel() == 64 and comm.offset_of(x, "x") > 0
-    assert comm.heap_used >= 128 + (1 + npu_comm.SYNC_SLOTS) * 4
+    assert comm.heap_used >= 128 + abi.sync_area_bytes(1)
     with pytest.raises(StrataUsageError, match="x is on cpu; the npu target runs on NPU tensors"):
         comm.offset_of(torch.zeros(4), "x")
     with pytest.raises(StrataRuntimeError, match="symmetric heap exhausted: .* 4194304-byte heap"):
