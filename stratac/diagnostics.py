@@ -53,8 +53,7 @@ class Span:
 
 
 class Severity(enum.Enum):
-    ERROR = "error"
-    WARNING = "warning"
+    ERROR = "error"      # stratac has no warnings: what it reports stops the compile
     NOTE = "note"
 
 
@@ -109,12 +108,9 @@ def error(code: str, message: str, span: Span | None = None, *notes: Note) -> Di
     return Diagnostic(Severity.ERROR, code, message, span, tuple(notes))
 
 
-def warning(code: str, message: str, span: Span | None = None, *notes: Note) -> Diagnostic:
-    return Diagnostic(Severity.WARNING, code, message, span, tuple(notes))
-
-
 class Codes:
-    """Every diagnostic code in one place, so the language reference can list them."""
+    """Every diagnostic code in one place, so the language reference can list them (dsl/README.md;
+    tests/test_coverage_table.py checks that a test provokes each through the real entry point)."""
 
     SYNTAX = "E0001"
     UNKNOWN_NAME = "E0101"
@@ -134,7 +130,6 @@ class Codes:
     CONTRACT = "E0305"
     DOUBLE_SIGNAL = "E0306"
     SYNC_STAMP = "E0307"
-    REDUNDANT_SYNC = "W0301"
     BUILD = "E0401"
     TOOLCHAIN = "E0402"
     OUTPUT = "E0403"

@@ -16,20 +16,33 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-def shm_names() -> set[str]:
-    """The pools in /dev/shm (stratac's Python names and the C++ drivers' names)."""
-    return {n for n in os.listdir("/dev/shm") if n.startswith(("stratac-", "strata_"))}
+def segment_path(name: str) -> Path:
+    """Where Linux keeps the POSIX shared-memory segment `name` (e.g. /stratac-1000-ab12...)."""
+    return Path("/dev/shm") / name.lstrip("/")
 
 
-def leftover_shm(before: set[str], wait: float = 2.0) -> set[str]:
-    """Pools that appeared since `before` and are still there after up to `wait` seconds (another
-    job on the machine may hold one for a moment; a leaked one stays)."""
-    deadline = time.monotonic() + wait
-    while True:
-        new = shm_names() - before
-        if not new or time.monotonic() > deadline:
-            return new
-        time.sleep(0.1)
+def mapped_segments(pids) -> set[str]:
+    """The stratac pools these processes map (from /proc/PID/maps; a name that is already unlinked
+    is listed with " (deleted)"), as segment names: this test's own segments, never another job's."""
+    names = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split(None, 5)   # address, perms, offset, device, inode[, path]
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if path.startswith("/dev/shm/stratac-"):
+                names.add("/" + path[len("/dev/shm/"):].removesuffix(" (deleted)"))
+    return names
+
+
+def leftover_segments(names) -> set[str]:
+    """Those of `names` (segments this test's own jobs made) still in /dev/shm. Segments of other
+    jobs on the machine are not looked at, so they cannot make a test fail or pass."""
+    return {n for n in names if segment_path(n).exists()}
 
 
 def descendants(pid: int) -> list[int]:
@@ -97,6 +110,11 @@ class Ranks:
             out.close()
             err.close()
             self.ranks.append(Rank(p))
+
+    def segments(self) -> list[str]:
+        """The segment of each scenario, as rank 0 announced it (SEGMENT lines)."""
+        self.read()
+        return [ln.split()[2] for ln in self.ranks[0].lines if ln.startswith("SEGMENT ")]
 
     def read(self) -> None:
         for r, rk in enumerate(self.ranks):

@@ -2,14 +2,18 @@
 
 SCENARIOS is one name or several joined by commas, run one after the other in the same processes,
 each on a fresh communicator bootstrapped through one FileStore (Communicator.from_store with the
-scenario's name as prefix); TIMEOUT is the wait timeout of skip_call and hang_flag (the others use
-60 s).
+scenario's name as prefix); TIMEOUT is the wait timeout of the ranks that call in skip_call and
+hang_flag (the others, and the rank of skip_call that never calls, use 60 s). TIMEOUT is the one
+deadline of those scenarios: every host-side wait around the call (the start before the bootstrap,
+the start of the call, the rank that never calls) waits up to 60 s or until the pool is aborted, so
+a slow rank on a busy machine cannot end the scenario at another deadline first.
 Lines on stdout the tests read (SCEN: the scenario's name):
   ENTER SCEN <t>              about to call the schedule (t: time.time())
   READY SCEN <t>              (a victim) alive and not calling
   ERROR SCEN <elapsed> <msg>  the call (or what followed) raised; msg on one line
   STATS SCEN <json>           measurements (soak, oversubscription)
   PASS SCEN                   everything this rank checked held
+  SEGMENT SCEN <name>         (rank 0) the scenario's shared-memory segment, for the leak checks
 The exit status is 3 if any scenario raised. Ranks end with os._exit: the interpreter's teardown
 of torch costs about half a second of CPU per process, which adds up on a two-core machine.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import sys
 import time
 from pathlib import Path
@@ -26,7 +31,8 @@ import torch
 import torch.distributed as dist
 
 from stratac import codegen
-from stratac.host.comm import Communicator
+from stratac.host.comm import Communicator, store_barrier
+from stratac.host.cpu_model import check_pool
 from stratac.host.schedule import Compiled, Module
 from stratac.ir import passes
 from stratac.lang import frontend
@@ -38,6 +44,8 @@ AG = ROOT / "examples" / "allgather_push.strata"
 
 
 CURRENT = ["?"]   # the scenario running
+HOST_WAIT = 60.0  # seconds a host-side wait of a scenario may take (never the deadline under test)
+STORE: list = []  # the job's store
 
 
 def say(tag: str, *parts) -> None:
@@ -79,13 +87,13 @@ def skip_call(comm, rank, world, arg):
     barrier, which ends when the others fail)."""
     ar = comm.load(AR)
     x = comm.empty(4096, dtype=torch.float32)
-    comm.barrier()
+    host_barrier(comm, "go")
     t0 = time.monotonic()
     try:
         if rank != world - 1:
             say("ENTER", time.time())
             ar.allreduce_twoshot(x, op="sum", cores=2)
-        comm.barrier()
+        host_barrier(comm, "after")   # the last rank: ends when the pool is aborted
     except Exception as exc:  # noqa: BLE001 - reported to the test
         report(t0, exc)
         raise Failed from exc
@@ -95,12 +103,12 @@ def hang_flag(comm, rank, world, arg):
     """tests/faults/hang_flag.strata (unverified): rank 0 waits for go[0], which nobody signals."""
     mod = load_unverified_for_tests(comm, HERE / "hang_flag.strata")
     x = comm.empty(64, dtype=torch.float32)
-    comm.barrier()
+    host_barrier(comm, "go")
     t0 = time.monotonic()
     try:
         say("ENTER", time.time())
         mod.hang_flag(x, cores=2)
-        comm.barrier()
+        host_barrier(comm, "after")   # rank 1: ends when rank 0's timeout aborts the pool
     except Exception as exc:  # noqa: BLE001
         report(t0, exc)
         raise Failed from exc
@@ -108,12 +116,20 @@ def hang_flag(comm, rank, world, arg):
 
 def victim(comm, rank, world, arg):
     """The last rank never calls and waits to be killed; the others call the AllReduce, so they
-    wait in its first barrier for a rank that is about to die."""
+    wait in its first barrier for a rank that is about to die. The last rank says READY once every
+    other rank has announced its arrival at that barrier in the last rank's slots of the sync area
+    (slot p of rank q: the stamp of the last barrier rank p announced to q, strata::Barrier), i.e.
+    once they are in the barrier that waits for it."""
     ar = comm.load(AR)
     x = comm.empty(4096, dtype=torch.float32)
     comm.barrier()
     t0 = time.monotonic()
     if rank == world - 1:
+        deadline = time.monotonic() + HOST_WAIT
+        while not all(struct.unpack_from(f"{world}i", comm._buffer, comm._sync)[:world - 1]):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the other ranks did not reach the barrier within {HOST_WAIT} s")
+            time.sleep(0.005)
         say("READY", time.time())
         time.sleep(600)
         return
@@ -215,14 +231,33 @@ def oversubscribed(comm, rank, world, arg):
 SCENARIOS = {f.__name__: f for f in (skip_call, hang_flag, victim, soak, oversubscribed)}
 
 
+def host_barrier(comm, what: str) -> None:
+    """A barrier of the job's ranks over the store that waits up to HOST_WAIT, not the
+    communicator's timeout; it ends early when the pool is aborted or a peer died (check_pool)."""
+    store_barrier(STORE[0], comm.world, HOST_WAIT, f"{CURRENT[0]}/{what}", rank=comm.rank,
+                  check=lambda where: check_pool(comm._lib, comm.rank, where))()
+
+
+def wait_timeout(name: str, rank: int, world: int, timeout: float) -> float:
+    """The communicator's timeout in scenario `name`: TIMEOUT for the ranks whose waits are under
+    test, 60 s for everything else (skip_call's last rank never calls: it must not time out)."""
+    if name == "hang_flag" or (name == "skip_call" and rank != world - 1):
+        return timeout
+    return HOST_WAIT
+
+
 def main(scenarios: str, rank: int, world: int, store_path: str, timeout: float, arg: str) -> int:
     store = dist.FileStore(store_path, world)
+    STORE[:] = [store]
     status = 0
     for name in scenarios.split(","):
         CURRENT[0] = name
+        # every rank is here before any starts the bootstrap, whose barriers use the (short) timeout
+        store_barrier(store, world, HOST_WAIT, f"{name}/start", rank=rank)()
         comm = Communicator.from_store(rank, world, store, heap_bytes=16 << 20,
-                                       timeout=timeout if name in ("skip_call", "hang_flag") else 60.0,
-                                       prefix=name)
+                                       timeout=wait_timeout(name, rank, world, timeout), prefix=name)
+        if rank == 0:
+            say("SEGMENT", comm.segment)
         try:
             SCENARIOS[name](comm, rank, world, arg)
         except Failed:

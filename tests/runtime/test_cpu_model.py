@@ -498,10 +498,12 @@ def test_rule_violation(driver, tmp_path, name):
     for piece in pieces:
         assert piece in message
     assert message.startswith("rank 0 core ")
-    # the other cores (waiting in SyncAll) unwound promptly; a wait ran into its deadline
-    assert float(elapsed) < (timeout + 3 if name == "wait_timeout" else 3.0)
+    # a wait ran into its deadline; otherwise the other cores (waiting in SyncAll) unwound before
+    # it (no other wall-clock bound: the machine may be busy)
     if name == "wait_timeout":
-        assert float(elapsed) >= 0.5
+        assert float(elapsed) >= timeout, elapsed
+    else:
+        assert float(elapsed) < timeout, elapsed
     assert field(lines, "aborted") == "1"
     assert field(lines, "abort_message") == message
     assert "RELAUNCH_OK" not in lines   # an aborted pool refuses later launches
@@ -562,7 +564,7 @@ def test_peer_abort_propagates(driver, tmp_path):
         elapsed, message = field(out[r], "LAUNCH_FAILED").split(" ", 1)
         assert re.match(rf"rank {r} core \d strata:\? kernel fail_kernel: aclshmem_signal_wait_until aborted: "
                         rf"rank 1 failed: {re.escape(culprit)}", message), message
-        assert float(elapsed) < 5.0   # far below the 30 s deadline
+        assert float(elapsed) < 30, elapsed   # the abort, not the 30 s deadline
     for r in range(3):
         assert field(out[r], "abort_message").startswith(culprit)
 
@@ -676,7 +678,7 @@ def test_barrier_timeout_names_the_rank_that_never_arrived(driver, tmp_path):
                          r"after 0.5 s: barrier slot of rank 2 \(flag at rank \1 heap offset 1152 \(0x480\)\): "
                          r"ACLSHMEM_CMP_GE \(expected >= 5\), seen 0 \(never signalled\); ranks that have not "
                          r"arrived at this barrier: 2$", message), message
-    assert max(times) >= 0.5 and max(times) < 3.0, times
+    assert max(times) >= 0.5, times   # the first to give up waited its whole deadline
     assert field(out[2], "LAUNCH_OK")
 
 
@@ -724,7 +726,7 @@ def test_a_dead_rank_is_detected_and_a_departed_one_is_not(lib, libstratacpu):
     try:
         assert lib.strata_cpu_dead_rank() == -1
         os.kill(child.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30            # the pool's timeout: the case's one deadline
         while lib.strata_cpu_dead_rank() != 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert lib.strata_cpu_last_error().decode() == (
@@ -732,7 +734,7 @@ def test_a_dead_rank_is_detected_and_a_departed_one_is_not(lib, libstratacpu):
             "without leaving the pool")
         t0 = time.monotonic()
         assert lib.strata_cpu_barrier() == -1
-        assert time.monotonic() - t0 < 1.0        # not the 30 s deadline
+        assert time.monotonic() - t0 < 30.0       # ended by the dead rank, not the 30 s deadline
         assert lib.strata_cpu_last_error().decode().startswith("strata_cpu_barrier: rank 0: rank 1 is gone: ")
         assert lib.strata_cpu_aborted() == 1
     finally:
@@ -856,7 +858,10 @@ elif how == "dlclose":
     model.strata_cpu_leave()
     _ctypes.dlclose(kernels._handle)
     _ctypes.dlclose(model._handle)
-    time.sleep(0.2)
+    # unloaded, the workers were joined first; their tasks leave /proc a moment after the join
+    deadline = time.monotonic() + 30
+    while sys.argv[1] not in open("/proc/self/maps").read() and threads() != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     print("threads", threads(), flush=True)
     print("mapped", sys.argv[1] in open("/proc/self/maps").read(), flush=True)
 # "exit": leave with the workers idle, no finalize

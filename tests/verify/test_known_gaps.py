@@ -1,6 +1,7 @@
-"""Known gaps of the front end and the verifier, pinned as strict xfails that state what should
-happen. When a fix lands the test XPASSes, which fails the run: then drop the marker (the test stays
-as a regression test) and, if it fits, add a corpus file. No gap is open at the moment."""
+"""Gaps of the front end and the verifier that were found and closed, kept as plain regression
+tests (none is marked xfail: no gap is open). A gap found later goes here as a test of what should
+happen, marked `pytest.mark.xfail(strict=True, reason=...)` while it is open, so that the fix makes
+it XPASS and fail the run; then the marker is dropped (and, if it fits, a corpus file added)."""
 
 from __future__ import annotations
 

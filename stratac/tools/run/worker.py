@@ -184,6 +184,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
     for _ in range(spec["warmup"]):
         step(None)
     comm.barrier()
+    _test_ready(rank)
     for _ in range(spec["iters"]):
         step(None, timed=True)
     comm.barrier()
@@ -273,6 +274,17 @@ def _compare_case(wl, tensors: dict, rank: int, seed: int, tdtype) -> tuple[bool
 
 
 TEST_CORRUPT_ENV = "STRATAC_TEST_CORRUPT"
+TEST_READY_ENV = "STRATAC_TEST_READY"
+
+
+def _test_ready(rank: int) -> None:
+    """A test hook, nothing else (tests/README.md): with STRATAC_TEST_READY=DIR in the environment,
+    each rank creates the empty file DIR/rank<R> when it enters a timed loop, so that a fault test
+    can stop or kill a rank there (between kernel calls no host collective runs) instead of
+    guessing with a sleep."""
+    folder = os.environ.get(TEST_READY_ENV)
+    if folder:
+        open(os.path.join(folder, f"rank{rank}"), "a").close()
 
 
 def _test_corrupt(tensors: dict, rank: int) -> None:
@@ -337,6 +349,7 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
     for _ in range(spec["warmup"]):
         fn(**args, cores=blocks)
     comm.barrier()
+    _test_ready(rank)
     calls = []
     for _ in range(spec["iters"]):   # back to back, each timed on its own
         t0 = time.perf_counter()

@@ -1,0 +1,144 @@
+"""Command-line options no other test gives, through the real entry point (stratac.cli.main, what
+`python -m stratac` calls), each seen to take effect: in what the command prints or writes, or in
+the spec the real runner then runs with (a spy records it and calls through). The table in
+tests/README.md ("Coverage") names the test of every option; tests/test_coverage_table.py keeps it
+complete."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stratac import cli
+from stratac.tools.bench import sweep
+from stratac.tools.run import runner
+
+ROOT = Path(__file__).resolve().parents[2]
+EX = ROOT / "examples"
+MACHINE = ROOT / "machines" / "cloudmatrix384.toml"
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Records the spec every runner.run / sweep.run call gets, then runs it for real."""
+    seen = []
+
+    def wrap(module, name):
+        real = getattr(module, name)
+
+        def call(spec, *a, **kw):
+            seen.append(spec)
+            return real(spec, *a, **kw)
+        monkeypatch.setattr(module, name, call)
+
+    wrap(runner, "run")
+    wrap(sweep, "run")
+    return seen
+
+
+def test_run_dtype_op_root_seed_check_soc(spy, capsys):
+    """`stratac run` of Reduce with i32, max, root 1, seed 7: the ranks run that case (the root,
+    and only the root, reduces on its vector cores), the table says i32 and max, the check is on."""
+    rc = cli.main(["run", str(EX / "reduce.strata"), "--world", "2", "--dtype", "i32", "--op", "max",
+                   "--root", "1", "--seed", "7", "--count", "64", "--iters", "1", "--timeout", "30",
+                   "--cores", "2", "--soc", "Ascend910B1", "--check"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    spec, = spy
+    case, = spec.cases
+    assert (case.dtype, case.op, case.root, case.count) == ("i32", "max", 1, 64)
+    assert (spec.seed, spec.check, spec.timeout, spec.soc, spec.cores) == (7, True, 30.0, "Ascend910B1", 2)
+    row = next(line.split() for line in out.out.splitlines() if line.startswith("reduce "))
+    assert row[4:6] == ["i32", "max"] and row[-1] == "OK", out.out
+
+
+def test_run_no_check_and_seed(spy, capsys):
+    """--no-check: the table says so instead of OK; --seed (which seeds the ranks' input fill)
+    reaches the spec the ranks run."""
+    for seed in ("1", "2"):
+        rc = cli.main(["run", str(EX / "allgather_push.strata"), "--world", "2", "--count", "8",
+                       "--iters", "1", "--cores", "2", "--seed", seed, "--no-check"])
+        assert rc == 0
+    out = capsys.readouterr().out
+    assert [s.seed for s in spy] == [1, 2] and not any(s.check for s in spy)
+    assert "OK" not in out and "unchecked" in out, out
+
+
+def test_run_moe_options(spy, capsys):
+    """MoE options of `stratac run` (tokens, hidden, topk, experts, routing) reach the ranks."""
+    rc = cli.main(["run", str(EX / "moe_prefill.strata"), "--world", "2", "--tokens", "8", "--hidden", "32",
+                   "--topk", "2", "--experts", "4", "--routing", "skewed", "--iters", "1", "--cores", "2"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    case, = spy[0].cases
+    assert (case.tokens, case.hidden, case.topk, case.experts, case.routing) == (8, 32, 2, 4, "skewed")
+    assert "OK" in out.out and "WRONG" not in out.out
+
+
+def test_bench_dtype_op_root_timeout_seed_progress(spy, tmp_path, capsys):
+    """`stratac bench` of Broadcast with f16, root 1, --progress: the JSON says f16 and root 1, the
+    root's SDMA engine moved the data, the progress bar is drawn; with --no-progress it is not."""
+    out_json = tmp_path / "b.json"
+    base = ["bench", str(EX / "broadcast.strata"), "--world", "2", "--sizes", "64", "--iters", "1",
+            "--warmup", "0", "--cores", "2", "--soc", "Ascend910B1"]
+    rc = cli.main(base + ["--dtype", "f16", "--op", "min", "--root", "1", "--timeout", "30", "--seed", "3",
+                          "--progress", "--json", str(out_json)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "] 1/1 sizes" in err            # the bar, drawn on stderr
+    spec = spy[0]
+    assert (spec.dtype, spec.op, spec.root, spec.timeout, spec.seed, spec.progress) == ("f16", "min", 1, 30.0, 3, True)
+    data = json.loads(out_json.read_text())
+    assert (data["meta"]["dtype"], data["meta"]["op"], data["meta"]["root"]) == ("f16", "min", 1)
+    res, = [r for r in data["results"] if r["system"] == "stratac"]
+    assert [p["sdma"] for p in res["per_rank"]] == [0, 64]     # only the root (rank 1) pushes: 2 x 32 B
+    rc = cli.main(base + ["--no-progress"])
+    assert rc == 0 and "sizes" not in capsys.readouterr().err
+
+
+def test_compile_long_output_world_soc_cores(tmp_path, capsys):
+    """compile --output (the long form of -o), --soc and --cores: the manifest records them;
+    --world: a schedule right only at world 2 compiles for 2 and is refused (E0202) for 2,3."""
+    rc = cli.main(["compile", str(EX / "allgather_push.strata"), "--output", str(tmp_path / "gen"),
+                   "--world", "2,3", "--soc", "Ascend910B1", "--cores", "7"])
+    assert rc == 0, capsys.readouterr().err
+    manifest = json.loads((tmp_path / "gen" / "allgather_push" / "manifest.json").read_text())
+    assert (manifest["soc"], manifest["cores"]) == ("Ascend910B1", 7), manifest
+    two = tmp_path / "ag2.strata"
+    two.write_text("schedule ag(x: sym T[n], out: sym T[2 * n]) implements allgather(x -> out) {\n"
+                   "  blk = split(out, world)\n  barrier\n"
+                   "  on sdma: for p in ranks: blk[rank]@p = x\n  barrier\n}\n")
+    assert cli.main(["compile", str(two), "-o", str(tmp_path / "g2"), "--world", "2"]) == 0
+    capsys.readouterr()
+    assert cli.main(["compile", str(two), "-o", str(tmp_path / "g3"), "--world", "2,3"]) == 1
+    assert "error[E0202]" in capsys.readouterr().err
+
+
+def test_simulate_through_the_cli(tmp_path, capsys):
+    """`stratac simulate` through stratac.cli.main: --dtype, --root (collectives), --routing and
+    --seed (MoE) show in the header and the JSON."""
+    out_json = tmp_path / "s.json"
+    rc = cli.main(["simulate", str(EX / "broadcast.strata"), "--machine", str(MACHINE), "--world", "4",
+                   "--sizes", "1K", "--dtype", "f16", "--root", "2", "--cores", "8", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert out.startswith(f"# stratac simulate {EX / 'broadcast.strata'}  world 4  dtype f16  cores 8")
+    meta = json.loads(out_json.read_text())["meta"]
+    assert (meta["dtype"], meta["root"], meta["cores"]) == ("f16", 2, 8)
+    rc = cli.main(["simulate", str(EX / "moe_decode.strata"), "--machine", str(MACHINE), "--world", "4",
+                   "--tokens", "8", "--hidden", "64", "--topk", "2", "--experts", "8", "--routing", "skewed",
+                   "--seed", "5"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "routing skewed (" in out and "seed 5)" in out, out
+
+
+def test_doctor_through_the_cli(capsys):
+    """`stratac doctor` as a command: the report, and exit 0 on this machine (it builds and runs
+    the CPU target; tests/doctor/ checks the rows)."""
+    rc = cli.main(["doctor"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "cpu" in out.lower()
