@@ -395,7 +395,7 @@ extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
       // rank 1's last core breaks a rule once every other core of the job is about to wait for a
       // flag no one sets: each adds 1 to a counter on rank 1 first (a readiness signal, no sleep).
       int32_t* flag = reinterpret_cast<int32_t*>(buf) + 128;
-      int32_t* arrived = reinterpret_cast<int32_t*>(buf) + 136;
+      int32_t* arrived = reinterpret_cast<int32_t*>(buf) + 144;   // a 64-byte line of its own
       if (aclshmem_my_pe() == 1 && actor) {
         aclshmem_signal_wait_until(arrived, ACLSHMEM_CMP_GE, int32_t(aclshmem_n_pes() * C - 1));
         strata_cpu::SetLine(77);
