@@ -79,9 +79,9 @@ class MoeStagingBaselineDispatch {
       rt_.Exscan(offs_, counts_, experts_, rank, world);
       strata::EndStage(mv_);
     }
-    {  // strata:26 stage 4 on sdma
+    {  // strata:26 stage 4 on aiv
       STRATA_LINE(26);  // strata:26
-      rt_.Place(mv_, strata::Via::kSdma, recv_, world * tokens_ * topk_, send_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold);
+      rt_.Place(mv_, strata::Via::kAiv, recv_, world * tokens_ * topk_, send_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold);
       strata::EndStage(mv_);
     }
     STRATA_LINE(27);  // strata:27
