@@ -255,16 +255,18 @@ def moe():
 @pytest.mark.parametrize("rank", range(WORLD))
 def test_place_splits_routed_rows_evenly(moe, rank):
     """Dispatch: the count rows go to the peers (an SDMA stage of (world-1) * experts int32,
-    byte-split), then place copies every routed row once (SDMA), the routed rows split evenly over
-    the cores whatever expert or peer they go to (skewed routing)."""
+    byte-split), then place copies every routed row once on the vector cores (read into UB, written
+    out: examples/moe_prefill.strata), the routed rows split evenly over the cores whatever expert
+    or peer they go to (skewed routing)."""
     rec = moe[("dispatch", rank)]
     assert rec["moe"]["counters_seed"] == 0
     ids = expert_ids("skewed", rank, TOKENS, TOPK, EXPERTS, 0)
     routed = int(((ids >= 0) & (ids < EXPERTS)).sum())
     row = HIDDEN * 2
-    want = add(even_bytes((WORLD - 1) * EXPERTS * 4, CORES), scale(row, even_units(routed, CORES)))
-    assert _ctr(rec, "sdma") == want
-    rows = [x // row for x in add(_ctr(rec, "sdma"), scale(-1, even_bytes((WORLD - 1) * EXPERTS * 4, CORES)))]
+    assert _ctr(rec, "sdma") == even_bytes((WORLD - 1) * EXPERTS * 4, CORES)
+    want = scale(row, even_units(routed, CORES))
+    assert _ctr(rec, "mte_in") == want and _ctr(rec, "mte_out") == want
+    rows = [x // row for x in _ctr(rec, "mte_out")]
     assert max(rows) - min(rows) <= 1
 
 
