@@ -5,8 +5,8 @@
 
 namespace {
 
-constexpr uint32_t kTileBytes = 0;
-constexpr uint32_t kCopyTiles = 0;
+constexpr uint32_t kTileBytes = 77696;
+constexpr uint32_t kCopyTiles = 2;
 constexpr uint32_t kReduceTiles = 0;
 constexpr uint32_t kScratchBytes = 256;
 constexpr int64_t kSdmaThreshold = 262144;
@@ -31,15 +31,15 @@ class Alltoallv {
   }
 
   __aicore__ inline void Process() {
-    {  // strata:13 stage 1 on aiv
-      STRATA_LINE(13);  // strata:13
+    {  // strata:15 stage 1 on aiv
+      STRATA_LINE(15);  // strata:15
       rt_.Histogram(counts_ + rank * world, dest_, rows_, world);
       strata::EndStage(mv_);
     }
-    STRATA_LINE(14);  // strata:14
+    STRATA_LINE(16);  // strata:16
     strata::Barrier(sync_, epoch_ + 1);
-    {  // strata:15 stage 2 on sdma
-      STRATA_LINE(15);
+    {  // strata:17 stage 2 on aiv
+      STRATA_LINE(17);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
@@ -49,28 +49,28 @@ class Alltoallv {
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        STRATA_LINE(15);  // strata:15
+        STRATA_LINE(17);  // strata:17
         if (cut.Take(world * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * world;
-          mv_.Copy(strata::Via::kSdma, strata::Reinterpret<T>(counts_ + lo) + off, p_,
+          mv_.Copy(strata::Via::kAiv, strata::Reinterpret<T>(counts_ + lo) + off, p_,
                    strata::Reinterpret<T>(counts_ + lo) + off, rank, len, rank, kSdmaThreshold);
         }
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(16);  // strata:16
+    STRATA_LINE(18);  // strata:18
     strata::Barrier(sync_, epoch_ + 2);
-    {  // strata:17 stage 3 on aiv
-      STRATA_LINE(17);  // strata:17
+    {  // strata:19 stage 3 on aiv
+      STRATA_LINE(19);  // strata:19
       rt_.Exscan(offs_, counts_, world, rank, world);
       strata::EndStage(mv_);
     }
-    {  // strata:18 stage 4 on sdma
-      STRATA_LINE(18);  // strata:18
-      rt_.Place(mv_, strata::Via::kSdma, out_, world * rows_, x_, dest_, offs_, rows_, 1, hidden_, world, rank, world, kSdmaThreshold);
+    {  // strata:20 stage 4 on aiv
+      STRATA_LINE(20);  // strata:20
+      rt_.Place(mv_, strata::Via::kAiv, out_, world * rows_, x_, dest_, offs_, rows_, 1, hidden_, world, rank, world, kSdmaThreshold);
       strata::EndStage(mv_);
     }
-    STRATA_LINE(19);  // strata:19
+    STRATA_LINE(21);  // strata:21
     strata::Barrier(sync_, epoch_ + 3);
   }
 

@@ -35,30 +35,30 @@ class MoeDecodeCombine {
   }
 
   __aicore__ inline void Process() {
-    {  // strata:36 stage 1 on aiv
-      STRATA_LINE(36);  // strata:36
+    {  // strata:37 stage 1 on aiv
+      STRATA_LINE(37);  // strata:37
       rt_.Slots(offs_, experts_, capacity_, rank, world);
       strata::EndStage(mv_);
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        STRATA_LINE(37);  // strata:37
+        STRATA_LINE(38);  // strata:38
         strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 2, p_);
       }
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        STRATA_LINE(38);  // strata:38
+        STRATA_LINE(39);  // strata:39
         strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 2);
       }
     }
     AscendC::SyncAll<true>();
-    {  // strata:39 stage 2 on aiv
-      STRATA_LINE(39);  // strata:39
+    {  // strata:40 stage 2 on aiv
+      STRATA_LINE(40);  // strata:40
       rt_.Gather(y_, win_, experts_ * capacity_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world);
       strata::EndStage(mv_);
     }
-    STRATA_LINE(40);  // strata:40
+    STRATA_LINE(41);  // strata:41
     strata::Barrier(sync_, epoch_ + 1);
   }
 

@@ -5,8 +5,8 @@
 
 namespace {
 
-constexpr uint32_t kTileBytes = 0;
-constexpr uint32_t kCopyTiles = 0;
+constexpr uint32_t kTileBytes = 77696;
+constexpr uint32_t kCopyTiles = 2;
 constexpr uint32_t kReduceTiles = 0;
 constexpr uint32_t kScratchBytes = 256;
 constexpr int64_t kSdmaThreshold = 262144;
@@ -34,16 +34,16 @@ class MoeDecodeDispatch {
   }
 
   __aicore__ inline void Process() {
-    {  // strata:18 stage 1 on aiv
-      STRATA_LINE(18);
-      STRATA_LINE(19);  // strata:19
-      rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);
+    {  // strata:19 stage 1 on aiv
+      STRATA_LINE(19);
       STRATA_LINE(20);  // strata:20
+      rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);
+      STRATA_LINE(21);  // strata:21
       rt_.Slots(offs_, experts_, capacity_, rank, world);
       strata::EndStage(mv_);
     }
-    {  // strata:22 stage 2 on sdma
-      STRATA_LINE(22);
+    {  // strata:23 stage 2 on aiv
+      STRATA_LINE(23);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
@@ -53,26 +53,26 @@ class MoeDecodeDispatch {
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        STRATA_LINE(23);  // strata:23
+        STRATA_LINE(24);  // strata:24
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
-          mv_.Copy(strata::Via::kSdma, strata::Reinterpret<T>(counts_ + lo) + off, p_,
+          mv_.Copy(strata::Via::kAiv, strata::Reinterpret<T>(counts_ + lo) + off, p_,
                    strata::Reinterpret<T>(counts_ + lo) + off, rank, len, rank, kSdmaThreshold);
         }
       }
-      STRATA_LINE(24);  // strata:24
-      rt_.Place(mv_, strata::Via::kSdma, win_, experts_ * capacity_, x_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold);
+      STRATA_LINE(25);  // strata:25
+      rt_.Place(mv_, strata::Via::kAiv, win_, experts_ * capacity_, x_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold);
       strata::EndStage(mv_);
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        STRATA_LINE(26);  // strata:26
+        STRATA_LINE(27);  // strata:27
         strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, p_);
       }
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        STRATA_LINE(27);  // strata:27
+        STRATA_LINE(28);  // strata:28
         strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 1);
       }
     }

@@ -34,19 +34,19 @@ class MoePrefillCombine {
   }
 
   __aicore__ inline void Process() {
-    {  // strata:33 stage 1 on aiv
-      STRATA_LINE(33);  // strata:33
+    {  // strata:36 stage 1 on aiv
+      STRATA_LINE(36);  // strata:36
       rt_.Exscan(offs_, counts_, experts_, rank, world);
       strata::EndStage(mv_);
     }
-    STRATA_LINE(34);  // strata:34
+    STRATA_LINE(37);  // strata:37
     strata::Barrier(sync_, epoch_ + 1);
-    {  // strata:35 stage 2 on aiv
-      STRATA_LINE(35);  // strata:35
+    {  // strata:38 stage 2 on aiv
+      STRATA_LINE(38);  // strata:38
       rt_.Gather(y_, win_, world * tokens_ * topk_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world);
       strata::EndStage(mv_);
     }
-    STRATA_LINE(36);  // strata:36
+    STRATA_LINE(39);  // strata:39
     strata::Barrier(sync_, epoch_ + 2);
   }
 

@@ -35,25 +35,25 @@ class MoeStagingBaselineDispatch {
   }
 
   __aicore__ inline void Process() {
-    {  // strata:18 stage 1 on aiv
-      STRATA_LINE(18);
+    {  // strata:19 stage 1 on aiv
+      STRATA_LINE(19);
       int64_t total = 0;
       total += tokens_ * hidden_;
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(19);  // strata:19
-      rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);
       STRATA_LINE(20);  // strata:20
+      rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);
+      STRATA_LINE(21);  // strata:21
       if (cut.Take(tokens_ * hidden_, off, len)) {
         mv_.Copy(strata::Via::kAiv, send_ + off, rank,
                  x_ + off, rank, len, rank, kSdmaThreshold);
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(22);  // strata:22
+    STRATA_LINE(23);  // strata:23
     strata::Barrier(sync_, epoch_ + 1);
-    {  // strata:23 stage 2 on sdma
-      STRATA_LINE(23);
+    {  // strata:24 stage 2 on aiv
+      STRATA_LINE(24);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
@@ -63,36 +63,36 @@ class MoeStagingBaselineDispatch {
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        STRATA_LINE(23);  // strata:23
+        STRATA_LINE(24);  // strata:24
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
-          mv_.Copy(strata::Via::kSdma, strata::Reinterpret<T>(counts_ + lo) + off, p_,
+          mv_.Copy(strata::Via::kAiv, strata::Reinterpret<T>(counts_ + lo) + off, p_,
                    strata::Reinterpret<T>(counts_ + lo) + off, rank, len, rank, kSdmaThreshold);
         }
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(24);  // strata:24
+    STRATA_LINE(25);  // strata:25
     strata::Barrier(sync_, epoch_ + 2);
-    {  // strata:25 stage 3 on aiv
-      STRATA_LINE(25);  // strata:25
+    {  // strata:26 stage 3 on aiv
+      STRATA_LINE(26);  // strata:26
       rt_.Exscan(offs_, counts_, experts_, rank, world);
       strata::EndStage(mv_);
     }
-    {  // strata:26 stage 4 on sdma
-      STRATA_LINE(26);  // strata:26
-      rt_.Place(mv_, strata::Via::kSdma, recv_, world * tokens_ * topk_, send_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold);
+    {  // strata:27 stage 4 on aiv
+      STRATA_LINE(27);  // strata:27
+      rt_.Place(mv_, strata::Via::kAiv, recv_, world * tokens_ * topk_, send_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold);
       strata::EndStage(mv_);
     }
-    STRATA_LINE(27);  // strata:27
+    STRATA_LINE(28);  // strata:28
     strata::Barrier(sync_, epoch_ + 3);
-    {  // strata:28 stage 5 on aiv
-      STRATA_LINE(28);
+    {  // strata:29 stage 5 on aiv
+      STRATA_LINE(29);
       int64_t total = 0;
       total += world * tokens_ * topk_ * hidden_;
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(28);  // strata:28
+      STRATA_LINE(29);  // strata:29
       if (cut.Take(world * tokens_ * topk_ * hidden_, off, len)) {
         mv_.Copy(strata::Via::kAiv, win_ + off, rank,
                  recv_ + off, rank, len, rank, kSdmaThreshold);

@@ -28,7 +28,14 @@ enum class Via { kAiv, kSdma, kAuto };
 
 constexpr uint32_t kBlockBytes = 32;       // DataCopy granularity
 constexpr uint32_t kSdmaScratchBytes = 64; // SDMA descriptor scratch in UB (>= 64, 64-aligned)
-constexpr uint32_t kSdmaIssueLimit = 256;  // outstanding SDMA posts per core before a quiet
+// SHMEM splits every SDMA post into descriptors (SQEs) of at most 1 MiB in the core's one SQ
+// (shmem_device_sdma.hpp:339-401), whose depth is not in SHMEM's source and is not checked there.
+// A core quiets before the SQEs it has posted since its last quiet would exceed kSdmaSqeLimit: below
+// the CPU model's STRATA_SDMA_SQ_DEPTH (256, UNVERIFIED) with room for the quiet's own flag SQE.
+// A quiet's poll budget on the NPU is 10^6 polls, after which it returns silently; bounding the
+// bytes in flight per core (kSdmaSqeLimit MiB) also bounds how long a quiet has to wait.
+constexpr int64_t kSdmaSqeBytes = 1 << 20;
+constexpr uint32_t kSdmaSqeLimit = 192;    // outstanding SQEs per core before a quiet
 
 // The sync area (barrier slots, then the named flags) is an array of slots, one 64-byte line
 // each, as SHMEM pads its own sync words (ACLSHMEM_SYNCBIT_SIZE = 64): a signal is a scalar store
@@ -127,6 +134,7 @@ class Mover {
  public:
   __aicore__ inline void Init(AscendC::TPipe* pipe, uint32_t tileBytes, uint32_t copyTiles,
                               uint32_t reduceTiles, uint32_t scratchBytes) {
+    pipe_ = pipe;
     tile_ = tileBytes / sizeof(T);
     rtile_ = tileBytes / sizeof(float);
     if (copyTiles) pipe->InitBuffer(copyQ_, copyTiles, tileBytes);
@@ -146,7 +154,9 @@ class Mover {
   __aicore__ inline int64_t Tile() const { return rtile_; }
 
   // dst[0, n) = src[0, n); each side is (local symmetric address, rank). `via` picks the engine;
-  // kAuto sends copies of at least `sdmaThreshold` bytes to SDMA.
+  // kAuto sends this call to SDMA when it moves at least `sdmaThreshold` bytes. The call is one
+  // core's piece of a copy (one SDMA post), so the threshold applies per post: what pays for a
+  // post's fixed descriptor work on the core is the bytes that post moves (dsl/README.md, engines).
   __aicore__ inline void Copy(Via via, __gm__ T* dst, int64_t dstPe, __gm__ T* src, int64_t srcPe,
                               int64_t n, int64_t myPe, int64_t sdmaThreshold) {
     if (n <= 0) return;
@@ -223,12 +233,15 @@ class Mover {
     outQ_.FreeTensor(out);
   }
 
-  // Waits until every SDMA copy this core posted has completed.
+  // Waits until every SDMA copy this core posted has completed, and gives back the event id the
+  // SHMEM SDMA calls used since the last quiet.
   __aicore__ inline void Quiet() {
-    if (posted_ == 0) return;
+    if (sqes_ == 0) return;
     AscendC::LocalTensor<T> s = scratch_.template Get<T>();
-    aclshmemx_sdma_quiet(reinterpret_cast<__ubuf__ T*>(s.GetPhyAddr()), kSdmaScratchBytes, EVENT_ID0);
-    posted_ = 0;
+    aclshmemx_sdma_quiet(reinterpret_cast<__ubuf__ T*>(s.GetPhyAddr()), kSdmaScratchBytes,
+                         static_cast<uint32_t>(syncId_));
+    pipe_->template ReleaseEventID<AscendC::HardEvent::MTE3_MTE2>(syncId_);
+    sqes_ = 0;
   }
 
  private:
@@ -261,20 +274,31 @@ class Mover {
     }
   }
 
-  // SDMA copies are GM -> GM and cost no core time. A put names the destination by its local
-  // symmetric address and rank; a get names the source that way.
+  // SDMA copies are GM -> GM; the data moves off the core, but every post costs its core the
+  // descriptor writes, pipeline drains and a whole-D-cache flush of SHMEM's post path, per 1 MiB
+  // SQE (docs/npu.md, "SDMA"). A put names the destination by its local symmetric address and rank;
+  // a get names the source that way. The SHMEM sync_id (an MTE3_MTE2 event id SHMEM sets and waits
+  // on internally) comes from TPipe::AllocEventID, so no TQue holds it; it is released at Quiet.
   __aicore__ inline void SdmaCopy(__gm__ T* dst, int64_t dstPe, __gm__ T* src, int64_t srcPe,
                                   int64_t n, int64_t myPe) {
     AscendC::LocalTensor<T> s = scratch_.template Get<T>();
     __ubuf__ T* ub = reinterpret_cast<__ubuf__ T*>(s.GetPhyAddr());
-    if (dstPe != myPe || srcPe == myPe) {
-      aclshmemx_sdma_put_nbi(dst, At(src, 0, srcPe), ub, kSdmaScratchBytes,
-                             static_cast<uint32_t>(n), static_cast<int>(dstPe), EVENT_ID0);
-    } else {
-      aclshmemx_sdma_get_nbi(dst, src, ub, kSdmaScratchBytes, static_cast<uint32_t>(n),
-                             static_cast<int>(srcPe), EVENT_ID0);
+    const int64_t maxElems = kSdmaSqeLimit * kSdmaSqeBytes / static_cast<int64_t>(sizeof(T));
+    for (int64_t i = 0; i < n; i += maxElems) {  // posts of at most kSdmaSqeLimit SQEs
+      const int64_t m = Min(maxElems, n - i);
+      const uint32_t sqes = static_cast<uint32_t>((m * static_cast<int64_t>(sizeof(T)) + kSdmaSqeBytes - 1) /
+                                                  kSdmaSqeBytes);
+      if (sqes_ + sqes > kSdmaSqeLimit) Quiet();
+      if (sqes_ == 0) syncId_ = pipe_->template AllocEventID<AscendC::HardEvent::MTE3_MTE2>();
+      if (dstPe != myPe || srcPe == myPe) {
+        aclshmemx_sdma_put_nbi(dst + i, At(src, i, srcPe), ub, kSdmaScratchBytes, static_cast<uint32_t>(m),
+                               static_cast<int>(dstPe), static_cast<uint32_t>(syncId_));
+      } else {
+        aclshmemx_sdma_get_nbi(dst + i, src + i, ub, kSdmaScratchBytes, static_cast<uint32_t>(m),
+                               static_cast<int>(srcPe), static_cast<uint32_t>(syncId_));
+      }
+      sqes_ += sqes;
     }
-    if (++posted_ >= kSdmaIssueLimit) Quiet();
   }
 
   AscendC::TQueBind<AscendC::TPosition::VECIN, AscendC::TPosition::VECOUT, 2> copyQ_;
@@ -284,9 +308,11 @@ class Mover {
   AscendC::TBuf<AscendC::TPosition::VECCALC> accBuf_;   // 16-bit T: the float accumulator
   AscendC::TBuf<AscendC::TPosition::VECCALC> tmpBuf_;   // 16-bit T: a source cast to float
   AscendC::LocalTensor<T> acc_;   // 32-bit T: the accumulator; 16-bit T: the rounded result
+  AscendC::TPipe* pipe_ = nullptr;
   int64_t tile_ = 0;    // elements per copy tile
   int64_t rtile_ = 0;   // elements per reduction tile
-  uint32_t posted_ = 0;
+  uint32_t sqes_ = 0;                 // SQEs posted since the last quiet
+  AscendC::TEventID syncId_ = 0;      // held from the first post after a quiet until the next quiet
 };
 
 // ---- MoE routing (dsl/README.md, "Routing") ----

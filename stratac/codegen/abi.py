@@ -189,6 +189,7 @@ void* strata_cpu_heap_base(void);
 uint64_t strata_cpu_heap_bytes(void);
 uint64_t strata_cpu_heap_used(void);
 void strata_cpu_set_timeout(double seconds);
+int strata_cpu_set_aiv_cores(int n);
 void strata_cpu_reset_counters(void);
 int strata_cpu_read_counters(uint64_t* out, int max_cores);
 int strata_cpu_aborted(void);
@@ -203,5 +204,7 @@ void* aclshmem_calloc(size_t count, size_t size);
 void aclshmem_free(void* ptr);
 """
 
-COUNTERS = ("mte_in", "mte_out", "sdma", "remote_read", "remote_write")
+# per core, in the order of strata_cpu.h's STRATA_CTR_*: bytes per engine, remote bytes, and the
+# SDMA posts and the 1 MiB SQEs they were split into
+COUNTERS = ("mte_in", "mte_out", "sdma", "remote_read", "remote_write", "sdma_posts", "sdma_sqes")
 MAX_CORES = 64

@@ -107,6 +107,10 @@ class Schedule:
         self._scratch: dict[str, torch.Tensor] = {}
         self._instances: dict[tuple, str | None] = {}   # instance -> None (proven) or the refusal
         self.cores = s.kernel.cores
+        # the SoC the kernel was lowered for, and its vector (AIV) core count: a launch may not use
+        # more blocks (SyncAll hangs on the NPU when numBlocks exceeds the physical AIV count)
+        self.soc = s.kernel.soc
+        self.max_cores = passes.SOCS[self.soc]
         params = [p.name for p in s.tensors] + [x.name for x in s.scalars]
         self.__doc__ = f"{s.name}({', '.join(params)}): implements {s.contract}"
         kw = inspect.Parameter.KEYWORD_ONLY
@@ -119,10 +123,14 @@ class Schedule:
 
     def launch_cores(self, cores, limit: int) -> int:
         """The vector cores a call launches on: the schedule's default when cores is None, else
-        cores itself, which must be a whole number in [1, limit] (0 is not "all cores")."""
+        cores itself, which must be a whole number in [1, limit] (0 is not "all cores"); limit is
+        the vector core count of the SoC the kernel was compiled for."""
         blocks = self.cores if cores is None else cores
         if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= limit:
-            raise StrataUsageError(f"{self.name}: cores must be between 1 and {limit}, got {cores!r}")
+            raise StrataUsageError(
+                f"{self.name}: cores must be between 1 and {limit}, got {cores!r} ({limit} is the vector "
+                f"core count of {self.soc}, the SoC it was compiled for; compile for another with "
+                f"passes.Options(soc=...) or --soc)")
         return blocks
 
     def unload(self) -> None:
@@ -323,12 +331,17 @@ class Schedule:
         self.comm._check_open()
         if self._launch is None:
             raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
-        blocks = self.launch_cores(cores, abi.MAX_CORES)
+        blocks = self.launch_cores(cores, self.max_cores)
         dtype, sizes, ptrs, scalars = self.bind(*tensors, **named)
         self._describe_sync(sizes)
         epoch = self.comm.next_epoch(self.ir.sync_ops)
         sync = self._ffi.cast("void*", self.comm._base + self.comm._sync)
         op = scalars.get(self.ir.op_param.name, 0) if self.ir.op_param else 0
+        # the CPU model refuses launches of more blocks than the SoC the kernel was lowered for has
+        # (model.cpp LaunchBlocks): tell it which SoC that is, per call (modules of one
+        # communicator may be compiled for different SoCs)
+        if self.comm._lib.strata_cpu_set_aiv_cores(self.max_cores) != 0:
+            raise StrataRuntimeError(f"{self.name}: {last_error(self.comm._lib, self.comm._ffi)}")
         rc = self._launch(dtype.code, op, blocks, self._ffi.NULL, sync, epoch, *ptrs,
                           *(sizes[n] for n in self.ir.sizes),
                           *(scalars[x.name] for x in self.ir.rank_params))

@@ -277,7 +277,7 @@ def call_refusals(comm, rank, world):
     expect_error(StrataUsageError, "allreduce_twoshot: parameter x was given back with comm.free",
                  ar.allreduce_twoshot, old[8:16], op="sum")
     expect_error(StrataUsageError, "the tensor to free was given back with comm.free", comm.free, old)
-    expect_error(StrataUsageError, "allreduce_twoshot: cores must be between 1 and 64, got 0",
+    expect_error(StrataUsageError, "allreduce_twoshot: cores must be between 1 and 40, got 0",
                  ar.allreduce_twoshot, new, op="sum", cores=0)
     check(bool((new == rank + 1).all()), "new was written by a refused call")
     check(comm._epoch == epoch, "a refused call launched a kernel")

@@ -25,6 +25,7 @@ one call, so each expectation is the sum of its stages' ideal splits.
 from pathlib import Path
 
 import pytest
+from routing_meta import combine_dma, routing_dma
 
 from stratac.tools.run import runner
 from stratac.verify.routing import expert_ids
@@ -254,17 +255,23 @@ def moe():
 
 @pytest.mark.parametrize("rank", range(WORLD))
 def test_place_splits_routed_rows_evenly(moe, rank):
-    """Dispatch: the count rows go to the peers (an SDMA stage of (world-1) * experts int32,
-    byte-split), then place copies every routed row once (SDMA), the routed rows split evenly over
-    the cores whatever expert or peer they go to (skewed routing)."""
+    """Dispatch: the count rows go to the peers (a vector-core stage of (world-1) * experts int32,
+    byte-split), then place copies every routed row once (read into UB, written out), the routed
+    rows split evenly over the cores whatever expert or peer they go to (skewed routing). Both run
+    on the vector cores (examples/moe_prefill.strata): nothing goes by SDMA."""
     rec = moe[("dispatch", rank)]
     assert rec["moe"]["counters_seed"] == 0
     ids = expert_ids("skewed", rank, TOKENS, TOPK, EXPERTS, 0)
     routed = int(((ids >= 0) & (ids < EXPERTS)).sum())
     row = HIDDEN * 2
-    want = add(even_bytes((WORLD - 1) * EXPERTS * 4, CORES), scale(row, even_units(routed, CORES)))
-    assert _ctr(rec, "sdma") == want
-    rows = [x // row for x in add(_ctr(rec, "sdma"), scale(-1, even_bytes((WORLD - 1) * EXPERTS * 4, CORES)))]
+    assert _ctr(rec, "sdma") == [0] * CORES
+    counts = even_bytes((WORLD - 1) * EXPERTS * 4, CORES)
+    want = add(counts, scale(row, even_units(routed, CORES)))
+    # plus the routing metadata the Router moves by DMA (histogram, exscan, place's id scans)
+    meta = routing_dma(ids, EXPERTS, WORLD, CORES)
+    assert _ctr(rec, "mte_in") == add(want, [m[0] for m in meta])
+    assert _ctr(rec, "mte_out") == add(want, [m[1] for m in meta])
+    rows = [(x - m[1] - c) // row for x, m, c in zip(_ctr(rec, "mte_out"), meta, counts)]
     assert max(rows) - min(rows) <= 1
 
 
@@ -279,14 +286,9 @@ def test_gather_splits_tokens_evenly(moe, rank):
     tokens = even_units(TOKENS, CORES)
     starts = [sum(tokens[:c]) for c in range(CORES)]
     reads = [int(routed_per_token[s:s + t].sum()) * row for s, t in zip(starts, tokens)]
-    # plus the routing metadata, moved by DMA: exscan (owners split over the cores) loads its
-    # owners' columns of every rank's counts and stores their offsets; gather loads the offsets, the
-    # earlier tokens' ids and its own tokens' ids and weights (int32/f32)
-    local = EXPERTS // WORLD
-    owners = even_units(WORLD, CORES)
-    meta_in = [WORLD * o * local * 4 + (EXPERTS * 4 + (s + 2 * t) * TOPK * 4 if t else 0)
-               for o, s, t in zip(owners, starts, tokens)]
-    meta_out = [o * local * 4 for o in owners]
+    # plus the routing metadata, moved by DMA (tests/routing_meta.py)
+    meta = combine_dma(TOKENS, TOPK, EXPERTS, WORLD, CORES)
+    meta_in, meta_out = [m[0] for m in meta], [m[1] for m in meta]
     assert _ctr(rec, "mte_out") == add(scale(row, tokens), meta_out)
     assert _ctr(rec, "mte_in") == add(reads, meta_in)
 
@@ -314,6 +316,8 @@ vector_gbps = 1000000.0
 queues = 7
 queue_gbps = 1000000.0
 post_us = 0.0
+sqe_bytes = 1048576
+sqe_issue_us = 0.0
 [sync]
 launch_us = 0.0
 sync_all_us = 0.0

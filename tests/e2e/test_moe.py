@@ -5,6 +5,7 @@ step and combine each checked against torch (stratac.tools.run.workload.MoeWorkl
 from pathlib import Path
 
 import pytest
+from routing_meta import routing_dma
 
 from stratac.lang.frontend import load_source, schedules
 from stratac.tools.run import runner
@@ -51,37 +52,11 @@ def test_every_moe_example_runs_correctly(moe_examples, world):
     assert out.exit_code == 0
 
 
-ROUTE_CHUNK = 1024   # strata::kRouteChunk: ids staged in UB per DMA (runtime/device/strata_device.h)
-
-
-def routing_dma(ids, experts: int, world: int, cores: int) -> list[tuple[int, int]]:
-    """Per core (bytes GM->UB, bytes UB->GM) of a dispatch's routing metadata, which the Router
-    moves by DMA (never by scalar GM access): histogram on core 0 (loads every id, stores the
-    counts), exscan with the owners split over the cores (loads its owners' columns of every rank's
-    counts, stores its owners' offsets), place (every core loads every id to count the routed
-    entries; a core with rows to move also loads the offsets and the ids again, chunk by chunk, up
-    to the chunk of its last row)."""
-    flat = [int(e) for e in ids.reshape(-1)]
-    n, local = len(flat), experts // world
-    routed_at = [i for i, e in enumerate(flat) if 0 <= e < experts]
-    out = []
-    for c in range(cores):
-        span = (world * (c + 1) // cores - world * c // cores) * local
-        load, store = world * span * 4 + n * 4, span * 4
-        if c == 0:
-            load, store = load + n * 4, store + experts * 4
-        lo, hi = len(routed_at) * c // cores, len(routed_at) * (c + 1) // cores
-        if lo < hi:
-            last_chunk = routed_at[hi - 1] // ROUTE_CHUNK
-            load += experts * 4 + sum(min(ROUTE_CHUNK, n - k * ROUTE_CHUNK) * 4 for k in range(last_chunk + 1))
-        out.append((load, store))
-    return out
-
-
 def test_dispatch_moves_each_routed_row_once_and_balances_the_cores(root):
-    """Prefill dispatch under skewed routing: SDMA carries every routed row exactly once plus the
-    count rows, and the cores share the rows evenly (the partition is by rows, not by expert or
-    peer): max/mean per-core bytes at most 1.1."""
+    """Prefill dispatch under skewed routing: the vector cores carry every routed row exactly once
+    plus the count rows (read into UB and written out; nothing by SDMA), and the cores share the
+    rows evenly (the partition is by rows, not by expert or peer): max/mean per-core bytes at most
+    1.1."""
     world, tokens, hidden, topk, cores = 2, 400, 64, 4, 8
     case = runner.Case("f32", tokens=tokens, hidden=hidden, topk=topk, routing="skewed")
     out = runner.run(runner.RunSpec(file=str(root / "examples" / "moe_prefill.strata"), world=world,
@@ -96,16 +71,19 @@ def test_dispatch_moves_each_routed_row_once_and_balances_the_cores(root):
         ids = expert_ids("skewed", r["rank"], tokens, topk, experts, 0)
         routed = int((ids >= 0).sum())
         ctr = r["counters"]
-        assert sum(c["sdma"] for c in ctr) == routed * hidden * 4 + (world - 1) * experts * 4
-        # the vector cores' DMA moves the routing metadata only (no row)
-        assert [(c["mte_in"], c["mte_out"]) for c in ctr] == routing_dma(ids, experts, world, cores)
-        per_core = [c["sdma"] for c in ctr]
+        moved = routed * hidden * 4 + (world - 1) * experts * 4   # the rows and the count rows
+        meta = routing_dma(ids, experts, world, cores)            # the routing metadata, per core
+        assert sum(c["mte_out"] for c in ctr) == moved + sum(m[1] for m in meta)
+        assert sum(c["mte_in"] for c in ctr) == moved + sum(m[0] for m in meta)
+        assert sum(c["sdma"] + c["sdma_posts"] for c in ctr) == 0
+        per_core = [c["mte_out"] - m[1] for c, m in zip(ctr, meta)]
         assert max(per_core) / (sum(per_core) / len(per_core)) <= 1.1
 
 
 def test_staging_baseline_shows_its_copies(root):
     """The buffer-centric dispatch copies the tokens into a send buffer and the whole receive
-    buffer out again through the vector cores; the zero-copy dispatch moves nothing through them."""
+    buffer out again through the vector cores, on top of what the zero-copy dispatch moves through
+    them (its count rows and routed rows, the same in both)."""
     world, tokens, hidden, topk = 2, 16, 32, 2
     case = runner.Case("f32", tokens=tokens, hidden=hidden, topk=topk, routing="uniform")
     recs = {}
@@ -119,9 +97,12 @@ def test_staging_baseline_shows_its_copies(root):
         assert out.exit_code == 0, out.failures
         recs[name] = next(r for r in out.results if r["rank"] == 0 and r["moe"]["phase"] == "dispatch")
     aiv = {k: sum(c["mte_in"] + c["mte_out"] for c in r["counters"]) for k, r in recs.items()}
-    assert aiv["moe_prefill"] == meta   # the routing metadata only
+    experts = 4 * world       # the runner's default: 4 experts per rank
+    assert recs["moe_prefill"]["moe"]["experts"] == experts
+    routed = int((expert_ids("uniform", 0, tokens, topk, experts, 0) >= 0).sum())
+    assert aiv["moe_prefill"] == 2 * (routed * hidden * 4 + (world - 1) * experts * 4) + meta
     x_bytes, window_bytes = tokens * hidden * 4, world * tokens * topk * hidden * 4
-    assert aiv["moe_staging_baseline"] == 2 * x_bytes + 2 * window_bytes + meta
+    assert aiv["moe_staging_baseline"] - aiv["moe_prefill"] == 2 * x_bytes + 2 * window_bytes
     # two more buffers on the heap: the send and receive buffers
     extra = recs["moe_staging_baseline"]["heap_user_bytes"] - recs["moe_prefill"]["heap_user_bytes"]
     assert extra >= x_bytes + window_bytes

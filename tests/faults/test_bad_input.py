@@ -61,14 +61,47 @@ def test_tensors_of_the_wrong_kind(comm, mods):
     out16 = comm.empty(64, dtype=torch.float16)
     refused(comm, "parameter out is torch.float16 but an earlier T parameter is torch.float32",
             ag.allgather_push, x, out16, keep=(x, out16))
-    refused(comm, "cores must be between 1 and 64", ar.allreduce_twoshot, x, op="sum", cores=65, keep=(x,))
+    # loaded with the default Options: lowered for Ascend910B3, whose SoC has 40 vector cores
+    refused(comm, "cores must be between 1 and 40, got 65", ar.allreduce_twoshot, x, op="sum", cores=65,
+            keep=(x,))
     # 0 is not "all cores" (nor is False, or a fraction): only None means the schedule's default
     for cores in (0, False, 2.5):
-        refused(comm, f"allreduce_twoshot: cores must be between 1 and 64, got {cores!r}",
+        refused(comm, f"allreduce_twoshot: cores must be between 1 and 40, got {cores!r}",
                 ar.allreduce_twoshot, x, op="sum", cores=cores, keep=(x,))
     # a tensor of another heap (another communicator's, or freed and reused memory) is not this heap's
     with pytest.raises(errors.StrataUsageError, match="not on the symmetric heap"):
         ar.allreduce_twoshot(torch.empty(1 << 20, dtype=torch.float32)[:64], op="sum")
+
+
+def test_no_more_blocks_than_the_soc_it_was_compiled_for(comm):
+    """A launch may use at most the vector cores of the SoC the kernel was lowered for (40 on
+    Ascend910B3, 48 on Ascend910B1): the call refuses more, naming the SoC, before any launch; and
+    the CPU model is told that count at every call, so that a launch the Python check did not see
+    (the launcher called directly) is refused by the model too (model.cpp LaunchBlocks)."""
+    x = comm.empty(64, dtype=torch.float32)
+    x.copy_(torch.arange(64))
+    b3 = comm.load(AR)                                              # default: Ascend910B3
+    b1 = comm.load(AR, options=passes.Options(soc="Ascend910B1"))   # 48 vector cores
+    fn3, fn1 = b3.allreduce_twoshot, b1.allreduce_twoshot
+    assert (fn3.soc, fn3.max_cores, fn1.max_cores) == ("Ascend910B3", 40, 48)
+    msg = refused(comm, "allreduce_twoshot: cores must be between 1 and 40, got 41", fn3, x, op="sum",
+                  cores=41, keep=(x,))
+    assert "vector core count of Ascend910B3, the SoC it was compiled for" in msg
+    fn3(x, op="sum", cores=40)                      # the SoC's every core: runs
+    fn1(x, op="sum", cores=48)                      # a 48-core SoC: 48 blocks run
+    assert torch.equal(x, torch.arange(64, dtype=torch.float32))   # world 1: the sum is x
+    # the 910B3 module's call told the model 40: its launcher, called directly with 41 blocks
+    # (bypassing the Python check), is refused by the model, and nothing was written
+    fn3(x, op="sum", cores=1)
+    dtype, sizes, ptrs, _ = fn3.bind(x, op="sum")
+    sync = fn3._ffi.cast("void*", comm._base + comm._sync)
+    rc = fn3._launch(dtype.code, 0, 41, fn3._ffi.NULL, sync, comm.next_epoch(fn3.ir.sync_ops), *ptrs,
+                     *(sizes[n] for n in fn3.ir.sizes))
+    assert rc != 0
+    err = C.last_error(comm._lib, comm._ffi)
+    assert "41 blocks exceed the SoC's 40 vector cores" in err, err
+    assert torch.equal(x, torch.arange(64, dtype=torch.float32))
+    fn3(x, op="sum")                                # the pool is not aborted: later calls run
 
 
 def test_a_freed_tensor_is_refused_even_when_its_memory_is_reused(comm, mods):

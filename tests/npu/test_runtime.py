@@ -144,7 +144,7 @@ def test_a_launch_passes_the_launcher_its_arguments_in_abi_order(example):
     [s] = frontend.schedules(frontend.load_source(ROOT / "examples" / f"{example}.strata"))
     s = codegen.generate(passes.pipeline(s, passes.Options())).schedule
     fn = object.__new__(npu_comm.npu_schedule_class())   # no library: the launcher is recorded
-    fn.comm, fn.ir, fn.name, fn.cores, fn.max_cores = FakeComm(), s, s.name, 40, 40
+    fn.comm, fn.ir, fn.name, fn.cores, fn.max_cores, fn.soc = FakeComm(), s, s.name, 40, 40, "Ascend910B3"
     fn._ffi = cffi.FFI()
     fn._ffi.cdef(abi.cdef(s))
     fn._scratch = {}

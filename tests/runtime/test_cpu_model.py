@@ -81,13 +81,15 @@ def test_exchange(driver, tmp_path, world, cores, n, sdma_delay_us):
         np.testing.assert_array_equal(flags[:, 0], np.full(cores, world))
         np.testing.assert_array_equal(flags[:, 1:], 0)
 
-        # counters per core: MTE in, MTE out, SDMA, remote read, remote write
+        # counters per core: MTE in, MTE out, SDMA, remote read, remote write, SDMA posts, SQEs
         assert int(field(out[r], "cores")) == cores
         for c in range(cores):
             got = [int(v) for v in field(out[r], f"counters {c}").split()]
             remote_read = chunk if world > 1 else 0  # the SDMA get reads rank r+1
             remote_write = 2 * (world - 1) * chunk    # MTE and SDMA puts to the other ranks
-            assert got == [chunk, world * chunk, (world + 1) * chunk, remote_read, remote_write]
+            posts = world + 1                         # a put to every rank and one get
+            sqes = posts * -(-chunk // 2**20)         # each post in 1 MiB SQEs (chunk <= 4 KiB: 1)
+            assert got == [chunk, world * chunk, (world + 1) * chunk, remote_read, remote_write, posts, sqes]
 
 
 def test_atomic_from_several_ranks(driver, tmp_path):
@@ -452,8 +454,6 @@ FAIL_CASES = {
     "sdma_without_quiet": (6, 4, 10, [PREFIX + "kernel returned with 1 SDMA copies not waited for by "
                                       "aclshmemx_sdma_quiet"]),
     "sdma_scratch_size": (7, 4, 10, [PREFIX + "aclshmemx_sdma_put_nbi: ub_size 32 must be at least 64"]),
-    "sdma_core_48": (8, 49, 10, ["rank 0 core 48 strata:? kernel fail_kernel: aclshmemx_sdma_put_nbi: core "
-                                 "index 48 >= 48 has no SDMA channel"]),
     "wait_timeout": (9, 1, 0.5, ["rank 0 core 0 strata:? kernel fail_kernel: aclshmem_signal_wait_until timed "
                                  "out after 0.5 s: flag at rank 0 heap offset 256 (0x100): ACLSHMEM_CMP_EQ "
                                  "(expected == 7), seen 3"]),
@@ -486,6 +486,22 @@ FAIL_CASES = {
     "cast_widening_overlap": (32, 4, 10, [PREFIX + "Cast half->float: dst (UB offset 0, 256 bytes) and src "
                                           "(UB offset 128, 128 bytes) overlap; a widening Cast over overlapping "
                                           "operands may give wrong results on A2/A3"]),
+    # SDMA queue depth (256 SQEs, UNVERIFIED model value): the 257th one-SQE post without a quiet
+    "sdma_row_posts": (33, 4, 10, ["rank 0 core 3 strata:51 kernel fail_kernel: aclshmemx_sdma_put_nbi: SDMA "
+                                   "queue of core 3 holds 257 SQEs > depth 256: quiet earlier (256 SQEs since "
+                                   "the last aclshmemx_sdma_quiet + 1 for this 32-byte post"]),
+    # a 3 MiB post is 3 SQEs: 254 + 3 > 256
+    "sdma_big_post": (34, 4, 10, [PREFIX + "aclshmemx_sdma_put_nbi: SDMA queue of core 3 holds 257 SQEs > depth "
+                                  "256: quiet earlier (254 SQEs since the last aclshmemx_sdma_quiet + 3 for "
+                                  "this 3145728-byte post"]),
+    "event_set_set": (35, 4, 10, [PREFIX + "SetFlag<HardEvent::S_MTE3>(2): set-set: the flag is already set and "
+                                  "not yet waited for (held by nobody)"]),
+    "event_queue_collision": (36, 4, 10, [PREFIX + "aclshmemx_sdma_put_nbi(sync_id)<HardEvent::MTE3_MTE2>(0): "
+                                          "set-set", "held by a TQue (EnQue'd or freed buffer)"]),
+    "signal_add_default_ub": (37, 4, 10, [PREFIX + "aclshmemx_signal_op(ACLSHMEM_SIGNAL_ADD) stages through "
+                                          "SHMEM's MTE UB region [0, 16384) but TPipe has carved UB [0, 4096)"]),
+    "event_ids_exhausted": (38, 4, 10, [PREFIX + "TPipe::AllocEventID<HardEvent::MTE3_MTE2>: no free event id "
+                                        "(0: a TQue (EnQue'd or freed buffer) (set), 1: AllocEventID, "]),
 }
 
 
@@ -554,6 +570,29 @@ def test_stale_read_of_gm_the_host_changed_between_launches(driver, tmp_path):
     assert launches[2].startswith(
         "launch 2 case 29 rc -1 rank 0 core 0 strata:101 kernel fail_kernel: GlobalTensor::GetValue: stale read: "
         "GetValue of GM written by another agent since this core cached the line"), launches[2]
+
+
+@pytest.mark.parametrize("aiv,blocks", [(None, 49), ("40", 41)])
+def test_blocks_over_soc_cores(driver, tmp_path, aiv, blocks):
+    # numBlocks must not exceed the SoC's vector cores (48 by default, the largest A2/A3 count; 40
+    # for an Ascend910B3 through STRATA_CPU_AIV_CORES): the launch is refused before any core runs
+    env = {"STRATA_CPU_AIV_CORES": aiv} if aiv else {}
+    lines = run_driver(driver, tmp_path, "fail", 8, 1, blocks, 10, env=env)[0]
+    message = field(lines, "LAUNCH_FAILED").split(" ", 1)[1]
+    assert message == (f"LaunchBlocks(fail_kernel): {blocks} blocks exceed the SoC's {blocks - 1} vector cores "
+                       "(numBlocks must not exceed the physical AIV count: SyncAll hangs on the NPU otherwise)")
+    assert field(lines, "aborted") == "0"
+    ok = run_driver(driver, tmp_path, "fail", 8, 1, blocks - 1, 10, env=env)[0]   # one fewer runs
+    assert field(ok, "LAUNCH_OK")
+
+
+def test_event_alloc_avoids_queue_ids(driver, tmp_path):
+    # AllocEventID skips the id a queue holds, so the SDMA sync_id pair runs on every core; the
+    # actor then takes the remaining ids and one more AllocEventID fails naming the holders
+    lines = run_driver(driver, tmp_path, "fail", 38, 1, 4, 10)[0]
+    message = field(lines, "LAUNCH_FAILED").split(" ", 1)[1]
+    assert message.startswith(FAIL_CASES["event_ids_exhausted"][3][0])
+    assert "7: AllocEventID); ReleaseEventID missing?" in message
 
 
 def test_peer_abort_propagates(driver, tmp_path):
@@ -647,8 +686,12 @@ def test_pool_lifecycle_and_host_api(lib):
     assert lib.strata_cpu_barrier() == 0                        # world 1: passes at once
     assert lib.strata_cpu_aborted() == 0 and lib.strata_cpu_abort_message() == b""
     lib.strata_cpu_reset_counters()
-    buf = (ctypes.c_uint64 * (64 * 5))()
+    buf = (ctypes.c_uint64 * (64 * 7))()   # STRATA_NUM_CTRS = 7 slots per core
     assert lib.strata_cpu_read_counters(buf, 64) == 0 and sum(buf) == 0
+    # the SoC's vector core count: 1..48 (A2/A3 have 40 or 48)
+    assert lib.strata_cpu_set_aiv_cores(49) == -1 and lib.strata_cpu_set_aiv_cores(0) == -1
+    assert "outside [1, 48]" in lib.strata_cpu_last_error().decode()
+    assert lib.strata_cpu_set_aiv_cores(40) == 0 and lib.strata_cpu_set_aiv_cores(48) == 0
     lib.strata_cpu_set_timeout(5.0)
     assert lib.strata_cpu_finalize(0) == 0
     # the segment still exists: O_EXCL creation fails, opening works and checks the geometry
@@ -809,7 +852,9 @@ def test_workers_are_reused_across_launches(driver, tmp_path):
         assert int(field(lines, "cores")) == 3
         for c in range(3):
             got = [int(v) for v in field(lines, f"counters {c}").split()]
-            assert got == [chunk, world * chunk, (world + 1) * chunk, chunk, 2 * (world - 1) * chunk]
+            # ... and world puts + 1 get, each one SQE (chunk < 1 MiB)
+            assert got == [chunk, world * chunk, (world + 1) * chunk, chunk, 2 * (world - 1) * chunk,
+                           world + 1, world + 1]
         events = [json.loads(l) for l in (tmp_path / f"reuse_trace_{r}.jsonl").read_text().splitlines()]
         assert {e["pid"] for e in events} == {r}
         kernels = sorted(e["tid"] for e in events if e["cat"] == "kernel")

@@ -31,6 +31,8 @@ vector_gbps = 8.0
 queues = 1
 queue_gbps = 0.5
 post_us = 5.0
+sqe_bytes = 1048576
+sqe_issue_us = 2.0
 [sync]
 launch_us = 10.0
 sync_all_us = 1.0

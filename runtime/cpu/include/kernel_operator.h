@@ -264,13 +264,28 @@ template <class T> class LocalTensor {
 // ---- TPipe, TQue, TBuf ----
 class TPipe;
 
+// Queue events: a TQue synchronises its producer and consumer pipes with event flags taken from
+// the same per-core ids (0-7 per HardEvent) as TPipe::AllocEventID. The model holds one id of the
+// queue's forward event per EnQue'd buffer (set at EnQue, waited and given back at DeQue) and one
+// of its reverse event per freed buffer (set at FreeTensor, waited and given back when the buffer is
+// allocated again). VECIN: MTE2_V / V_MTE2; VECOUT: V_MTE3 / MTE3_V; VECIN->VECOUT: MTE2_MTE3 /
+// MTE3_MTE2. Which ids the real framework uses is not documented; the model's point is that a
+// SetFlag on a fixed id can meet a flag a queue has set (set-set) while AllocEventID's ids cannot.
 class StrataQueBase {
  public:
+  StrataQueBase() {
+    for (uint32_t i = 0; i < kMaxBuffers; ++i) rev_id_[i] = fifo_ev_[i] = -1;
+  }
   template <class T> LocalTensor<T> AllocTensor() {
     Ready("TQue::AllocTensor");
     for (uint32_t k = 0; k < num_; ++k) {
       uint32_t i = (next_ + k) % num_;
       if (!allocated_[i]) {
+        if (rev_id_[i] >= 0) {
+          ::strata_cpu::EventWait(rev_ev_, rev_id_[i], "TQue::AllocTensor");
+          ::strata_cpu::EventRelease(rev_ev_, rev_id_[i], true, "TQue::AllocTensor");
+          rev_id_[i] = -1;
+        }
         allocated_[i] = true;
         next_ = (i + 1) % num_;
         return LocalTensor<T>::StrataMake(reinterpret_cast<T*>(base_ + uint64_t(i) * stride_),
@@ -288,6 +303,10 @@ class StrataQueBase {
     fifo_ptr_[slot] = reinterpret_cast<uint8_t*>(tensor.GetPhyAddr());
     fifo_bytes_[slot] = tensor.GetLength();
     fifo_idx_[slot] = i;
+    if (fwd_ev_ >= 0) {
+      fifo_ev_[slot] = ::strata_cpu::EventAlloc(fwd_ev_, true, "TQue::EnQue");
+      ::strata_cpu::EventSet(fwd_ev_, fifo_ev_[slot], "TQue::EnQue");
+    }
     ++count_;
     return true;
   }
@@ -297,6 +316,11 @@ class StrataQueBase {
     uint32_t slot = head_;
     head_ = (head_ + 1) % kMaxBuffers;
     --count_;
+    if (fifo_ev_[slot] >= 0) {
+      ::strata_cpu::EventWait(fwd_ev_, fifo_ev_[slot], "TQue::DeQue");
+      ::strata_cpu::EventRelease(fwd_ev_, fifo_ev_[slot], true, "TQue::DeQue");
+      fifo_ev_[slot] = -1;
+    }
     uint8_t* end = base_ + uint64_t(fifo_idx_[slot]) * stride_ + stride_;
     return LocalTensor<T>::StrataMake(reinterpret_cast<T*>(fifo_ptr_[slot]), fifo_bytes_[slot] / sizeof(T),
                                       static_cast<uint32_t>((end - fifo_ptr_[slot]) / sizeof(T)));
@@ -306,6 +330,10 @@ class StrataQueBase {
     int i = IndexOf(tensor.GetPhyAddr(), "TQue::FreeTensor");
     if (!allocated_[i]) ::strata_cpu::Fail("TQue::FreeTensor: buffer %d of the queue is not allocated (double free)", i);
     allocated_[i] = false;
+    if (rev_ev_ >= 0) {
+      rev_id_[i] = ::strata_cpu::EventAlloc(rev_ev_, true, "TQue::FreeTensor");
+      ::strata_cpu::EventSet(rev_ev_, rev_id_[i], "TQue::FreeTensor");
+    }
   }
   bool VacantInQue() const { return count_ < num_; }
   bool HasTensorInQue() const { return count_ > 0; }
@@ -330,10 +358,27 @@ class StrataQueBase {
   uint32_t fifo_bytes_[kMaxBuffers] = {};
   int fifo_idx_[kMaxBuffers] = {};
   uint32_t head_ = 0, count_ = 0;
+  int fwd_ev_ = -1, rev_ev_ = -1;          // HardEvent of the queue's two directions, -1: none
+  int rev_id_[kMaxBuffers];                // per buffer: reverse-event id held since FreeTensor
+  int fifo_ev_[kMaxBuffers];               // per FIFO slot: forward-event id held since EnQue
 };
 
 template <TPosition src, TPosition dst, int32_t depth, auto mask = 0>
-class TQueBind : public StrataQueBase {};
+class TQueBind : public StrataQueBase {
+ public:
+  static constexpr TPosition kStrataSrc = src, kStrataDst = dst;
+};
+
+// The HardEvents of a queue from `src` to `dst` (see StrataQueBase): forward, reverse; -1: none.
+constexpr int StrataQueEvent(TPosition src, TPosition dst, bool reverse) {
+  return (src == TPosition::VECIN && dst == TPosition::VECIN)
+             ? static_cast<int>(reverse ? HardEvent::V_MTE2 : HardEvent::MTE2_V)
+         : (src == TPosition::VECOUT && dst == TPosition::VECOUT)
+             ? static_cast<int>(reverse ? HardEvent::MTE3_V : HardEvent::V_MTE3)
+         : (src == TPosition::VECIN && dst == TPosition::VECOUT)
+             ? static_cast<int>(reverse ? HardEvent::MTE3_MTE2 : HardEvent::MTE2_MTE3)
+             : -1;
+}
 
 template <TPosition pos, int32_t depth, auto mask = 0>
 class TQue : public TQueBind<pos, pos, depth, mask> {};
@@ -393,6 +438,8 @@ class TPipe {
     q.num_ = num;
     q.len_ = len;
     q.stride_ = stride;
+    q.fwd_ev_ = StrataQueEvent(Q::kStrataSrc, Q::kStrataDst, false);
+    q.rev_ev_ = StrataQueEvent(Q::kStrataSrc, Q::kStrataDst, true);
     return true;
   }
   template <TPosition pos> bool InitBuffer(TBuf<pos>& buf, uint32_t len) {
@@ -404,11 +451,21 @@ class TPipe {
   }
   void Reset() { used_ = 0; }
   void Destroy() { used_ = 0; }
-  // An event id with no SetFlag pending for `event` (for SetFlag/WaitFlag pairs).
+  // An event id that nobody holds and whose flag is clear, NOT taken: for an immediate
+  // SetFlag/WaitFlag pair (FetchEventID doc). Fails when every id of `event` is held.
   TEventID FetchEventID(HardEvent event) {
     return static_cast<TEventID>(::strata_cpu::EventFetch(static_cast<int>(event)));
   }
   template <HardEvent event> TEventID FetchEventID() { return FetchEventID(event); }
+  // Takes an id of `evt` that no queue and no other AllocEventID holds, until ReleaseEventID
+  // (AllocEventID / ReleaseEventID docs). Fails when all 8 are held.
+  template <HardEvent evt> TEventID AllocEventID() {
+    return static_cast<TEventID>(::strata_cpu::EventAlloc(static_cast<int>(evt), false, "TPipe::AllocEventID"));
+  }
+  // Gives back an id from AllocEventID<evt>; fails for any other id or while its flag is set.
+  template <HardEvent evt> void ReleaseEventID(TEventID id) {
+    ::strata_cpu::EventRelease(static_cast<int>(evt), id, false, "TPipe::ReleaseEventID");
+  }
   uint32_t StrataUsedBytes() const { return used_; }
 
  private:

@@ -24,6 +24,36 @@
 
 #define ACLSHMEM_MAX_AIV_PER_NPU 48
 
+namespace strata_cpu {
+namespace shmem_detail {
+// SHMEM's default-config device APIs stage through fixed UB regions (SHMEM
+// src/host/init/shmem_init.cpp:34-69: MTE {offset 0, 16 KiB}; UDMA 189 KiB, RDMA 190 KiB, SDMA 191 KiB;
+// the internal barrier 188 KiB); signal ADD on the MTE path uses the MTE one
+// (src/device/gm2gm/shmem_device_so.hpp:328-343). TPipe carves UB from offset 0, so a kernel that
+// calls such an API after TPipe carved those bytes would have SHMEM overwrite its buffers.
+inline void CheckDefaultUb(const char* op) {
+  AscendC::TPipe* p = AscendC::GetTPipePtr();
+  uint32_t used = p ? p->StrataUsedBytes() : 0;
+  uint64_t off = 0;
+  uint32_t bytes = 0;
+  ::strata_cpu::GetMteUb(&off, &bytes);
+  if (off < used)
+    ::strata_cpu::Fail("%s stages through SHMEM's MTE UB region [%llu, %llu) but TPipe has carved UB [0, %u): "
+                       "SHMEM would overwrite the kernel's buffers (move the region past TPipe's with "
+                       "aclshmemx_set_mte_config, or use ACLSHMEM_SIGNAL_SET)",
+                       op, (unsigned long long)off, (unsigned long long)(off + bytes), used);
+}
+// SHMEM's SDMA helpers synchronise MTE3 -> MTE2 around their UB descriptor writes with
+// SetFlag/WaitFlag<MTE3_MTE2>(sync_id) (shmem_device_sdma.hpp:24-57); the model does one such pair
+// per call, so a sync_id whose flag a queue holds set is reported (set-set).
+inline void SyncIdPair(uint32_t sync_id, const char* op) {
+  const int ev = static_cast<int>(AscendC::HardEvent::MTE3_MTE2);
+  ::strata_cpu::EventSet(ev, static_cast<int>(sync_id), op);
+  ::strata_cpu::EventWait(ev, static_cast<int>(sync_id), op);
+}
+}  // namespace shmem_detail
+}  // namespace strata_cpu
+
 // ---- Query and address translation ----
 inline int aclshmem_my_pe(void) { return ::strata_cpu::MyPe(); }
 inline int aclshmem_n_pes(void) { return ::strata_cpu::NPes(); }
@@ -37,6 +67,7 @@ inline __gm__ void* aclshmem_ptr(__gm__ void* ptr, int pe) {
 // `sig_addr` is a local symmetric address, translated to `pe`; SET is an atomic store and ADD an
 // atomic add, both sequentially consistent.
 inline void aclshmemx_signal_op(__gm__ int32_t* sig_addr, int32_t signal, int sig_op, int pe) {
+  if (sig_op == ACLSHMEM_SIGNAL_ADD) ::strata_cpu::shmem_detail::CheckDefaultUb("aclshmemx_signal_op(ACLSHMEM_SIGNAL_ADD)");
   ::strata_cpu::SignalOp(sig_addr, signal, sig_op, pe);
 }
 // `sig_addr` is any pool address (local, or a peer's from aclshmem_ptr). Polls with atomic loads
@@ -53,14 +84,26 @@ inline int32_t aclshmem_signal_wait_until(__gm__ int32_t* sig_addr, int cmp, int
 inline void aclshmem_quiet(void) { ::strata_cpu::Fence(); }
 inline void aclshmem_fence(void) { ::strata_cpu::Fence(); }
 
+// Moves the UB staging region of SHMEM's default-config MTE APIs (signal ADD among them) for the
+// calling core (SHMEM shmem_device_rma.h); `sync_id` is unused by the model.
+inline void aclshmemx_set_mte_config(uint64_t ub_offset, uint32_t ub_size, uint32_t sync_id) {
+  (void)sync_id;
+  ::strata_cpu::SetMteUb(ub_offset, ub_size);
+}
+
 // ---- SDMA: each core's asynchronous copy engine ----
 // `dst` is a local symmetric address translated to `pe`; `src` any pool address. `elem_size` is
 // the element count. `buf`/`ub_size` is the UB scratch the hardware path needs (>= 64 bytes, a
-// multiple of 64). The copy completes out of line; aclshmemx_sdma_quiet waits for it.
+// multiple of 64). The copy is split into 1 MiB SQEs that complete out of line; the core's queue
+// holds at most STRATA_SDMA_SQ_DEPTH SQEs between quiets (a post past it fails), and the calling
+// core spends STRATA_CPU_SDMA_SQE_US (default 3 us) per SQE (model.cpp: kSdmaSqeCostUs).
+// aclshmemx_sdma_quiet waits for every SQE; where the NPU gives up silently after 10^6 polls
+// (shmem_device_sdma.hpp:313-337), the model fails at the wait deadline. The model always has the
+// SDMA engine; on the NPU SHMEM must be initialised with ACLSHMEM_DATA_OP_SDMA (docs/npu.md).
 template <class T>
 inline void aclshmemx_sdma_put_nbi(__gm__ T* dst, __gm__ T* src, __ubuf__ T* buf, uint32_t ub_size,
                                    uint32_t elem_size, int pe, uint32_t sync_id) {
-  (void)sync_id;
+  ::strata_cpu::shmem_detail::SyncIdPair(sync_id, "aclshmemx_sdma_put_nbi(sync_id)");
   ::strata_cpu::SdmaPost(true, dst, src, uint64_t(elem_size) * sizeof(T), buf, ub_size, pe,
                          "aclshmemx_sdma_put_nbi");
 }
@@ -68,13 +111,13 @@ inline void aclshmemx_sdma_put_nbi(__gm__ T* dst, __gm__ T* src, __ubuf__ T* buf
 template <class T>
 inline void aclshmemx_sdma_get_nbi(__gm__ T* dst, __gm__ T* src, __ubuf__ T* buf, uint32_t ub_size,
                                    uint32_t elem_size, int pe, uint32_t sync_id) {
-  (void)sync_id;
+  ::strata_cpu::shmem_detail::SyncIdPair(sync_id, "aclshmemx_sdma_get_nbi(sync_id)");
   ::strata_cpu::SdmaPost(false, dst, src, uint64_t(elem_size) * sizeof(T), buf, ub_size, pe,
                          "aclshmemx_sdma_get_nbi");
 }
 // Waits until every copy the calling core posted has completed and is visible.
 template <class T> inline void aclshmemx_sdma_quiet(__ubuf__ T* buf, uint32_t ub_size, uint32_t sync_id) {
-  (void)sync_id;
+  ::strata_cpu::shmem_detail::SyncIdPair(sync_id, "aclshmemx_sdma_quiet(sync_id)");
   ::strata_cpu::SdmaQuiet(buf, ub_size, "aclshmemx_sdma_quiet");
 }
 

@@ -12,10 +12,19 @@ extern "C" {
 
 // ---- Host C API (loaded from Python with cffi; the cdef is stratac/codegen/abi.py: RUNTIME_CDEF) ----
 
-// Counter slots per core, in this order.
+// Counter slots per core, in this order. SDMA_POSTS counts aclshmemx_sdma_put_nbi/get_nbi calls
+// that moved bytes, SDMA_SQES the 1 MiB descriptors (SQEs) they were split into.
 enum { STRATA_CTR_MTE_IN = 0, STRATA_CTR_MTE_OUT = 1, STRATA_CTR_SDMA = 2,
-       STRATA_CTR_REMOTE_READ = 3, STRATA_CTR_REMOTE_WRITE = 4, STRATA_NUM_CTRS = 5 };
-enum { STRATA_MAX_CORES = 64, STRATA_SDMA_MAX_CORE = 48 };
+       STRATA_CTR_REMOTE_READ = 3, STRATA_CTR_REMOTE_WRITE = 4, STRATA_CTR_SDMA_POSTS = 5,
+       STRATA_CTR_SDMA_SQES = 6, STRATA_NUM_CTRS = 7 };
+// STRATA_MAX_CORES sizes the model's per-core tables; a launch may use at most the SoC's vector
+// core count (strata_cpu_set_aiv_cores, default STRATA_SOC_MAX_AIV = 48, the largest A2/A3 count).
+enum { STRATA_MAX_CORES = 64, STRATA_SDMA_MAX_CORE = 48, STRATA_SOC_MAX_AIV = 48 };
+// SDMA queue model (runtime/README.md, "SDMA"): a post is split into SQEs of at most
+// STRATA_SDMA_SQE_BYTES (SHMEM shmem_device_sdma.hpp:339-401); a core's queue holds at most
+// STRATA_SDMA_SQ_DEPTH SQEs between quiets (the real sq_depth is not in SHMEM's source: this is a
+// conservative model value, UNVERIFIED). A quiet adds one flag SQE.
+enum { STRATA_SDMA_SQE_BYTES = 1 << 20, STRATA_SDMA_SQ_DEPTH = 256 };
 
 // Map the pool. `create` = 1 on exactly one process (it creates the segment with mode 0600 and
 // fails if the name exists); the others open it after the creator returned, and refuse a segment
@@ -43,6 +52,9 @@ uint64_t strata_cpu_heap_bytes(void);    // capacity per rank
 uint64_t strata_cpu_heap_used(void);     // bytes handed out by aclshmem_malloc and not freed
 
 void strata_cpu_set_timeout(double seconds);   // deadline of every wait in later launches
+// The SoC's vector (AIV) core count: later launches of more blocks fail (SyncAll hangs on the NPU
+// when numBlocks exceeds the physical AIV count). n in [1, STRATA_SOC_MAX_AIV]; default 48.
+int strata_cpu_set_aiv_cores(int n);
 void strata_cpu_reset_counters(void);
 // Copies counters into out[core * STRATA_NUM_CTRS + ctr] for cores [0, max_cores); returns the
 // highest core count launched since the last reset.
@@ -122,9 +134,13 @@ void CheckAbort(const char* op);        // unwinds if this launch failed or the 
 void CopyGmToUb(void* ub, const void* gm, uint64_t bytes, const char* op);
 void CopyUbToGm(void* gm, const void* ub, uint64_t bytes, int dtype, const char* op);
 void SetAtomicMode(int op, int dtype, const char* api);
+// Event flags are binary, per core, ids [0, 8) (SetFlag/WaitFlag doc, A2/A3). An id is free,
+// held by AllocEventID (until ReleaseEventID) or held by a TQue (an EnQue'd or freed buffer).
 void EventSet(int event, int id, const char* api);
 void EventWait(int event, int id, const char* api);
-int EventFetch(int event);
+int EventFetch(int event);                       // a free id whose flag is clear; not taken
+int EventAlloc(int event, bool by_queue, const char* api);   // takes a free id whose flag is clear
+void EventRelease(int event, int id, bool by_queue, const char* api);
 void* CurrentPipe();
 void SetCurrentPipe(void* pipe);
 void SyncAllCores(bool aiv_only);
@@ -155,6 +171,10 @@ void NoteWait(const char* what, const int32_t* group, int64_t count, int64_t ind
 void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes, const void* ub_buf,
               uint32_t ub_size, int pe, const char* op);
 void SdmaQuiet(const void* ub_buf, uint32_t ub_size, const char* op);
+// aclshmemx_set_mte_config: the calling core's UB staging region of SHMEM's default-config MTE
+// APIs (default {0, 16 KiB}, reset at every launch).
+void SetMteUb(uint64_t offset, uint32_t bytes);
+void GetMteUb(uint64_t* offset, uint32_t* bytes);
 
 }  // namespace strata_cpu
 

@@ -171,6 +171,7 @@ struct alignas(64) CoreCounters {  // one cache line per core: cores count witho
 CoreCounters g_ctr[STRATA_MAX_CORES];
 std::atomic<int> g_max_cores{0};
 std::atomic<double> g_timeout{60.0};
+std::atomic<int> g_aiv_cores{STRATA_SOC_MAX_AIV};  // strata_cpu_set_aiv_cores
 
 inline void Count(int core, int ctr, uint64_t n) {
   g_ctr[core].v[ctr].fetch_add(n, std::memory_order_relaxed);
@@ -380,11 +381,23 @@ struct SdmaEngine {
   }
 };
 
+// Core time an SDMA post costs its issuing core per SQE (STRATA_CPU_SDMA_SQE_US overrides; 0 turns
+// it off). On the NPU, aclshmemi_sdma_post_send runs on the AIV: three aclshmemi_set_value round
+// trips (scalar to UB, PipeBarrier<PIPE_ALL>, an 8-byte DataCopyPad UB->GM and an MTE3_MTE2 wait:
+// ~0.5 us each, a GM write latency), a cache-line flush and scalar load of sq_tail (~0.5 us),
+// about 20 scalar GM stores filling the SQE, a PipeBarrier<PIPE_ALL> per SQE and a
+// DataCacheCleanAndInvalid(ENTIRE_DATA_CACHE) (~1 us) (SHMEM shmem_device_sdma.hpp:339-401). That
+// is ~3 us for a one-SQE post: an estimate from the instruction sequence, UNVERIFIED (no NPU).
+// The model spins the core for this long per SQE (and once for a quiet's flag SQE), so that many
+// tiny posts cost what they would on the NPU relative to one large one.
+constexpr double kSdmaSqeCostUs = 3.0;
+
 struct Launch {
   const char* kernel = "?";
   uint32_t blocks = 0;
   double timeout = 60.0;
   uint32_t sdma_delay_us = 0;
+  double sdma_sqe_us = kSdmaSqeCostUs;
   std::atomic<bool> failed{false};
   std::mutex fail_mu;
   std::string first_failure;
@@ -400,7 +413,9 @@ struct Launch {
   std::unordered_map<uintptr_t, int> scalar_writer;
 };
 
-constexpr int kEvents = 16, kEventIds = 16;
+constexpr int kEvents = 16;
+constexpr int kEventIds = 8;  // SetFlag/WaitFlag eventID: 0-7 on A2/A3 (atlasascendc_api_07_0270)
+enum EventHolder : uint8_t { kEvFree = 0, kEvAlloc = 1, kEvQueue = 2 };
 constexpr int kNoKernelType = -1;
 
 struct CoreState {
@@ -411,9 +426,13 @@ struct CoreState {
   uint8_t* ub = nullptr;
   int atomic_op = kAtomicNone;
   int atomic_dtype = 0;
-  uint16_t events[kEvents][kEventIds] = {};
+  uint8_t ev_set[kEvents][kEventIds] = {};   // binary flags: SetFlag sets, WaitFlag clears
+  uint8_t ev_hold[kEvents][kEventIds] = {};  // EventHolder
   void* pipe = nullptr;
   uint64_t sdma_unquieted = 0;
+  uint64_t sdma_sqes_held = 0;  // SQEs in the core's SDMA queue since the last quiet
+  uint64_t mte_ub_off = 0;      // aclshmemx_set_mte_config (SHMEM default: UB [0, 16 KiB))
+  uint32_t mte_ub_bytes = 16 * 1024;
   uint32_t poll_calls = 0;
   int trace_line = 0;        // the strata: line whose stage span is open (tracing only)
   double trace_line_t0 = 0;
@@ -605,6 +624,15 @@ void CheckGmImpl(const void* p, uint64_t bytes, const char* op) {
     FailStr(Sprintf("%s: GM range [%p, +%llu bytes) is outside the pool's heaps [%p, %p)%s", op, p,
                     (unsigned long long)bytes, (void*)g_pool.heaps, (void*)HeapsEnd(), where));
   }
+}
+
+// Busy-waits the calling core for `us` microseconds of wall time (the modelled AIV cost of SDMA
+// descriptor writes), unwinding if the launch fails meanwhile.
+void SpinCore(CoreState* c, double us, const char* op) {
+  if (us <= 0) return;
+  const double end = Now() + us * 1e-6;
+  for (uint32_t k = 1; Now() < end; ++k)
+    if ((k & 255u) == 0) AbortCheck(c, op);
 }
 
 // Scratch rules of the SDMA path (UB address, size) and the channel limit.
@@ -907,6 +935,17 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
   if (blocks == 0 || blocks > STRATA_MAX_CORES)
     return Error(Sprintf("LaunchBlocks(%s): %u blocks is outside [1, %d]", kernel_name ? kernel_name : "?",
                          blocks, STRATA_MAX_CORES));
+  int aiv = g_aiv_cores.load();
+  if (const char* e = getenv("STRATA_CPU_AIV_CORES")) {  // the SoC's count, as the host launcher knows it
+    int n = atoi(e);
+    if (n < 1 || n > STRATA_SOC_MAX_AIV)
+      return Error(Sprintf("LaunchBlocks: STRATA_CPU_AIV_CORES=%s is outside [1, %d]", e, STRATA_SOC_MAX_AIV));
+    aiv = std::min(aiv, n);
+  }
+  if (int(blocks) > aiv)
+    return Error(Sprintf("LaunchBlocks(%s): %u blocks exceed the SoC's %d vector cores (numBlocks must not "
+                         "exceed the physical AIV count: SyncAll hangs on the NPU otherwise)",
+                         kernel_name ? kernel_name : "?", blocks, aiv));
   if (AbortState() != 0) {
     int rank;
     std::string msg;
@@ -928,6 +967,7 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
   L.blocks = blocks;
   L.timeout = g_timeout.load();
   if (const char* d = getenv("STRATA_CPU_SDMA_DELAY_US")) L.sdma_delay_us = uint32_t(strtoul(d, nullptr, 10));
+  if (const char* d = getenv("STRATA_CPU_SDMA_SQE_US")) L.sdma_sqe_us = std::max(0.0, strtod(d, nullptr));
   std::string spawn_error = GrowWorkers(pool, blocks);
   if (!spawn_error.empty()) return Error(Sprintf("LaunchBlocks(%s): %s", L.kernel, spawn_error.c_str()));
   {
@@ -1164,34 +1204,83 @@ const char* EventName(int e) {
 void CheckEvent(int event, int id, const char* api) {
   if (event < 0 || event >= kEvents) FailStr(Sprintf("%s: invalid HardEvent %d", api, event));
   if (id < 0 || id >= kEventIds)
-    FailStr(Sprintf("%s<HardEvent::%s>: event id %d is outside [0, %d)", api, EventName(event), id, kEventIds));
+    FailStr(Sprintf("%s<HardEvent::%s>: event id %d is outside [0, %d) (A2/A3 event ids are 0-7)", api,
+                    EventName(event), id, kEventIds));
+}
+const char* HolderName(uint8_t h) {
+  return h == kEvAlloc ? "AllocEventID" : h == kEvQueue ? "a TQue (EnQue'd or freed buffer)" : "nobody";
+}
+// Lowest id of `event` that nobody holds and whose flag is clear, or -1.
+int FreeEventId(CoreState* c, int event) {
+  for (int id = 0; id < kEventIds; ++id)
+    if (c->ev_hold[event][id] == kEvFree && !c->ev_set[event][id]) return id;
+  return -1;
+}
+[[noreturn]] void FailNoEventId(CoreState* c, int event, const char* api) {
+  std::string held;
+  for (int id = 0; id < kEventIds; ++id)
+    held += Sprintf("%s%d: %s%s", id ? ", " : "", id, HolderName(c->ev_hold[event][id]),
+                    c->ev_set[event][id] ? " (set)" : "");
+  FailStr(Sprintf("%s<HardEvent::%s>: no free event id (%s); ReleaseEventID missing?", api, EventName(event),
+                  held.c_str()));
 }
 }  // namespace
 
+// Flags are binary (TQueSync SetFlag/WaitFlag doc: SetFlag sets the hardware flag bit to 1, WaitFlag
+// blocks while it is 0 and clears it). A second SetFlag before the WaitFlag is lost, so the second
+// WaitFlag waits forever: the model refuses the second SetFlag ("set-set").
 STRATA_EXPORT void EventSet(int event, int id, const char* api) {
   CoreState* c = Cur(api);
   CheckEvent(event, id, api);
+  if (c->ev_set[event][id])
+    FailStr(Sprintf("%s<HardEvent::%s>(%d): set-set: the flag is already set and not yet waited for (held by "
+                    "%s); flags are binary, so one of the two WaitFlags would wait forever on hardware (take "
+                    "ids from TPipe::AllocEventID, not fixed EVENT_IDs)",
+                    api, EventName(event), id, HolderName(c->ev_hold[event][id])));
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (c->events[event][id] < 0xffff) ++c->events[event][id];
+  c->ev_set[event][id] = 1;
 }
 
 STRATA_EXPORT void EventWait(int event, int id, const char* api) {
   CoreState* c = Cur(api);
   CheckEvent(event, id, api);
-  if (c->events[event][id] == 0)
+  if (!c->ev_set[event][id])
     FailStr(Sprintf("%s<HardEvent::%s>(%d) without a matching SetFlag since the last wait (on hardware this "
                     "waits forever)",
                     api, EventName(event), id));
-  --c->events[event][id];
+  c->ev_set[event][id] = 0;
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 STRATA_EXPORT int EventFetch(int event) {
   CoreState* c = Cur("FetchEventID");
-  if (event < 0 || event >= kEvents) return 0;
-  for (int id = 0; id < 8; ++id)
-    if (c->events[event][id] == 0) return id;
-  return 0;
+  if (event < 0 || event >= kEvents) FailStr(Sprintf("FetchEventID: invalid HardEvent %d", event));
+  int id = FreeEventId(c, event);
+  if (id < 0) FailNoEventId(c, event, "FetchEventID");
+  return id;
+}
+
+STRATA_EXPORT int EventAlloc(int event, bool by_queue, const char* api) {
+  CoreState* c = Cur(api);
+  if (event < 0 || event >= kEvents) FailStr(Sprintf("%s: invalid HardEvent %d", api, event));
+  int id = FreeEventId(c, event);
+  if (id < 0) FailNoEventId(c, event, api);
+  c->ev_hold[event][id] = by_queue ? kEvQueue : kEvAlloc;
+  return id;
+}
+
+STRATA_EXPORT void EventRelease(int event, int id, bool by_queue, const char* api) {
+  CoreState* c = Cur(api);
+  CheckEvent(event, id, api);
+  uint8_t want = by_queue ? kEvQueue : kEvAlloc;
+  if (c->ev_hold[event][id] != want)
+    FailStr(Sprintf("%s<HardEvent::%s>(%d): the id is held by %s, not by %s", api, EventName(event), id,
+                    HolderName(c->ev_hold[event][id]), HolderName(want)));
+  if (c->ev_set[event][id])
+    FailStr(Sprintf("%s<HardEvent::%s>(%d): released with its flag still set (WaitFlag missing; the next "
+                    "holder's SetFlag would be lost)",
+                    api, EventName(event), id));
+  c->ev_hold[event][id] = kEvFree;
 }
 
 STRATA_EXPORT void* CurrentPipe() { return t_core ? t_core->pipe : nullptr; }
@@ -1539,18 +1628,48 @@ STRATA_EXPORT void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes
     FailStr(Sprintf("%s: %llu bytes from the symmetric address run past the end of rank %d's heap", op,
                     (unsigned long long)bytes, pe));
   if (bytes == 0) return;
+  // The post is split into SQEs of at most 1 MiB, each one entry of the core's SQ until a quiet.
+  const uint64_t sqes = (bytes + STRATA_SDMA_SQE_BYTES - 1) / STRATA_SDMA_SQE_BYTES;
+  if (c->sdma_sqes_held + sqes > STRATA_SDMA_SQ_DEPTH)
+    FailStr(Sprintf("%s: SDMA queue of core %d holds %llu SQEs > depth %d: quiet earlier (%llu SQEs since the "
+                    "last aclshmemx_sdma_quiet + %llu for this %llu-byte post in 1 MiB SQEs; on hardware the SQ "
+                    "ring overflows unchecked)",
+                    op, c->idx, (unsigned long long)(c->sdma_sqes_held + sqes), STRATA_SDMA_SQ_DEPTH,
+                    (unsigned long long)c->sdma_sqes_held, (unsigned long long)sqes, (unsigned long long)bytes));
+  c->sdma_sqes_held += sqes;
   Count(c->idx, STRATA_CTR_SDMA, bytes);
+  Count(c->idx, STRATA_CTR_SDMA_POSTS, 1);
+  Count(c->idx, STRATA_CTR_SDMA_SQES, sqes);
   if (OwnerOf(s) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_READ, bytes);
   if (OwnerOf(d) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_WRITE, bytes);
+  SpinCore(c, c->launch->sdma_sqe_us * double(sqes), op);  // the AIV's descriptor work, per SQE
   SdmaEngine* e = Engine(c);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   {
     std::lock_guard<std::mutex> lk(e->mu);
-    e->queue.push_back(SdmaJob{d, s, bytes, c->idx, c->launch->sdma_delay_us});
-    ++e->posted;
+    for (uint64_t k = 0; k < sqes; ++k) {
+      uint64_t off = k * STRATA_SDMA_SQE_BYTES, n = std::min<uint64_t>(STRATA_SDMA_SQE_BYTES, bytes - off);
+      e->queue.push_back(SdmaJob{static_cast<uint8_t*>(d) + off, static_cast<const uint8_t*>(s) + off, n, c->idx,
+                                 c->launch->sdma_delay_us});
+      ++e->posted;
+    }
   }
   e->cv_work.notify_one();
   ++c->sdma_unquieted;
+}
+
+STRATA_EXPORT void SetMteUb(uint64_t offset, uint32_t bytes) {
+  CoreState* c = Cur("aclshmemx_set_mte_config");
+  if (offset + bytes > kUbBytes)
+    FailStr(Sprintf("aclshmemx_set_mte_config: UB region [%llu, +%u) is outside the %u-byte Unified Buffer",
+                    (unsigned long long)offset, bytes, kUbBytes));
+  c->mte_ub_off = offset;
+  c->mte_ub_bytes = bytes;
+}
+STRATA_EXPORT void GetMteUb(uint64_t* offset, uint32_t* bytes) {
+  CoreState* c = Cur("SHMEM MTE config");
+  *offset = c->mte_ub_off;
+  *bytes = c->mte_ub_bytes;
 }
 
 STRATA_EXPORT void SdmaQuiet(const void* ub_buf, uint32_t ub_size, const char* op) {
@@ -1558,6 +1677,15 @@ STRATA_EXPORT void SdmaQuiet(const void* ub_buf, uint32_t ub_size, const char* o
   CheckSdmaScratch(c, ub_buf, ub_size, op);
   SdmaEngine* e = g_workers->sdma[c->idx];  // none if this core never posted a copy
   double t_quiet = Tracing() ? Now() : 0;
+  if (c->sdma_sqes_held > 0) {
+    // The quiet is one more SQE (an 8-byte flag write) in the same queue, then a poll loop.
+    if (c->sdma_sqes_held + 1 > STRATA_SDMA_SQ_DEPTH)
+      FailStr(Sprintf("%s: SDMA queue of core %d holds %llu SQEs > depth %d: quiet earlier (the quiet's flag SQE "
+                      "does not fit behind the %llu posted since the last quiet)",
+                      op, c->idx, (unsigned long long)(c->sdma_sqes_held + 1), STRATA_SDMA_SQ_DEPTH,
+                      (unsigned long long)c->sdma_sqes_held));
+    SpinCore(c, c->launch->sdma_sqe_us, op);
+  }
   if (e) {
     double deadline = Now() + c->launch->timeout;
     std::unique_lock<std::mutex> lk(e->mu);
@@ -1579,6 +1707,7 @@ STRATA_EXPORT void SdmaQuiet(const void* ub_buf, uint32_t ub_size, const char* o
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
   c->sdma_unquieted = 0;
+  c->sdma_sqes_held = 0;
   if (t_quiet > 0) TraceAdd(c->idx, t_quiet, Now(), "sdma quiet", "wait");
 }
 
@@ -1726,6 +1855,14 @@ STRATA_EXPORT uint64_t strata_cpu_heap_used(void) {
 }
 
 STRATA_EXPORT void strata_cpu_set_timeout(double seconds) { g_timeout.store(seconds); }
+
+STRATA_EXPORT int strata_cpu_set_aiv_cores(int n) {
+  if (n < 1 || n > STRATA_SOC_MAX_AIV)
+    return Error(Sprintf("strata_cpu_set_aiv_cores(%d): outside [1, %d] (A2/A3 SoCs have 40 or 48 vector cores)",
+                         n, STRATA_SOC_MAX_AIV));
+  g_aiv_cores.store(n);
+  return 0;
+}
 
 STRATA_EXPORT void strata_cpu_reset_counters(void) {
   for (auto& core : g_ctr)

@@ -175,7 +175,8 @@ def _phase(ranks: list[dict]) -> dict:
     n = len(ranks)
     engines = {k: sum(sum(c[src] for c in r["counters"]) for r in ranks) / n
                for k, src in (("aiv_in", "mte_in"), ("aiv_out", "mte_out"), ("sdma", "sdma"),
-                              ("remote_read", "remote_read"), ("remote_write", "remote_write"))}
+                              ("remote_read", "remote_read"), ("remote_write", "remote_write"),
+                              ("sdma_posts", "sdma_posts"), ("sdma_sqes", "sdma_sqes"))}
     t = ranks[0]["time_s"]
     return {"time_us": t * 1e6 if t and t > 0 else None,
             "max_mean": max(balances) if balances else None,

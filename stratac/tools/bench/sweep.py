@@ -225,20 +225,23 @@ def _records(results: list[dict], pl: Plan, spec: BenchSpec) -> list[dict]:
         per_rank = []
         for r in ranks:
             ctr = r["counters"]
-            tot = {k: sum(c[k] for c in ctr) for k in ("mte_in", "mte_out", "sdma",
-                                                        "remote_read", "remote_write")}
+            tot = {k: sum(c[k] for c in ctr) for k in ("mte_in", "mte_out", "sdma", "remote_read",
+                                                        "remote_write", "sdma_posts", "sdma_sqes")}
             cores = [c["mte_in"] + c["mte_out"] + c["sdma"] for c in ctr]
             mean = sum(cores) / len(cores) if cores else 0
             per_rank.append({"rank": r["rank"], "aiv_in": tot["mte_in"], "aiv_out": tot["mte_out"],
                              "sdma": tot["sdma"], "remote_read": tot["remote_read"],
                              "remote_write": tot["remote_write"],
+                             "sdma_posts": tot["sdma_posts"], "sdma_sqes": tot["sdma_sqes"],
                              "core_balance": max(cores) / mean if mean else None,
                              "per_core": [{"core": i, "aiv_in": c["mte_in"], "aiv_out": c["mte_out"],
-                                           "sdma": c["sdma"]} for i, c in enumerate(ctr)],
+                                           "sdma": c["sdma"], "sdma_posts": c["sdma_posts"],
+                                           "sdma_sqes": c["sdma_sqes"]} for i, c in enumerate(ctr)],
                              "heap_bytes": r["heap_bytes"]})
         n = len(per_rank)
         mean_of = lambda k: sum(p[k] for p in per_rank) / n
-        engines = {k: mean_of(k) for k in ("aiv_in", "aiv_out", "sdma", "remote_read", "remote_write")}
+        engines = {k: mean_of(k) for k in ("aiv_in", "aiv_out", "sdma", "remote_read", "remote_write",
+                                           "sdma_posts", "sdma_sqes")}
         landed = engines["aiv_out"] + engines["sdma"]
         balances = [p["core_balance"] for p in per_rank if p["core_balance"] is not None]
         rec = {"system": "stratac", "schedule": name, "kind": kind, "world": w, "size": size,

@@ -70,12 +70,15 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
                     cost = costs[arg]
                     busy = float(cost.busy_us[r])
                     scalar = float(cost.scalar_us[r]) if cost.scalar_us is not None else 0.0
+                    issue = float(cost.issue_us[r]) if cost.issue_us is not None else 0.0
                     clock[r] += float(cost.time_us[r])
                     path = parts[r]
                     if scalar > 0:
                         path = _add(path, "scalar", scalar)
-                    if busy > scalar:
-                        path = _add(path, cost.category[r], busy - scalar)
+                    if issue > 0:       # the busiest core posting SDMA SQEs
+                        path = _add(path, "sdma", issue)
+                    if busy > scalar + issue:
+                        path = _add(path, cost.category[r], busy - scalar - issue)
                     parts[r] = _add(path, "latency", float(cost.time_us[r]) - busy)
                 elif kind == "signal":
                     us = len(arg) * m.flag_issue_us + m.sync_all_us

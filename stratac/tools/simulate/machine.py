@@ -24,7 +24,8 @@ SCHEMA: dict[str, dict[str, str]] = {
     "rank": {"vector_cores": "count", "ub_bytes_per_core": "count", "hbm_gbps": "rate",
              "fabric_gbps": "rate", "fabric_latency_us": "time"},
     "core": {"gm_to_ub_gbps": "rate", "ub_to_gm_gbps": "rate", "vector_gbps": "rate"},
-    "sdma": {"queues": "count", "queue_gbps": "rate", "post_us": "time"},
+    "sdma": {"queues": "count", "queue_gbps": "rate", "post_us": "time", "sqe_bytes": "count",
+             "sqe_issue_us": "time"},
     "sync": {"launch_us": "time", "sync_all_us": "time", "flag_issue_us": "time"},
 }
 
@@ -50,7 +51,9 @@ class Machine:
     vector_gbps: float
     queues: int
     queue_gbps: float
-    post_us: float
+    post_us: float          # the queue's cost per SQE (one SDMA descriptor)
+    sqe_bytes: int          # a post is split into SQEs of at most this many bytes
+    sqe_issue_us: float     # the issuing vector core's time per SQE it posts and per quiet
     launch_us: float
     sync_all_us: float
     flag_issue_us: float

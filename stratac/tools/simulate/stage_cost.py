@@ -7,14 +7,21 @@ Work. Each stage of each rank is split over the vector cores the way the kernels
 (strata::Partition: the elements the stage moves, end to end in program order, cut evenly by
 32-byte blocks). A core's piece of a copy goes to SDMA (`on sdma`, or `on auto` from the threshold
 the passes chose, decided per piece like the kernel does) or through the core's UB. Per core: bytes
-read GM -> UB, written UB -> GM and folded by the vector unit; per SDMA queue: bytes and posts.
+read GM -> UB, written UB -> GM and folded by the vector unit; per SDMA queue: bytes and SQEs.
+SDMA is not free for the core that posts it (runtime/device/strata_device.h, Mover::SdmaCopy): each
+piece is one post, cut into posts of at most SDMA_SQE_LIMIT SQEs, each post into SQEs of at most
+the machine's sqe_bytes; the core spends sqe_issue_us per SQE and per quiet (one at the end of the
+stage, and one whenever the next post would take more than SDMA_SQE_LIMIT SQEs outstanding), and
+the queue post_us per SQE.
 Data travels source owner -> running rank -> destination owner; a byte whose owner is another rank
 crosses that rank's UB link (tx) and the running rank's (rx), or the reverse. Every byte read or
 written is HBM traffic of its owner.
 
 Time of a stage on a rank: the slowest of its resources (busiest core, busiest SDMA queue, its own
 UB link in each direction, its own HBM), plus the end-of-stage SyncAll, plus one fabric latency if
-it touched another rank's memory.
+it touched another rank's memory. A core's time is its scalar work, then its MTE and vector work
+plus its SQE issue (the post path drains the pipes: they do not overlap); the core and its queue
+overlap (an upper bound on neither: the slower of the two sets the stage).
 """
 
 from __future__ import annotations
@@ -36,6 +43,10 @@ from stratac.tools.simulate.template import (
 )
 
 BLOCK_BYTES = 32   # the kernels partition a stage over the cores in whole DataCopy blocks
+# strata_device.h kSdmaSqeLimit: a core quiets before the SQEs it posted since its last quiet would
+# exceed this, and cuts a longer piece into posts of at most this many SQEs
+# (tests/simulate/test_sdma.py checks it against the header)
+SDMA_SQE_LIMIT = 192
 CATEGORIES = ("fabric", "hbm", "aiv", "sdma", "latency", "scalar")
 
 # Routing metadata runs on a vector core's scalar unit (strata::Router in
@@ -59,6 +70,8 @@ class StageCost:
     busy_us: np.ndarray                    # per rank: the resource time without the overheads
     loads: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]   # phase -> tx, rx, hbm bytes per rank
     scalar_us: np.ndarray | None = None    # per rank: the part of busy_us that is scalar work
+    issue_us: np.ndarray | None = None     # per rank: the part of busy_us that is SDMA SQE issue
+                                           # (the busiest core's, when a core sets the time)
 
 
 class _Work:
@@ -69,7 +82,12 @@ class _Work:
         self.world, self.C, self.Q = world, cores, queues
         n = world * cores
         self.core_in, self.core_out, self.core_vec, self.core_scalar = (np.zeros(n) for _ in range(4))
-        self.q_bytes, self.q_posts = np.zeros(world * queues), np.zeros(world * queues)
+        self.core_sqes, self.core_quiets = np.zeros(n), np.zeros(n)
+        self.q_bytes, self.q_sqes = np.zeros(world * queues), np.zeros(world * queues)
+        # SDMA pieces in program order: (cores, bytes) arrays of ordinary copies, then place's
+        # (core, rows, row bytes); only needed to count the quiets of cores past SDMA_SQE_LIMIT
+        self.pieces: list[tuple[np.ndarray, np.ndarray]] = []
+        self.row_posts: list[tuple[int, int, int]] = []
         self.tx_own, self.rx_own, self.hbm_own = (np.zeros(world) for _ in range(3))
         self.touched = np.zeros(world, dtype=bool)
         self.loads: dict[int, list[np.ndarray]] = {}
@@ -122,7 +140,9 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
                                   minlength=world * C)
         queue = (seg_bin // C) * Q + (seg_bin % C) % Q
         w.q_bytes += np.bincount(queue, weights=np.where(sdma, nb, 0.0), minlength=world * Q)
-        w.q_posts += np.bincount(queue, weights=sdma.astype(np.float64), minlength=world * Q)
+        if sdma.any():
+            on = np.flatnonzero(sdma)
+            _sdma_pieces(w, seg_bin[on], nb[on].astype(np.int64), m.sqe_bytes)
 
     # traffic: source owner -> running rank -> destination owner; every access is HBM traffic
     src_move, src_owner, dst = a["src_move"], a["src_owner"], a["dst"]
@@ -159,19 +179,25 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
 
     if sm.routes:
         _route_work(sm, w, routed, elem, m, phase_of)
+    _count_quiets(w, m.sqe_bytes)
+    queue_of = (np.arange(world * C) // C) * Q + (np.arange(world * C) % C) % Q
+    w.q_sqes += np.bincount(queue_of, weights=w.core_sqes, minlength=world * Q)
 
     per_us = lambda gbps: gbps * 1e3   # GB/s -> bytes per microsecond
     data_us = np.maximum.reduce([w.core_in / per_us(m.gm_to_ub_gbps), w.core_out / per_us(m.ub_to_gm_gbps),
                                  w.core_vec / per_us(m.vector_gbps)])
-    # a core's scalar work (routing metadata, id scans) comes before the data it moves or posts
-    core_us = (w.core_scalar + data_us).reshape(world, C)
+    # a core's scalar work (routing metadata, id scans) comes before the data it moves or posts;
+    # posting SDMA drains the core's pipes (PipeBarrier<PIPE_ALL>), so it adds to its MTE time
+    issue = (w.core_sqes + w.core_quiets) * m.sqe_issue_us
+    core_us = (w.core_scalar + data_us + issue).reshape(world, C)
     core_at = core_us.argmax(axis=1)
     aiv_us = core_us.max(axis=1)
     aiv_scalar = w.core_scalar.reshape(world, C)[np.arange(world), core_at]
+    aiv_issue = issue.reshape(world, C)[np.arange(world), core_at]
     q_scalar = np.zeros(world * Q)
-    np.maximum.at(q_scalar, (np.arange(world * C) // C) * Q + (np.arange(world * C) % C) % Q, w.core_scalar)
-    q_scalar = np.where(w.q_posts > 0, q_scalar, 0.0)
-    q_us = (q_scalar + w.q_bytes / per_us(m.queue_gbps) + w.q_posts * m.post_us).reshape(world, Q)
+    np.maximum.at(q_scalar, queue_of, w.core_scalar)
+    q_scalar = np.where(w.q_sqes > 0, q_scalar, 0.0)
+    q_us = (q_scalar + w.q_bytes / per_us(m.queue_gbps) + w.q_sqes * m.post_us).reshape(world, Q)
     q_at = q_us.argmax(axis=1)
     sdma_us = q_us.max(axis=1)
     sdma_scalar = q_scalar.reshape(world, Q)[np.arange(world), q_at]
@@ -182,11 +208,74 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
     busy = parts.max(axis=0)
     which = parts.argmax(axis=0)
     scalar = np.select([which == 2, which == 3], [aiv_scalar, sdma_scalar], 0.0)
-    category = [CATEGORIES[i] if b > s else ("scalar" if b > 0 else "latency")
-                for i, b, s in zip(which, busy, scalar)]
+    issued = np.where(which == 2, aiv_issue, 0.0)
+    # the core's SQE issue is SDMA's cost: the critical path books it under "sdma"
+    category = [CATEGORIES[i] if b > s + q else ("sdma" if q > 0 else "scalar" if b > 0 else "latency")
+                for i, b, s, q in zip(which, busy, scalar, issued)]
     time_us = busy + m.sync_all_us + np.where(w.touched, m.fabric_latency_us, 0.0)
     loads = {ph: tuple(v) for ph, v in w.loads.items()}
-    return StageCost(time_us, category, busy, loads, scalar)
+    return StageCost(time_us, category, busy, loads, scalar, issued)
+
+
+def _post_runs(nbytes: int, sqe_bytes: int) -> list[tuple[int, int]]:
+    """One SDMA piece of `nbytes` as Mover::SdmaCopy posts it: (SQEs of a post, posts) runs: posts of
+    SDMA_SQE_LIMIT SQEs, then the rest."""
+    whole = SDMA_SQE_LIMIT * sqe_bytes
+    full, rest = divmod(nbytes, whole)
+    runs = [(SDMA_SQE_LIMIT, full)] if full else []
+    if rest:
+        runs.append((-(-rest // sqe_bytes), 1))
+    return runs
+
+
+def _sdma_pieces(w: _Work, cores: np.ndarray, nbytes: np.ndarray, sqe_bytes: int) -> None:
+    """Adds SDMA pieces (one Mover::Copy each: the core, the bytes), in program order, to the cores'
+    SQEs."""
+    whole = SDMA_SQE_LIMIT * sqe_bytes
+    full, rest = nbytes // whole, nbytes % whole
+    sqes = full * SDMA_SQE_LIMIT + (rest + sqe_bytes - 1) // sqe_bytes
+    np.add.at(w.core_sqes, cores, sqes.astype(np.float64))
+    w.pieces.append((cores, nbytes))
+
+
+def _count_quiets(w: _Work, sqe_bytes: int) -> None:
+    """Every core that posted quiets once at the end of the stage; a core whose SQEs exceed
+    SDMA_SQE_LIMIT also quiets on the way, which needs its posts in order (_quiets)."""
+    w.core_quiets[:] = w.core_sqes > 0
+    over = np.flatnonzero(w.core_sqes > SDMA_SQE_LIMIT)
+    if not len(over):
+        return
+    runs: dict[int, list[tuple[int, int]]] = {int(c): [] for c in over}
+    for cores, nbytes in w.pieces:
+        sel = np.isin(cores, over)
+        for core, nb in zip(cores[sel].tolist(), nbytes[sel].tolist()):
+            runs[core].extend(_post_runs(nb, sqe_bytes))
+    for core, rows, rb in w.row_posts:
+        if core in runs:
+            per_row = _post_runs(rb, sqe_bytes)
+            runs[core].extend([(per_row[0][0], rows)] if len(per_row) == 1 and per_row[0][1] == 1
+                              else per_row * rows)
+    for core, r in runs.items():
+        w.core_quiets[core] = _quiets(r)
+
+
+def _quiets(runs: list[tuple[int, int]]) -> int:
+    """Quiets a core pays for posts of these (SQEs, count) runs in order, as Mover does: before a
+    post whose SQEs would take the outstanding count past SDMA_SQE_LIMIT, and once at the end of the
+    stage (EndStage) if anything is outstanding."""
+    quiets, held = 0, 0
+    for q, n in runs:
+        if n <= 0 or q <= 0:
+            continue
+        fit = min(n, (SDMA_SQE_LIMIT - held) // q)      # posts that still fit behind the held SQEs
+        held += fit * q
+        n -= fit
+        if n:
+            per = SDMA_SQE_LIMIT // q                     # posts per quiet window from empty
+            windows = -(-n // per)
+            quiets += windows                             # one quiet before each new window
+            held = (n - (windows - 1) * per) * q
+    return quiets + (1 if held else 0)
 
 
 def _threshold(sm: StageMoves) -> float:
@@ -244,7 +333,9 @@ def _route_work(sm: StageMoves, w: _Work, routed: Routed | None, elem: int, m: M
             if engine is ir.Engine.SDMA or (engine is ir.Engine.AUTO and rb >= _threshold(sm)):
                 q = r * Q + cidx % Q                     # one post per row, on the core's queue
                 np.add.at(w.q_bytes, q, rows * rb)
-                np.add.at(w.q_posts, q, rows)
+                w.core_sqes[cores] += rows * sum(a * b for a, b in _post_runs(int(rb), m.sqe_bytes))
+                w.row_posts += [(core, n, int(rb)) for core, n in
+                                zip(cores.tolist(), rows.astype(np.int64).tolist()) if n]
             else:
                 w.core_in[cores] += rows * rb
                 w.core_out[cores] += rows * rb

@@ -31,6 +31,8 @@ extern "C" __global__ __aicore__ void exchange_kernel(GM_ADDR src, GM_ADDR recv_
   pipe.InitBuffer(scratch, 64);
   LocalTensor<float> t = data.Get<float>();
   LocalTensor<float> s = scratch.Get<float>();
+  // signal ADD stages through SHMEM's MTE UB region: move it past TPipe's buffers (end of UB)
+  aclshmemx_set_mte_config(196608 - 16384, 16384, EVENT_ID0);
 
   float* my_src = reinterpret_cast<float*>(src) + c * n;
   GlobalTensor<float> srcG;
@@ -285,6 +287,9 @@ enum FailCase {
   kUnpaddedFlags, kStaleReadPeer, kStaleReadPeerFlushed, kTwoCoresOneLine, kOwnLinesFlushed,
   kDirtyAtReturn, kLostWrite, kReadLine, kReadLineFlushed,
   kCastModeAtRunTime, kCastWideningOverlap,
+  // SDMA queue, event ids, SHMEM's UB (model.cpp)
+  kSdmaRowPosts, kSdmaBigPost, kEventSetSet, kEventQueueCollision,
+  kSignalAddDefaultUb, kEventAllocAvoidsQueue,
 };
 
 extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
@@ -401,6 +406,7 @@ extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
         strata_cpu::SetLine(77);
         DataCopy(t, g, 9);
       } else {
+        aclshmemx_set_mte_config(196608 - 16384, 16384, EVENT_ID0);   // ADD stages through SHMEM's UB
         aclshmemx_signal_op(arrived, 1, ACLSHMEM_SIGNAL_ADD, 1);
       }
       aclshmem_signal_wait_until(flag, ACLSHMEM_CMP_EQ, 1);
@@ -563,6 +569,68 @@ extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
         Cast(t, h, RoundMode::CAST_NONE, 64);
       }
       break;
+    case kSdmaRowPosts:
+      // one small post per "row", as a per-row place would: 257 one-SQE posts without a quiet
+      if (actor) {
+        strata_cpu::SetLine(51);
+        for (int row = 0; row < 257; ++row)
+          aclshmemx_sdma_put_nbi(reinterpret_cast<float*>(buf) + 8 * (row % 64), reinterpret_cast<float*>(buf) + 512,
+                                 t.GetPhyAddr(), 64, 8, 0, EVENT_ID0);
+      }
+      break;
+    case kSdmaBigPost:
+      // 254 posts of 32 B (254 SQEs), then one of 3 MiB (3 SQEs, inside the 4 MiB heap): 257 > 256
+      if (actor) {
+        for (int k = 0; k < 254; ++k)
+          aclshmemx_sdma_put_nbi(reinterpret_cast<float*>(buf), reinterpret_cast<float*>(buf) + 512, t.GetPhyAddr(),
+                                 64, 8, 0, EVENT_ID0);
+        aclshmemx_sdma_put_nbi(reinterpret_cast<float*>(buf), reinterpret_cast<float*>(buf), t.GetPhyAddr(), 64,
+                               3u << 18, 0, EVENT_ID0);
+      }
+      break;
+    case kEventSetSet:
+      if (actor) {
+        SetFlag<HardEvent::S_MTE3>(EVENT_ID2);
+        SetFlag<HardEvent::S_MTE3>(EVENT_ID2);
+      }
+      break;
+    case kEventQueueCollision:
+      // a copy queue's freed buffer holds an MTE3_MTE2 id set (until it is allocated again); an SDMA
+      // call with the fixed EVENT_ID0 as sync_id then sets that same flag a second time
+      if (actor) {
+        TQueBind<TPosition::VECIN, TPosition::VECOUT, 2> q;
+        pipe.InitBuffer(q, 2, 256);
+        LocalTensor<float> a = q.AllocTensor<float>();
+        q.EnQue(a);
+        a = q.DeQue<float>();
+        q.FreeTensor(a);
+        aclshmemx_sdma_put_nbi(reinterpret_cast<float*>(buf), reinterpret_cast<float*>(buf) + 512, t.GetPhyAddr(), 64,
+                               8, 0, EVENT_ID0);
+      }
+      break;
+    case kSignalAddDefaultUb:
+      if (actor) aclshmemx_signal_op(reinterpret_cast<int32_t*>(buf) + 64, 1, ACLSHMEM_SIGNAL_ADD, 0);
+      break;
+    case kEventAllocAvoidsQueue: {
+      // the same as kEventQueueCollision with the id from AllocEventID: no failure; the quiet and
+      // the release pair up; then every remaining id is taken and one more AllocEventID fails
+      TQueBind<TPosition::VECIN, TPosition::VECOUT, 2> q;
+      pipe.InitBuffer(q, 2, 256);
+      LocalTensor<float> a = q.AllocTensor<float>();
+      q.EnQue(a);
+      a = q.DeQue<float>();
+      q.FreeTensor(a);
+      TEventID id = pipe.AllocEventID<HardEvent::MTE3_MTE2>();
+      float* dst = reinterpret_cast<float*>(buf) + (c % 16) * 8;
+      aclshmemx_sdma_put_nbi(dst, dst, t.GetPhyAddr(), 64, 8, 0, id);
+      aclshmemx_sdma_quiet(t.GetPhyAddr(), 64, id);
+      pipe.ReleaseEventID<HardEvent::MTE3_MTE2>(id);
+      if (actor) {
+        for (int k = 0; k < 7; ++k) pipe.AllocEventID<HardEvent::MTE3_MTE2>();  // ids 1..7 (the queue holds 0)
+        pipe.AllocEventID<HardEvent::MTE3_MTE2>();
+      }
+      break;
+    }
     default:
       break;
   }
