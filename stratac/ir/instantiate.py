@@ -67,7 +67,7 @@ class RouteInst:
     capacity: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     kind: EventKind
     rank: int
@@ -182,6 +182,36 @@ def _compiled(e: ir.IExpr) -> Callable[[dict], int]:
     return fn
 
 
+_REGIONS: dict[int, tuple[ir.Region, Callable[[dict], tuple]]] = {}
+
+
+def _region_fn(r: ir.Region) -> Callable[[dict], tuple]:
+    """(owner, lo, length, part index, parts) of a region as one compiled function, cached like
+    `_compiled`: a step loop evaluates every region once per step and rank."""
+    hit = _REGIONS.get(id(r))
+    if hit is not None and hit[0] is r:
+        return hit[1]
+    parts = [_py(x) for x in (r.part or (ir.Const(0), ir.Const(1)))]
+    owner = "env['rank']" if r.rank is None else _py(r.rank)
+    fn = eval(f"lambda env: ({owner}, {_py(r.lo)}, {_py(r.length)}, {parts[0]}, {parts[1]})",  # noqa: S307
+              {"_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_log2": _log2})
+    if len(_REGIONS) > 65536:
+        _REGIONS.clear()
+    _REGIONS[id(r)] = (r, fn)
+    return fn
+
+
+def _signal_fn(op: ir.Signal) -> Callable[[dict], tuple]:
+    """(owner, slot) of a signal as one compiled function, cached like `_region_fn`."""
+    hit = _REGIONS.get(id(op))
+    if hit is not None and hit[0] is op:
+        return hit[1]
+    fn = eval(f"lambda env: ({_py(op.rank)}, {_py(op.index)})",  # noqa: S307
+              {"_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_log2": _log2})
+    _REGIONS[id(op)] = (op, fn)
+    return fn
+
+
 def _ev(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
     try:
         v = _compiled(e)(env)
@@ -263,9 +293,15 @@ class _Builder:
                 return
             last = events[-1]
             if isinstance(op, ir.Signal):
-                owner = _ev(op.rank, env, op.span, "the signalled rank")
-                self.check_rank(owner, op.span, env)
-                slot = self.flag_slot(op.flag, op.index, env, op.span)
+                try:   # the fast path (one compiled call); errors take the checked one
+                    owner, slot = _signal_fn(op)(env)
+                    ok = 0 <= owner < self.world and 0 <= slot < self.flag_sizes[op.flag]
+                except (ArithmeticError, KeyError):
+                    ok = False
+                if not ok:
+                    owner = _ev(op.rank, env, op.span, "the signalled rank")
+                    self.check_rank(owner, op.span, env)
+                    slot = self.flag_slot(op.flag, op.index, env, op.span)
                 ev = last if last.kind is EventKind.SIGNAL else new(EventKind.SIGNAL, op.span)
                 ev.signals.append((owner, op.flag, slot, op.span))
             else:
@@ -327,6 +363,18 @@ class _Builder:
         return slot
 
     def region(self, r: ir.Region, env: dict) -> tuple[int, str, int, int]:
+        # the fast path: every expression of the region in one compiled call; any evaluation
+        # error takes the slow path below, which reports it at its place
+        try:
+            owner, lo, n, index, parts = _region_fn(r)(env)
+        except (ArithmeticError, KeyError):
+            return self._region(r, env)
+        if not (0 <= owner < self.world and (r.part is None or 0 <= index < parts)
+                and 0 <= lo and 0 <= n and lo + n <= self.buffer_sizes[r.buffer]):
+            return self._region(r, env)
+        return owner, r.buffer, lo, lo + n
+
+    def _region(self, r: ir.Region, env: dict) -> tuple[int, str, int, int]:
         owner = env["rank"] if r.rank is None else _ev(r.rank, env, r.span, "a rank")
         self.check_rank(owner, r.span, env)
         lo = _ev(r.lo, env, r.span, "an offset")
