@@ -226,8 +226,9 @@ def _ev(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
                                 f"with {_env_text(env)}: / truncates toward zero on the device, so keep "
                                 "its operands non-negative", span)) from None
     except _BadOperand as exc:
-        raise StrataError(error(Codes.BAD_WORLD, f"{exc} evaluating {what} ({e}) with "
-                                f"{_env_text(env)}", span)) from None
+        where = f" with {_env_text(env)}" if env else ""
+        raise StrataError(error(Codes.BAD_WORLD, f"{exc} evaluating {what} ({ir.bare(e)}){where}",
+                                span)) from None
 
 
 def evaluate(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
