@@ -86,16 +86,16 @@ class AllreduceHalvingDoubling {
       {  // strata:27 stage 2 on sdma
         STRATA_LINE(27);
         int64_t total = 0;
-        for (int64_t j_ = 0; j_ < int64_t(1) << k_; ++j_) {
-          total += PartLength(n_, world, (rank / (int64_t(1) << k_)) * (int64_t(1) << k_) + j_);
+        for (int64_t j_ = 0; j_ < int64_t{1} << k_; ++j_) {
+          total += PartLength(n_, world, (rank / (int64_t{1} << k_)) * (int64_t{1} << k_) + j_);
         }
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
-        for (int64_t j_ = 0; j_ < int64_t(1) << k_; ++j_) {
+        for (int64_t j_ = 0; j_ < int64_t{1} << k_; ++j_) {
           STRATA_LINE(27);  // strata:27
-          if (cut.Take(PartLength(n_, world, (rank / (int64_t(1) << k_)) * (int64_t(1) << k_) + j_), off, len)) {
-            const int64_t lo = PartOffset(n_, world, (rank / (int64_t(1) << k_)) * (int64_t(1) << k_) + j_);
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, rank ^ (int64_t(1) << k_),
+          if (cut.Take(PartLength(n_, world, (rank / (int64_t{1} << k_)) * (int64_t{1} << k_) + j_), off, len)) {
+            const int64_t lo = PartOffset(n_, world, (rank / (int64_t{1} << k_)) * (int64_t{1} << k_) + j_);
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, rank ^ (int64_t{1} << k_),
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
         }
@@ -103,7 +103,7 @@ class AllreduceHalvingDoubling {
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(28);  // strata:28
-        strata::Signal(strata::SyncSlot(sync_, world + world + strata::Log2(world) + k_), epoch_ + 2, rank ^ (int64_t(1) << k_));
+        strata::Signal(strata::SyncSlot(sync_, world + world + strata::Log2(world) + k_), epoch_ + 2, rank ^ (int64_t{1} << k_));
       }
       AscendC::SyncAll<true>();
     }

@@ -308,8 +308,11 @@ def _c(e: IExpr, names: Mapping[str, str]) -> tuple[str, int, bool]:
         # where C++ would not need it (`a < b == c` reads as a chained comparison)
         a, b = (f"({x})" if px >= _C_PREC[BinKind.LT] else x for x, px in ((a, pa), (b, pb)))
         return f"{a} {k.value} {b}", prec, False
-    if not (wa or wb) or (k in (BinKind.SHL, BinKind.SHR) and not wa):
-        # a shift takes the type of its left operand: 1 << 40 must shift an int64_t
+    if k in (BinKind.SHL, BinKind.SHR) and not wa and isinstance(e.lhs, Const):
+        # a shift takes the type of its left operand, whatever the right one's: 1 << k must
+        # shift an int64_t, written as one (not a conversion: a 64-bit literal)
+        a, pa, wa = f"int64_t{{{a}}}", _C_PRIMARY, True
+    elif not (wa or wb) or (k in (BinKind.SHL, BinKind.SHR) and not wa):
         a, pa, wa = f"int64_t({a})", _C_PRIMARY, True
     # left-associative: the left operand keeps its parentheses only if it binds looser, or, among
     # * / %, if it is a different operator ((a / b) * c reads ambiguously without them); the right
