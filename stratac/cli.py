@@ -38,6 +38,13 @@ def cmd_check(args) -> int:
     for s in schedules:
         t0 = time.perf_counter()
         results = verify.verify_worlds(s, args.world)
+        for r in results:
+            if r.skipped:
+                print(f"{s.name}: world {r.world}: skipped ({r.skipped})")
+        results = [r for r in results if not r.skipped]
+        if not results:
+            print(f"{s.name}: no world to verify (every world asked for is skipped)")
+            continue
         bad = [r for r in results if not r.ok]
         if bad:
             for d in bad[0].diagnostics:

@@ -50,6 +50,21 @@ static_assert(static_cast<uint64_t>(kSyncSlotBytes) == ::strata_cpu::kCacheLineB
 
 __aicore__ inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 __aicore__ inline int64_t Max(int64_t a, int64_t b) { return a > b ? a : b; }
+// The .strata language's a % b: floored, in [0, b) for b > 0 (the verifier refuses b <= 0), so
+// that (rank - s - 1) % world is a rank. C++'s % truncates toward zero.
+__aicore__ inline int64_t Mod(int64_t a, int64_t b) {
+  const int64_t r = a % b;
+  return r < 0 ? r + b : r;
+}
+// floor(log2(a)) for a >= 1 (the verifier refuses a < 1).
+__aicore__ inline int64_t Log2(int64_t a) {
+  int64_t k = 0;
+  while (a > 1) {
+    a >>= 1;
+    ++k;
+  }
+  return k;
+}
 
 // Address of element `off` of a symmetric buffer, on rank `pe`.
 template <typename T>

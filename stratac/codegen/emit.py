@@ -188,10 +188,17 @@ def _red(op: ir.Op) -> str:
                               ir.ReduceOp.MIN: "kMin"}[op]
 
 
+def _loop(op: ir.Loop, body: list[dict]) -> dict:
+    """A loop over ranks (`peers` skips the running rank) or a step loop from lo to hi."""
+    step = op.domain is ir.Domain.RANGE
+    return {"kind": "loop", "var": _cname(op.var), "peers": op.domain is ir.Domain.PEERS,
+            "lo": c(op.lo) if step else "0", "hi": c(op.hi) if step else "world",
+            "line": op.span.line, "body": body}
+
+
 def _node(op, engine: ir.Engine, s: ir.Schedule) -> dict:
     if isinstance(op, ir.Loop):
-        return {"kind": "loop", "var": _cname(op.var), "peers": op.domain is ir.Domain.PEERS,
-                "line": op.span.line, "body": [_node(o, engine, s) for o in op.body]}
+        return _loop(op, [_node(o, engine, s) for o in op.body])
     if isinstance(op, ir.If):
         return {"kind": "if", "line": op.span.line, "cond": c(op.cond),
                 "then": [_node(o, engine, s) for o in op.then],
@@ -246,8 +253,7 @@ def _statements(s: ir.Schedule) -> list[dict]:
                     "then": [sync_node(o) for o in op.then],
                     "orelse": [sync_node(o) for o in op.orelse]}
         if isinstance(op, ir.Loop):
-            return {"kind": "loop", "var": _cname(op.var), "peers": op.domain is ir.Domain.PEERS,
-                    "line": op.span.line, "body": [sync_node(o) for o in op.body]}
+            return _loop(op, [sync_node(o) for o in op.body])
         f = flags[op.flag]
         slot = f"strata::SyncSlot(sync_, {_chain(bases[op.flag], op.index)})"
         if isinstance(op, ir.Signal):
@@ -278,6 +284,10 @@ def _statements(s: ir.Schedule) -> list[dict]:
                 out.append({"kind": "stage", "line": op.span.line, "index": op.index,
                             "engine": op.engine.value, "body": body, "moves": moves,
                             "mark": moves or not same})
+            elif isinstance(op, ir.Loop) and not is_control(op):
+                # a step loop around stages: every core of the rank runs every step, in step
+                # with the others (each stage ends with all of its cores)
+                out.append({**_loop(op, top(op.body)), "kind": "for"})
             elif is_control(op):
                 node = sync_node(op)
                 if out and out[-1]["kind"] == "control":

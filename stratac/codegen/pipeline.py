@@ -38,7 +38,9 @@ def compile_schedules(program: Source | list[ir.Schedule], options: passes.Optio
         after = passes.pipeline(s, options)
         _proven(verify.verify_lowered(after, s, worlds), after_passes=True)
         lowered.append(after)
-    return [Compiled(s, generate(s), tuple(worlds)) for s in lowered]
+    # a world a schedule's `requires` excludes is not proven: the call refuses it
+    return [Compiled(s, generate(s), tuple(w for w in worlds if ir.unmet_requirement(s, w) is None))
+            for s in lowered]
 
 
 def _proven(results: list[verify.Result], after_passes: bool = False) -> None:

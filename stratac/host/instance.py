@@ -36,6 +36,18 @@ from stratac.verify.check import SIM_ELEMENT_LIMIT
 from stratac.verify.samples import SIM_ELEMENT_BUDGET, moe_experts
 
 _ARITH = {ir.BinKind.ADD: np.add, ir.BinKind.SUB: np.subtract, ir.BinKind.MUL: np.multiply}
+# shifts, bitwise operators and log2 (the verifier has checked their operands on the instance it
+# proves; here they are evaluated, and what they make of a size is observed as it is)
+_BITS = {ir.BinKind.SHL: np.left_shift, ir.BinKind.SHR: np.right_shift,
+         ir.BinKind.AND: np.bitwise_and, ir.BinKind.XOR: np.bitwise_xor, ir.BinKind.OR: np.bitwise_or}
+
+
+def _log2(a):
+    a = np.maximum(np.asarray(a, dtype=np.int64), 1)
+    out = np.zeros(a.shape, dtype=np.int64)
+    for k in range(1, 63):
+        out += (a >> k) > 0
+    return out
 _COMPARE = {ir.BinKind.LT: np.less, ir.BinKind.LE: np.less_equal, ir.BinKind.GT: np.greater,
             ir.BinKind.GE: np.greater_equal, ir.BinKind.EQ: np.equal, ir.BinKind.NE: np.not_equal}
 
@@ -97,6 +109,16 @@ class _Walk:
             if sized:
                 self._see(v, mask)
             return v.astype(np.int64)
+        if k in _BITS or k is ir.BinKind.LOG2:
+            if k is ir.BinKind.LOG2:
+                v = _log2(a)
+            elif k in (ir.BinKind.SHL, ir.BinKind.SHR):
+                v = _BITS[k](np.asarray(a, dtype=np.int64), np.clip(np.asarray(b, dtype=np.int64), 0, 62))
+            else:
+                v = _BITS[k](np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+            if sized:
+                self._see(v, mask)
+            return v
         return _ARITH[k](a, b)
 
     def _fault(self, span, bad: np.ndarray, env: dict, what: str) -> None:
@@ -106,9 +128,21 @@ class _Walk:
         raise _Fault(f"on {', '.join(where)}, line {span.line} {what}")
 
     # ---- the schedule
-    def _loop(self, var: str, domain: ir.Domain, env: dict, mask: np.ndarray) -> tuple[dict, np.ndarray]:
-        """env and mask one axis deeper, with var taking every rank on it (peers: but this one)."""
+    def _loop(self, var: str, domain: ir.Domain, env: dict, mask: np.ndarray,
+              loop: ir.Loop | None = None) -> tuple[dict, np.ndarray]:
+        """env and mask one axis deeper, with var taking every rank on it (peers: but this one),
+        or, for a step loop, every value of its range (the mask keeps each place's own range)."""
         inner = {k: (v[..., None] if isinstance(v, np.ndarray) else v) for k, v in env.items()}
+        if domain is ir.Domain.RANGE:
+            lo = np.broadcast_to(self._val(loop.lo, env, mask, loop.span), mask.shape)
+            hi = np.broadcast_to(self._val(loop.hi, env, mask, loop.span), mask.shape)
+            if (mask & (lo < 0) & (hi > lo)).any():
+                self._fault(loop.span, mask & (lo < 0) & (hi > lo), env,
+                            f"starts loop variable {var} below 0")
+            top = int(hi[mask].max()) if mask.any() else 0
+            inner[var] = np.arange(max(top, 0)).reshape((1,) * mask.ndim + (max(top, 0),))
+            deeper = mask[..., None] & (inner[var] >= lo[..., None]) & (inner[var] < hi[..., None])
+            return inner, deeper
         inner[var] = np.arange(self.world).reshape((1,) * mask.ndim + (self.world,))
         deeper = mask[..., None] & np.ones(inner[var].shape, dtype=bool)
         if domain is ir.Domain.PEERS:
@@ -131,7 +165,7 @@ class _Walk:
                 self._top(op.then, env, mask & cond)
                 self._top(op.orelse, env, mask & ~cond)
             elif isinstance(op, ir.Loop):
-                inner, deeper = self._loop(op.var, op.domain, env, mask)
+                inner, deeper = self._loop(op.var, op.domain, env, mask, op)
                 self._loops.append(op.var)
                 self._top(op.body, inner, deeper)
                 self._loops.pop()
@@ -194,7 +228,7 @@ class _Walk:
         if not mask.any():
             return
         if isinstance(op, ir.Loop):
-            inner, deeper = self._loop(op.var, op.domain, env, mask)
+            inner, deeper = self._loop(op.var, op.domain, env, mask, op)
             self._loops.append(op.var)
             for o in op.body:
                 self._move(o, inner, deeper)
@@ -264,6 +298,8 @@ def _exprs(s: ir.Schedule):
                 yield op.cond
                 yield from walk(op.then + op.orelse)
             elif isinstance(op, (ir.Stage, ir.Loop)):
+                if isinstance(op, ir.Loop) and op.domain is ir.Domain.RANGE:
+                    yield from (op.lo, op.hi)
                 yield from walk(op.body)
             elif isinstance(op, ir.Barrier):
                 yield op.seq

@@ -89,6 +89,14 @@ class Module:
             fn.unload()
 
 
+def check_world_constraints(s: ir.Schedule, world: int) -> None:
+    """A schedule that declares `requires ...` refuses a communicator whose world violates it,
+    naming the constraint and its source line, before anything else about the call is looked at."""
+    unmet = ir.unmet_requirement(s, world)
+    if unmet is not None:
+        raise StrataUsageError(f"{s.name} does not support world {world}: it {unmet}")
+
+
 class Schedule:
     """A compiled schedule bound to a communicator: call it with heap tensors (and, if the schedule
     has them, `op=` a reduction and rank parameters such as `root=` as keywords)."""
@@ -329,6 +337,7 @@ class Schedule:
 
     def __call__(self, *tensors: torch.Tensor, cores: int | None = None, **named) -> None:
         self.comm._check_open()
+        check_world_constraints(self.ir, self.comm.world)
         if self._launch is None:
             raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
         blocks = self.launch_cores(cores, self.max_cores)

@@ -18,6 +18,8 @@ from stratac.ir.expr import (
                              add,
                              bare,
                              c_source,
+                             log2,
+                             nonnegative,
                              py_source,
                              simplify,
                              size_scale,
@@ -45,6 +47,7 @@ from stratac.ir.nodes import (
                              Reduce,
                              ReduceOp,
                              Region,
+                             Requirement,
                              Route,
                              RouteKind,
                              Scalar,
@@ -55,10 +58,12 @@ from stratac.ir.nodes import (
                              Stage,
                              Wait,
                              size_rules,
+                             unmet_requirement,
 )
 from stratac.ir.printer import dump
 
-__all__ = ["Bin", "BinKind", "Const", "IExpr", "Var", "add", "bare", "c_source", "py_source",
+__all__ = ["Bin", "BinKind", "Const", "IExpr", "Var", "add", "bare", "c_source", "log2",
+           "nonnegative", "py_source", "Requirement", "unmet_requirement",
            "simplify", "size_scale", "split_part", "ROUTE_OPERANDS", "Accumulate", "Barrier",
            "Buffer", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",
            "KernelPlan", "Loop", "Node", "Op", "OpParam", "Plan", "Reduce", "ReduceOp", "Region",

@@ -46,8 +46,14 @@ class BinKind(enum.Enum):
     SUB = "-"
     MUL = "*"
     DIV = "/"   # floor division; operands are never negative in a valid program
-    MOD = "%"
+    MOD = "%"   # floored: the result lies in [0, rhs) for rhs > 0 (rhs <= 0 is an error)
     MIN = "min"
+    SHL = "<<"  # shifts: lhs >= 0, 0 <= rhs < 63, no bit shifted out of int64
+    SHR = ">>"
+    AND = "&"   # bitwise, two's complement as int64
+    XOR = "^"
+    OR = "|"
+    LOG2 = "log2"   # unary (rhs is Const(0)): floor(log2(lhs)), lhs >= 1
     LT = "<"    # comparisons give 1 or 0
     LE = "<="
     GT = ">"
@@ -81,6 +87,8 @@ class Bin:
             return a % b
         if k is BinKind.MIN:
             return min(a, b)
+        if k in _BITWISE:
+            return _BITWISE[k](a, b)
         return int(_COMPARE[k](a, b))
 
     def names(self) -> frozenset[str]:
@@ -89,6 +97,8 @@ class Bin:
     def __str__(self) -> str:
         if self.kind is BinKind.MIN:
             return f"min({self.lhs}, {self.rhs})"
+        if self.kind is BinKind.LOG2:
+            return f"log2({bare(self.lhs)})"
         return f"({self.lhs} {self.kind.value} {self.rhs})"
 
 
@@ -99,6 +109,36 @@ def bare(e: "IExpr") -> str:
     """The expression as text without its outermost parentheses."""
     text = str(e)
     return text[1:-1] if isinstance(e, Bin) and text.startswith("(") else text
+
+def _log2(a: int) -> int:
+    if a < 1:
+        raise ValueError(f"log2({a})")
+    return a.bit_length() - 1
+
+
+_BITWISE = {BinKind.SHL: lambda a, b: a << b, BinKind.SHR: lambda a, b: a >> b,
+            BinKind.AND: lambda a, b: a & b, BinKind.XOR: lambda a, b: a ^ b,
+            BinKind.OR: lambda a, b: a | b, BinKind.LOG2: lambda a, b: _log2(a)}
+
+
+def log2(e: "IExpr") -> "Bin":
+    return Bin(BinKind.LOG2, e, Const(0))
+
+
+def nonnegative(e: "IExpr") -> bool:
+    """Whether e is never negative, from its form alone: names (rank, world, sizes, rank
+    parameters and loop variables, which the verifier keeps non-negative) and non-negative literals
+    combined by anything but subtraction."""
+    if isinstance(e, Const):
+        return e.value >= 0
+    if isinstance(e, Var):
+        return True
+    if e.kind is BinKind.SUB:
+        return False
+    if e.kind in _COMPARE or e.kind in (BinKind.LOG2, BinKind.MOD):
+        return True
+    return nonnegative(e.lhs) and nonnegative(e.rhs)
+
 
 _COMPARE = {BinKind.LT: lambda a, b: a < b, BinKind.LE: lambda a, b: a <= b,
             BinKind.GT: lambda a, b: a > b, BinKind.GE: lambda a, b: a >= b,
@@ -122,9 +162,11 @@ def simplify(e: IExpr) -> IExpr:
     if not isinstance(e, Bin):
         return e
     a, b, k = simplify(e.lhs), simplify(e.rhs), e.kind
-    if isinstance(a, Const) and isinstance(b, Const) and not (k in (BinKind.DIV, BinKind.MOD)
-                                                              and b.value == 0):
-        return Const(Bin(k, a, b).eval({}))
+    if isinstance(a, Const) and isinstance(b, Const):
+        try:   # not folded: what instantiation reports (a division by zero, a negative shift)
+            return Const(Bin(k, a, b).eval({}))
+        except (ZeroDivisionError, ValueError, OverflowError):
+            return Bin(k, a, b)
     if k is BinKind.ADD:
         if a == Const(0):
             return b
@@ -209,6 +251,8 @@ def py_source(e: IExpr) -> str:
     a, b = py_source(e.lhs), py_source(e.rhs)
     if e.kind is BinKind.MIN:
         return f"min({a}, {b})"
+    if e.kind is BinKind.LOG2:
+        return f"(({a}).bit_length() - 1)"
     if e.kind in _COMPARE:
         return f"int({a} {e.kind.value} {b})"
     op = {BinKind.DIV: "//"}.get(e.kind, e.kind.value)
@@ -219,7 +263,9 @@ def py_source(e: IExpr) -> str:
 # primary expression: a name, a literal, a call, a cast).
 _C_PRIMARY = 2
 _C_PREC = {BinKind.MUL: 5, BinKind.DIV: 5, BinKind.MOD: 5, BinKind.ADD: 6, BinKind.SUB: 6,
-           BinKind.LT: 9, BinKind.LE: 9, BinKind.GT: 9, BinKind.GE: 9, BinKind.EQ: 10, BinKind.NE: 10}
+           BinKind.SHL: 7, BinKind.SHR: 7,
+           BinKind.LT: 9, BinKind.LE: 9, BinKind.GT: 9, BinKind.GE: 9, BinKind.EQ: 10, BinKind.NE: 10,
+           BinKind.AND: 11, BinKind.XOR: 12, BinKind.OR: 13}
 _INT32 = range(-2**31, 2**31)
 
 
@@ -252,19 +298,31 @@ def _c(e: IExpr, names: Mapping[str, str]) -> tuple[str, int, bool]:
     k = e.kind
     if k is BinKind.MIN:     # strata::Min(int64_t, int64_t): its arguments convert
         return f"strata::Min({a}, {b})", _C_PRIMARY, True
+    if k is BinKind.LOG2:
+        return f"strata::Log2({a})", _C_PRIMARY, True
+    if k is BinKind.MOD and not nonnegative(e.lhs):
+        return f"strata::Mod({a}, {b})", _C_PRIMARY, True
     prec = _C_PREC[k]
     if k in _COMPARE:
         # arithmetic binds tighter; a comparison operand of a comparison is parenthesized even
         # where C++ would not need it (`a < b == c` reads as a chained comparison)
         a, b = (f"({x})" if px >= _C_PREC[BinKind.LT] else x for x, px in ((a, pa), (b, pb)))
         return f"{a} {k.value} {b}", prec, False
-    if not (wa or wb):
+    if k in (BinKind.SHL, BinKind.SHR) and not wa and isinstance(e.lhs, Const):
+        # a shift takes the type of its left operand, whatever the right one's: 1 << k must
+        # shift an int64_t, written as one (not a conversion: a 64-bit literal)
+        a, pa, wa = f"int64_t{{{a}}}", _C_PRIMARY, True
+    elif not (wa or wb) or (k in (BinKind.SHL, BinKind.SHR) and not wa):
         a, pa, wa = f"int64_t({a})", _C_PRIMARY, True
     # left-associative: the left operand keeps its parentheses only if it binds looser, or, among
     # * / %, if it is a different operator ((a / b) * c reads ambiguously without them); the right
     # operand keeps them if it binds as loose or looser (a - (b - c), a * (b / c))
-    if pa > prec or (pa == prec == 5 and not (k is BinKind.MUL and e.lhs.kind is BinKind.MUL)):
+    if pa > prec or (pa == prec and prec != 6 and not (e.lhs.kind is k and k in (
+            BinKind.MUL, BinKind.AND, BinKind.XOR, BinKind.OR))) or (pa == 7 and prec != 7) or \
+            (pa in (6, 7, 9, 10) and prec >= 11):
         a = f"({a})"
-    if pb >= prec:
+    if pb >= prec or (pb in (6, 7) and prec >= 7) or (pb in (9, 10) and prec >= 11):
+        # (a << b) + c, a & (b + c): written with parentheses although C++ would not need them,
+        # as compilers warn and readers misread shifts and bitwise operators among + and -
         b = f"({b})"
     return f"{a} {k.value} {b}", prec, True

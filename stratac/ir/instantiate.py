@@ -67,7 +67,7 @@ class RouteInst:
     capacity: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     kind: EventKind
     rank: int
@@ -105,25 +105,61 @@ def _div(a: int, b: int) -> int:
     return a // b
 
 
+class _BadOperand(ArithmeticError):
+    pass
+
+
 def _mod(a: int, b: int) -> int:
-    if a < 0 or b < 0:
-        raise _NegativeOperand(f"{a} % {b}")
+    """Floored: in [0, b) for b > 0 (the kernel's strata::Mod), so (rank - 1) % world is a rank."""
+    if b == 0:
+        raise ZeroDivisionError
+    if b < 0:
+        raise _BadOperand(f"{a} % {b}: the right operand of % must be positive")
     return a % b
+
+
+_INT64 = 1 << 63
+
+
+def _shl(a: int, b: int) -> int:
+    if a < 0 or not 0 <= b < 63:
+        raise _BadOperand(f"{a} << {b}: a shift needs a non-negative left operand and a count in "
+                          "[0, 63)")
+    if a << b >= _INT64:
+        raise _BadOperand(f"{a} << {b} overflows int64")
+    return a << b
+
+
+def _shr(a: int, b: int) -> int:
+    if a < 0 or not 0 <= b < 63:
+        raise _BadOperand(f"{a} >> {b}: a shift needs a non-negative left operand and a count in "
+                          "[0, 63)")
+    return a >> b
+
+
+def _log2(a: int) -> int:
+    if a < 1:
+        raise _BadOperand(f"log2({a}): log2 takes a positive operand")
+    return a.bit_length() - 1
 
 
 def _py(e: ir.IExpr) -> str:
     """Python source of e over `env`. / and % go through _div and _mod: the generated C++ truncates
     toward zero where Python floors, so the two agree only on non-negative operands, and the
     verifier must not accept what the device computes differently (e.g. (rank - 1) % world)."""
-    if isinstance(e, ir.Bin) and e.kind in (ir.BinKind.DIV, ir.BinKind.MOD):
-        fn = "_div" if e.kind is ir.BinKind.DIV else "_mod"
-        return f"{fn}({_py(e.lhs)}, {_py(e.rhs)})"
+    checked = {ir.BinKind.DIV: "_div", ir.BinKind.MOD: "_mod", ir.BinKind.SHL: "_shl",
+               ir.BinKind.SHR: "_shr", ir.BinKind.LOG2: "_log2"}
+    if isinstance(e, ir.Bin) and e.kind in checked:
+        if e.kind is ir.BinKind.LOG2:
+            return f"_log2({_py(e.lhs)})"
+        return f"{checked[e.kind]}({_py(e.lhs)}, {_py(e.rhs)})"
     if isinstance(e, ir.Bin):
         a, b = _py(e.lhs), _py(e.rhs)
         if e.kind is ir.BinKind.MIN:
             return f"min({a}, {b})"
-        if e.kind is ir.BinKind.LT:
-            return f"int({a} < {b})"
+        if e.kind in (ir.BinKind.LT, ir.BinKind.LE, ir.BinKind.GT, ir.BinKind.GE, ir.BinKind.EQ,
+                      ir.BinKind.NE):
+            return f"int({a} {e.kind.value} {b})"
         return f"({a} {e.kind.value} {b})"
     return ir.py_source(e)
 
@@ -138,24 +174,67 @@ def _compiled(e: ir.IExpr) -> Callable[[dict], int]:
     hit = _COMPILED.get(id(e))
     if hit is not None and hit[0] is e:
         return hit[1]
-    fn = eval(f"lambda env: {_py(e)}", {"_div": _div, "_mod": _mod})  # noqa: S307 - from the IR only
+    fn = eval(f"lambda env: {_py(e)}", {"_div": _div, "_mod": _mod, "_shl": _shl,  # noqa: S307
+                                        "_shr": _shr, "_log2": _log2})  # noqa: S307 - from the IR only
     if len(_COMPILED) > 65536:
         _COMPILED.clear()
     _COMPILED[id(e)] = (e, fn)
     return fn
 
 
+_REGIONS: dict[int, tuple[ir.Region, Callable[[dict], tuple]]] = {}
+
+
+def _region_fn(r: ir.Region) -> Callable[[dict], tuple]:
+    """(owner, lo, length, part index, parts) of a region as one compiled function, cached like
+    `_compiled`: a step loop evaluates every region once per step and rank."""
+    hit = _REGIONS.get(id(r))
+    if hit is not None and hit[0] is r:
+        return hit[1]
+    parts = [_py(x) for x in (r.part or (ir.Const(0), ir.Const(1)))]
+    owner = "env['rank']" if r.rank is None else _py(r.rank)
+    fn = eval(f"lambda env: ({owner}, {_py(r.lo)}, {_py(r.length)}, {parts[0]}, {parts[1]})",  # noqa: S307
+              {"_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_log2": _log2})
+    if len(_REGIONS) > 65536:
+        _REGIONS.clear()
+    _REGIONS[id(r)] = (r, fn)
+    return fn
+
+
+def _signal_fn(op: ir.Signal) -> Callable[[dict], tuple]:
+    """(owner, slot) of a signal as one compiled function, cached like `_region_fn`."""
+    hit = _REGIONS.get(id(op))
+    if hit is not None and hit[0] is op:
+        return hit[1]
+    fn = eval(f"lambda env: ({_py(op.rank)}, {_py(op.index)})",  # noqa: S307
+              {"_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_log2": _log2})
+    _REGIONS[id(op)] = (op, fn)
+    return fn
+
+
 def _ev(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
     try:
-        return _compiled(e)(env)
+        v = _compiled(e)(env)
+        if not -_INT64 <= v < _INT64:
+            raise _BadOperand(f"the value {v} overflows int64")
+        return v
     except ZeroDivisionError:
         raise StrataError(error(Codes.BAD_WORLD, f"division by zero evaluating {what} ({e}) with "
                                 f"{_env_text(env)}", span)) from None
     except _NegativeOperand as exc:
         raise StrataError(error(Codes.BAD_WORLD, f"negative operand in {exc} evaluating {what} ({e}) "
-                                f"with {_env_text(env)}: / and % truncate toward zero on the device, "
-                                "so keep their operands non-negative, e.g. (rank + world - 1) % world",
+                                f"with {_env_text(env)}: / truncates toward zero on the device, so keep "
+                                "its operands non-negative", span)) from None
+    except _BadOperand as exc:
+        where = f" with {_env_text(env)}" if env else ""
+        raise StrataError(error(Codes.BAD_WORLD, f"{exc} evaluating {what} ({ir.bare(e)}){where}",
                                 span)) from None
+
+
+def evaluate(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
+    """e's value under env with the kernel's rules (/ of non-negative operands, floored % by a
+    positive number, shifts within int64, log2 of a positive number), or a StrataError at span."""
+    return _ev(e, env, span, what)
 
 
 def _env_text(env: dict) -> str:
@@ -207,7 +286,7 @@ class _Builder:
 
         def sync(op, env):
             if isinstance(op, ir.Loop):
-                for v in self.domain(op.domain, env["rank"]):
+                for v in self.values(op, env):
                     inner = dict(env)
                     inner[op.var] = v
                     for o in op.body:
@@ -215,9 +294,15 @@ class _Builder:
                 return
             last = events[-1]
             if isinstance(op, ir.Signal):
-                owner = _ev(op.rank, env, op.span, "the signalled rank")
-                self.check_rank(owner, op.span, env)
-                slot = self.flag_slot(op.flag, op.index, env, op.span)
+                try:   # the fast path (one compiled call); errors take the checked one
+                    owner, slot = _signal_fn(op)(env)
+                    ok = 0 <= owner < self.world and 0 <= slot < self.flag_sizes[op.flag]
+                except (ArithmeticError, KeyError):
+                    ok = False
+                if not ok:
+                    owner = _ev(op.rank, env, op.span, "the signalled rank")
+                    self.check_rank(owner, op.span, env)
+                    slot = self.flag_slot(op.flag, op.index, env, op.span)
                 ev = last if last.kind is EventKind.SIGNAL else new(EventKind.SIGNAL, op.span)
                 ev.signals.append((owner, op.flag, slot, op.span))
             else:
@@ -236,7 +321,10 @@ class _Builder:
                 elif isinstance(op, ir.If):
                     top(op.then if _ev(op.cond, env, op.span, "a condition") else op.orelse, env)
                 elif self.barriers_only:
-                    continue
+                    continue   # barriers sit at the top level and under ifs only (sema)
+                elif isinstance(op, ir.Loop):
+                    for v in self.values(op, env):
+                        top(op.body, {**env, op.var: v})
                 elif isinstance(op, ir.Stage):
                     ev = new(EventKind.STAGE, op.span, stage=op)
                     for inner in op.body:
@@ -251,6 +339,18 @@ class _Builder:
     def domain(self, d: ir.Domain, rank: int):
         return [p for p in range(self.world) if d is ir.Domain.RANKS or p != rank]
 
+    def values(self, loop: ir.Loop, env: dict):
+        """The values a loop's variable takes on this rank."""
+        if loop.domain is not ir.Domain.RANGE:
+            return self.domain(loop.domain, env["rank"])
+        lo = _ev(loop.lo, env, loop.span, "the loop's first value")
+        hi = _ev(loop.hi, env, loop.span, "the loop's end")
+        if lo < 0 and hi > lo:
+            raise StrataError(error(Codes.BAD_WORLD, f"loop variable {loop.var} would start at {lo} "
+                                    f"(with {_env_text(env)}): loop variables are never negative, so "
+                                    "that % and / agree with the kernel's", loop.span))
+        return range(lo, hi)
+
     def check_rank(self, r: int, span: Span, env: dict) -> None:
         if not 0 <= r < self.world:
             raise StrataError(error(Codes.BAD_WORLD, f"rank {r} does not exist in a world of "
@@ -264,6 +364,18 @@ class _Builder:
         return slot
 
     def region(self, r: ir.Region, env: dict) -> tuple[int, str, int, int]:
+        # the fast path: every expression of the region in one compiled call; any evaluation
+        # error takes the slow path below, which reports it at its place
+        try:
+            owner, lo, n, index, parts = _region_fn(r)(env)
+        except (ArithmeticError, KeyError):
+            return self._region(r, env)
+        if not (0 <= owner < self.world and (r.part is None or 0 <= index < parts)
+                and 0 <= lo and 0 <= n and lo + n <= self.buffer_sizes[r.buffer]):
+            return self._region(r, env)
+        return owner, r.buffer, lo, lo + n
+
+    def _region(self, r: ir.Region, env: dict) -> tuple[int, str, int, int]:
         owner = env["rank"] if r.rank is None else _ev(r.rank, env, r.span, "a rank")
         self.check_rank(owner, r.span, env)
         lo = _ev(r.lo, env, r.span, "an offset")
@@ -282,7 +394,7 @@ class _Builder:
 
     def moves(self, op, env: dict, ev: Event) -> None:
         if isinstance(op, ir.Loop):
-            for v in self.domain(op.domain, env["rank"]):
+            for v in self.values(op, env):
                 inner = dict(env)
                 inner[op.var] = v
                 for o in op.body:

@@ -45,6 +45,7 @@ class Engine(enum.Enum):
 class Domain(enum.Enum):
     RANKS = "ranks"
     PEERS = "peers"
+    RANGE = "range"     # lo, lo + 1, ..., hi - 1 (a step loop; Loop.lo and Loop.hi)
 
 
 class ReduceOp(enum.Enum):
@@ -178,6 +179,15 @@ class Loop:
     domain: Domain
     body: tuple["Node", ...]
     span: Span
+    lo: IExpr | None = None     # Domain.RANGE: var takes lo, lo + 1, ..., hi - 1 (none if hi <= lo)
+    hi: IExpr | None = None
+
+    @property
+    def head(self) -> str:
+        """The loop as the printer shows it: `s in 0 .. (world - 1)`, `p in peers`."""
+        if self.domain is Domain.RANGE:
+            return f"{self.var} in {bare(self.lo)} .. {bare(self.hi)}"
+        return f"{self.var} in {self.domain.value}"
 
 
 @dataclass(frozen=True)
@@ -304,6 +314,30 @@ class Contract:
 
 
 @dataclass(frozen=True)
+class Requirement:
+    """`requires COND`: the world sizes a schedule supports. cond is over world alone; text is the
+    condition as written (`world is pow2`)."""
+
+    cond: IExpr
+    text: str
+    span: Span
+
+    def holds(self, world: int) -> bool:
+        try:
+            return bool(self.cond.eval({"world": world}))
+        except (ZeroDivisionError, ValueError):
+            return False
+
+    def __str__(self) -> str:
+        return f"requires {self.text}, {self.span.source.name}:{self.span.line}"
+
+
+def unmet_requirement(s: "Schedule", world: int) -> "Requirement | None":
+    """The first world constraint of s that `world` violates, if any."""
+    return next((r for r in s.requires if not r.holds(world)), None)
+
+
+@dataclass(frozen=True)
 class Scalar:
     name: str
     kind: ScalarKind
@@ -326,6 +360,7 @@ class Schedule:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     scalars: tuple[Scalar, ...] = ()
+    requires: tuple[Requirement, ...] = ()
 
     def param(self, name: str) -> Buffer:
         return next(p for p in self.params if p.name == name)

@@ -138,12 +138,16 @@ def stages(ops):
             yield op
         elif isinstance(op, ir.If):
             yield from stages(op.then + op.orelse)
+        elif isinstance(op, ir.Loop):      # a step loop around stages
+            yield from stages(op.body)
 
 
 def place_engines(s: ir.Schedule, opts: Options) -> ir.Schedule:
     def plan(op):
         if isinstance(op, ir.If):
             return replace(op, then=tuple(map(plan, op.then)), orelse=tuple(map(plan, op.orelse)))
+        if isinstance(op, ir.Loop):
+            return replace(op, body=tuple(map(plan, op.body)))
         if not isinstance(op, ir.Stage):
             return op
         moves = list(_moves(op.body))

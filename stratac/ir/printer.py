@@ -28,6 +28,8 @@ def dump(s: Schedule) -> str:
         out.append(f"  sizes {', '.join(s.sizes)}")
     for p in s.scratch:
         out.append(f"  scratch {p.name}: {'sym ' if p.symmetric else ''}{p.type_text}[{p.shape_text}]")
+    for r in s.requires:
+        out.append(f"  requires {r.text}  # {bare(r.cond)}")
     for f in s.flags:
         out.append(f"  flag {f.name}[{f.size}] seq={f.seq}")
     for op in s.body:
@@ -61,7 +63,7 @@ def _dump_op(op: Node, depth: int, out: list[str]) -> None:
         for inner in op.body:
             _dump_op(inner, depth + 1, out)
     elif isinstance(op, Loop):
-        out.append(f"{pad}for {op.var} in {op.domain.value}:{_line(op.span)}")
+        out.append(f"{pad}for {op.head}:{_line(op.span)}")
         for inner in op.body:
             _dump_op(inner, depth + 1, out)
     elif isinstance(op, Copy):

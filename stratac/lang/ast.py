@@ -22,8 +22,18 @@ class Name:
 
 
 @dataclass(frozen=True)
+class Call:
+    """A built-in integer function of one argument: log2(x)."""
+
+    fn: str
+    arg: "Expr"
+    span: Span
+    fn_span: Span
+
+
+@dataclass(frozen=True)
 class BinOp:
-    op: str  # one of + - * / %
+    op: str  # one of + - * / % << >> & ^ |
     lhs: "Expr"
     rhs: "Expr"
     span: Span
@@ -35,7 +45,7 @@ class Neg:
     span: Span
 
 
-Expr = Union[IntLit, Name, BinOp, Neg]
+Expr = Union[IntLit, Name, BinOp, Neg, Call]
 
 
 # ---- references to data ----
@@ -118,8 +128,36 @@ class Cond:
 
 
 @dataclass(frozen=True)
+class CondIs:
+    """`expr is PROPERTY`: the one property is pow2 (a power of two, 1 included)."""
+
+    lhs: Expr
+    prop: str
+    span: Span
+    prop_span: Span
+
+
+@dataclass(frozen=True)
+class Let:
+    """let name = expr: a named integer, visible after it in its block and the blocks inside."""
+
+    name: str
+    value: Expr
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True)
+class Requires:
+    """requires COND: the world sizes the schedule supports (a condition on world alone)."""
+
+    cond: "Cond | CondIs"
+    span: Span
+
+
+@dataclass(frozen=True)
 class If:
-    cond: Cond
+    cond: Cond | CondIs
     then: tuple["Stmt", ...]
     orelse: tuple["Stmt", ...]
     span: Span
@@ -151,11 +189,15 @@ class Stage:
 
 @dataclass(frozen=True)
 class For:
+    """for var in ranks|peers, or for var in lo .. hi (domain "range": lo, lo + 1, ..., hi - 1)."""
+
     var: str
     domain: str
     body: tuple["Stmt", ...]
     span: Span
     var_span: Span
+    lo: Expr | None = None
+    hi: Expr | None = None
 
 
 @dataclass(frozen=True)
@@ -177,7 +219,8 @@ class Wait:
     span: Span
 
 
-Stmt = Union[Assign, Accum, If, ScratchDecl, Barrier, Stage, For, FlagDecl, Signal, Wait]
+Stmt = Union[Assign, Accum, If, ScratchDecl, Barrier, Stage, For, FlagDecl, Signal, Wait, Let,
+             Requires]
 
 
 # ---- declarations ----

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from stratac import ir
 from stratac.diagnostics import Codes, Diagnostic, Note, Span, StrataError, error
+from stratac.ir.instantiate import evaluate
 from stratac.lang import ast
 
 RESERVED = {"rank", "world"}
@@ -47,15 +48,18 @@ class _Lowering:
         self.loop_vars_seen: set[str] = set()
         self.bad_types: set[str] = set()   # parameters whose element type was already reported
         self.scalars: dict[str, ir.Scalar] = {}
+        self.lets: dict[str, ir.IExpr] = {}     # the named integers in scope (substituted)
+        self.step_vars: set[str] = set()        # variables of step loops (for s in lo .. hi)
+        self.requires: list[ir.Requirement] = []
 
     def taken(self, name: str) -> bool:
         return (name in RESERVED or name in self.params or name in self.views or name in self.flags
-                or name in self.scalars)
+                or name in self.scalars or name in self.lets)
 
     def env(self, loop_vars=()) -> set[str]:
         """Names an index or rank expression may use."""
         ranks = {x.name for x in self.scalars.values() if x.kind is ir.ScalarKind.RANK}
-        return {"rank", "world", *self.sizes, *ranks, *loop_vars}
+        return {"rank", "world", *self.sizes, *ranks, *loop_vars, *self.lets}
 
     def op(self, name: str, span: Span) -> ir.Op | None:
         if name in {o.value for o in ir.ReduceOp}:
@@ -81,12 +85,33 @@ class _Lowering:
                     hint = f" ({what} cannot depend on {e.id})"
                 self.err(Codes.UNKNOWN_NAME, f"unknown name {e.id!r} in {what}{hint}", e.span)
                 return ir.Const(0)
-            return ir.Var(e.id)
+            return self.lets.get(e.id, ir.Var(e.id))
         if isinstance(e, ast.Neg):
             return ir.Bin(ir.BinKind.SUB, ir.Const(0), self.expr(e.operand, allowed, what))
+        if isinstance(e, ast.Call):
+            arg = self.expr(e.arg, allowed, what)
+            if e.fn != "log2":
+                self.err(Codes.UNKNOWN_NAME, f"unknown function {e.fn!r}: the integer functions are "
+                         "log2(x) (floor of the base-2 logarithm, x >= 1); for 2^k write 1 << k",
+                         e.fn_span)
+                return ir.Const(0)
+            return self.checked(ir.log2(arg), e.span)
         kind = {"+": ir.BinKind.ADD, "-": ir.BinKind.SUB, "*": ir.BinKind.MUL,
-                "/": ir.BinKind.DIV, "%": ir.BinKind.MOD}[e.op]
-        return ir.Bin(kind, self.expr(e.lhs, allowed, what), self.expr(e.rhs, allowed, what))
+                "/": ir.BinKind.DIV, "%": ir.BinKind.MOD, "<<": ir.BinKind.SHL, ">>": ir.BinKind.SHR,
+                "&": ir.BinKind.AND, "^": ir.BinKind.XOR, "|": ir.BinKind.OR}[e.op]
+        return self.checked(ir.Bin(kind, self.expr(e.lhs, allowed, what),
+                                   self.expr(e.rhs, allowed, what)), e.span)
+
+    def checked(self, e: ir.Bin, span: Span) -> ir.IExpr:
+        """e, with an operation on constants checked now (1 << 64, log2(0), 5 % 0): the rules of
+        `instantiate.evaluate`, which checks the others at every instance."""
+        if isinstance(e.lhs, ir.Const) and isinstance(e.rhs, ir.Const):
+            try:
+                return ir.Const(evaluate(e, {}, span, "this expression"))
+            except StrataError as exc:
+                self.diags.extend(exc.diagnostics)
+                return ir.Const(0)
+        return e
 
     # ---- declarations
     def lower(self) -> ir.Schedule | None:
@@ -148,7 +173,7 @@ class _Lowering:
             raise StrataError(self.diags)
         return ir.Schedule(s.name, self.source_name, tuple(self.params.values()), tuple(self.sizes),
                            tuple(self.flags.values()), contract, tuple(body), s.span,
-                           scalars=tuple(self.scalars.values()))
+                           scalars=tuple(self.scalars.values()), requires=tuple(self.requires))
 
     # kind: (takes an op, takes a root, may be in place, may be out of place)
     CONTRACTS = {
@@ -276,11 +301,29 @@ class _Lowering:
     # ---- statements
     def block(self, stmts, top: bool, loop_vars: tuple[str, ...], engine: ir.Engine | None = None):
         out: list[ir.Node] = []
+        outer = dict(self.lets)     # a let is visible to the rest of its block only
         for st in stmts:
             op = self.stmt(st, top, loop_vars, engine)
             if op is not None:
                 out.append(op)
+        self.lets = outer
         return out
+
+    def let(self, st: ast.Let, loop_vars) -> None:
+        if st.name in loop_vars or self.taken(st.name) or st.name in self.sizes:
+            self.err(Codes.DUPLICATE_NAME, f"{st.name!r} is already defined", st.name_span)
+            return
+        self.lets[st.name] = ir.simplify(self.expr(st.value, self.env(loop_vars), f"let {st.name}"))
+
+    def requirement(self, st: ast.Requires, top: bool) -> None:
+        if not top:
+            self.err(Codes.BAD_REF, "a world constraint (`requires ...`) is written at the top of a "
+                     "schedule", st.span)
+            return
+        reported = len(self.diags)
+        cond = self.cond(st.cond, (), allowed={"world"}, what="a world constraint (on world alone)")
+        if len(self.diags) == reported:
+            self.requires.append(ir.Requirement(cond, _text(st.cond.span), st.span))
 
     def stmt(self, st, top, loop_vars, engine):
         in_stage = engine is not None
@@ -300,6 +343,12 @@ class _Lowering:
         if isinstance(st, ast.ScratchDecl):
             self.scratch_decl(st, top)
             return None
+        if isinstance(st, ast.Let):
+            self.let(st, loop_vars)
+            return None
+        if isinstance(st, ast.Requires):
+            self.requirement(st, top)
+            return None
         if isinstance(st, ast.If):
             cond = self.cond(st.cond, loop_vars)
             then = self.block(st.then, top=False, loop_vars=loop_vars, engine=engine)
@@ -313,17 +362,19 @@ class _Lowering:
             return self.accum(st, loop_vars, engine)
         if isinstance(st, ast.Barrier):
             if in_stage or loop_vars:
+                hint = ("; in a step loop, hand over with per-step flags instead (flag got[world]; "
+                        "signal got[s]@p; wait got[s])" if set(loop_vars) & self.step_vars else "")
                 self.err(Codes.BAD_ENGINE, "a barrier is a statement of its own, outside stages and "
-                         "loops", st.span)
+                         "loops" + hint, st.span)
                 return None
             return ir.Barrier(st.span)
         if isinstance(st, ast.Stage):
             if in_stage:
                 self.err(Codes.BAD_ENGINE, "stages do not nest", st.span)
                 return None
-            if loop_vars:
-                self.err(Codes.BAD_ENGINE, "put the loop inside the stage: `on ENGINE: for ...`",
-                         st.span)
+            if any(v not in self.step_vars for v in loop_vars):
+                self.err(Codes.BAD_ENGINE, "put the loop inside the stage: `on ENGINE: for ...` (stages "
+                         "may sit in step loops, `for s in lo .. hi`)", st.span)
                 return None
             eng = ir.Engine(st.engine)
             body = self.block(st.body, top=False, loop_vars=loop_vars, engine=eng)
@@ -335,6 +386,14 @@ class _Lowering:
                          st.var_span)
                 return None
             self.loop_vars_seen.add(st.var)
+            if st.domain == "range":
+                env = self.env(loop_vars)
+                lo = ir.simplify(self.expr(st.lo, env, "a loop bound"))
+                hi = ir.simplify(self.expr(st.hi, env, "a loop bound"))
+                self.step_vars.add(st.var)
+                body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
+                self.step_vars.discard(st.var)
+                return ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, hi)
             body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
             return ir.Loop(st.var, ir.Domain(st.domain), tuple(body), st.span)
         if isinstance(st, (ast.Signal, ast.Wait)):
@@ -565,11 +624,23 @@ class _Lowering:
         self._same_type(dst[1], src[1], st.span)
         return ir.Accumulate(dst[0], op, src[0], st.span)
 
-    def cond(self, c: ast.Cond, loop_vars) -> ir.IExpr:
+    def cond(self, c: ast.Cond | ast.CondIs, loop_vars, allowed: set[str] | None = None,
+             what: str = "a condition") -> ir.IExpr:
+        env = self.env(loop_vars) if allowed is None else allowed
+        if isinstance(c, ast.CondIs):
+            x = self.expr(c.lhs, env, what)
+            if c.prop != "pow2":
+                self.err(Codes.BAD_TYPE, f"unknown property {c.prop!r}: write `x is pow2` (x is a power "
+                         "of two: 1, 2, 4, ...)", c.prop_span)
+                return ir.Const(0)
+            # x > 0 and x & (x - 1) == 0 (comparisons are 0 or 1, so & is their conjunction)
+            return ir.Bin(ir.BinKind.AND, ir.Bin(ir.BinKind.GT, x, ir.Const(0)),
+                          ir.Bin(ir.BinKind.EQ, ir.Bin(ir.BinKind.AND, x, ir.Bin(ir.BinKind.SUB, x,
+                                                                                   ir.Const(1))),
+                                 ir.Const(0)))
         kind = {k.value: k for k in (ir.BinKind.LT, ir.BinKind.LE, ir.BinKind.GT, ir.BinKind.GE,
                                      ir.BinKind.EQ, ir.BinKind.NE)}[c.op]
-        env = self.env(loop_vars)
-        return ir.Bin(kind, self.expr(c.lhs, env, "a condition"), self.expr(c.rhs, env, "a condition"))
+        return ir.Bin(kind, self.expr(c.lhs, env, what), self.expr(c.rhs, env, what))
 
     def scratch_decl(self, st: ast.ScratchDecl, top: bool) -> None:
         if not top:
@@ -596,9 +667,18 @@ class _Lowering:
                      span)
 
 
+def _text(span: Span) -> str:
+    """The source text a (one-line) span covers."""
+    line = span.source.text.split("\n")[span.line - 1]
+    end = span.end_col if span.end_line == span.line else len(line) + 1
+    return " ".join(line[span.col - 1:end - 1].split())
+
+
 def _names(e: ast.Expr) -> set[str]:
     if isinstance(e, ast.Name):
         return {e.id}
+    if isinstance(e, ast.Call):
+        return _names(e.arg)
     if isinstance(e, ast.BinOp):
         return _names(e.lhs) | _names(e.rhs)
     if isinstance(e, ast.Neg):

@@ -32,7 +32,8 @@ _PRETTY = {
     "STAR": "'*'", "SLASH": "'/'", "PERCENT": "'%'", "NAME": "a name", "INT": "an integer",
     "REDOP": "sum/max/min", "ENGINE": "an engine (aiv, sdma, auto)", "DOMAIN": "ranks or peers",
     "SYM": "'sym'", "ROUTE": "a routing construct", "$END": "end of file", "CMP": "a comparison (== != < <= > >=)",
-    "PLUSEQUAL": "'+='", "LESSTHAN": "'<'", "MORETHAN": "'>'",
+    "PLUSEQUAL": "'+='", "LESSTHAN": "'<'", "MORETHAN": "'>'", "CIRCUMFLEX": "'^'",
+    "AMPERSAND": "'&'", "VBAR": "'|'", "SHL": "'<<'", "SHR": "'>>'",
 }
 
 
@@ -141,6 +142,17 @@ class _Builder(Transformer):
         lhs, op, rhs = children
         return ast.Cond(str(op), lhs, rhs, self._span(meta))
 
+    def cond_is(self, meta, children):
+        lhs, prop = children
+        return ast.CondIs(lhs, str(prop), self._span(meta), _tok_span(self.source, prop))
+
+    def let_stmt(self, meta, children):
+        name, value = children
+        return ast.Let(str(name), value, self._span(meta), _tok_span(self.source, name))
+
+    def requires(self, meta, children):
+        return ast.Requires(children[0], self._span(meta))
+
     def dims(self, meta, children):
         return tuple(children)
 
@@ -171,6 +183,10 @@ class _Builder(Transformer):
         var, domain, body = children
         return ast.For(str(var), str(domain), body, self._span(meta), _tok_span(self.source, var))
 
+    def for_range(self, meta, children):
+        var, lo, hi, body = children
+        return ast.For(str(var), "range", body, self._span(meta), _tok_span(self.source, var), lo, hi)
+
     def flag_decl(self, meta, children):
         return ast.FlagDecl(str(children[0]), children[1], self._span(meta))
 
@@ -197,6 +213,10 @@ class _Builder(Transformer):
     def name(self, meta, children):
         return ast.Name(str(children[0]), self._span(meta))
 
+    def call(self, meta, children):
+        fn, arg = children
+        return ast.Call(str(fn), arg, self._span(meta), _tok_span(self.source, fn))
+
     def neg(self, meta, children):
         return ast.Neg(children[0], self._span(meta))
 
@@ -206,3 +226,10 @@ class _Builder(Transformer):
         return build
 
     add, sub, mul, div, mod = _bin("+"), _bin("-"), _bin("*"), _bin("/"), _bin("%")
+    band, bxor, bor = _bin("&"), _bin("^"), _bin("|")
+
+    def shl(self, meta, children):
+        return ast.BinOp("<<", children[0], children[2], self._span(meta))
+
+    def shr(self, meta, children):
+        return ast.BinOp(">>", children[0], children[2], self._span(meta))

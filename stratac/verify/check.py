@@ -39,6 +39,8 @@ class Result:
     events: int = 0
     accesses: int = 0
     seconds: float = 0.0
+    skipped: str | None = None     # a world the schedule does not support: its `requires`
+
 
     @property
     def ok(self) -> bool:
@@ -48,6 +50,10 @@ class Result:
 def verify(s: ir.Schedule, world: int, sizes: dict[str, int], routing: str | None = None) -> Result:
     t0 = time.perf_counter()
     res = Result(world, dict(sizes))
+    unmet = ir.unmet_requirement(s, world)
+    if unmet is not None:
+        res.diagnostics = [world_refused(s, world, unmet)]
+        return res
     try:
         inst = instantiate(s, world, sizes)
         if s.contract.kind.moe:
@@ -77,10 +83,20 @@ def verify(s: ir.Schedule, world: int, sizes: dict[str, int], routing: str | Non
     return res
 
 
+def world_refused(s: ir.Schedule, world: int, unmet: ir.Requirement) -> Diagnostic:
+    return error(Codes.BAD_WORLD, f"{s.name} does not support world {world}: it {unmet}", unmet.span)
+
+
 def verify_worlds(s: ir.Schedule, worlds: list[int],
                   samples: list[dict[str, int]] | None = None) -> list[Result]:
+    """Every instance at `worlds`; a world the schedule's `requires` excludes gives one skipped
+    result (ok, no instances)."""
     results = []
     for w in worlds:
+        unmet = ir.unmet_requirement(s, w)
+        if unmet is not None:
+            results.append(Result(w, {}, skipped=str(unmet)))
+            continue
         for sizes in (samples or default_samples(s, w)):
             results.append(verify(s, w, sizes, getattr(sizes, "routing", None)))
             if not results[-1].ok:
@@ -100,6 +116,10 @@ def verify_lowered(lowered: ir.Schedule, source: ir.Schedule, worlds: list[int],
         return verify_worlds(lowered, worlds, samples)
     results = []
     for w in worlds:
+        unmet = ir.unmet_requirement(lowered, w)
+        if unmet is not None:
+            results.append(Result(w, {}, skipped=str(unmet)))
+            continue
         for sizes in (samples or default_samples(lowered, w)):
             t0 = time.perf_counter()
             res = Result(w, dict(sizes))
@@ -128,6 +148,8 @@ def _unstamped(s: ir.Schedule) -> ir.Schedule:
                 op = replace(op, plan=None)
             elif isinstance(op, ir.If):
                 op = replace(op, then=strip(op.then), orelse=strip(op.orelse))
+            elif isinstance(op, ir.Loop):
+                op = replace(op, body=strip(op.body))
             out.append(op)
         return tuple(out)
     return replace(s, body=strip(s.body), flags=tuple(replace(f, seq=0) for f in s.flags),

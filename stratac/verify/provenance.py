@@ -75,21 +75,21 @@ class Values:
     def execute(self, ev: Event) -> None:
         for ri in ev.routes:
             self._route(ri, ev)
-        with np.errstate(over="ignore"):
-            for mv in ev.moves:
-                owner, buf, lo, hi = mv.dst
-                if hi <= lo:
-                    continue
-                vals = [self.cur[(o, b)][l:h] for o, b, l, h in mv.srcs]
-                if mv.accumulate:
-                    out = self.cur[(owner, buf)][lo:hi] + vals[0]
-                elif mv.op is None:
-                    out = vals[0].copy()
-                else:
-                    out = np.zeros(hi - lo, dtype=np.uint64)
-                    for v in vals:
-                        out += v
-                self.cur[(owner, buf)][lo:hi] = out
+        # (called under np.errstate(over="ignore") by the timeline's execution: tags wrap)
+        for mv in ev.moves:
+            owner, buf, lo, hi = mv.dst
+            if hi <= lo:
+                continue
+            vals = [self.cur[(o, b)][l:h] for o, b, l, h in mv.srcs]
+            if mv.accumulate:
+                out = self.cur[(owner, buf)][lo:hi] + vals[0]
+            elif mv.op is None:
+                out = vals[0].copy()
+            else:
+                out = np.zeros(hi - lo, dtype=np.uint64)
+                for v in vals:
+                    out += v
+            self.cur[(owner, buf)][lo:hi] = out
 
 
     # ---- routing constructs, executed on the simulated values

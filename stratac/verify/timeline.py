@@ -75,19 +75,32 @@ def unmet_barriers(inst: Instance) -> list[Diagnostic]:
 class Execution:
     def __init__(self, inst: Instance):
         self.inst = inst
-        self.vc: dict[tuple[int, int], np.ndarray] = {}
+        # vc[r][i]: what event i of rank r knows of every other rank (component q: how many of
+        # rank q's events happen before it). Its own component is not kept (hb compares indices
+        # on one rank), so the events between two joins of a rank share one array, copied only
+        # when a wait or barrier joins another clock in: a step loop's timelines hold about
+        # world x steps events per rank, and an array per event would not fit at world 384.
+        self.vc: list[list[np.ndarray]] = [[None] * len(tl) for tl in inst.timelines]
         self.order: list[Event] = []
         self.access_count = 0
         self.values = Values(inst)
 
     def run(self) -> list[Diagnostic]:
+        # tags wrap around (mod 2^64) as the provenance simulation adds them
+        with np.errstate(over="ignore"):
+            return self._run()
+
+    def _run(self) -> list[Diagnostic]:
         inst, W = self.inst, self.inst.world
         diags = stamp_errors(inst)
         if diags:
             return diags
         pos = [0] * W
-        cur = [np.zeros(W, dtype=np.int64) for _ in range(W)]
-        signaled: dict[tuple[int, str, int], tuple[np.ndarray, Event]] = {}
+        longest = max(len(tl) for tl in inst.timelines)
+        dtype = np.int16 if longest < 2**15 - 1 else np.int32 if longest < 2**31 - 1 else np.int64
+        cur = [np.zeros(W, dtype=dtype) for _ in range(W)]
+        # the clock of the signal event that set (owner, flag, slot), its own index + 1, the event
+        signaled: dict[tuple[int, str, int], tuple[np.ndarray, int, Event]] = {}
         done = 0
         while done < W:
             progress = False
@@ -102,21 +115,23 @@ class Execution:
                         if any(k not in signaled for k in keys):
                             break
                         for k in keys:
-                            np.maximum(cur[r], signaled[k][0], out=cur[r])
-                    cur[r][r] = ev.index + 1
-                    self.vc[(r, ev.index)] = cur[r].copy()
+                            clock, own, sev = signaled[k]
+                            cur[r] = np.maximum(cur[r], clock)     # a new array: cur[r] is shared
+                            if cur[r][sev.rank] < own:
+                                cur[r][sev.rank] = own
+                    self.vc[r][ev.index] = cur[r]
                     if ev.kind is EventKind.SIGNAL:
                         for owner, f, slot, span in ev.signals:
                             key = (owner, f, slot)
                             if key in signaled:
-                                first = signaled[key][1]
+                                first = signaled[key][2]
                                 diags.append(error(
                                     Codes.DOUBLE_SIGNAL, f"{f}[{slot}] of rank {owner} is signalled twice "
                                     f"in one call ({context(inst)}): a wait cannot tell the two apart",
                                     span, Note(f"rank {first.rank} signalled it here", first.span)))
                                 return diags
                             # every slot of one signal event shares the event's clock
-                            signaled[key] = (self.vc[(r, ev.index)], ev)
+                            signaled[key] = (cur[r], ev.index + 1, ev)
                     elif ev.kind is EventKind.STAGE:
                         self.values.execute(ev)   # expands routing constructs into accesses first
                         self.access_count += len(ev.accesses)
@@ -131,10 +146,10 @@ class Execution:
                 ks = {ev.barrier for ev in at_barrier}
                 if len(ks) == 1:
                     joined = np.max(np.stack(cur), axis=0)
+                    joined[:] = np.maximum(joined, [ev.index + 1 for ev in at_barrier])
                     for r, ev in enumerate(at_barrier):
-                        cur[r] = joined.copy()
-                        cur[r][r] = ev.index + 1
-                        self.vc[(r, ev.index)] = cur[r].copy()
+                        cur[r] = joined      # shared by every rank until its next join
+                        self.vc[r][ev.index] = joined
                         self.order.append(ev)
                         pos[r] += 1
                     progress = True
@@ -190,7 +205,7 @@ class Execution:
     def hb(self, a_rank: int, a_index: int, b_rank: int, b_index: int) -> bool:
         if a_rank == b_rank:
             return a_index < b_index
-        return int(self.vc[(b_rank, b_index)][a_rank]) >= a_index + 1
+        return int(self.vc[b_rank][b_index][a_rank]) >= a_index + 1
 
 
 def _nth(timeline: list[Event], at: int) -> str:

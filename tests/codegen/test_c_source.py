@@ -102,20 +102,31 @@ def _value(e: ir.IExpr, env) -> int | None:
         x, y = _value(e.lhs, env), _value(e.rhs, env)
         if x is None or y is None:
             return None
+        if e.kind in (BinKind.SHL, BinKind.SHR) and y >= 63:
+            return None   # outside int64 (the verifier refuses it)
         try:
             v = Bin(e.kind, Const(x), Const(y)).eval({})
-        except ZeroDivisionError:
+        except (ZeroDivisionError, ValueError):   # ValueError: log2(0)
             return None
     else:
         v = e.eval(env)
     return v if 0 <= v < 2**62 else None
 
 
+def _device_helpers() -> str:
+    """strata::Mod and strata::Log2 as the device library defines them (the kernels call them for
+    the language's floored % and log2)."""
+    text = (ROOT / "runtime" / "device" / "strata_device.h").read_text()
+    found = re.findall(r"__aicore__ inline int64_t (?:Mod|Log2)\(.*?\n\}\n", text, re.S)
+    assert len(found) == 2
+    return "namespace strata {\n" + "".join(found).replace("__aicore__ ", "") + "}\n"
+
+
 def _run_cpp(tmp_path: Path, body: str, prelude: str = "") -> str:
     src = tmp_path / "t.cpp"
     src.write_text("#include <cstdint>\n#include <cstdio>\n"
                    "namespace strata { inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; } }\n"
-                   + prelude + "int main() {\n" + body + "  return 0;\n}\n")
+                   + _device_helpers() + prelude + "int main() {\n" + body + "  return 0;\n}\n")
     exe = tmp_path / "t"
     subprocess.run(["g++", "-std=c++17", "-O0", "-w", "-fsanitize=undefined",
                     "-fno-sanitize-recover=undefined", str(src), "-o", str(exe)],
@@ -151,6 +162,28 @@ def test_c_source_values_match_the_ir(tmp_path):
     wrong = [(str(checks[int(i)][0]), checks[int(i)][1], checks[int(i)][2], int(got))
              for i, got in (line.split() for line in out.splitlines())]
     assert wrong == []
+
+
+@needs_gxx
+def test_floored_modulo_and_log2_match_the_ir(tmp_path):
+    """% of a left operand that may be negative (ring indexing: (rank - s - 1) % world) is floored
+    in the IR, and the kernel's strata::Mod gives the same; log2 is floor(log2)."""
+    e = B(K.MOD, B(K.SUB, B(K.SUB, a, b), Const(1)), c)
+    lg = ir.log2(a)
+    text = ir.c_source(e, NAMES)
+    assert text == "strata::Mod(a - b - 1, c)"
+    assert ir.c_source(B(K.MOD, B(K.ADD, a, Const(1)), c), NAMES) == "(a + 1) % c"
+    body, want = [], []
+    for x in range(0, 20):
+        for y in range(0, 20):
+            for z in range(1, 9):
+                env = {"a": x, "b": y, "c": z}
+                want.append(f"{e.eval(env)}" + (f" {lg.eval(env)}" if x else " -"))
+                log = f'std::printf(" %lld", static_cast<long long>({ir.c_source(lg, NAMES)}))' if x \
+                    else 'std::printf(" -")'
+                body.append(f"  {{ const int64_t a = {x}, b = {y}, c = {z}; std::printf(\"%lld\", "
+                            f"static_cast<long long>({text})); {log}; std::printf(\"\\n\"); }}\n")
+    assert _run_cpp(tmp_path, "".join(body)).splitlines() == want
 
 
 @needs_gxx

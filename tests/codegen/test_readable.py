@@ -66,18 +66,21 @@ def test_no_redundant_forms(name):
     assert found == [], f"{name}/kernel.cpp: " + "; ".join(f"line {ln}: {why}: {s!r}" for why, s, ln in found)
 
 
-_PREC = {"*": 5, "/": 5, "%": 5, "+": 6, "-": 6, "<": 9, "<=": 9, ">": 9, ">=": 9, "==": 10,
-         "!=": 10, "&&": 14, "||": 15}
+_PREC = {"*": 5, "/": 5, "%": 5, "+": 6, "-": 6, "<<": 7, ">>": 7, "<": 9, "<=": 9, ">": 9,
+         ">=": 9, "==": 10, "!=": 10, "&": 11, "^": 12, "|": 13, "&&": 14, "||": 15}
+_BITS = {7, 11, 12, 13}   # shifts and bitwise operators
 _COMPARISON = (9, 10)
 
 
 def _redundant_parens(code: str) -> list[str]:
     """Parenthesized groups (not calls) of C++ code that C++ precedence makes redundant: the group's
     loosest operator binds tighter than the operators on both sides of it. Kept by convention:
-    (a / b) * c and a - (b - c) (as tight as a neighbour), a comparison beside a comparison, (-1)."""
+    (a / b) * c and a - (b - c) (as tight as a neighbour), a comparison beside a comparison, (-1),
+    and any group in or around a shift or bitwise operator ((1 << k) + 3, a ^ (b >> 1), a << (k +
+    1)): GCC's -Wparentheses asks for those, and readers misread them without."""
     code = re.sub(r"//[^\n]*", "", code)
     code = re.sub(r"[A-Za-z_][\w:]*<[^<>;()]*>(?=\()", "F", code)     # template-ids are names
-    toks = re.findall(r"\w+|::|<=|>=|==|!=|&&|\|\||\+\+|--|\+=|-=|\S", code)
+    toks = re.findall(r"\w+|::|<<|>>|<=|>=|==|!=|&&|\|\||\+\+|--|\+=|-=|\S", code)
     out = []
     for i, tok in enumerate(toks):
         if tok != "(" or (i and (re.fullmatch(r"\w+", toks[i - 1]) or toks[i - 1] in (")", "]"))):
@@ -104,6 +107,8 @@ def _redundant_parens(code: str) -> list[str]:
         left = _PREC.get(toks[i - 1], 99) if i else 99
         right = _PREC.get(toks[j + 1], 99) if j + 1 < len(toks) else 99
         if loosest in _COMPARISON and (left in _COMPARISON or right in _COMPARISON):
+            continue
+        if {loosest, left, right} & _BITS:
             continue
         if loosest < min(left, right):
             out.append(group)

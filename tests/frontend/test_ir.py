@@ -208,11 +208,13 @@ def _eval_nonnegative(e, env):
         a, b = _eval_nonnegative(e.lhs, env), _eval_nonnegative(e.rhs, env)
         if a is None or b is None:
             return None
+        if e.kind in (BinKind.SHL, BinKind.SHR) and b >= 63:
+            return None   # out of the kernel's int64 (the verifier refuses it)
         try:
             v = Bin(e.kind, Const(a), Const(b)).eval({})
-        except ZeroDivisionError:
+        except (ZeroDivisionError, ValueError):   # ValueError: log2(0)
             return None
-    return v if v >= 0 else None
+    return v if 0 <= v < 2**62 else None
 
 
 @settings(max_examples=150, deadline=None)

@@ -102,14 +102,19 @@ RING = """schedule s(x: sym T[n]) implements allreduce(x, sum) {{
 }}"""
 
 
-def test_modulo_of_a_negative_rank_is_rejected():
-    # The device computes (rank - p) % world in int64_t, truncating: -1 % 4 is -1 there, a rank
-    # that does not exist. The verifier used to evaluate it with Python's floor semantics (3).
+def test_modulo_of_a_negative_rank_is_floored():
+    # % is floored in the language: (rank - p) % world is a rank (3 for rank 0, p = 1, world 4),
+    # and the kernel computes it with strata::Mod, since C++'s % truncates (-1 there).
     s, = lower(RING.format(rank="(rank - p) % world"))
-    d = first_error(s, [4])
-    assert d.code == Codes.BAD_WORLD
-    assert "negative operand in -1 % 4" in d.message and "(rank + world - 1) % world" in d.message
-    assert (d.span.line, d.span.col) == (4, 28)
+    assert first_error(s, range(1, 9)) is None
+    assert ir.c_source(s.body[1].body[0].src.rank, {"rank": "rank", "p": "p_", "world": "world"}) \
+        == "strata::Mod(rank - p_, world)"
+
+
+def test_modulo_by_a_nonpositive_number_is_rejected():
+    s, = lower(RING.format(rank="(rank + p) % (world - 2)"))
+    d = first_error(s, [1])
+    assert d.code == Codes.BAD_WORLD and "-1: the right operand of % must be positive" in d.message
 
 
 def test_modulo_of_a_nonnegative_rank_is_accepted():

@@ -1,0 +1,52 @@
+"""The step-loop examples (ring AllReduce, ring ReduceScatter, recursive halving-doubling
+AllReduce, binomial-tree Broadcast) on the CPU build at worlds 3, 4 and 5 where they allow it:
+f32 and bf16, sum and max, one element and an uneven count, roots at both ends; results checked
+against torch by the runner. And a schedule's world constraint, refused at the call with the
+constraint and its source line."""
+
+from pathlib import Path
+
+import pytest
+
+from stratac import ir
+from stratac.lang.frontend import load_source, schedules
+from stratac.tools.run import runner
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+STEP_LOOPS = ["allreduce_ring", "reducescatter_ring", "allreduce_halving_doubling", "broadcast_tree"]
+
+
+def _supported(path: Path, world: int) -> bool:
+    return all(ir.unmet_requirement(s, world) is None for s in schedules(load_source(str(path))))
+
+
+def _run(path, world, cases):
+    spec = runner.RunSpec(file=str(path), world=world, cases=cases, iters=2, warmup=0, cores=4,
+                          timeout=120)
+    return runner.run(spec, echo=lambda line: None)
+
+
+@pytest.mark.parametrize("world", [3, 4, 5])
+def test_step_loop_examples_run_correctly(tmp_path, world):
+    files = [EXAMPLES / f"{name}.strata" for name in STEP_LOOPS]
+    keep = [p for p in files if _supported(p, world)]
+    assert len(keep) == (4 if world == 4 else 3)
+    path = tmp_path / "steps.strata"
+    path.write_text("\n".join(p.read_text() for p in keep))
+    cases = [runner.Case(dtype=d, count=count, op=op, root=root) for d in ("f32", "bf16")
+             for op in ("sum", "max") for count, root in ((1, world - 1), (4099, 0))]
+    out = _run(path, world, cases)
+    assert out.failures == []
+    assert len(out.results) == world * len(cases) * len(keep)
+    wrong = [(r["schedule"], r["rank"], r["dtype"], r["count"], r["op"], r["why"])
+             for r in out.results if not r["ok"]]
+    assert wrong == []
+    assert out.exit_code == 0
+
+
+def test_a_call_on_a_world_the_schedule_excludes_names_the_constraint():
+    out = _run(EXAMPLES / "allreduce_halving_doubling.strata", 3, [runner.Case("f32", count=8)])
+    assert out.exit_code != 0
+    text = "\n".join(map(str, out.failures))
+    assert "allreduce_halving_doubling does not support world 3: it requires world is pow2, " in text
+    assert "allreduce_halving_doubling.strata:9" in text
