@@ -6,10 +6,12 @@
     python tests/mutants.py --no-baseline   skip the run of the listed tests on the unmutated copy
 
 Each mutation is a small, plausible bug in the source: (name, file, exact old text, new text, the
-pytest node ids that must fail). For each one the tracked tree (`git ls-files`) is copied to a
-temporary directory, the one edit is applied there (never in the checkout), and the listed tests are
-run in that copy with PYTHONPATH and STRATAC_CACHE_DIR pointing into it, so that the copy's stratac,
-runtime/ and templates/ are the ones built and run (the editable install points at the checkout).
+pytest node ids that must fail), plus, where one bug spans files (a constant the device library and
+the host both hold), further (file, old text, new text) edits applied with it. For each one the
+tracked tree (`git ls-files`) is copied to a temporary directory, the mutation's edits are applied
+there (never in the checkout), and the listed tests are run in that copy with PYTHONPATH and
+STRATAC_CACHE_DIR pointing into it, so that the copy's stratac, runtime/ and templates/ are the ones
+built and run (the editable install points at the checkout).
 A mutation is "caught" when every listed test fails, "SURVIVED" otherwise (the tests that passed are
 named). The exit status is 1 if any mutation survived, 2 if the list itself is broken or the
 baseline fails.
@@ -48,11 +50,19 @@ class Mutation:
     new: str
     tests: tuple[str, ...]   # pytest node ids, every one of which must fail on the mutant
     why: str
+    # further edits of the same bug, each (file, exact old text, new text), applied with the first
+    # (a constant the device library and the host both hold changes in both)
+    more: tuple[tuple[str, str, str], ...] = ()
+
+    def edits(self) -> tuple[tuple[str, str, str], ...]:
+        return ((self.file, self.old, self.new),) + self.more
 
 
 CHECKS = "tests/e2e/test_checks_fail.py::"
 FACTORS = "tests/bench/test_factors.py::"
 BALANCE = "tests/e2e/test_balance.py::"
+READABLE = "tests/codegen/test_readable.py::"
+DEVICE = "runtime/device/strata_device.h"
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
@@ -122,6 +132,65 @@ MUTATIONS: tuple[Mutation, ...] = (
          "tests/e2e/test_sync_under_if.py::test_sync_under_if_runs_correctly[3-good_barriers_under_if.strata]",
          "tests/e2e/test_sync_under_if.py::test_sync_under_if_runs_correctly[2-good_ring_steps_under_if.strata]"),
         "the epoch pass leaves barriers under ifs at stamp 0: a barrier that waits for nobody"),
+    # issue 15's "Done when": five regressions of the real device library the CPU build must refuse
+    Mutation(
+        "mover-reduces-bf16-in-bf16", DEVICE,
+        "  static constexpr bool value = sizeof(T) == 2;   // half, bfloat16_t\n};\n",
+        "  static constexpr bool value = sizeof(T) == 2;   // half, bfloat16_t\n};\n"
+        "template <> struct IsWideAcc<bfloat16_t> {  // mutant: bfloat16_t reduced in bfloat16_t\n"
+        "  static constexpr bool value = false;\n};\n",
+        (READABLE + "test_kernels_compile_without_warnings",
+         BALANCE + "test_reductions_split_evenly[0-bf16-1001-allreduce_oneshot]",
+         BALANCE + "test_call_balance_is_the_ideal_one[bf16-1001]"),
+        "the Mover's bf16 reductions skip the float accumulator: Muls/Add/Max/Min on bfloat16_t, "
+        "which A2/A3 lack (a compile error of the model's dtype tables)"),
+    Mutation(
+        "sync-slots-unpadded", DEVICE,
+        "constexpr int64_t kSyncSlotBytes = 64;\n"
+        "constexpr int64_t kSyncSlotInts = kSyncSlotBytes / static_cast<int64_t>(sizeof(int32_t));\n"
+        "#ifdef STRATA_CPU_MODEL\n"
+        "static_assert(static_cast<uint64_t>(kSyncSlotBytes) == ::strata_cpu::kCacheLineBytes, "
+        "\"one sync slot per D-cache line\");\n#endif\n",
+        "constexpr int64_t kSyncSlotBytes = 4;  // mutant: packed 4-byte flags\n"
+        "constexpr int64_t kSyncSlotInts = kSyncSlotBytes / static_cast<int64_t>(sizeof(int32_t));\n",
+        ("tests/e2e/test_sync_under_if.py::test_sync_under_if_runs_correctly[2-good_barriers_under_if.strata]",
+         "tests/e2e/test_sync_under_if.py::test_sync_under_if_runs_correctly[3-good_ring_steps_under_if.strata]",
+         "tests/api/test_comm.py::test_scenario_process_group[interleaved]"),
+        "barrier and flag slots packed 4 bytes apart again, in the device library and the host's "
+        "sync-area size alike (the static_assert tying the slot to a D-cache line dropped): "
+        "signals share a 64-byte line",
+        more=(("stratac/codegen/abi.py", "SYNC_SLOT_BYTES = 64\n", "SYNC_SLOT_BYTES = 4  # mutant\n"),)),
+    Mutation(
+        "exscan-counts-scalar-gm", DEVICE,
+        "        Fetch(row_s, counts + s * experts + a, m);\n"
+        "        for (int64_t j = 0; j < m; ++j) {\n"
+        "          const int32_t n = row_s.GetValue(static_cast<uint32_t>(j));\n",
+        "        AscendC::GlobalTensor<int32_t> cs;  // mutant: counts read by scalar from GM, no flush\n"
+        "        cs.SetGlobalBuffer(counts + s * experts + a, m);\n"
+        "        for (int64_t j = 0; j < m; ++j) {\n"
+        "          const int32_t n = cs.GetValue(j);\n",
+        ("tests/api/test_comm.py::test_scenario_process_group[moe_interleaved]",
+         "tests/e2e/test_moe.py::test_every_moe_example_runs_correctly[2]"),
+        "the Router's Exscan reads the count table by scalar GetValue from GM (no DMA into UB, no "
+        "flush): the second dispatch with another routing reads the first one's counts from the "
+        "core's D-cache"),
+    Mutation(
+        "sdma-sqe-limit-past-depth", DEVICE,
+        "constexpr uint32_t kSdmaSqeLimit = 192;    // outstanding SQEs per core before a quiet\n",
+        "constexpr uint32_t kSdmaSqeLimit = 100000;  // mutant: past the queue depth\n",
+        ("tests/e2e/test_moe.py::test_place_on_sdma_quiets_within_the_queue_depth",
+         "tests/simulate/test_sdma.py::test_constants_match_the_kernel_and_the_cpu_model"),
+        "the Mover no longer quiets before its SDMA queue fills: a place on sdma posts one tiny SQE "
+        "per row, past the queue depth"),
+    Mutation(
+        "mover-store-cast-none", DEVICE,
+        "      AscendC::Cast(acc_, accBuf_.template Get<float>(), AscendC::RoundMode::CAST_RINT, m);\n",
+        "      AscendC::Cast(acc_, accBuf_.template Get<float>(), AscendC::RoundMode::CAST_NONE, m);  // mutant\n",
+        (READABLE + "test_kernels_compile_without_warnings",
+         BALANCE + "test_reductions_split_evenly[0-bf16-1001-allreduce_oneshot]",
+         BALANCE + "test_call_balance_is_the_ideal_one[bf16-1001]"),
+        "the Mover stores a 16-bit reduction with Cast(CAST_NONE): float -> bfloat16_t has no "
+        "CAST_NONE on A2/A3 (Cast.md)"),
 )
 
 
@@ -130,12 +199,16 @@ class ListError(Exception):
 
 
 def apply(m: Mutation, root: Path) -> None:
-    path = root / m.file
-    text = path.read_text()
-    n = text.count(m.old)
-    if n != 1:
-        raise ListError(f"{m.name}: the old text occurs {n} times in {m.file} (must be exactly once)")
-    path.write_text(text.replace(m.old, m.new))
+    """Every edit of m, each old text checked to occur exactly once before anything is written."""
+    texts = {}
+    for file, old, _new in m.edits():
+        text = texts.get(file) or (root / file).read_text()
+        n = text.count(old)
+        if n != 1:
+            raise ListError(f"{m.name}: the old text occurs {n} times in {file} (must be exactly once)")
+        texts[file] = text.replace(old, _new)
+    for file, text in texts.items():
+        (root / file).write_text(text)
 
 
 def tracked_files(root: Path = ROOT) -> list[str]:
@@ -240,9 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     # every mutation's text is checked before anything runs, so a stale entry fails fast
     try:
         for m in chosen:
-            n = (ROOT / m.file).read_text().count(m.old)
-            if n != 1:
-                raise ListError(f"{m.name}: the old text occurs {n} times in {m.file} (must be exactly once)")
+            for file, old, _new in m.edits():
+                n = (ROOT / file).read_text().count(old)
+                if n != 1:
+                    raise ListError(f"{m.name}: the old text occurs {n} times in {file} (must be exactly once)")
     except ListError as e:
         print(f"mutation list broken: {e}", file=sys.stderr)
         return 2

@@ -26,13 +26,15 @@ def test_names_are_unique_and_every_mutation_lists_tests():
     assert len(names) == len(set(names))
     for m in mutants.MUTATIONS:
         assert m.tests, m.name
-        assert m.old != m.new, m.name
+        for _file, old, new in m.edits():
+            assert old != new, m.name
 
 
 @pytest.mark.parametrize("m", mutants.MUTATIONS, ids=lambda m: m.name)
 def test_old_text_occurs_exactly_once(m):
-    text = (ROOT / m.file).read_text()
-    assert text.count(m.old) == 1, f"{m.name}: {m.file} has the old text {text.count(m.old)} times"
+    for file, old, _new in m.edits():
+        text = (ROOT / file).read_text()
+        assert text.count(old) == 1, f"{m.name}: {file} has the old text {text.count(old)} times"
 
 
 def test_apply_refuses_text_that_is_not_there(tmp_path):
@@ -59,3 +61,20 @@ def test_every_listed_node_id_is_collected():
     collected = {line.strip() for line in p.stdout.splitlines() if "::" in line}
     missing = [t for t in ids if t not in collected]
     assert not missing, f"listed in tests/mutants.py but not collected: {missing}\n{p.stdout[-2000:]}"
+
+
+def test_apply_makes_every_edit_of_a_mutation_or_none(tmp_path):
+    """A mutation of several files changes each of them; if one edit's text is missing nothing
+    is written (a half-applied mutant would test a bug nobody would write)."""
+    m = mutants.Mutation("two-files", "a.txt", "x = 1", "x = 2", ("t",), "why",
+                         more=(("b/c.txt", "y = 1", "y = 2"),))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a.txt").write_text("x = 1\n")
+    (tmp_path / "b" / "c.txt").write_text("y = 3\n")
+    with pytest.raises(mutants.ListError, match="0 times in b/c.txt"):
+        mutants.apply(m, tmp_path)
+    assert (tmp_path / "a.txt").read_text() == "x = 1\n"
+    (tmp_path / "b" / "c.txt").write_text("y = 1\n")
+    mutants.apply(m, tmp_path)
+    assert (tmp_path / "a.txt").read_text() == "x = 2\n"
+    assert (tmp_path / "b" / "c.txt").read_text() == "y = 2\n"

@@ -113,3 +113,29 @@ def test_every_moe_example_world_8(moe_examples):
     out = _run(moe_examples, 8, [CASES[1], CASES[4]])
     assert out.exit_code == 0, out.failures
     assert all(r["ok"] for r in out.results)
+
+
+def test_place_on_sdma_quiets_within_the_queue_depth():
+    """A place on SDMA (tests/e2e/moe_place_sdma.strata) posts one SQE per routed row: 400 tokens x
+    top-4 over 4 cores is about 400 rows per core at each of 2 ranks, more than the model's SDMA queue
+    depth (256 SQEs between quiets). The Mover quiets every kSdmaSqeLimit (192) SQEs, so the run is
+    right (checked against torch) and every row went by SDMA, one SQE each; with the limit raised
+    past the depth the model refuses the post (tests/mutants.py: sdma-sqe-limit-past-depth)."""
+    world, tokens, hidden, topk = 2, 400, 64, 4   # _run launches 4 cores
+    case = runner.Case("f32", tokens=tokens, hidden=hidden, topk=topk, routing="uniform")
+    out = _run(Path(__file__).resolve().parent / "moe_place_sdma.strata", world, [case])
+    assert out.failures == [] and out.exit_code == 0
+    assert [r["why"] for r in out.results if not r["ok"]] == []
+    from stratac.verify.routing import expert_ids
+    experts = 4 * world
+    seen = 0
+    for r in out.results:
+        if r["moe"]["phase"] != "dispatch":
+            continue
+        seen += 1
+        routed = int((expert_ids("uniform", r["rank"], tokens, topk, experts, 0) >= 0).sum())
+        ctr = r["counters"]
+        assert sum(c["sdma"] for c in ctr) == routed * hidden * 4
+        assert sum(c["sdma_posts"] for c in ctr) == sum(c["sdma_sqes"] for c in ctr) == routed
+        assert max(c["sdma_sqes"] for c in ctr) > 256   # past the depth without the quiets
+    assert seen == world
