@@ -255,19 +255,19 @@ schedule moe_decode_dispatch(x: sym T[tokens, hidden], ids: i32[tokens, topk], c
   sizes capacity, experts, hidden, tokens, topk
   scratch offs: i32[experts]
   flag ready[world] seq=1
-  stage 1 on aiv [routing]:  # line 18
-    counts[(rank * experts) +: experts] = histogram(ids)  # line 19
-    offs[0 +: experts] = slots(capacity)  # line 20
-  stage 2 on sdma [sdma-copy routing]:  # line 22
-    for p in peers:  # line 23
-      counts[(rank * experts) +: experts]@p = counts[(rank * experts) +: experts]  # line 23
-    win[0 +: ((experts * capacity) * hidden)] = place(x, ids, offs)  # line 24
-  for p in peers:  # line 26
-    signal ready[rank]@p  # line 26
+  stage 1 on aiv [routing]:  # line 19
+    counts[(rank * experts) +: experts] = histogram(ids)  # line 20
+    offs[0 +: experts] = slots(capacity)  # line 21
+  stage 2 on aiv [aiv-copy routing]:  # line 23
+    for p in peers:  # line 24
+      counts[(rank * experts) +: experts]@p = counts[(rank * experts) +: experts]  # line 24
+    win[0 +: ((experts * capacity) * hidden)] = place(x, ids, offs)  # line 25
   for p in peers:  # line 27
-    wait ready[p]  # line 27
+    signal ready[rank]@p  # line 27
+  for p in peers:  # line 28
+    wait ready[p]  # line 28
   # 1 flag stamps per call
-  # UB per core: 0 copy + 0 reduce tiles x 0 B + 256 B scratch + 40960 B routing = 41216 B; 40 cores (Ascend910B3)
+  # UB per core: 2 copy + 0 reduce tiles x 77696 B + 256 B scratch + 40960 B routing = 196608 B; 40 cores (Ascend910B3)
 """
 
 
