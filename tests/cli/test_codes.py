@@ -14,12 +14,12 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from old_passes import epoch_pass_before_ifs
 
-from stratac import cli, ir
+from stratac import cli
 from stratac.diagnostics import Codes
 from stratac.ir import passes
 
@@ -88,16 +88,8 @@ def test_check_reports_the_code_on_the_marked_line(code, capsys):
 def test_sync_stamp_from_a_broken_pass_through_compile(tmp_path, monkeypatch, capsys):
     """`stratac compile` with the epoch pass of old (barriers under ifs left at stamp 0): the source
     verifies, the IR after the passes does not, E0307 names the barrier and nothing is written."""
-    def top_level_only(s: ir.Schedule) -> ir.Schedule:
-        seq, body = 0, []
-        for op in s.body:
-            if isinstance(op, ir.Barrier):
-                seq += 1
-                op = replace(op, seq=ir.Const(seq))
-            body.append(op)
-        return replace(s, body=tuple(body), sync_ops=seq)
 
-    monkeypatch.setattr(passes, "flag_epochs", top_level_only)
+    monkeypatch.setattr(passes, "flag_epochs", epoch_pass_before_ifs)
     src = VERIFY / "good_barriers_under_if.strata"
     rc = cli.main(["compile", str(src), "-o", str(tmp_path / "out"), "--world", "2"])
     err = capsys.readouterr().err

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from old_passes import epoch_pass_before_ifs
 
-from stratac import ir
 from stratac.codegen import pipeline
 from stratac.diagnostics import Codes, Source, StrataError
 from stratac.ir import passes
@@ -41,17 +40,9 @@ def test_barriers_under_ifs_get_the_stamps_of_the_barriers_passed_before():
 def test_a_pass_that_breaks_a_stamp_is_caught_before_code_generation(monkeypatch):
     """Today's bug, had the pipeline re-verified: the old epoch pass left barriers under ifs at stamp
     0. The source verifies; the IR after the passes does not, and the diagnostic says whose bug."""
-    def top_level_only(s: ir.Schedule) -> ir.Schedule:
-        seq, body = 0, []
-        for op in s.body:
-            if isinstance(op, ir.Barrier):
-                seq += 1
-                op = replace(op, seq=ir.Const(seq))
-            body.append(op)
-        return replace(s, body=tuple(body), sync_ops=seq)
 
     generated = []
-    monkeypatch.setattr(passes, "flag_epochs", top_level_only)
+    monkeypatch.setattr(passes, "flag_epochs", epoch_pass_before_ifs)
     monkeypatch.setattr(pipeline, "generate", generated.append)
     with pytest.raises(StrataError) as exc:
         pipeline.compile_schedules(frontend.load_source(CORPUS / "good_barriers_under_if.strata"),

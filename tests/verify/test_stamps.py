@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from old_passes import epoch_pass_before_ifs
 
 from stratac import ir, verify
 from stratac.diagnostics import Codes
@@ -46,22 +47,6 @@ def restamp(s: ir.Schedule, *stamps: int) -> ir.Schedule:
     return replace(s, body=walk(s.body))
 
 
-def todays_epoch_pass(s: ir.Schedule) -> ir.Schedule:
-    """The epoch pass before barriers under ifs were stamped: top-level barriers only, so a barrier
-    under an if kept stamp 0 (the kernel's `epoch_ + 0`)."""
-    seq, body = 0, []
-    for op in s.body:
-        if isinstance(op, ir.Barrier):
-            seq += 1
-            op = replace(op, seq=ir.Const(seq))
-        body.append(op)
-    flags = []
-    for f in s.flags:
-        seq += 1
-        flags.append(replace(f, seq=seq))
-    return replace(s, body=tuple(body), flags=tuple(flags), sync_ops=seq)
-
-
 def first_error(results):
     bad = [r for r in results if not r.ok]
     return bad[0].diagnostics[0] if bad else None
@@ -84,7 +69,7 @@ def test_todays_bug_is_caught_by_verifying_the_lowered_ir(monkeypatch):
     pass stamped them 1, 0, 2: the kernel's second barrier passed on the first one's announcements,
     and broadcasts came out wrong (they run right now: tests/e2e/test_sync_under_if.py)."""
     s = schedule("bcast_true_everywhere")
-    monkeypatch.setattr(passes, "flag_epochs", todays_epoch_pass)
+    monkeypatch.setattr(passes, "flag_epochs", epoch_pass_before_ifs)
     bug = passes.pipeline(s, passes.Options())
     for d in (first_error(verify.verify_worlds(bug, WORLDS)),
               first_error(verify.verify_lowered(bug, s, WORLDS))):
