@@ -112,7 +112,8 @@ def cmd_run(args) -> int:
     case = runner.Case(dtype=args.dtype, count=args.count,
                        size=args.size if args.size is not None else (None if args.count else 1 << 20),
                        op=args.op, root=args.root, tokens=args.tokens, hidden=args.hidden,
-                       topk=args.topk, experts=args.experts, routing=args.routing)
+                       topk=args.topk, experts=args.experts, routing=args.routing,
+                       max_recv=args.max_recv)
     spec = runner.RunSpec(file=args.file, world=args.world, cases=[case], iters=args.iters,
                           timeout=args.timeout, check=args.check, seed=args.seed, soc=args.soc,
                           cores=args.cores, target=args.target)
@@ -146,7 +147,8 @@ def cmd_bench(args) -> int:
                                    cores=args.cores, peers=peers, timeout=args.timeout, seed=args.seed,
                                    soc=args.soc, progress=progress, trace=args.trace,
                                    tokens=args.tokens, hidden=args.hidden, topk=args.topk,
-                                   experts=args.experts, routings=args.routing)
+                                   experts=args.experts, routings=args.routing,
+                                   max_recv=args.max_recv)
         res = sweep.run(spec, echo=echo)
         for line in report.table(res):
             print(line)
@@ -218,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     moe.add_argument("--topk", type=options.positive_int, help="experts per token (default 4)")
     moe.add_argument("--experts", type=options.positive_int, help="experts in all, a multiple of --world "
                      "(default 4 per rank)")
+    moe.add_argument("--max-recv", type=options.positive_int, help="rows per rank of a bounded "
+                     "window (a schedule whose window's rows are a size of their own, e.g. "
+                     "examples/moe_prefill_bounded.strata; default world x tokens x topk, any routing); "
+                     "a routing past it is reported on every rank")
     moe.add_argument("--routing", choices=list(ROUTINGS), default="uniform",
                      help="; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()))
     r.add_argument("--iters", type=options.positive_int, default=5)
@@ -261,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     bm.add_argument("--topk", type=options.positive_int, help="experts per token (default 4)")
     bm.add_argument("--experts", type=options.positive_int, help="experts in all, a multiple of --world "
                     "(default 4 per rank)")
+    bm.add_argument("--max-recv", type=options.positive_int, help="rows per rank of a bounded window "
+                    "(default world x tokens x topk)")
     bm.add_argument("--routing", type=options.routing_list, metavar="ROUTINGS",
                     help="a routing, a comma list, or all (default uniform): "
                     + "; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()))

@@ -62,12 +62,12 @@ class Alltoallv {
     strata::Barrier(sync_, epoch_ + 2);
     {  // strata:19 stage 3 on aiv
       STRATA_LINE(19);  // strata:19
-      rt_.Exscan(offs_, counts_, world, rank, world);
+      rt_.Exscan(offs_, counts_, world, rank, world, world * rows_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     {  // strata:20 stage 4 on aiv
       STRATA_LINE(20);  // strata:20
-      rt_.Place(mv_, strata::Via::kAiv, out_, world * rows_, x_, dest_, offs_, rows_, 1, hidden_, world, rank, world, kSdmaThreshold);
+      rt_.Place(mv_, strata::Via::kAiv, out_, world * rows_, x_, dest_, offs_, rows_, 1, hidden_, world, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(21);  // strata:21

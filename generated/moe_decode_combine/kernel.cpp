@@ -55,7 +55,7 @@ class MoeDecodeCombine {
     AscendC::SyncAll<true>();
     {  // strata:40 stage 2 on aiv
       STRATA_LINE(40);  // strata:40
-      rt_.Gather(y_, win_, experts_ * capacity_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world);
+      rt_.Gather(y_, win_, experts_ * capacity_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world, nullptr);
       strata::EndStage(mv_);
     }
     STRATA_LINE(41);  // strata:41

@@ -64,12 +64,12 @@ class MoePrefillDispatch {
     strata::Barrier(sync_, epoch_ + 2);
     {  // strata:26 stage 3 on aiv
       STRATA_LINE(26);  // strata:26
-      rt_.Exscan(offs_, counts_, experts_, rank, world);
+      rt_.Exscan(offs_, counts_, experts_, rank, world, world * tokens_ * topk_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     {  // strata:27 stage 4 on aiv
       STRATA_LINE(27);  // strata:27
-      rt_.Place(mv_, strata::Via::kAiv, win_, world * tokens_ * topk_, x_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold);
+      rt_.Place(mv_, strata::Via::kAiv, win_, world * tokens_ * topk_, x_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(28);  // strata:28

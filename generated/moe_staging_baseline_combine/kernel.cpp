@@ -36,14 +36,14 @@ class MoeStagingBaselineCombine {
   __aicore__ inline void Process() {
     {  // strata:37 stage 1 on aiv
       STRATA_LINE(37);  // strata:37
-      rt_.Exscan(offs_, counts_, experts_, rank, world);
+      rt_.Exscan(offs_, counts_, experts_, rank, world, world * tokens_ * topk_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(38);  // strata:38
     strata::Barrier(sync_, epoch_ + 1);
     {  // strata:39 stage 2 on aiv
       STRATA_LINE(39);  // strata:39
-      rt_.Gather(y_, win_, world * tokens_ * topk_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world);
+      rt_.Gather(y_, win_, world * tokens_ * topk_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(40);  // strata:40

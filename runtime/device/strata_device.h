@@ -47,6 +47,16 @@ constexpr int64_t kSyncSlotInts = kSyncSlotBytes / static_cast<int64_t>(sizeof(i
 #ifdef STRATA_CPU_MODEL
 static_assert(static_cast<uint64_t>(kSyncSlotBytes) == ::strata_cpu::kCacheLineBytes, "one sync slot per D-cache line");
 #endif
+// After the barrier slots and the SYNC_SLOTS flag slots: the rank's status line (stratac/codegen/abi.py
+// STATUS_*), written only by DMA from UB by one core of the rank and read by the host after the call.
+// Packed MoE: [0] 1 when some owner would receive more rows than its window holds (nothing was
+// placed or gathered), [1] the owner with the most rows, [2] its rows, [3] the window's rows,
+// [4] how many owners are over; the rest 0.
+constexpr int64_t kSyncSlots = 4096;
+constexpr int64_t kStatusInts = kSyncSlotInts;
+__aicore__ inline __gm__ int32_t* StatusLine(__gm__ int32_t* sync, int64_t world) {
+  return sync + (world + kSyncSlots) * kSyncSlotInts;
+}
 
 __aicore__ inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 __aicore__ inline int64_t Max(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -383,10 +393,15 @@ class Router {
   // counts is world x experts, row s = rank s's histogram. The owners are independent, so the
   // cores split them; a core loads its owners' columns of every row into UB in chunks, sums them
   // there and writes its owners' offsets (a contiguous range of dst) with one DMA per chunk.
+  // Also the bound: core 0 sums every owner's rows (the whole table) and writes the status line
+  // (StatusLine): over when an owner would receive more than `rows` (its window's rows). Every rank
+  // holds the same table, so every rank reaches the same verdict with no extra exchange; Place and
+  // Gather read the line after the stage's SyncAll and do nothing when it is set.
   __aicore__ inline void Exscan(__gm__ int32_t* dst, __gm__ int32_t* counts, int64_t experts,
-                                int64_t rank, int64_t world) {
+                                int64_t rank, int64_t world, int64_t rows, __gm__ int32_t* status) {
     const int64_t core = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
     const int64_t local = experts / world;
+    if (core == 0) Bound(counts, experts, world, rows, status);
     const int64_t lo = world * core / cores * local, hi = world * (core + 1) / cores * local;
     if (lo >= hi) return;
     Counters(experts);   // the experts bound
@@ -435,7 +450,8 @@ class Router {
   __aicore__ inline void Place(Mover<T>& mv, Via via, __gm__ T* win, int64_t rows, __gm__ T* x,
                                __gm__ int32_t* ids, __gm__ int32_t* offs, int64_t tokens, int64_t topk,
                                int64_t hidden, int64_t experts, int64_t rank, int64_t world,
-                               int64_t sdmaThreshold) {
+                               int64_t sdmaThreshold, __gm__ int32_t* status) {
+    if (Over(status)) return;   // some owner's window is too small: nothing is placed, on any rank
     const int64_t n = tokens * topk, local = experts / world;
     AscendC::LocalTensor<int32_t> ib = Ids();
     int64_t routed = 0;
@@ -476,7 +492,9 @@ class Router {
   // The cores split the tokens evenly; ids and weights come into UB in chunks of whole tokens.
   __aicore__ inline void Gather(__gm__ T* y, __gm__ T* win, int64_t rows, __gm__ int32_t* ids,
                                 __gm__ float* weights, __gm__ int32_t* offs, int64_t tokens,
-                                int64_t topk, int64_t hidden, int64_t experts, int64_t world) {
+                                int64_t topk, int64_t hidden, int64_t experts, int64_t world,
+                                __gm__ int32_t* status) {
+    if (Over(status)) return;   // the windows were not filled: nothing is gathered, on any rank
     const int64_t local = experts / world;
     const int64_t c = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
     const int64_t first = tokens * c / cores, last = tokens * (c + 1) / cores;
@@ -565,6 +583,53 @@ class Router {
       StoreTile(dst, out, len);
       outQ_.FreeTensor(out);
     }
+  }
+
+  // The bound of a packed window (see Exscan): per-owner totals of the world x experts table in
+  // UB (meta_ past the exscan's 2 * kRouteChunk), the owner with the most rows, the status line out.
+  __aicore__ inline void Bound(__gm__ int32_t* counts, int64_t experts, int64_t world, int64_t rows,
+                               __gm__ int32_t* status) {
+    if (status == nullptr) return;
+    if (world > kMaxExperts - 2 * kRouteChunk - kStatusInts) Fault("exscan: more owners than the bound's counters hold");
+    const int64_t local = experts / world;
+    AscendC::LocalTensor<int32_t> meta = meta_.template Get<int32_t>();
+    AscendC::LocalTensor<int32_t> line = meta[2 * kRouteChunk];                 // the status line
+    AscendC::LocalTensor<int32_t> tot = meta[2 * kRouteChunk + kStatusInts];    // rows per owner
+    AscendC::LocalTensor<int32_t> row_s = Ids();
+    AscendC::Duplicate(line, 0, static_cast<int32_t>(kStatusInts + world));
+    AscendC::PipeBarrier<PIPE_ALL>();
+    for (int64_t s = 0; s < world; ++s) {
+      for (int64_t a = 0; a < experts; a += kRouteChunk) {
+        const int64_t m = Min(kRouteChunk, experts - a);
+        Fetch(row_s, counts + s * experts + a, m);
+        for (int64_t j = 0; j < m; ++j) {
+          const uint32_t o = static_cast<uint32_t>((a + j) / local);
+          tot.SetValue(o, tot.GetValue(o) + row_s.GetValue(static_cast<uint32_t>(j)));
+        }
+      }
+    }
+    int64_t worst = 0, most = -1, over = 0;
+    for (int64_t o = 0; o < world; ++o) {
+      const int64_t n = tot.GetValue(static_cast<uint32_t>(o));
+      if (n > rows) ++over;
+      if (n > most) { most = n; worst = o; }
+    }
+    if (over > 0) {
+      line.SetValue(0, 1);
+      line.SetValue(1, static_cast<int32_t>(worst));
+      line.SetValue(2, static_cast<int32_t>(most));
+      line.SetValue(3, static_cast<int32_t>(rows));
+      line.SetValue(4, static_cast<int32_t>(over));
+    }
+    Emit(status, line, kStatusInts);
+  }
+
+  // Whether the status line says the bound was exceeded (read by DMA: another core wrote it).
+  __aicore__ inline bool Over(__gm__ int32_t* status) {
+    if (status == nullptr) return false;
+    AscendC::LocalTensor<int32_t> line = Ids();
+    Fetch(line, status, kStatusInts);
+    return line.GetValue(0) != 0;
   }
 
   __aicore__ inline AscendC::LocalTensor<int32_t> Counters(int64_t experts) {

@@ -30,8 +30,23 @@ SYNC_SLOT_BYTES = 64
 SYNC_SLOTS = 4096
 
 
+# After the flag slots, one more line: the rank's status line (strata::StatusLine), 16 int32
+# written by DMA from one core of the rank and read by the host after a call. A packed MoE call
+# (exscan) leaves there: [STATUS_OVER] 1 when some owner would receive more rows than its window
+# holds (then nothing was placed or gathered, on any rank), [STATUS_OWNER] the owner with the most
+# rows, [STATUS_ROWS] its rows, [STATUS_BOUND] the window's rows, [STATUS_OWNERS_OVER] how many
+# owners are over.
+STATUS_OVER, STATUS_OWNER, STATUS_ROWS, STATUS_BOUND, STATUS_OWNERS_OVER = range(5)
+
+
 def sync_area_bytes(world: int) -> int:
-    """Bytes of a communicator's sync area: (world + 4096) * 64, 256 KiB + 64 B per rank."""
+    """Bytes of a communicator's sync area: (world + 4096 + 1) * 64, 256 KiB + 64 B per rank + the
+    status line."""
+    return (world + SYNC_SLOTS + 1) * SYNC_SLOT_BYTES
+
+
+def status_offset(world: int) -> int:
+    """Byte offset of the status line in the sync area."""
     return (world + SYNC_SLOTS) * SYNC_SLOT_BYTES
 
 

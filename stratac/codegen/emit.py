@@ -159,7 +159,10 @@ def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule) -> dict:
     if op.kind is K.HISTOGRAM:
         call = f"rt_.Histogram({dst}, {_cname(role['ids'])}, {c(s.param(role['ids']).size)}, {n})"
     elif op.kind is K.EXSCAN:
-        call = f"rt_.Exscan({dst}, {_cname(role['counts'])}, {n}, rank, world)"
+        win = _window_of(s, op.dst.buffer)
+        rows = c(s.param(win).dims[0]) if win else "(int64_t{1} << 40)"
+        call = (f"rt_.Exscan({dst}, {_cname(role['counts'])}, {n}, rank, world, {rows}, "
+                "strata::StatusLine(sync_, world))")
     elif op.kind is K.SLOTS:
         call = f"rt_.Slots({dst}, {n}, {c(op.capacity)}, rank, world)"
     else:
@@ -168,16 +171,39 @@ def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule) -> dict:
         win = s.param(op.dst.buffer if op.kind is K.PLACE else role["win"])
         rows, hidden = (c(d) for d in win.dims)
         experts = c(s.param(role["offs"]).size)
+        # offsets from an exscan come with the bound's status line (Exscan): skip when it is set
+        status = "strata::StatusLine(sync_, world)" if _exscanned(s, role["offs"]) else "nullptr"
         if op.kind is K.PLACE:
             via = {ir.Engine.AIV: "kAiv", ir.Engine.SDMA: "kSdma", ir.Engine.AUTO: "kAuto"}[engine]
             call = (f"rt_.Place(mv_, strata::Via::{via}, {_cname(win.name)}, {rows}, "
                     f"{_cname(role['x'])}, {_cname(ids.name)}, {_cname(role['offs'])}, {tokens}, "
-                    f"{topk}, {hidden}, {experts}, rank, world, kSdmaThreshold)")
+                    f"{topk}, {hidden}, {experts}, rank, world, kSdmaThreshold, {status})")
         else:
             call = (f"rt_.Gather({_cname(op.dst.buffer)}, {_cname(win.name)}, {rows}, {_cname(ids.name)}, "
                     f"{_cname(role['weights'])}, {_cname(role['offs'])}, {tokens}, {topk}, {hidden}, "
-                    f"{experts}, world)")
+                    f"{experts}, world, {status})")
     return {"kind": "route", "line": op.span.line, "call": call}
+
+
+def _routes(nodes):
+    for op in nodes:
+        if isinstance(op, ir.Route):
+            yield op
+        for part in ("body", "then", "orelse"):
+            yield from _routes(getattr(op, part, ()))
+
+
+def _window_of(s: ir.Schedule, offs: str) -> str | None:
+    """The window the place or gather reading these offsets fills or reads (its rows bound them)."""
+    for op in _routes(s.body):
+        role = dict(zip(ir.ROUTE_OPERANDS[op.kind], op.operands))
+        if role.get("offs") == offs and op.kind in (ir.RouteKind.PLACE, ir.RouteKind.GATHER):
+            return op.dst.buffer if op.kind is ir.RouteKind.PLACE else role["win"]
+    return None
+
+
+def _exscanned(s: ir.Schedule, offs: str) -> bool:
+    return any(op.kind is ir.RouteKind.EXSCAN and op.dst.buffer == offs for op in _routes(s.body))
 
 
 def _red(op: ir.Op) -> str:

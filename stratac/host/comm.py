@@ -226,6 +226,11 @@ class Communicator:
             raise StrataUsageError(f"{what} must be contiguous")
         return off
 
+    def status_line(self) -> list[int]:
+        """The 16 int32 of this rank's status line (abi.status_offset), as the last call left them."""
+        off = self._sync + abi.status_offset(self.world)
+        return self._heap[off:off + abi.SYNC_SLOT_BYTES].view(torch.int32).tolist()
+
     @property
     def heap_used(self) -> int:
         return int(self._lib.strata_cpu_heap_used())

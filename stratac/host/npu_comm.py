@@ -282,6 +282,13 @@ class NpuCommunicator:
         self._allocs[ptr] = n
         return ptr
 
+    def status_line(self) -> list[int]:
+        """The 16 int32 of this rank's status line (abi.status_offset) after the calls queued so
+        far: copying it to the host waits for the stream."""
+        import torch
+        return self._wrap(self._sync + abi.status_offset(self.world), (abi.SYNC_SLOT_BYTES // 4,),
+                          torch.int32).cpu().tolist()
+
     def _wrap(self, ptr: int, shape: tuple[int, ...], dtype):
         """A torch_npu tensor over SHMEM memory. torch_npu has no public constructor from a device
         pointer; this is the pair of its private constructors that SHMEM's own Python package
@@ -523,5 +530,6 @@ def npu_schedule_class():
             if rc != 0:
                 raise StrataRuntimeError(f"{self.name}: launching the {dtype.short} kernel on rank "
                                          f"{self.comm.rank} failed (the launcher returned {rc})")
+            self.check_status()   # a packed MoE call: waits for the stream to read its bound's verdict
 
     return NpuSchedule

@@ -97,6 +97,24 @@ def check_world_constraints(s: ir.Schedule, world: int) -> None:
         raise StrataUsageError(f"{s.name} does not support world {world}: it {unmet}")
 
 
+def _routes(nodes):
+    for op in nodes:
+        if isinstance(op, ir.Route):
+            yield op
+        for part in ("body", "then", "orelse"):
+            yield from _routes(getattr(op, part, ()))
+
+
+def _bounded_window(s: ir.Schedule) -> str | None:
+    """The window whose rows an exscan's offsets index (the bound the status line reports)."""
+    offs = {op.dst.buffer for op in _routes(s.body) if op.kind is ir.RouteKind.EXSCAN}
+    for op in _routes(s.body):
+        role = dict(zip(ir.ROUTE_OPERANDS[op.kind], op.operands))
+        if role.get("offs") in offs and op.kind in (ir.RouteKind.PLACE, ir.RouteKind.GATHER):
+            return op.dst.buffer if op.kind is ir.RouteKind.PLACE else role["win"]
+    return None
+
+
 class Schedule:
     """A compiled schedule bound to a communicator: call it with heap tensors (and, if the schedule
     has them, `op=` a reduction and rank parameters such as `root=` as keywords)."""
@@ -115,6 +133,9 @@ class Schedule:
         self._scratch: dict[str, torch.Tensor] = {}
         self._instances: dict[tuple, str | None] = {}   # instance -> None (proven) or the refusal
         self.cores = s.kernel.cores
+        # a packed routing (exscan) checks its window's bound on the device (abi.STATUS_*)
+        self._window = _bounded_window(s)
+        self._bounded = any(op.kind is ir.RouteKind.EXSCAN for op in _routes(s.body))
         # the SoC the kernel was lowered for, and its vector (AIV) core count: a launch may not use
         # more blocks (SyncAll hangs on the NPU when numBlocks exceeds the physical AIV count)
         self.soc = s.kernel.soc
@@ -357,3 +378,26 @@ class Schedule:
         if rc != 0:
             raise StrataRuntimeError(f"{self.name} failed on rank {self.comm.rank}: "
                                      f"{last_error(self.comm._lib, self.comm._ffi)}")
+        self.check_status()
+
+    def check_status(self) -> None:
+        """After a packed MoE call (one with an exscan): the status line the kernel left says whether
+        some owner would have received more rows than its window holds; then nothing was placed or
+        gathered on any rank, and every rank raises the same error."""
+        if not self._bounded:
+            return
+        line = self.comm.status_line()
+        if line[abi.STATUS_OVER] == 0:
+            return
+        owner, rows, bound, over = (line[abi.STATUS_OWNER], line[abi.STATUS_ROWS],
+                                    line[abi.STATUS_BOUND], line[abi.STATUS_OWNERS_OVER])
+        win = self._window
+        sym = self.ir.param(win).dims[0] if win else None
+        what = "placed" if self.ir.contract.kind.dispatch or self.ir.contract.kind is ir.ContractKind.ALLTOALLV \
+            else "gathered"
+        raise StrataRuntimeError(
+            f"{self.name} on rank {self.comm.rank}: the routing sends {rows} rows to rank {owner}, more than "
+            f"the {bound} rows of its window {win} ({sym} = {bound})"
+            + (f"; {over} ranks are over the bound" if over > 1 else "")
+            + f". Nothing was {what} on any rank (every rank reports this); raise {sym} to at least {rows}"
+            + (" or route fewer tokens to that rank" if self.ir.contract.kind.moe else ""))

@@ -143,7 +143,33 @@ def _moe_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
     matrix = np.stack([np.bincount(i[(i >= 0) & (i < E)], minlength=E)[:E] for i in ids]).reshape(-1)
     expected: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}   # values, mask of checked
     describe: dict[str, str] = {}
-    if c.kind.dispatch:
+    # the bound of a packed window: when some owner would receive more rows than the window holds,
+    # every rank reports it (the owner with the most rows, its rows, the window's rows, how many
+    # owners are over) and nothing is placed or gathered: the window (dispatch) or the output
+    # (combine) keeps its input value
+    win_name = c.outputs[0] if c.kind.dispatch else c.inputs[0]
+    bound = inst.buffer_shapes[win_name][0]
+    L = E // W
+    recv = matrix.reshape(W, W, L).sum(axis=(0, 2))
+    report = None
+    if cap is None and (recv > bound).any():
+        worst = int(np.argmax(recv))
+        report = (worst, int(recv[worst]), bound, int((recv > bound).sum()))
+    for r in range(W):
+        got = sorted({v for (rr, _), v in vals.overflow.items() if rr == r})
+        if got != ([report] if report else []):
+            want = (f"report that rank {report[0]} would receive {report[1]} rows, more than the "
+                    f"{bound} rows of {win_name}" if report else
+                    f"report no overflow (every rank receives at most {bound} rows, the rows of {win_name})")
+            return [error(Codes.CONTRACT, f"the schedule does not implement {c} ({context(inst)}): rank {r} "
+                          f"should {want}, but it reports {got or 'none'}", c.span)]
+    if report and c.kind.dispatch:
+        for r in range(W):
+            expected[(r, c.outputs[1])] = (matrix.astype(np.uint64), np.ones(matrix.size, dtype=bool))
+        describe[c.outputs[1]] = f"the number of entries of {ids_name} on rank i // experts equal to i % experts"
+    elif report:
+        pass   # nothing gathered: every buffer keeps its input value
+    elif c.kind.dispatch:
         x, win = c.inputs[0], c.outputs[0]
         H = inst.buffer_shapes[x][1]
         want = {r: vals.init[(r, win)].copy() for r in range(W)}

@@ -70,6 +70,10 @@ class Values:
                 v = self.init[(r, b)]
                 self.cur[(r, b)] = v.copy() if (r, b) in self.init else v   # a kept array is shared
         self.faults: list[Diagnostic] = []   # routing that went outside its window
+        # (rank, offsets) -> (owner with the most rows, its rows, the window's rows, owners over):
+        # the exscan that computed those offsets found a window too small (the bound's status line);
+        # place and gather with those offsets then do nothing
+        self.overflow: dict[tuple[int, str], tuple[int, int, int, int]] = {}
         self.serial = 1 << 40                # access instances of expanded routing constructs
 
     def execute(self, ev: Event) -> None:
@@ -139,11 +143,20 @@ class Values:
                     o, l = divmod(e, L)
                     offs[e] = m[:, o * L:o * L + l].sum() + m[:r, e].sum()
             out[lo:hi] = offs.astype(np.uint64)
+            bound = _window_rows(self.inst, dbuf)
+            if bound is not None:
+                per_owner = m.reshape(W, W, L).sum(axis=(0, 2))
+                if (per_owner > bound).any():
+                    worst = int(np.argmax(per_owner))
+                    self.overflow[(r, dbuf)] = (worst, int(per_owner[worst]), bound,
+                                                int((per_owner > bound).sum()))
             return
         if ri.kind is K.SLOTS:
             e = np.arange(E, dtype=np.int64)
             out[lo:hi] = (((e % L) * W + r) * ri.capacity).astype(np.uint64)
             return
+        if (r, b["offs"]) in self.overflow:
+            return   # the bound was exceeded: nothing is placed or gathered
         ids = self._ints(r, b["ids"]).reshape(ri.tokens, ri.topk)
         offs = self._ints(r, b["offs"])
         H, seen = ri.hidden, np.zeros(E, dtype=np.int64)
@@ -181,3 +194,20 @@ class Values:
         else:
             self._rows(ri, ev, used, win, False)
             out[lo:hi] = rows_out.reshape(-1)
+
+
+def _window_rows(inst: Instance, offs: str) -> int | None:
+    """The rows of the window that the place or gather using these offsets fills or reads: the
+    bound its exscan checks (None without one)."""
+    def routes(nodes):
+        for op in nodes:
+            if isinstance(op, ir.Route):
+                yield op
+            for part in ("body", "then", "orelse"):
+                yield from routes(getattr(op, part, ()))
+    for op in routes(inst.schedule.body):
+        role = dict(zip(ir.ROUTE_OPERANDS[op.kind], op.operands))
+        if role.get("offs") == offs and op.kind in (ir.RouteKind.PLACE, ir.RouteKind.GATHER):
+            win = op.dst.buffer if op.kind is ir.RouteKind.PLACE else role["win"]
+            return inst.buffer_shapes[win][0]
+    return None

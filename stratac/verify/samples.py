@@ -49,6 +49,9 @@ MOE_HIDDEN = 3
 # (tokens, routing) of the base MoE samples, in order (the first is kept even over budget)
 MOE_SAMPLES = ((1, "uniform"), (5, "uniform"), (5, "single"), (5, "empty"), (5, "sparse"),
                (CORE_TOKENS, "uniform"))
+# (tokens, routing) under which a packed window's bound (its own size symbol) is checked at exactly
+# what the routing needs and one row less
+MOE_BOUND_SAMPLES = ((5, "skewed"), (5, "uniform"))
 
 # a condition that is not linear in the symbol is scanned from 0 up to 2 (M + 1)^2 (M: the largest
 # magnitude of its parts that do not involve the symbol), at most this far
@@ -78,6 +81,11 @@ def moe_roles(s: ir.Schedule) -> dict[str, str]:
                 roles.setdefault(role, d.name)
     if c.capacity:
         roles["capacity"] = c.capacity
+    # a packed window's row count, when it is a size of its own: the bound on the rows a rank
+    # receives (the kernel reports a routing over it and places nothing)
+    win = s.param(c.outputs[0] if dispatch else c.inputs[0])
+    if not c.capacity and win.dims and isinstance(win.dims[0], ir.Var) and win.dims[0].name not in roles.values():
+        roles["bound"] = win.dims[0].name
     return roles
 
 
@@ -280,6 +288,14 @@ def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
     role_of = {sym: role for role, sym in roles.items()}
     samples = [_moe_sample(s, world, role_of, routing, tokens=t) for t, routing in MOE_SAMPLES]
     mid = samples[1]
+    if "bound" in roles:
+        # the bound exactly what the routing needs (within it) and one row less (over it: reported,
+        # nothing placed), under a skewed and a uniform routing
+        for t, routing in MOE_BOUND_SAMPLES:
+            need = _received(s, world, _moe_sample(s, world, role_of, routing, tokens=t), routing)
+            for v in (need, need - 1):
+                if v >= 0:
+                    samples.append(_moe_sample(s, world, role_of, routing, tokens=t, bound=v))
     experts = moe_experts(world)
     for cond in conditions(s):
         for sym in [x for x in s.sizes if x in cond.names()]:
@@ -297,6 +313,8 @@ def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
                         if e >= max(world, MOE_TOPK):
                             samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5,
                                                        experts=e))
+                elif role == "bound" and v >= 0:
+                    samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, bound=v))
                 elif role == "capacity":
                     # a capacity below what the routing needs is refused at the call
                     if v >= _need(s, world, mid, "uniform"):
@@ -323,13 +341,14 @@ def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
 
 def _moe_sample(s: ir.Schedule, world: int, role_of: dict[str, str], routing: str, tokens: int,
                 topk: int = MOE_TOPK, hidden: int = MOE_HIDDEN, experts: int | None = None,
-                capacity: int | None = None) -> Sample:
+                capacity: int | None = None, bound: int | None = None) -> Sample:
     """One MoE sample. The capacity, unless given: the least that holds the routing (the most
     entries one rank sends one expert) when that is below the token count, else tokens + 2, so
     that it never equals the token count and lies on either side of it."""
     value = {"tokens": tokens, "topk": topk, "hidden": hidden,
              "experts": experts or moe_experts(world),
-             "capacity": tokens + 2 if capacity is None else capacity}
+             "capacity": tokens + 2 if capacity is None else capacity,
+             "bound": world * tokens * topk if bound is None else bound}
     sample = Sample({sym: value.get(role_of.get(sym, ""), world * tokens * topk) for sym in s.sizes})
     sample.routing = routing
     if capacity is None and "capacity" in role_of.values():
@@ -337,6 +356,25 @@ def _moe_sample(s: ir.Schedule, world: int, role_of: dict[str, str], routing: st
         if 0 < need < tokens:
             sample[next(sym for sym, role in role_of.items() if role == "capacity")] = need
     return sample
+
+
+def _received(s: ir.Schedule, world: int, sample: dict[str, int], routing: str) -> int:
+    """The most rows one rank receives under a sample routing (what a packed window's bound must
+    hold): the entries of every rank for the experts it owns."""
+    c = s.contract
+    env = {"world": world, **sample}
+    try:
+        T, K = (tuple(d.eval(env) for d in s.param(c.inputs[1]).dims) + (1,))[:2]
+        E = s.param(c.outputs[1] if c.kind.dispatch else c.inputs[3]).dims[-1].eval(env)
+        L = E // world
+        recv = np.zeros(world, dtype=np.int64)
+        for r in range(world):
+            ids = routing_mod.expert_ids(routing, r, T, K, E)
+            picked = ids[ids >= 0]
+            recv += np.bincount(picked // L, minlength=world)[:world]
+        return int(recv.max())
+    except (ZeroDivisionError, ValueError):
+        return 0
 
 
 def _need(s: ir.Schedule, world: int, sample: dict[str, int], routing: str) -> int:

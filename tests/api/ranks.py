@@ -24,6 +24,7 @@ AR = ROOT / "examples" / "allreduce_twoshot.strata"
 AG = ROOT / "examples" / "allgather_push.strata"
 PREFILL = ROOT / "examples" / "moe_prefill.strata"
 DECODE = ROOT / "examples" / "moe_decode.strata"
+BOUNDED = ROOT / "examples" / "moe_prefill_bounded.strata"
 
 
 class Failed(Exception):
@@ -170,6 +171,40 @@ def moe_bad_input(comm, rank, world):
     out = comm.zeros(world * T, H, dtype=torch.float32)
     expect_error(StrataUsageError, f"dest[1] = {world} is not a rank: it must lie in [0, {world})",
                  v.alltoallv, rows, dest, vcounts, out)
+
+
+def moe_bounded(comm, rank, world):
+    """A bounded window (max_recv rows): a routing that sends one rank more rows than the bound is
+    reported on every rank, naming the rank, its rows and the bound, and nothing is written (the
+    window and the guard rows after it keep their sentinel); a routing exactly at the bound places
+    every row where the layout says, and the guard rows stay untouched."""
+    T, H, K, E, G = 15, 8, 2, 2 * world, 4
+    bound = T * K                      # what a balanced routing sends each rank
+    mod = comm.load(BOUNDED)
+    x = comm.empty(T, H, dtype=torch.float32)
+    x.copy_((100 * rank + torch.arange(T, dtype=torch.float32))[:, None].expand(T, H))
+    ids = comm.empty(T, K, dtype=torch.int32)
+    counts = comm.zeros(world, E, dtype=torch.int32)
+    big = comm.empty(bound + G, H, dtype=torch.float32)
+    big.fill_(-7.0)
+    win = big[:bound]
+    # every token to experts 0 and 1 (both on rank 0): world * T * K rows for rank 0
+    ids.copy_(torch.tensor([[0, 1]] * T, dtype=torch.int32))
+    comm.barrier()
+    expect_error(StrataRuntimeError, f"the routing sends {world * T * K} rows to rank 0, more than the "
+                 f"{bound} rows of its window win (max_recv = {bound})", mod.moe_prefill_bounded_dispatch,
+                 x, ids, counts, win)
+    check(bool((big == -7.0).all()), "the window or the rows after it were written")
+    check(counts[:, 0].tolist() == [T] * world, counts)
+    # token t to rank t % world's two experts: every rank receives exactly T * K rows
+    L = E // world
+    ids.copy_(torch.tensor([[(t % world) * L, (t % world) * L + 1] for t in range(T)], dtype=torch.int32))
+    comm.barrier()
+    mod.moe_prefill_bounded_dispatch(x, ids, counts, win)
+    want = [100 * s + t for l in range(L) for s in range(world) for t in range(T) if t % world == rank]
+    want = torch.tensor(want, dtype=torch.float32)
+    check(len(want) == bound and bool((win == want[:, None]).all()), win[:, 0])
+    check(bool((big[bound:] == -7.0).all()), "the rows after the window were written")
 
 
 def moe_interleaved(comm, rank, world):
@@ -335,7 +370,7 @@ def half_sums_round_once(comm, rank, world):
         comm.free(x)
 
 
-SCENARIOS = {f.__name__: f for f in (interleaved, bad_input, segment_gone, closed, moe_bad_input,
+SCENARIOS = {f.__name__: f for f in (interleaved, bad_input, segment_gone, closed, moe_bad_input, moe_bounded,
                                      moe_interleaved, call_refusals, verdict_cache, half_sums_round_once)}
 
 

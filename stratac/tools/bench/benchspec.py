@@ -54,6 +54,7 @@ class BenchSpec:
     topk: int | None = None
     experts: int | None = None
     routings: list[str] | None = None   # default ["uniform"]
+    max_recv: int | None = None         # a bounded window's rows (default world x tokens x topk)
 
 
 @dataclass

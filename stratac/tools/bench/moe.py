@@ -39,7 +39,7 @@ from stratac.tools.run import runner, workload
 from stratac.verify.routing import expert_ids
 
 _MOE_OPTIONS = (("tokens", "--tokens"), ("hidden", "--hidden"), ("topk", "--topk"),
-                ("experts", "--experts"), ("routings", "--routing"))
+                ("experts", "--experts"), ("routings", "--routing"), ("max_recv", "--max-recv"))
 PER_PEER_SOURCE = "computed from the routing (stratac.verify.routing.expert_ids), not measured"
 
 
@@ -93,7 +93,7 @@ def _moe_cases(spec: BenchSpec) -> list[runner.Case]:
             raise BenchUsageError(f"{flag} must be at least 1, got {v}")
     tokens = spec.tokens or parse_counts(MOE_TOKENS)
     return [runner.Case(dtype=spec.dtype, tokens=t, hidden=spec.hidden, topk=spec.topk,
-                        experts=spec.experts, routing=r)
+                        experts=spec.experts, routing=r, max_recv=spec.max_recv)
             for r in (spec.routings or ["uniform"]) for t in tokens]
 
 

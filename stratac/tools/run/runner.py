@@ -45,6 +45,7 @@ class Case:
     topk: int | None = None
     experts: int | None = None
     routing: str = "uniform"
+    max_recv: int | None = None   # rows of a bounded packed window (None: world x tokens x topk)
 
 
 @dataclass
@@ -107,7 +108,7 @@ def moe_workloads(spec: RunSpec, case: Case, schedules) -> list:
     except PairingError as exc:
         raise StrataError(error(Codes.BAD_CONTRACT, str(exc))) from None
     return [MoeWorkload.make(disp, comb, spec.world, case.tokens, case.hidden, case.topk, case.experts,
-                             case.routing) for disp, comb in pairs]
+                             case.routing, case.max_recv) for disp, comb in pairs]
 
 
 def _check_moe_case(spec: RunSpec, case: Case) -> None:

@@ -123,7 +123,8 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
     d = disp.ir.contract
     v = d.kind is ContractKind.ALLTOALLV
     wl = MoeWorkload.make(disp.ir, comb.ir if comb else None, world, case.get("tokens"), case.get("hidden"),
-                          case.get("topk"), case.get("experts"), case.get("routing") or "uniform")
+                          case.get("topk"), case.get("experts"), case.get("routing") or "uniform",
+                          case.get("max_recv"))
     heap_before = comm.heap_used
     role_dtype = {"x": tdtype, "win": tdtype, "y": tdtype, "ids": torch.int32, "counts": torch.int32,
                   "weights": torch.float32}

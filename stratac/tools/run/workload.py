@@ -192,16 +192,18 @@ class MoeWorkload:
     topk: int
     experts: int
     routing: str = "uniform"
+    max_recv: int | None = None    # a bounded window's rows (its own size symbol); None: any routing
 
     @staticmethod
     def make(dispatch: ir.Schedule, combine: ir.Schedule | None, world: int, tokens=None, hidden=None,
-             topk=None, experts=None, routing: str = "uniform") -> "MoeWorkload":
+             topk=None, experts=None, routing: str = "uniform", max_recv=None) -> "MoeWorkload":
         """The workload of a run's options, None meaning MOE_DEFAULTS; AllToAllV routes each row to
         one rank (topk 1, one "expert" per rank)."""
         v = dispatch.contract.kind is K.ALLTOALLV
         return MoeWorkload(dispatch, combine, world, tokens or MOE_DEFAULTS["tokens"],
                            hidden or MOE_DEFAULTS["hidden"], 1 if v else topk or MOE_DEFAULTS["topk"],
-                           world if v else experts or MOE_DEFAULTS["experts_per_rank"] * world, routing)
+                           world if v else experts or MOE_DEFAULTS["experts_per_rank"] * world, routing,
+                           max_recv)
 
     @property
     def capacity(self) -> int:
@@ -218,8 +220,9 @@ class MoeWorkload:
         roles = {sym: role for role, sym in moe_roles(s).items()}
         value = {"tokens": self.tokens, "topk": self.topk, "hidden": self.hidden,
                  "experts": self.experts, "capacity": self.capacity}
-        bound = self.world * self.tokens * self.topk   # rows any routing fits in a packed window
-        return {sym: value.get(roles.get(sym, ""), bound) for sym in s.sizes}
+        anyrouting = self.world * self.tokens * self.topk   # rows any routing fits in a packed window
+        value["bound"] = self.max_recv or anyrouting
+        return {sym: value.get(roles.get(sym, ""), anyrouting) for sym in s.sizes}
 
     def shape(self, s: ir.Schedule, p: ir.Buffer) -> list[int]:
         env = {"world": self.world, **self.sizes(s)}
