@@ -117,6 +117,7 @@ class Communicator:
         self._freed: weakref.WeakSet = weakref.WeakSet()   # forgotten with the last tensor on them
         self._epoch = 0
         self._modules: list[Module] = []
+        self._sync_owner = None   # the prepared call whose flags strata_cpu_describe_sync names
 
     # ---- construction from a torch.distributed job
     @classmethod

@@ -497,10 +497,13 @@ def npu_schedule_class():
             self.comm._check_open()
             if self._launch is None:
                 raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
-            blocks = self.launch_cores(cores, self.max_cores)
+            if cores is not None:
+                self.launch_cores(cores, self.max_cores)    # a bad cores value before the tensors
             bound = self.bind(*tensors, **named)
             dtype, sizes, ptrs = bound[:3]
             scalars = bound[3] if len(bound) > 3 else {}
+            # the same decision as the CPU launcher's (stratac.host.cores): cores follow the bytes
+            blocks = self.last_cores = self.launch_cores(cores, self.max_cores, sizes, dtype)
             op_param = getattr(self.ir, "op_param", None)
             fixed = {"dtype": dtype.code, "op": scalars.get(op_param.name, 0) if op_param else 0,
                      "blocks": blocks,

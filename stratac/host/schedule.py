@@ -20,6 +20,7 @@ from stratac.codegen import abi
 from stratac.codegen.pipeline import Compiled, compile_schedules
 from stratac.diagnostics import Source
 from stratac.host import instance
+from stratac.host.cores import auto_cores
 from stratac.host.cpu_model import last_error
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.ir import passes
@@ -106,6 +107,8 @@ class Schedule:
         self._launch = getattr(self._lib, abi.launcher_name(s))
         self._scratch: dict[str, torch.Tensor] = {}
         self._instances: dict[tuple, str | None] = {}   # instance -> None (proven) or the refusal
+        self._calls: dict[tuple, _Prepared] = {}         # call signature -> its checked launch
+        self.last_cores: int | None = None               # the cores the last call launched on
         self.cores = s.kernel.cores
         params = [p.name for p in s.tensors] + [x.name for x in s.scalars]
         self.__doc__ = f"{s.name}({', '.join(params)}): implements {s.contract}"
@@ -117,13 +120,19 @@ class Schedule:
             + [inspect.Parameter(x.name, kw, annotation=x.kind.value) for x in s.scalars]
             + [inspect.Parameter("cores", kw, default=None)])
 
-    def launch_cores(self, cores, limit: int) -> int:
-        """The vector cores a call launches on: the schedule's default when cores is None, else
-        cores itself, which must be a whole number in [1, limit] (0 is not "all cores")."""
-        blocks = self.cores if cores is None else cores
-        if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= limit:
+    def launch_cores(self, cores, limit: int, sizes: dict[str, int] | None = None,
+                     dtype: ir.DType | None = None) -> int:
+        """The vector cores a call launches on: cores itself when given, which must be a whole
+        number in [1, limit] (0 is not "all cores"); when None, the number that follows the bytes
+        the call moves (stratac.host.cores: one per 64 KiB of its largest buffer, at most the
+        plan's cores, self.cores), or the plan's cores when the sizes are not known yet."""
+        if cores is None:
+            if sizes is None or dtype is None:
+                return self.cores
+            return auto_cores(self.ir, self.comm.world, sizes, dtype.nbytes, self.cores)
+        if isinstance(cores, bool) or not isinstance(cores, int) or not 1 <= cores <= limit:
             raise StrataUsageError(f"{self.name}: cores must be between 1 and {limit}, got {cores!r}")
-        return blocks
+        return cores
 
     def unload(self) -> None:
         if self._lib is not None:
@@ -276,6 +285,7 @@ class Schedule:
             if have is None or have.numel() != n or have.dtype != tdtype:
                 if have is not None:
                     self.comm.free(have)
+                self._calls.clear()                      # their launches hold the old pointers
                 have = self._scratch[p.name] = self.comm.empty(max(n, 1), dtype=tdtype)
             out.append(have)
         return out
@@ -285,6 +295,7 @@ class Schedule:
         for t in reversed(list(self._scratch.values())):
             self.comm.free(t)
         self._scratch.clear()
+        self._calls.clear()
 
     def _check_aliasing(self, given: dict) -> None:
         """Two tensors that share memory are refused when the schedule writes either: the verifier
@@ -316,22 +327,85 @@ class Schedule:
                                        f"sizes, more than the {SYNC_SLOTS} of the communicator's sync area")
             self._layout = ";".join(parts).encode()
             self._sync_described = key
-        self.comm._lib.strata_cpu_describe_sync(self._ffi.cast("void*", self.comm._base + self.comm._sync),
-                                                self.comm.world, self._layout)
 
     def __call__(self, *tensors: torch.Tensor, cores: int | None = None, **named) -> None:
-        self.comm._check_open()
+        """Checks the call (bind: every check, see docs/api.md) and launches. What bind decided
+        depends only on the call's signature (each tensor's address, dtype, shape, strides, device
+        and allocation; the scalars; cores), so it is kept per signature (_Prepared) and a later
+        call with the same signature re-checks only what the signature cannot fix: that the
+        communicator is open, that every tensor's allocation is still live (not given back with
+        comm.free), and, for MoE, the routing (the ids' values). The proof of the instance is the
+        one bind found for these sizes: what runs is what was proven."""
+        comm = self.comm
+        comm._check_open()
         if self._launch is None:
             raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
-        blocks = self.launch_cores(cores, abi.MAX_CORES)
-        dtype, sizes, ptrs, scalars = self.bind(*tensors, **named)
-        self._describe_sync(sizes)
-        epoch = self.comm.next_epoch(self.ir.sync_ops)
-        sync = self._ffi.cast("void*", self.comm._base + self.comm._sync)
-        op = scalars.get(self.ir.op_param.name, 0) if self.ir.op_param else 0
-        rc = self._launch(dtype.code, op, blocks, self._ffi.NULL, sync, epoch, *ptrs,
-                          *(sizes[n] for n in self.ir.sizes),
-                          *(scalars[x.name] for x in self.ir.rank_params))
+        try:
+            key = (tuple(map(_signature, tensors)),
+                   tuple((k, type(v), _signature(v) if isinstance(v, torch.Tensor) else v)
+                         for k, v in named.items()),
+                   type(cores), cores)
+            prep = self._calls.get(key)
+        except (AttributeError, TypeError, RuntimeError):   # not tensors, unhashable: bind says why
+            key = prep = None
+        if prep is not None:
+            live = comm._live
+            if not all(c in live for c in prep.storages):
+                prep = None                                  # freed since: bind names the tensor
+            elif prep.routed:
+                self._check_routing(self._given(tensors, named), prep.env)
+        if prep is None:
+            prep = self._prepare(tensors, named, cores)
+            if key is not None:
+                if len(self._calls) >= _MAX_SIGNATURES:
+                    self._calls.clear()
+                self._calls[key] = prep
+        self.last_cores = prep.blocks
+        if comm._sync_owner is not prep:   # names the flags for the model's timeout messages
+            comm._lib.strata_cpu_describe_sync(prep.head[4], comm.world, prep.layout)
+            comm._sync_owner = prep
+        rc = self._launch(*prep.head, comm.next_epoch(prep.stamps), *prep.tail)
         if rc != 0:
-            raise StrataRuntimeError(f"{self.name} failed on rank {self.comm.rank}: "
-                                     f"{last_error(self.comm._lib, self.comm._ffi)}")
+            raise StrataRuntimeError(f"{self.name} failed on rank {comm.rank}: "
+                                     f"{last_error(comm._lib, comm._ffi)}")
+
+    def _given(self, tensors: tuple, named: dict) -> dict:
+        given = dict(zip((p.name for p in self.ir.tensors), tensors))
+        given.update((k, v) for k, v in named.items() if isinstance(v, torch.Tensor))
+        return given
+
+    def _prepare(self, tensors: tuple, named: dict, cores) -> "_Prepared":
+        """Every check of a call (bind), then the launcher's arguments but the epoch."""
+        if cores is not None:
+            self.launch_cores(cores, abi.MAX_CORES)          # a bad cores value first, as before
+        dtype, sizes, ptrs, scalars = self.bind(*tensors, **named)
+        blocks = self.launch_cores(cores, abi.MAX_CORES, sizes, dtype)
+        self._describe_sync(sizes)
+        comm = self.comm
+        given = self._given(tensors, named)
+        op = scalars.get(self.ir.op_param.name, 0) if self.ir.op_param else 0
+        return _Prepared(
+            storages=tuple(given[p.name].untyped_storage()._cdata for p in self.ir.tensors),
+            blocks=blocks, routed=self.ir.contract.kind.moe, env={"world": comm.world, **sizes},
+            layout=self._layout, stamps=self.ir.sync_ops,
+            head=(dtype.code, op, blocks, self._ffi.NULL, self._ffi.cast("void*", comm._base + comm._sync)),
+            tail=(*ptrs, *(sizes[n] for n in self.ir.sizes), *(scalars[x.name] for x in self.ir.rank_params)))
+
+
+_MAX_SIGNATURES = 64   # prepared calls kept per schedule (all dropped when there are more)
+
+
+def _signature(t: torch.Tensor) -> tuple:
+    """What bind's checks of a tensor depend on: where it is, its dtype, shape, strides (hence
+    contiguity), device and allocation (the storage, whose liveness is checked at every call)."""
+    return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.is_cpu, t.untyped_storage()._cdata)
+
+
+class _Prepared:
+    """A checked call's launcher arguments (all but the epoch), kept per signature."""
+
+    __slots__ = ("storages", "blocks", "routed", "env", "layout", "stamps", "head", "tail")
+
+    def __init__(self, **kw):
+        for k, v in kw.items():
+            setattr(self, k, v)

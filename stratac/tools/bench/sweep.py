@@ -66,7 +66,7 @@ def run(spec: BenchSpec, echo=print) -> BenchResult:
         meta["mpi"] = mpi.setup_mpi(echo)
     meta["copy_ceiling"] = machine.copy_ceiling(spec.ceiling_bytes)   # before anything else runs
     pl = plan(spec)
-    meta["cores"] = spec.cores or pl.compiled[0].schedule.kernel.cores
+    meta["cores"] = spec.cores or f"by size (at most {pl.compiled[0].schedule.kernel.cores})"
     meta["instance_proofs"] = proofs.prove(spec.world, pl.instances)
     rspec = runner.RunSpec(file=spec.file, world=spec.world, cases=pl.cases, iters=spec.iters,
                            warmup=spec.warmup, timeout=spec.timeout, check=True, seed=spec.seed,
@@ -233,6 +233,7 @@ def _records(results: list[dict], pl: Plan, spec: BenchSpec) -> list[dict]:
                              "sdma": tot["sdma"], "remote_read": tot["remote_read"],
                              "remote_write": tot["remote_write"],
                              "core_balance": max(cores) / mean if mean else None,
+                             "cores_busy": sum(1 for c in cores if c),
                              "per_core": [{"core": i, "aiv_in": c["mte_in"], "aiv_out": c["mte_out"],
                                            "sdma": c["sdma"]} for i, c in enumerate(ctr)],
                              "heap_bytes": r["heap_bytes"]})
@@ -245,7 +246,8 @@ def _records(results: list[dict], pl: Plan, spec: BenchSpec) -> list[dict]:
                "count": count, "dtype": dtype, "op": r0["op"], "root": r0["root"],
                **_figures(size, r0["time_s"], r0["busbw_factor"]),
                "errors": r0["ranks_wrong"], "why": [r["why"] for r in ranks if r["why"]],
-               "cores": r0["cores"], "engines": engines,
+               "cores": r0["cores"], "cores_busy": max(p["cores_busy"] for p in per_rank),
+               "engines": engines,
                "copies_per_byte": landed / size if size else None,
                "min_copies_per_byte": _min_copies(kind, w, s.contract.in_place),
                "fabric_per_byte": (engines["remote_read"] + engines["remote_write"]) / size if size else None,

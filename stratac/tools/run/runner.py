@@ -317,7 +317,7 @@ def report(outcome: RunOutcome, check: bool) -> list[str]:
     """One line per schedule (rank 0's view; time is the slowest rank's)."""
     lines = []
     head = (f"{'schedule':<30} {'world':>5} {'size':>9} {'count':>10} {'type':>4} {'op':>4} {'time(us)':>10} "
-            f"{'algbw':>7} {'busbw':>7} {'aiv bytes':>10} {'sdma bytes':>10} {'core max/mean':>13} "
+            f"{'algbw':>7} {'busbw':>7} {'cores':>5} {'aiv bytes':>10} {'sdma bytes':>10} {'core max/mean':>13} "
             f"{'heap/rank':>10}  result")
     lines.append(head)
     for r in (r for r in outcome.results if r["rank"] == 0):
@@ -334,7 +334,7 @@ def report(outcome: RunOutcome, check: bool) -> list[str]:
         if not check:
             result = "unchecked"
         lines.append(f"{r['schedule']:<30} {r['world']:>5} {_fmt_bytes(r['size']):>9} {r['count']:>10} "
-                     f"{r['dtype']:>4} {r.get('op') or '-':>4} {t * 1e6:>10.1f} {algbw:>7.2f} {busbw:>7.2f} {aiv:>10} {sdma:>10} "
+                     f"{r['dtype']:>4} {r.get('op') or '-':>4} {t * 1e6:>10.1f} {algbw:>7.2f} {busbw:>7.2f} {r['cores']:>5} {aiv:>10} {sdma:>10} "
                      f"{balance:>13} {_fmt_bytes(r['heap_bytes']):>10}  {result}")
     moe = [r for r in outcome.results if r["rank"] == 0 and r.get("moe")]
     for r in moe:

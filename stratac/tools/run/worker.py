@@ -138,7 +138,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
     cargs = dict(zip(c.inputs + c.outputs, (t["win"], t["ids"], t["weights"], t["counts"], t["y"]))) \
         if comb else {}
     phases = (("dispatch", disp, dargs),) + ((("combine", comb, cargs),) if comb else ())
-    blocks = spec["cores"] or disp.ir.kernel.cores
+    blocks = spec["cores"]   # None: each call's own (stratac.host.cores: they follow the bytes)
     rows = t["win"].shape[0]
     timing: dict[str, list[float]] = {"dispatch": [], "combine": [], "whole": []}
     counters: dict[str, list] = {}
@@ -163,7 +163,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
             if timed:
                 timing[name].append(time.perf_counter() - t0)
             if seed is not None and name not in counters:   # the first checked call's (seed's)
-                counters[name] = comm.counters()
+                counters[name] = comm.counters()[:fn.last_cores or None]   # the cores it launched
         if timed:   # the whole operation: dispatch, the expert step, combine
             timing["whole"].append(time.perf_counter() - start)
 
@@ -206,7 +206,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
             "root": None, "count": wl.tokens, "size": recv, "time_s": times[i][0],
             "time_mean_s": times[i][1], "op_time_s": whole,
             "busbw_factor": 1.0, "ok": ok, "why": why if i == 0 else "", "ranks_wrong": int(flags.item()),
-            "cores": blocks, "counters": counters[name], "heap_bytes": heap_bytes,
+            "cores": fn.last_cores, "counters": counters[name], "heap_bytes": heap_bytes,
             "heap_user_bytes": heap_bytes - heap_before,
             "moe": {"tokens": wl.tokens, "hidden": wl.hidden, "topk": wl.topk, "experts": wl.experts,
                     "routing": wl.routing, "capacity": wl.capacity if wl.slotted else None,
@@ -332,7 +332,7 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
     heap_before = comm.heap_used
     tensors = {p.name: comm.empty(wl.numel(p), dtype=tdtype) for p in s.tensors}
     args = dict(tensors, **wl.scalars)
-    blocks = spec["cores"] or s.kernel.cores
+    blocks = spec["cores"]   # None: the call's own (stratac.host.cores: they follow the bytes)
 
     def checked(seed: int) -> tuple[bool, str]:
         wl.fill(tensors, rank, seed)
@@ -344,7 +344,7 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
 
     comm.reset_counters()
     ok, why = checked(spec["seed"])
-    counters = comm.counters()
+    counters = comm.counters()[:fn.last_cores or None]   # the cores this call launched
     heap_bytes = comm.heap_used   # after the first call: includes a staging baseline's scratch
     for _ in range(spec["warmup"]):
         fn(**args, cores=blocks)
@@ -374,7 +374,7 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
         "op": wl.reduce_op if s.contract.op else None, "root": wl.root if s.rank_params else None,
         "count": count, "size": wl.size_bytes(dtype.nbytes), "time_s": elapsed, "time_mean_s": mean,
         "busbw_factor": wl.busbw_factor(), "ok": ok, "why": why,
-        "ranks_wrong": int(flags.item()), "cores": blocks, "counters": counters,
+        "ranks_wrong": int(flags.item()), "cores": fn.last_cores, "counters": counters,
         "heap_bytes": heap_bytes, "heap_user_bytes": heap_bytes - heap_before,
     }
 
