@@ -335,8 +335,75 @@ def half_sums_round_once(comm, rank, world):
         comm.free(x)
 
 
+BCAST = ROOT / "examples" / "broadcast.strata"
+
+
+def cached_calls(comm, rank, world):
+    """A repeated call reuses its checked launch (bind does not run again) but is still refused
+    when what the signature cannot fix has changed: a tensor given back with comm.free, the
+    expert ids' values; and a call whose signature differs in anything bind checks (a bool for a
+    rank, another op, a view, another dtype) is checked afresh."""
+    ar = comm.load(AR)
+    fn = ar.allreduce_twoshot
+    x = comm.empty(1000, dtype=torch.float32)
+    x.fill_(rank + 1)
+    comm.barrier()
+    fn(x, op="sum")
+    check(bool((x == world * (world + 1) // 2).all()), x)
+    real_bind = fn.bind
+
+    def no_bind(*a, **k):
+        raise Failed("bind ran again for a call of the same signature")
+
+    fn.bind = no_bind
+    x.fill_(rank + 1)
+    comm.barrier()
+    fn(x, op="sum")                                   # the same signature: no bind
+    check(bool((x == world * (world + 1) // 2).all()), x)
+    expect_error(Failed, "bind ran again", fn, x, op="max")           # another op: checked afresh
+    expect_error(Failed, "bind ran again", fn, x[:500], op="sum")     # a view: checked afresh
+    expect_error(Failed, "bind ran again", fn, x, op="sum", cores=2)  # other cores: checked afresh
+    fn.bind = real_bind
+    epoch = comm._epoch
+    expect_error(StrataUsageError, "op must be one of sum, max, min, got 'mean'", fn, x, op="mean")
+    expect_error(StrataUsageError, "cores must be between 1 and 64, got True", fn, x, op="sum", cores=True)
+    comm.free(x)
+    expect_error(StrataUsageError, "parameter x was given back with comm.free", fn, x, op="sum")
+    check(comm._epoch == epoch, "a refused call launched a kernel")
+    bc = comm.load(BCAST)
+    b = comm.zeros(16, dtype=torch.int32)
+    if rank == world - 1:
+        b.fill_(7)
+    comm.barrier()
+    bc.broadcast(b, root=world - 1)
+    check(int(b.sum()) == 112, b)
+    expect_error(StrataUsageError, "root must be a rank in", bc.broadcast, b, root=True if world > 1 else 1.0)
+    # MoE: the same tensors with a bad expert id written in place are refused, nothing written
+    T, H, K, E = 4, 16, 2, 2 * world
+    mod = comm.load(PREFILL)
+    xm = comm.empty(T, H, dtype=torch.float32)
+    xm.fill_(1)
+    ids = comm.empty(T, K, dtype=torch.int32)
+    ids.copy_(torch.tensor([[0, 1]] * T, dtype=torch.int32))
+    counts = comm.zeros(world, E, dtype=torch.int32)
+    win = comm.zeros(world * T * K, H, dtype=torch.float32)
+    comm.barrier()
+    mod.moe_prefill_dispatch(xm, ids, counts, win)
+    comm.barrier()
+    win.zero_()
+    counts.zero_()
+    ids[2, 0] = E
+    comm.barrier()
+    epoch = comm._epoch
+    expect_error(StrataUsageError, f"ids[2, 0] = {E} is not an expert", mod.moe_prefill_dispatch, xm,
+                 ids, counts, win)
+    check(comm._epoch == epoch and int(win.abs().sum()) == 0 and int(counts.abs().sum()) == 0,
+          "a refused dispatch wrote or launched")
+
+
 SCENARIOS = {f.__name__: f for f in (interleaved, bad_input, segment_gone, closed, moe_bad_input,
-                                     moe_interleaved, call_refusals, verdict_cache, half_sums_round_once)}
+                                     moe_interleaved, call_refusals, verdict_cache, half_sums_round_once,
+                                     cached_calls)}
 
 
 def main(scenario, rank, world, store_path, mode):
