@@ -233,11 +233,15 @@ class Communicator:
 
     # ---- compiled schedules
     def load(self, path_or_source: str | Path, *, options: passes.Options | None = None,
-             name: str = "<source>") -> "Module":
-        """Compiles (through the cache) every schedule of a .strata file or source text."""
+             name: str = "<source>", selection=None) -> "Module":
+        """Compiles (through the cache) every schedule of a .strata file or source text.
+        selection: the table the selecting entry points (mod.allreduce, ...) use: a path or a
+        table, None for this machine's table if `stratac tune` wrote one (stratac.host.select),
+        False for the default rule."""
         self._check_open()
         source = frontend.path_or_text(path_or_source, name)
-        mod = Module(self, compile_source(source, options or passes.Options(), worlds=[self.world]))
+        mod = Module(self, compile_source(source, options or passes.Options(), worlds=[self.world]),
+                     selection=selection)
         self._modules.append(mod)
         return mod
 

@@ -72,18 +72,45 @@ def _check_manifest(s: ir.Schedule, built: build.Built, world: int, worlds: tupl
                                "verified for its world")
 
 
+def make_selectors(module, selection) -> dict:
+    """One Selector per collective contract of the module (MoE and AllToAllV are called by name),
+    set as an attribute named after the contract unless a schedule has that name."""
+    from stratac.host import select
+    table = select.load_table(selection)
+    by_kind: dict = {}
+    for fn in module.schedules.values():
+        if not fn.ir.contract.kind.moe:
+            by_kind.setdefault(fn.ir.contract.kind, []).append(fn)
+    out = {}
+    for kind, fns in by_kind.items():
+        sel = out[kind.value] = select.Selector(module, kind, fns, table)
+        if kind.value not in module.schedules:
+            setattr(module, kind.value, sel)
+    return out
+
+
 class Module:
     """The schedules of one .strata source, each a callable attribute."""
 
-    def __init__(self, comm, compiled: list[Compiled]):
+    def __init__(self, comm, compiled: list[Compiled], selection=None):
+        self.comm = comm
         self.schedules: dict[str, Schedule] = {}
         for c in compiled:
             fn = Schedule(comm, c.schedule, build.build_cpu(c.output), worlds=c.worlds)
             self.schedules[c.schedule.name] = fn
             setattr(self, c.schedule.name, fn)
+        self.selectors = make_selectors(self, selection)
 
     def __getitem__(self, name: str) -> "Schedule":
         return self.schedules[name]
+
+    def collective(self, kind: str):
+        """The selecting entry point of a contract (also `mod.<kind>` unless a schedule has that
+        name): stratac.host.select.Selector."""
+        if kind not in self.selectors:
+            raise StrataUsageError(f"no schedule of this module implements {kind}; it has "
+                                   f"{', '.join(sorted(self.selectors)) or 'no collective'}")
+        return self.selectors[kind]
 
     def unload(self) -> None:
         for fn in self.schedules.values():

@@ -101,6 +101,8 @@ def table(res: BenchResult) -> list[str]:
             row += (f" | {e['aiv_in']:>10.0f} {e['aiv_out']:>10.0f} {e['sdma']:>10.0f} "
                     f"{_f(r['copies_per_byte'], '.2f', 9)} {r['cores']:>5}")
             lines.append(row)
+        if recs[0].get("picked"):
+            lines.append("#   picked: " + ", ".join(f"{fmt_bytes(r['size'])} {r['picked']}" for r in recs))
     lines += notes
     lines += copies_table(res)
     return lines

@@ -62,6 +62,8 @@ class RunSpec:
     heap_bytes: int | None = None
     target: str = "cpu"          # "npu": CANN build, SHMEM heap on the NPUs (stratac.targets.npu, stratac.host.npu_comm)
     bench: dict | None = None    # `stratac bench`: peer measurements and gate (stratac.tools.bench.benchpeer)
+    selected: bool = False       # run each contract's selecting entry point, not every schedule
+    selection: str | None = None  # its table (stratac.host.select; None: this machine's default)
 
 
 @dataclass
@@ -167,7 +169,8 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
                              "timeout": spec.timeout, "soc": spec.soc, "cores": spec.cores,
                              "cases": [vars(c) for c in spec.cases],
                              "iters": spec.iters, "warmup": spec.warmup, "seed": spec.seed,
-                             "bench": spec.bench, "target": spec.target}
+                             "bench": spec.bench, "target": spec.target,
+                             "selected": spec.selected, "selection": spec.selection}
                     # output goes to files, not pipes: a rank never blocks on a full pipe nobody reads
                     out = open(Path(tmp) / f"rank{r}.out", "w+", encoding="utf-8", errors="replace")
                     err = open(Path(tmp) / f"rank{r}.err", "w+", encoding="utf-8", errors="replace")
@@ -348,6 +351,8 @@ def report(outcome: RunOutcome, check: bool) -> list[str]:
             lines.append(f"  MoE {r['schedule']}: tokens {m['tokens']}/rank, hidden {m['hidden']}, topk "
                          f"{m['topk']}, experts {m['experts']}, routing {m['routing']}; window "
                          f"{m['window_rows']} rows{cap}; size = received bytes per rank (mean)")
+    for r in (r for r in outcome.results if r["rank"] == 0 and r.get("picked")):
+        lines.append(f"  {r['schedule']} at {_fmt_bytes(r['size'])}: picked {r['picked']}")
     for r in outcome.results:
         if not r["ok"] and r["why"]:
             lines.append(f"  {r['schedule']} rank {r['rank']}: {r['why']}")
