@@ -97,6 +97,10 @@ def entry(kind: str, world: int, dtype: str, times: dict[str, dict[int, float]],
 
 def run(file: str, world: int, sizes: list[int], dtype: str, out: str | None, machine: str | None,
         iters: int, warmup: int, timeout: float, command: str, echo=print) -> tuple[dict, Path]:
+    from stratac.lang.frontend import load_source, schedules
+    if all(s.contract.kind.moe for s in schedules(load_source(file))):
+        raise TuneError(f"{file} has no collective schedule to rank (MoE dispatch/combine and AllToAllV "
+                        "are called by name)")
     if machine:
         times, name = predict(file, machine, world, sizes, dtype)
         method, where = f"predicted by stratac simulate --machine {machine}", name

@@ -401,9 +401,44 @@ def cached_calls(comm, rank, world):
           "a refused dispatch wrote or launched")
 
 
+def selecting_entry_point(comm, rank, world):
+    """mod.allreduce picks a candidate by bytes and world: from a table (given as a dict), or by
+    the default rule without one (selection=False); in place through the out-of-place one-shot
+    (a copy, up to 64 KiB) and out of place through the in-place two-shot; results right."""
+    src = AR.read_text() + "\n" + (ROOT / "examples" / "allreduce_oneshot.strata").read_text()
+    table = {"stratac_selection": 1, "provenance": {}, "entries": [
+        {"kind": "allreduce", "world": world, "dtype": "f32", "rows": [
+            {"upto": 4096, "order": ["allreduce_oneshot", "allreduce_twoshot"]},
+            {"upto": None, "order": ["allreduce_twoshot", "allreduce_oneshot"]}]}]}
+    mod = comm.load(src, name="two.strata", selection=table)
+    plain = comm.load(src, name="two.strata", selection=False)
+    total = world * (world + 1) // 2
+    for m, n, out_of_place, want in (
+            (mod, 1000, False, "allreduce_oneshot"),    # 4000 B: the table's first row, via a copy
+            (mod, 1000, True, "allreduce_oneshot"),
+            (mod, 5000, False, "allreduce_twoshot"),    # 20000 B: the second row
+            (mod, 5000, True, "allreduce_twoshot"),     # out of place through in place (copy)
+            (mod, 40000, True, "allreduce_oneshot"),    # 160 KB, above 64 KiB: its own form, no copy
+            (plain, 1000, False, "allreduce_oneshot"),  # default rule, small: fewest statements
+            (plain, 40000, False, "allreduce_twoshot")):  # default rule, large: the first of its form
+        x = comm.empty(n, dtype=torch.float32)
+        x.fill_(rank + 1)
+        out = comm.empty(n, dtype=torch.float32) if out_of_place else None
+        comm.barrier()
+        m.allreduce(x, out, op="sum")
+        got = out if out_of_place else x
+        check(bool((got == total).all()), (n, out_of_place, got[:4]))
+        check(m.allreduce.last == want, (n, out_of_place, m.allreduce.last, want))
+        check(m.collective("allreduce") is m.allreduce, "collective() is the attribute")
+    expect_error(StrataUsageError, "no schedule of this module implements broadcast", mod.collective,
+                 "broadcast")
+    expect_error(StrataUsageError, "is not a stratac selection table", comm.load, src, name="two.strata",
+                 selection={"entries": []})
+
+
 SCENARIOS = {f.__name__: f for f in (interleaved, bad_input, segment_gone, closed, moe_bad_input,
                                      moe_interleaved, call_refusals, verdict_cache, half_sums_round_once,
-                                     cached_calls)}
+                                     cached_calls, selecting_entry_point)}
 
 
 def main(scenario, rank, world, store_path, mode):
