@@ -98,9 +98,13 @@ def entry(kind: str, world: int, dtype: str, times: dict[str, dict[int, float]],
 def run(file: str, world: int, sizes: list[int], dtype: str, out: str | None, machine: str | None,
         iters: int, warmup: int, timeout: float, command: str, echo=print) -> tuple[dict, Path]:
     from stratac.lang.frontend import load_source, schedules
-    if all(s.contract.kind.moe for s in schedules(load_source(file))):
+    kinds = [s.contract.kind for s in schedules(load_source(file))]
+    if all(k.moe for k in kinds):
         raise TuneError(f"{file} has no collective schedule to rank (MoE dispatch/combine and AllToAllV "
                         "are called by name)")
+    if any(k.moe for k in kinds) and not machine:
+        raise TuneError(f"{file} mixes collectives with MoE or AllToAllV schedules, which the bench sweeps "
+                        "by tokens, not sizes: tune a file of the collectives alone")
     if machine:
         times, name = predict(file, machine, world, sizes, dtype)
         method, where = f"predicted by stratac simulate --machine {machine}", name
