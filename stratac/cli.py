@@ -116,7 +116,8 @@ def cmd_run(args) -> int:
                        max_recv=args.max_recv)
     spec = runner.RunSpec(file=args.file, world=args.world, cases=[case], iters=args.iters,
                           timeout=args.timeout, check=args.check, seed=args.seed, soc=args.soc,
-                          cores=args.cores, target=args.target)
+                          cores=args.cores, target=args.target, selected=args.selected,
+                          selection=args.selection)
     outcome = runner.run(spec, echo=lambda line: print(line, file=sys.stderr))
     for line in runner.report(outcome, args.check):
         print(line)
@@ -148,7 +149,8 @@ def cmd_bench(args) -> int:
                                    soc=args.soc, progress=progress, trace=args.trace,
                                    tokens=args.tokens, hidden=args.hidden, topk=args.topk,
                                    experts=args.experts, routings=args.routing,
-                                   max_recv=args.max_recv)
+                                   max_recv=args.max_recv, selected=args.selected,
+                                   selection=args.selection)
         res = sweep.run(spec, echo=echo)
         for line in report.table(res):
             print(line)
@@ -169,6 +171,22 @@ def cmd_bench(args) -> int:
     return res.exit_code
 
 
+def cmd_tune(args) -> int:
+    from stratac.tools import tune
+    from stratac.tools.options import parse_sizes
+    command = "stratac " + " ".join(args.argv)
+    try:
+        result, path = tune.run(args.file, args.world, args.sizes or parse_sizes(tune.DEFAULT_SIZES),
+                                args.dtype, args.out, args.machine, args.iters, args.warmup, args.timeout,
+                                command, echo=lambda line: print(line, file=sys.stderr))
+    except tune.TuneError as exc:
+        print(f"stratac tune: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for line in tune.report(result, path):
+        print(line)
+    return EXIT_OK
+
+
 def cmd_doctor(args) -> int:
     from stratac.tools import doctor
     text, status = doctor.report()
@@ -187,6 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="world sizes: a list and ranges, e.g. 2,3,4,8 or 1-16 (default 1-16; at most "
                    f"{options.MAX_WORLD})")
     c.set_defaults(fn=cmd_check)
+
+    def selection_opts(q):
+        q.add_argument("--selected", action="store_true",
+                       help="call each contract's selecting entry point (mod.allreduce, ...), which "
+                       "picks a schedule by size and world, instead of every schedule")
+        q.add_argument("--selection", metavar="TABLE", help="the selection table (default: this machine's, "
+                       "written by stratac tune, else the default rule)")
 
     def target_opts(q):
         q.add_argument("--soc", default=passes.DEFAULT_SOC, choices=sorted(passes.SOCS),
@@ -233,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="compare every result with torch (default on)")
     r.add_argument("--seed", type=int, default=0)
+    selection_opts(r)
     target_opts(r)
     r.set_defaults(fn=cmd_run)
 
@@ -272,8 +298,26 @@ def build_parser() -> argparse.ArgumentParser:
     bm.add_argument("--routing", type=options.routing_list, metavar="ROUTINGS",
                     help="a routing, a comma list, or all (default uniform): "
                     + "; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()))
+    selection_opts(b)
     target_opts(b)
     b.set_defaults(fn=cmd_bench)
+
+    t = sub.add_parser("tune", help="rank the schedules of each contract per message size (measured on "
+                       "the CPU build, or predicted with --machine) and write the selection table the "
+                       "selecting entry points (mod.allreduce, run/bench --selected) use")
+    t.add_argument("file")
+    t.add_argument("--world", type=options.world_size, required=True)
+    t.add_argument("--sizes", type=options.size_sweep, default=None,
+                   help="sizes to rank the candidates at, in --sizes syntax (default 4K:64M:4)")
+    t.add_argument("--dtype", choices=[d.short for d in ir.DType], default="f32")
+    t.add_argument("--out", metavar="TABLE", help="the table to write or update (default: this machine's, "
+                   "$STRATAC_CACHE_DIR/selection.json, which the Python API and run/bench read)")
+    t.add_argument("--machine", metavar="TOML", help="predict with stratac simulate's model of this machine "
+                   "description instead of measuring")
+    t.add_argument("--iters", type=options.positive_int, default=20, help="timed calls per size (default 20)")
+    t.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
+    t.add_argument("--timeout", type=options.seconds, default=120.0, help="seconds any wait may take")
+    t.set_defaults(fn=cmd_tune)
 
     d = sub.add_parser("doctor", help="what this machine can build and run, and what is missing")
     d.set_defaults(fn=cmd_doctor)
@@ -283,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     try:
         return args.fn(args)
     except StrataError as exc:

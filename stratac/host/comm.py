@@ -117,6 +117,8 @@ class Communicator:
         self._freed: weakref.WeakSet = weakref.WeakSet()   # forgotten with the last tensor on them
         self._epoch = 0
         self._modules: list[Module] = []
+        self._sync_owner = None   # the prepared call whose flags strata_cpu_describe_sync names
+        self._aiv_cores = None    # the SoC core count last given to the model (strata_cpu_set_aiv_cores)
 
     # ---- construction from a torch.distributed job
     @classmethod
@@ -237,11 +239,15 @@ class Communicator:
 
     # ---- compiled schedules
     def load(self, path_or_source: str | Path, *, options: passes.Options | None = None,
-             name: str = "<source>") -> "Module":
-        """Compiles (through the cache) every schedule of a .strata file or source text."""
+             name: str = "<source>", selection=None) -> "Module":
+        """Compiles (through the cache) every schedule of a .strata file or source text.
+        selection: the table the selecting entry points (mod.allreduce, ...) use: a path or a
+        table, None for this machine's table if `stratac tune` wrote one (stratac.host.select),
+        False for the default rule."""
         self._check_open()
         source = frontend.path_or_text(path_or_source, name)
-        mod = Module(self, compile_source(source, options or passes.Options(), worlds=[self.world]))
+        mod = Module(self, compile_source(source, options or passes.Options(), worlds=[self.world]),
+                     selection=selection)
         self._modules.append(mod)
         return mod
 

@@ -478,7 +478,7 @@ class NpuModule:
 def npu_schedule_class():
     """NpuSchedule, a stratac.host.comm.Schedule that launches on the NPU. Made on first use, so that
     importing stratac.host.npu_comm does not import torch."""
-    from stratac.host.schedule import Schedule
+    from stratac.host.schedule import Schedule, check_world_constraints
 
     class NpuSchedule(Schedule):
         """A schedule built for the NPU, bound to an NpuCommunicator: call it with heap tensors.
@@ -502,12 +502,16 @@ def npu_schedule_class():
 
         def __call__(self, *tensors, cores: int | None = None, **named) -> None:
             self.comm._check_open()
+            check_world_constraints(self.ir, self.comm.world)
             if self._launch is None:
                 raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
-            blocks = self.launch_cores(cores, self.max_cores)
+            if cores is not None:
+                self.launch_cores(cores, self.max_cores)    # a bad cores value before the tensors
             bound = self.bind(*tensors, **named)
             dtype, sizes, ptrs = bound[:3]
             scalars = bound[3] if len(bound) > 3 else {}
+            # the same decision as the CPU launcher's (stratac.host.cores): cores follow the bytes
+            blocks = self.last_cores = self.launch_cores(cores, self.max_cores, sizes, dtype)
             op_param = getattr(self.ir, "op_param", None)
             fixed = {"dtype": dtype.code, "op": scalars.get(op_param.name, 0) if op_param else 0,
                      "blocks": blocks,

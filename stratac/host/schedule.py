@@ -20,6 +20,7 @@ from stratac.codegen import abi
 from stratac.codegen.pipeline import Compiled, compile_schedules
 from stratac.diagnostics import Source
 from stratac.host import instance
+from stratac.host.cores import auto_cores
 from stratac.host.cpu_model import last_error
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.ir import passes
@@ -71,18 +72,45 @@ def _check_manifest(s: ir.Schedule, built: build.Built, world: int, worlds: tupl
                                "verified for its world")
 
 
+def make_selectors(module, selection) -> dict:
+    """One Selector per collective contract of the module (MoE and AllToAllV are called by name),
+    set as an attribute named after the contract unless a schedule has that name."""
+    from stratac.host import select
+    table = select.load_table(selection)
+    by_kind: dict = {}
+    for fn in module.schedules.values():
+        if not fn.ir.contract.kind.moe:
+            by_kind.setdefault(fn.ir.contract.kind, []).append(fn)
+    out = {}
+    for kind, fns in by_kind.items():
+        sel = out[kind.value] = select.Selector(module, kind, fns, table)
+        if kind.value not in module.schedules:
+            setattr(module, kind.value, sel)
+    return out
+
+
 class Module:
     """The schedules of one .strata source, each a callable attribute."""
 
-    def __init__(self, comm, compiled: list[Compiled]):
+    def __init__(self, comm, compiled: list[Compiled], selection=None):
+        self.comm = comm
         self.schedules: dict[str, Schedule] = {}
         for c in compiled:
             fn = Schedule(comm, c.schedule, build.build_cpu(c.output), worlds=c.worlds)
             self.schedules[c.schedule.name] = fn
             setattr(self, c.schedule.name, fn)
+        self.selectors = make_selectors(self, selection)
 
     def __getitem__(self, name: str) -> "Schedule":
         return self.schedules[name]
+
+    def collective(self, kind: str):
+        """The selecting entry point of a contract (also `mod.<kind>` unless a schedule has that
+        name): stratac.host.select.Selector."""
+        if kind not in self.selectors:
+            raise StrataUsageError(f"no schedule of this module implements {kind}; it has "
+                                   f"{', '.join(sorted(self.selectors)) or 'no collective'}")
+        return self.selectors[kind]
 
     def unload(self) -> None:
         for fn in self.schedules.values():
@@ -132,6 +160,8 @@ class Schedule:
         self._launch = getattr(self._lib, abi.launcher_name(s))
         self._scratch: dict[str, torch.Tensor] = {}
         self._instances: dict[tuple, str | None] = {}   # instance -> None (proven) or the refusal
+        self._calls: dict[tuple, _Prepared] = {}         # call signature -> its checked launch
+        self.last_cores: int | None = None               # the cores the last call launched on
         self.cores = s.kernel.cores
         # a packed routing (exscan) checks its window's bound on the device (abi.STATUS_*)
         self._window = _bounded_window(s)
@@ -150,17 +180,23 @@ class Schedule:
             + [inspect.Parameter(x.name, kw, annotation=x.kind.value) for x in s.scalars]
             + [inspect.Parameter("cores", kw, default=None)])
 
-    def launch_cores(self, cores, limit: int) -> int:
-        """The vector cores a call launches on: the schedule's default when cores is None, else
-        cores itself, which must be a whole number in [1, limit] (0 is not "all cores"); limit is
-        the vector core count of the SoC the kernel was compiled for."""
-        blocks = self.cores if cores is None else cores
-        if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= limit:
+    def launch_cores(self, cores, limit: int, sizes: dict[str, int] | None = None,
+                     dtype: ir.DType | None = None) -> int:
+        """The vector cores a call launches on: cores itself when given, which must be a whole
+        number in [1, limit] (0 is not "all cores"; limit is the vector core count of the SoC the
+        kernel was compiled for); when None, the number that follows the bytes the call moves
+        (stratac.host.cores: one per 64 KiB of its largest buffer, at most the plan's cores,
+        self.cores), or the plan's cores when the sizes are not known yet."""
+        if cores is None:
+            if sizes is None or dtype is None:
+                return self.cores
+            return auto_cores(self.ir, self.comm.world, sizes, dtype.nbytes, self.cores)
+        if isinstance(cores, bool) or not isinstance(cores, int) or not 1 <= cores <= limit:
             raise StrataUsageError(
                 f"{self.name}: cores must be between 1 and {limit}, got {cores!r} ({limit} is the vector "
                 f"core count of {self.soc}, the SoC it was compiled for; compile for another with "
                 f"passes.Options(soc=...) or --soc)")
-        return blocks
+        return cores
 
     def unload(self) -> None:
         if self._lib is not None:
@@ -313,6 +349,7 @@ class Schedule:
             if have is None or have.numel() != n or have.dtype != tdtype:
                 if have is not None:
                     self.comm.free(have)
+                self._calls.clear()                      # their launches hold the old pointers
                 have = self._scratch[p.name] = self.comm.empty(max(n, 1), dtype=tdtype)
             out.append(have)
         return out
@@ -322,6 +359,7 @@ class Schedule:
         for t in reversed(list(self._scratch.values())):
             self.comm.free(t)
         self._scratch.clear()
+        self._calls.clear()
 
     def _check_aliasing(self, given: dict) -> None:
         """Two tensors that share memory are refused when the schedule writes either: the verifier
@@ -353,31 +391,54 @@ class Schedule:
                                        f"sizes, more than the {SYNC_SLOTS} of the communicator's sync area")
             self._layout = ";".join(parts).encode()
             self._sync_described = key
-        self.comm._lib.strata_cpu_describe_sync(self._ffi.cast("void*", self.comm._base + self.comm._sync),
-                                                self.comm.world, self._layout)
 
     def __call__(self, *tensors: torch.Tensor, cores: int | None = None, **named) -> None:
-        self.comm._check_open()
-        check_world_constraints(self.ir, self.comm.world)
+        """Checks the call (bind: every check, see docs/api.md) and launches. What bind decided
+        depends only on the call's signature (each tensor's address, dtype, shape, strides, device
+        and allocation; the scalars; cores), so it is kept per signature (_Prepared) and a later
+        call with the same signature re-checks only what the signature cannot fix: that the
+        communicator is open, that every tensor's allocation is still live (not given back with
+        comm.free), and, for MoE, the routing (the ids' values). The proof of the instance is the
+        one bind found for these sizes: what runs is what was proven."""
+        comm = self.comm
+        comm._check_open()
         if self._launch is None:
             raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
-        blocks = self.launch_cores(cores, self.max_cores)
-        dtype, sizes, ptrs, scalars = self.bind(*tensors, **named)
-        self._describe_sync(sizes)
-        epoch = self.comm.next_epoch(self.ir.sync_ops)
-        sync = self._ffi.cast("void*", self.comm._base + self.comm._sync)
-        op = scalars.get(self.ir.op_param.name, 0) if self.ir.op_param else 0
+        try:
+            key = (tuple(map(_signature, tensors)),
+                   tuple((k, type(v), _signature(v) if isinstance(v, torch.Tensor) else v)
+                         for k, v in named.items()),
+                   type(cores), cores)
+            prep = self._calls.get(key)
+        except (AttributeError, TypeError, RuntimeError):   # not tensors, unhashable: bind says why
+            key = prep = None
+        if prep is not None:
+            live = comm._live
+            if not all(c in live for c in prep.storages):
+                prep = None                                  # freed since: bind names the tensor
+            elif prep.routed:
+                self._check_routing(self._given(tensors, named), prep.env)
+        if prep is None:
+            prep = self._prepare(tensors, named, cores)
+            if key is not None:
+                if len(self._calls) >= _MAX_SIGNATURES:
+                    self._calls.clear()
+                self._calls[key] = prep
+        self.last_cores = prep.blocks
+        if comm._sync_owner is not prep:   # names the flags for the model's timeout messages
+            comm._lib.strata_cpu_describe_sync(prep.head[4], comm.world, prep.layout)
+            comm._sync_owner = prep
         # the CPU model refuses launches of more blocks than the SoC the kernel was lowered for has
-        # (model.cpp LaunchBlocks): tell it which SoC that is, per call (modules of one
+        # (model.cpp LaunchBlocks): tell it which SoC that is when it changes (modules of one
         # communicator may be compiled for different SoCs)
-        if self.comm._lib.strata_cpu_set_aiv_cores(self.max_cores) != 0:
-            raise StrataRuntimeError(f"{self.name}: {last_error(self.comm._lib, self.comm._ffi)}")
-        rc = self._launch(dtype.code, op, blocks, self._ffi.NULL, sync, epoch, *ptrs,
-                          *(sizes[n] for n in self.ir.sizes),
-                          *(scalars[x.name] for x in self.ir.rank_params))
+        if comm._aiv_cores != self.max_cores:
+            if comm._lib.strata_cpu_set_aiv_cores(self.max_cores) != 0:
+                raise StrataRuntimeError(f"{self.name}: {last_error(comm._lib, comm._ffi)}")
+            comm._aiv_cores = self.max_cores
+        rc = self._launch(*prep.head, comm.next_epoch(prep.stamps), *prep.tail)
         if rc != 0:
-            raise StrataRuntimeError(f"{self.name} failed on rank {self.comm.rank}: "
-                                     f"{last_error(self.comm._lib, self.comm._ffi)}")
+            raise StrataRuntimeError(f"{self.name} failed on rank {comm.rank}: "
+                                     f"{last_error(comm._lib, comm._ffi)}")
         self.check_status()
 
     def check_status(self) -> None:
@@ -401,3 +462,45 @@ class Schedule:
             + (f"; {over} ranks are over the bound" if over > 1 else "")
             + f". Nothing was {what} on any rank (every rank reports this); raise {sym} to at least {rows}"
             + (" or route fewer tokens to that rank" if self.ir.contract.kind.moe else ""))
+
+    def _given(self, tensors: tuple, named: dict) -> dict:
+        given = dict(zip((p.name for p in self.ir.tensors), tensors))
+        given.update((k, v) for k, v in named.items() if isinstance(v, torch.Tensor))
+        return given
+
+    def _prepare(self, tensors: tuple, named: dict, cores) -> "_Prepared":
+        """Every check of a call (bind), then the launcher's arguments but the epoch."""
+        check_world_constraints(self.ir, self.comm.world)
+        if cores is not None:
+            self.launch_cores(cores, self.max_cores)         # a bad cores value first, as before
+        dtype, sizes, ptrs, scalars = self.bind(*tensors, **named)
+        blocks = self.launch_cores(cores, self.max_cores, sizes, dtype)
+        self._describe_sync(sizes)
+        comm = self.comm
+        given = self._given(tensors, named)
+        op = scalars.get(self.ir.op_param.name, 0) if self.ir.op_param else 0
+        return _Prepared(
+            storages=tuple(given[p.name].untyped_storage()._cdata for p in self.ir.tensors),
+            blocks=blocks, routed=self.ir.contract.kind.moe, env={"world": comm.world, **sizes},
+            layout=self._layout, stamps=self.ir.sync_ops,
+            head=(dtype.code, op, blocks, self._ffi.NULL, self._ffi.cast("void*", comm._base + comm._sync)),
+            tail=(*ptrs, *(sizes[n] for n in self.ir.sizes), *(scalars[x.name] for x in self.ir.rank_params)))
+
+
+_MAX_SIGNATURES = 64   # prepared calls kept per schedule (all dropped when there are more)
+
+
+def _signature(t: torch.Tensor) -> tuple:
+    """What bind's checks of a tensor depend on: where it is, its dtype, shape, strides (hence
+    contiguity), device and allocation (the storage, whose liveness is checked at every call)."""
+    return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.is_cpu, t.untyped_storage()._cdata)
+
+
+class _Prepared:
+    """A checked call's launcher arguments (all but the epoch), kept per signature."""
+
+    __slots__ = ("storages", "blocks", "routed", "env", "layout", "stamps", "head", "tail")
+
+    def __init__(self, **kw):
+        for k, v in kw.items():
+            setattr(self, k, v)

@@ -370,8 +370,110 @@ def half_sums_round_once(comm, rank, world):
         comm.free(x)
 
 
+BCAST = ROOT / "examples" / "broadcast.strata"
+
+
+def cached_calls(comm, rank, world):
+    """A repeated call reuses its checked launch (bind does not run again) but is still refused
+    when what the signature cannot fix has changed: a tensor given back with comm.free, the
+    expert ids' values; and a call whose signature differs in anything bind checks (a bool for a
+    rank, another op, a view, another dtype) is checked afresh."""
+    ar = comm.load(AR)
+    fn = ar.allreduce_twoshot
+    x = comm.empty(1000, dtype=torch.float32)
+    x.fill_(rank + 1)
+    comm.barrier()
+    fn(x, op="sum")
+    check(bool((x == world * (world + 1) // 2).all()), x)
+    real_bind = fn.bind
+
+    def no_bind(*a, **k):
+        raise Failed("bind ran again for a call of the same signature")
+
+    fn.bind = no_bind
+    x.fill_(rank + 1)
+    comm.barrier()
+    fn(x, op="sum")                                   # the same signature: no bind
+    check(bool((x == world * (world + 1) // 2).all()), x)
+    expect_error(Failed, "bind ran again", fn, x, op="max")           # another op: checked afresh
+    expect_error(Failed, "bind ran again", fn, x[:500], op="sum")     # a view: checked afresh
+    expect_error(Failed, "bind ran again", fn, x, op="sum", cores=2)  # other cores: checked afresh
+    fn.bind = real_bind
+    epoch = comm._epoch
+    expect_error(StrataUsageError, "op must be one of sum, max, min, got 'mean'", fn, x, op="mean")
+    expect_error(StrataUsageError, "cores must be between 1 and 40, got True", fn, x, op="sum", cores=True)
+    comm.free(x)
+    expect_error(StrataUsageError, "parameter x was given back with comm.free", fn, x, op="sum")
+    check(comm._epoch == epoch, "a refused call launched a kernel")
+    bc = comm.load(BCAST)
+    b = comm.zeros(16, dtype=torch.int32)
+    if rank == world - 1:
+        b.fill_(7)
+    comm.barrier()
+    bc.broadcast(b, root=world - 1)
+    check(int(b.sum()) == 112, b)
+    expect_error(StrataUsageError, "root must be a rank in", bc.broadcast, b, root=True if world > 1 else 1.0)
+    # MoE: the same tensors with a bad expert id written in place are refused, nothing written
+    T, H, K, E = 4, 16, 2, 2 * world
+    mod = comm.load(PREFILL)
+    xm = comm.empty(T, H, dtype=torch.float32)
+    xm.fill_(1)
+    ids = comm.empty(T, K, dtype=torch.int32)
+    ids.copy_(torch.tensor([[0, 1]] * T, dtype=torch.int32))
+    counts = comm.zeros(world, E, dtype=torch.int32)
+    win = comm.zeros(world * T * K, H, dtype=torch.float32)
+    comm.barrier()
+    mod.moe_prefill_dispatch(xm, ids, counts, win)
+    comm.barrier()
+    win.zero_()
+    counts.zero_()
+    ids[2, 0] = E
+    comm.barrier()
+    epoch = comm._epoch
+    expect_error(StrataUsageError, f"ids[2, 0] = {E} is not an expert", mod.moe_prefill_dispatch, xm,
+                 ids, counts, win)
+    check(comm._epoch == epoch and int(win.abs().sum()) == 0 and int(counts.abs().sum()) == 0,
+          "a refused dispatch wrote or launched")
+
+
+def selecting_entry_point(comm, rank, world):
+    """mod.allreduce picks a candidate by bytes and world: from a table (given as a dict), or by
+    the default rule without one (selection=False); in place through the out-of-place one-shot
+    (a copy, up to 64 KiB) and out of place through the in-place two-shot; results right."""
+    src = AR.read_text() + "\n" + (ROOT / "examples" / "allreduce_oneshot.strata").read_text()
+    table = {"stratac_selection": 1, "provenance": {}, "entries": [
+        {"kind": "allreduce", "world": world, "dtype": "f32", "rows": [
+            {"upto": 4096, "order": ["allreduce_oneshot", "allreduce_twoshot"]},
+            {"upto": None, "order": ["allreduce_twoshot", "allreduce_oneshot"]}]}]}
+    mod = comm.load(src, name="two.strata", selection=table)
+    plain = comm.load(src, name="two.strata", selection=False)
+    total = world * (world + 1) // 2
+    for m, n, out_of_place, want in (
+            (mod, 1000, False, "allreduce_oneshot"),    # 4000 B: the table's first row, via a copy
+            (mod, 1000, True, "allreduce_oneshot"),
+            (mod, 5000, False, "allreduce_twoshot"),    # 20000 B: the second row
+            (mod, 5000, True, "allreduce_twoshot"),     # out of place through in place (copy)
+            (mod, 40000, True, "allreduce_oneshot"),    # 160 KB, above 64 KiB: its own form, no copy
+            (plain, 1000, False, "allreduce_oneshot"),  # default rule, small: fewest statements
+            (plain, 40000, False, "allreduce_twoshot")):  # default rule, large: the first of its form
+        x = comm.empty(n, dtype=torch.float32)
+        x.fill_(rank + 1)
+        out = comm.empty(n, dtype=torch.float32) if out_of_place else None
+        comm.barrier()
+        m.allreduce(x, out, op="sum")
+        got = out if out_of_place else x
+        check(bool((got == total).all()), (n, out_of_place, got[:4]))
+        check(m.allreduce.last == want, (n, out_of_place, m.allreduce.last, want))
+        check(m.collective("allreduce") is m.allreduce, "collective() is the attribute")
+    expect_error(StrataUsageError, "no schedule of this module implements broadcast", mod.collective,
+                 "broadcast")
+    expect_error(StrataUsageError, "is not a stratac selection table", comm.load, src, name="two.strata",
+                 selection={"entries": []})
+
+
 SCENARIOS = {f.__name__: f for f in (interleaved, bad_input, segment_gone, closed, moe_bad_input, moe_bounded,
-                                     moe_interleaved, call_refusals, verdict_cache, half_sums_round_once)}
+                                     moe_interleaved, call_refusals, verdict_cache, half_sums_round_once,
+                                     cached_calls, selecting_entry_point)}
 
 
 def main(scenario, rank, world, store_path, mode):

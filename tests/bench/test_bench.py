@@ -77,7 +77,7 @@ def test_table_has_the_nccl_tests_columns_and_one_row_per_size(gloo_run):
         assert cols[0].split() == ["size", "count", "type", "redop", "root", "time(us)", "algbw",
                                    "busbw", "#wrong"]
         assert cols[1].split() == ["time(us)", "busbw", "#wrong", "ratio"]
-        assert cols[2].split() == ["aiv", "in", "aiv", "out", "sdma", "copies/B"]
+        assert cols[2].split() == ["aiv", "in", "aiv", "out", "sdma", "copies/B", "cores"]
         rows = _rows(out, name)
         assert [int(r[0]) for r in rows] == list(SIZES)
         for r in rows:

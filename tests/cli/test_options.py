@@ -142,3 +142,36 @@ def test_doctor_through_the_cli(capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "cpu" in out.lower()
+
+
+BOUNDED = EX / "moe_prefill_bounded.strata"
+
+
+def test_run_max_recv_bounds_the_window_and_an_overflow_is_an_error(spy, capsys):
+    """`stratac run --max-recv R`: the bounded window has R rows per rank, checked runs are OK within
+    the bound; a routing that sends a rank more rows than R is reported, exit status 1."""
+    common = [str(BOUNDED), "--world", "2", "--tokens", "8", "--hidden", "32", "--topk", "2", "--experts", "4",
+              "--iters", "1", "--cores", "2"]
+    for rows in (32, 24):    # 32 = world x tokens x topk, the most a rank can receive
+        rc = cli.main(["run", *common, "--routing", "uniform", "--max-recv", str(rows)])
+        out = capsys.readouterr()
+        assert rc == 0, out.err
+        assert spy[-1].cases[0].max_recv == rows and "OK" in out.out and "WRONG" not in out.out
+    rc = cli.main(["run", *common, "--routing", "single", "--max-recv", "4"])
+    out = capsys.readouterr()
+    assert rc == 1, out.out + out.err
+    text = out.out + out.err
+    assert "more than the 4 rows of its window win (max_recv = 4)" in text and "Traceback" not in text
+
+
+def test_bench_max_recv_reaches_the_sweep(spy, tmp_path, capsys):
+    """`stratac bench --max-recv R` sweeps the bounded schedules with R window rows per rank."""
+    out = tmp_path / "b.json"
+    rc = cli.main(["bench", str(BOUNDED), "--world", "2", "--tokens", "8", "--hidden", "32", "--topk", "2",
+                   "--experts", "4", "--max-recv", "24", "--iters", "1", "--warmup", "0", "--cores", "2",
+                   "--no-progress", "--json", str(out)])
+    text = capsys.readouterr()
+    assert rc == 0, text.err
+    assert spy[0].max_recv == 24 and all(c.max_recv == 24 for s in spy[1:] for c in s.cases)
+    recs = json.loads(out.read_text())["results"]
+    assert recs and all(r["errors"] == 0 for r in recs if "errors" in r)

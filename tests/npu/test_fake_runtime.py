@@ -147,9 +147,13 @@ def test_load_builds_with_cmake_and_a_launch_reaches_the_kernel(rt):
     assert got == (f"allreduce_twoshot_f32_max blocks=5 stream={0x57AE} sync={comm._sync} "
                    f"epoch={epoch} x={x.data_ptr()} n=1024")
     y = comm.empty(1024, dtype=torch.float16)
-    fn(y, op="sum")
+    fn(y, op="sum")   # 2 KiB: one core (stratac.host.cores, the CPU launcher's decision too)
     assert kernels.fake_last_launch().decode().startswith(
-        f"allreduce_twoshot_f16_sum blocks={fn.cores} stream={0x57AE} ")
+        f"allreduce_twoshot_f16_sum blocks=1 stream={0x57AE} ")
+    big = comm.empty(4 << 20, dtype=torch.float16)
+    fn(big, op="sum")   # 8 MiB: every core of the SoC
+    assert kernels.fake_last_launch().decode().startswith(
+        f"allreduce_twoshot_f16_sum blocks={fn.cores} stream={0x57AE} ") and fn.cores == 40
     with pytest.raises(StrataUsageError, match="cores must be between 1 and 40"):
         fn(x, op="sum", cores=41)
     with pytest.raises(StrataUsageError, match="is on cpu"):

@@ -145,6 +145,7 @@ def test_a_launch_passes_the_launcher_its_arguments_in_abi_order(example):
     s = codegen.generate(passes.pipeline(s, passes.Options())).schedule
     fn = object.__new__(npu_comm.npu_schedule_class())   # no library: the launcher is recorded
     fn.comm, fn.ir, fn.name, fn.cores, fn.max_cores, fn.soc = FakeComm(), s, s.name, 40, 40, "Ascend910B3"
+    fn._bounded, fn._window = False, None
     fn._ffi = cffi.FFI()
     fn._ffi.cdef(abi.cdef(s))
     fn._scratch = {}
@@ -170,6 +171,10 @@ def test_a_launch_passes_the_launcher_its_arguments_in_abi_order(example):
         assert got["op"] == (1 if scalars else 0)      # max is abi.OPS[1]
     with pytest.raises(Exception, match="cores must be between 1 and 40"):
         fn(**tensors, **scalars, cores=41)
+    calls.clear()
+    fn(**tensors, **scalars)   # no cores: they follow the bytes (stratac.host.cores), 1 here
+    [args] = calls
+    assert dict(zip((a.name for a in abi.args(s)), args))["blocks"] == 1 == fn.last_cores
 
 
 @pytest.mark.npu

@@ -48,6 +48,9 @@ class BenchSpec:
     progress: bool = False
     ceiling_bytes: int = 256 << 20
     trace: str | None = None      # write a Chrome/Perfetto trace of one call per schedule and size
+    selected: bool = False        # bench each contract's selecting entry point (stratac.host.select)
+    selection: str | None = None  # its table (None: this machine's, if `stratac tune` wrote one)
+    ceiling: bool = True          # measure the copy ceiling (stratac tune does not)
     # MoE dispatch/combine files (None: the defaults below, or workload.MOE_DEFAULTS)
     tokens: list[int] | None = None     # tokens per rank, swept (default MOE_TOKENS)
     hidden: int | None = None

@@ -131,7 +131,7 @@ def run(spec: BenchSpec, pairs: list[tuple[str, str | None]], echo=print) -> Ben
     opts = passes.Options(soc=spec.soc, cores=spec.cores)
     opts.check()
     compiled = schedule.compile_source(load_source(spec.file), opts, worlds=[spec.world])
-    meta["cores"] = spec.cores or compiled[0].schedule.kernel.cores
+    meta["cores"] = spec.cores or f"by size (at most {compiled[0].schedule.kernel.cores})"
     rspec = runner.RunSpec(file=spec.file, world=spec.world, cases=cases, iters=spec.iters,
                            warmup=spec.warmup, timeout=spec.timeout, check=True, seed=spec.seed,
                            soc=spec.soc, cores=spec.cores)

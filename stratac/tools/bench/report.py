@@ -81,7 +81,7 @@ def table(res: BenchResult) -> list[str]:
                  f"{'algbw':>7} {'busbw':>7} {'#wrong':>7}")
         for p in peers:
             head2 += f" | {'time(us)':>10} {'busbw':>7} {'#wrong':>6} {'ratio':>8}"
-        head2 += f" | {'aiv in':>10} {'aiv out':>10} {'sdma':>10} {'copies/B':>9}"
+        head2 += f" | {'aiv in':>10} {'aiv out':>10} {'sdma':>10} {'copies/B':>9} {'cores':>5}"
         lines += [head1, head2]
         for r in recs:
             e = r["engines"]
@@ -99,8 +99,10 @@ def table(res: BenchResult) -> list[str]:
                 row += (f" | {q['time_us']:>10.1f} {q['busbw']:>7.3f} {q['errors']:>6} "
                         f"{fmt_ratio(r['ratio'].get(p)):>8}")
             row += (f" | {e['aiv_in']:>10.0f} {e['aiv_out']:>10.0f} {e['sdma']:>10.0f} "
-                    f"{_f(r['copies_per_byte'], '.2f', 9)}")
+                    f"{_f(r['copies_per_byte'], '.2f', 9)} {r['cores']:>5}")
             lines.append(row)
+        if recs[0].get("picked"):
+            lines.append("#   picked: " + ", ".join(f"{fmt_bytes(r['size'])} {r['picked']}" for r in recs))
     lines += notes
     lines += copies_table(res)
     return lines

@@ -64,13 +64,16 @@ def run(spec: BenchSpec, echo=print) -> BenchResult:
     meta["torch"] = torch.__version__
     if "mpi" in spec.peers:
         meta["mpi"] = mpi.setup_mpi(echo)
-    meta["copy_ceiling"] = machine.copy_ceiling(spec.ceiling_bytes)   # before anything else runs
+    meta["copy_ceiling"] = (machine.copy_ceiling(spec.ceiling_bytes) if spec.ceiling   # before anything else
+                            else {"bytes": 0, "gbps_1_thread": 0.0, "gbps_all_threads": 0.0, "threads": 0})
+    meta["selected"] = spec.selected
     pl = plan(spec)
-    meta["cores"] = spec.cores or pl.compiled[0].schedule.kernel.cores
+    meta["cores"] = spec.cores or f"by size (at most {pl.compiled[0].schedule.kernel.cores})"
     meta["instance_proofs"] = proofs.prove(spec.world, pl.instances)
     rspec = runner.RunSpec(file=spec.file, world=spec.world, cases=pl.cases, iters=spec.iters,
                            warmup=spec.warmup, timeout=spec.timeout, check=True, seed=spec.seed,
-                           soc=spec.soc, cores=spec.cores)
+                           soc=spec.soc, cores=spec.cores, selected=spec.selected,
+                           selection=spec.selection)
     need = memory_needed(spec, pl, runner.heap_bytes(rspec, pl.compiled))
     avail = machine.mem_available()
     if avail is not None and need > 0.8 * avail:   # an OOM kill would take other processes too
@@ -219,7 +222,7 @@ def _records(results: list[dict], pl: Plan, spec: BenchSpec) -> list[dict]:
     for (name, count, dtype), ranks in ours.items():
         ranks.sort(key=lambda r: r["rank"])
         r0 = ranks[0]
-        s = scheds[name]
+        s = scheds[r0.get("form") or name]   # a selecting entry point: the form it was called in
         kind = s.contract.kind.value
         size = r0["size"]
         per_rank = []
@@ -234,6 +237,7 @@ def _records(results: list[dict], pl: Plan, spec: BenchSpec) -> list[dict]:
                              "remote_write": tot["remote_write"],
                              "sdma_posts": tot["sdma_posts"], "sdma_sqes": tot["sdma_sqes"],
                              "core_balance": max(cores) / mean if mean else None,
+                             "cores_busy": sum(1 for c in cores if c),
                              "per_core": [{"core": i, "aiv_in": c["mte_in"], "aiv_out": c["mte_out"],
                                            "sdma": c["sdma"], "sdma_posts": c["sdma_posts"],
                                            "sdma_sqes": c["sdma_sqes"]} for i, c in enumerate(ctr)],
@@ -248,14 +252,15 @@ def _records(results: list[dict], pl: Plan, spec: BenchSpec) -> list[dict]:
                "count": count, "dtype": dtype, "op": r0["op"], "root": r0["root"],
                **_figures(size, r0["time_s"], r0["busbw_factor"]),
                "errors": r0["ranks_wrong"], "why": [r["why"] for r in ranks if r["why"]],
-               "cores": r0["cores"], "engines": engines,
+               "cores": r0["cores"], "cores_busy": max(p["cores_busy"] for p in per_rank),
+               "engines": engines,
                "copies_per_byte": landed / size if size else None,
                "min_copies_per_byte": _min_copies(kind, w, s.contract.in_place),
                "fabric_per_byte": (engines["remote_read"] + engines["remote_write"]) / size if size else None,
                "min_fabric_per_byte": _min_fabric(kind, w),
                "core_balance": max(balances) if balances else None,
                "heap_bytes": max(p["heap_bytes"] for p in per_rank),
-               "staging": bool(s.scratch), "per_rank": per_rank}
+               "staging": bool(s.scratch), "per_rank": per_rank, "picked": r0.get("picked")}
         out.append(rec)
     for p in peers:
         rec = {"system": p["system"], "schedule": p["schedule"], "kind": p["kind"], "world": w,
@@ -275,6 +280,7 @@ def _records(results: list[dict], pl: Plan, spec: BenchSpec) -> list[dict]:
                 r["ratio"][peer] = (r["busbw"] / q["busbw"] if q and q["busbw"] and r["busbw"]
                                     else None)
     order = {name: i for i, name in enumerate(scheds)}
+    order.update({r["schedule"]: -1 for r in out if r.get("picked")})
     out.sort(key=lambda r: (r["system"] != "stratac", order.get(r["schedule"], 0), r["kind"],
                             r["system"], r["size"]))
     return out

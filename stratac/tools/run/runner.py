@@ -63,6 +63,8 @@ class RunSpec:
     heap_bytes: int | None = None
     target: str = "cpu"          # "npu": CANN build, SHMEM heap on the NPUs (stratac.targets.npu, stratac.host.npu_comm)
     bench: dict | None = None    # `stratac bench`: peer measurements and gate (stratac.tools.bench.benchpeer)
+    selected: bool = False       # run each contract's selecting entry point, not every schedule
+    selection: str | None = None  # its table (stratac.host.select; None: this machine's default)
 
 
 @dataclass
@@ -168,7 +170,8 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
                              "timeout": spec.timeout, "soc": spec.soc, "cores": spec.cores,
                              "cases": [vars(c) for c in spec.cases],
                              "iters": spec.iters, "warmup": spec.warmup, "seed": spec.seed,
-                             "bench": spec.bench, "target": spec.target}
+                             "bench": spec.bench, "target": spec.target,
+                             "selected": spec.selected, "selection": spec.selection}
                     # output goes to files, not pipes: a rank never blocks on a full pipe nobody reads
                     out = open(Path(tmp) / f"rank{r}.out", "w+", encoding="utf-8", errors="replace")
                     err = open(Path(tmp) / f"rank{r}.err", "w+", encoding="utf-8", errors="replace")
@@ -318,7 +321,7 @@ def report(outcome: RunOutcome, check: bool) -> list[str]:
     """One line per schedule (rank 0's view; time is the slowest rank's)."""
     lines = []
     head = (f"{'schedule':<30} {'world':>5} {'size':>9} {'count':>10} {'type':>4} {'op':>4} {'time(us)':>10} "
-            f"{'algbw':>7} {'busbw':>7} {'aiv bytes':>10} {'sdma bytes':>10} {'core max/mean':>13} "
+            f"{'algbw':>7} {'busbw':>7} {'cores':>5} {'aiv bytes':>10} {'sdma bytes':>10} {'core max/mean':>13} "
             f"{'heap/rank':>10}  result")
     lines.append(head)
     for r in (r for r in outcome.results if r["rank"] == 0):
@@ -335,7 +338,7 @@ def report(outcome: RunOutcome, check: bool) -> list[str]:
         if not check:
             result = "unchecked"
         lines.append(f"{r['schedule']:<30} {r['world']:>5} {_fmt_bytes(r['size']):>9} {r['count']:>10} "
-                     f"{r['dtype']:>4} {r.get('op') or '-':>4} {t * 1e6:>10.1f} {algbw:>7.2f} {busbw:>7.2f} {aiv:>10} {sdma:>10} "
+                     f"{r['dtype']:>4} {r.get('op') or '-':>4} {t * 1e6:>10.1f} {algbw:>7.2f} {busbw:>7.2f} {r['cores']:>5} {aiv:>10} {sdma:>10} "
                      f"{balance:>13} {_fmt_bytes(r['heap_bytes']):>10}  {result}")
     moe = [r for r in outcome.results if r["rank"] == 0 and r.get("moe")]
     for r in moe:
@@ -349,6 +352,8 @@ def report(outcome: RunOutcome, check: bool) -> list[str]:
             lines.append(f"  MoE {r['schedule']}: tokens {m['tokens']}/rank, hidden {m['hidden']}, topk "
                          f"{m['topk']}, experts {m['experts']}, routing {m['routing']}; window "
                          f"{m['window_rows']} rows{cap}; size = received bytes per rank (mean)")
+    for r in (r for r in outcome.results if r["rank"] == 0 and r.get("picked")):
+        lines.append(f"  {r['schedule']} at {_fmt_bytes(r['size'])}: picked {r['picked']}")
     for r in outcome.results:
         if not r["ok"] and r["why"]:
             lines.append(f"  {r['schedule']} rank {r['rank']}: {r['why']}")

@@ -43,13 +43,17 @@ def main(spec_text: str) -> int:
             comm = Communicator.from_process_group(heap_bytes=spec["heap_bytes"],
                                                    timeout=spec["timeout"], segment=spec["segment"])
         opts = passes.Options(soc=spec["soc"], cores=spec["cores"])
-        mod = comm.load(spec["file"], options=opts)
+        mod = comm.load(spec["file"], options=opts, selection=spec.get("selection"))
         bench = spec.get("bench")   # `stratac bench`: peers measured between cases (benchpeer)
         if bench:
             from stratac.tools.bench import benchpeer
             benchpeer.before_cases(bench)
+        fns = list(mod.schedules.values())
+        if spec.get("selected"):   # each contract's selecting entry point instead of its schedules
+            fns = [SelectedCall(sel) for sel in mod.selectors.values()] + \
+                [fn for fn in fns if fn.ir.contract.kind.moe]
         for i, case in enumerate(spec["cases"]):
-            for item in moe_pairs(list(mod.schedules.values())):
+            for item in moe_pairs(fns):
                 results = (_run_moe(comm, *item, case, spec, rank, world) if isinstance(item, tuple)
                            else [_run_case(comm, item, case, spec, rank, world)])
                 for result in results:
@@ -96,12 +100,39 @@ def _all_ok(ok: bool) -> bool:
     return int(flag.item()) == 0
 
 
+class SelectedCall:
+    """A contract's selecting entry point (stratac.host.select.Selector) in the shape the case
+    runner calls: named tensors of one candidate's form (in place if the file has an in-place
+    candidate, as MPI's and gloo's AllReduce are), the schedule it picked in `last`."""
+
+    def __init__(self, sel):
+        self.sel = sel
+        same = [fn for fn in sel.candidates if fn.ir.contract.in_place]
+        self.form = (same or sel.candidates)[0]
+        self.ir = self.form.ir
+        self.name = f"select:{sel.name}"
+
+    def __call__(self, cores=None, **args):
+        c = self.ir.contract
+        tensors = {p.name for p in self.ir.tensors}
+        scalars = {k: v for k, v in args.items() if k not in tensors}
+        out = None if c.in_place else args[c.outputs[0]]
+        self.sel(args[c.inputs[0]], out, cores=cores, **scalars)
+
+    @property
+    def last_cores(self):
+        return self.sel.last_cores
+
+    def release_scratch(self) -> None:
+        self.sel.release()
+
+
 def moe_pairs(fns: list) -> list:
     """The loaded schedules paired as workload.moe_pairs pairs them (callables, not IR)."""
     from stratac.host.errors import StrataUsageError
     from stratac.tools.run.workload import PairingError
     from stratac.tools.run.workload import moe_pairs as pair_ir
-    by_name = {fn.name: fn for fn in fns}
+    by_name = {fn.ir.name: fn for fn in fns}
     try:
         items = pair_ir([fn.ir for fn in fns])
     except PairingError as exc:
@@ -139,7 +170,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
     cargs = dict(zip(c.inputs + c.outputs, (t["win"], t["ids"], t["weights"], t["counts"], t["y"]))) \
         if comb else {}
     phases = (("dispatch", disp, dargs),) + ((("combine", comb, cargs),) if comb else ())
-    blocks = spec["cores"] or disp.ir.kernel.cores
+    blocks = spec["cores"]   # None: each call's own (stratac.host.cores: they follow the bytes)
     rows = t["win"].shape[0]
     timing: dict[str, list[float]] = {"dispatch": [], "combine": [], "whole": []}
     counters: dict[str, list] = {}
@@ -164,7 +195,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
             if timed:
                 timing[name].append(time.perf_counter() - t0)
             if seed is not None and name not in counters:   # the first checked call's (seed's)
-                counters[name] = comm.counters()
+                counters[name] = comm.counters()[:fn.last_cores or None]   # the cores it launched
         if timed:   # the whole operation: dispatch, the expert step, combine
             timing["whole"].append(time.perf_counter() - start)
 
@@ -207,7 +238,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
             "root": None, "count": wl.tokens, "size": recv, "time_s": times[i][0],
             "time_mean_s": times[i][1], "op_time_s": whole,
             "busbw_factor": 1.0, "ok": ok, "why": why if i == 0 else "", "ranks_wrong": int(flags.item()),
-            "cores": blocks, "counters": counters[name], "heap_bytes": heap_bytes,
+            "cores": fn.last_cores, "counters": counters[name], "heap_bytes": heap_bytes,
             "heap_user_bytes": heap_bytes - heap_before,
             "moe": {"tokens": wl.tokens, "hidden": wl.hidden, "topk": wl.topk, "experts": wl.experts,
                     "routing": wl.routing, "capacity": wl.capacity if wl.slotted else None,
@@ -333,7 +364,7 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
     heap_before = comm.heap_used
     tensors = {p.name: comm.empty(wl.numel(p), dtype=tdtype) for p in s.tensors}
     args = dict(tensors, **wl.scalars)
-    blocks = spec["cores"] or s.kernel.cores
+    blocks = spec["cores"]   # None: the call's own (stratac.host.cores: they follow the bytes)
 
     def checked(seed: int) -> tuple[bool, str]:
         wl.fill(tensors, rank, seed)
@@ -345,7 +376,7 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
 
     comm.reset_counters()
     ok, why = checked(spec["seed"])
-    counters = comm.counters()
+    counters = comm.counters()[:fn.last_cores or None]   # the cores this call launched
     heap_bytes = comm.heap_used   # after the first call: includes a staging baseline's scratch
     for _ in range(spec["warmup"]):
         fn(**args, cores=blocks)
@@ -371,11 +402,12 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
         comm.free(tensors[p.name])
     fn.release_scratch()
     return {
-        "schedule": s.name, "rank": rank, "world": world, "dtype": dtype.short,
+        "schedule": fn.name, "rank": rank, "world": world, "dtype": dtype.short,
         "op": wl.reduce_op if s.contract.op else None, "root": wl.root if s.rank_params else None,
         "count": count, "size": wl.size_bytes(dtype.nbytes), "time_s": elapsed, "time_mean_s": mean,
         "busbw_factor": wl.busbw_factor(), "ok": ok, "why": why,
-        "ranks_wrong": int(flags.item()), "cores": blocks, "counters": counters,
+        "ranks_wrong": int(flags.item()), "cores": fn.last_cores, "counters": counters,
+        "form": s.name, "picked": getattr(getattr(fn, "sel", None), "last", None),
         "heap_bytes": heap_bytes, "heap_user_bytes": heap_bytes - heap_before,
     }
 

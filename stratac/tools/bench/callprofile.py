@@ -1,0 +1,223 @@
+"""Where the time of one small call goes: the per-call cost breakdown of a schedule on the CPU build.
+
+    python -m stratac.tools.bench.callprofile FILE --world 2 --size 4K [--cores N] [--iters 300]
+
+Starts `world` rank processes (a FileStore, no process group), loads every schedule of FILE through
+the public API (Communicator.from_store, comm.load) and, per schedule, after warm-up calls:
+
+* times `iters` back-to-back calls (perf_counter around the whole call) and, inside each, the
+  launcher's cffi call (the generated `strata_launch_*`, wrapped): python = call - launch;
+* profiles the Python side with cProfile over the same number of calls (the top functions by own
+  time), so that the argument checks, the proof lookup and the cffi argument conversion show;
+* traces `traced` more calls with the CPU model's trace (CLOCK_MONOTONIC, like time.monotonic)
+  and splits the launch: handoff (launch entered -> the first core runs its kernel, which includes
+  waking the core threads and filling each UB with 0xff), per-core kernel time split into waits
+  (flag waits / world barrier, SyncAll, SDMA quiet) and work (stages minus waits: copies,
+  reductions), and join (the last core returns -> the launcher returns).
+
+Medians over the calls, rank 0's view (both ranks print with --all-ranks). This is a measuring tool
+for docs/bench.md ("Small messages: where the time goes"), not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else 0.0
+
+
+def _trace_breakdown(events: list[dict], t_launch0: float, t_launch1: float) -> dict:
+    """One traced call's spans (us) -> handoff, per-core kernel/wait/work, join."""
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    if not kernels:
+        return {}
+    waits: dict[int, float] = {}
+    syncall: dict[int, float] = {}
+    for e in events:
+        if e.get("cat") == "wait" and e["tid"] < 1000:
+            if e["name"] == "SyncAll":
+                syncall[e["tid"]] = syncall.get(e["tid"], 0.0) + e["dur"]
+            else:
+                waits[e["tid"]] = waits.get(e["tid"], 0.0) + e["dur"]
+    first = min(k["ts"] for k in kernels)
+    last = max(k["ts"] + k["dur"] for k in kernels)
+    per_core = [k["dur"] for k in kernels]
+    work = [k["dur"] - waits.get(k["tid"], 0.0) - syncall.get(k["tid"], 0.0) for k in kernels]
+    sdma = [e["dur"] for e in events if e["tid"] >= 1000]
+    return {"cores": len(kernels), "handoff_us": first - t_launch0 * 1e6,
+            "last_start_us": max(k["ts"] for k in kernels) - t_launch0 * 1e6,
+            "flag_wait_max_us": max(waits.values(), default=0.0),
+            "first_to_last_us": last - first, "join_us": t_launch1 * 1e6 - last,
+            "kernel_us": _median(per_core), "kernel_max_us": max(per_core),
+            "flag_wait_us": _median([waits.get(k["tid"], 0.0) for k in kernels]),
+            "syncall_us": _median([syncall.get(k["tid"], 0.0) for k in kernels]),
+            "work_us": _median(work), "work_max_us": max(work),
+            "sdma_copy_us": sum(sdma), "sdma_copies": len(sdma)}
+
+
+def rank_main(spec: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from stratac.host.comm import Communicator
+    from stratac.ir import DType
+    from stratac.tools.run.workload import Workload
+
+    torch.set_num_threads(1)
+    rank, world = spec["rank"], spec["world"]
+    store = dist.FileStore(spec["store"], world)
+    comm = Communicator.from_store(rank, world, store, heap_bytes=spec["heap"], prefix="prof")
+    mod = comm.load(spec["file"])
+    out = []
+    tmp = Path(spec["tmp"])
+    for name, fn in mod.schedules.items():
+        s = fn.ir
+        dtype = DType.parse(spec["dtype"])
+        tdtype = getattr(torch, dtype.torch_name)
+        count = Workload.count_for_bytes(s, world, spec["size"], dtype.nbytes)
+        wl = Workload(s, world, count)
+        tensors = {p.name: comm.zeros(wl.numel(p), dtype=tdtype) for p in s.tensors}
+        args = dict(tensors, **wl.scalars)
+        kw = {} if spec["cores"] is None else {"cores": spec["cores"]}
+        launch_times: list[tuple[float, float]] = []
+        real = fn._launch
+
+        def timed_launch(*a, _real=real):
+            t0 = time.monotonic()
+            rc = _real(*a)
+            launch_times.append((t0, time.monotonic()))
+            return rc
+
+        fn._launch = timed_launch
+        for _ in range(spec["warmup"]):
+            fn(**args, **kw)
+        comm.barrier()
+        launch_times.clear()
+        calls = []
+        for _ in range(spec["iters"]):
+            t0 = time.monotonic()
+            fn(**args, **kw)
+            calls.append(time.monotonic() - t0)
+        launches = [b - a for a, b in launch_times]
+        comm.barrier()
+        # cProfile of the same calls (its own overhead inflates them: read the split, not the sum)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(spec["iters"]):
+            fn(**args, **kw)
+        prof.disable()
+        comm.barrier()
+        st = pstats.Stats(prof)
+        funcs = sorted(((v[2], f"{Path(k[0]).name}:{k[1]}({k[2]})", v[1]) for k, v in st.stats.items()),
+                       reverse=True)[:12]
+        # traced calls
+        traces = []
+        for i in range(spec["traced"]):
+            comm.barrier()
+            launch_times.clear()
+            comm._lib.strata_cpu_trace_enable(1)
+            fn(**args, **kw)
+            comm._lib.strata_cpu_trace_enable(0)
+            path = tmp / f"r{rank}-{name}-{i}.jsonl"
+            comm._lib.strata_cpu_trace_write(str(path).encode())
+            events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            traces.append(_trace_breakdown(events, *launch_times[-1]))
+        fn._launch = real
+        comm.barrier()
+        keys = traces[0].keys() if traces else ()
+        tb = {k: _median([t[k] for t in traces]) for k in keys}
+        out.append({"schedule": name, "rank": rank, "count": count,
+                    "call_us": _median(calls) * 1e6, "launch_us": _median(launches) * 1e6,
+                    "python_us": _median([c - lt for c, lt in zip(calls, launches)]) * 1e6,
+                    "trace": tb,
+                    "cprofile": [{"own_s_per_call": t / spec["iters"], "func": f, "calls_per_call":
+                                  n / spec["iters"]} for t, f, n in funcs]})
+        for p in reversed(s.tensors):
+            comm.free(tensors[p.name])
+        fn.release_scratch()
+    print("PROFILE " + json.dumps(out), flush=True)
+    comm.close()
+
+
+def main(argv=None) -> int:
+    from stratac.tools.options import byte_size
+    ap = argparse.ArgumentParser(prog="python -m stratac.tools.bench.callprofile")
+    ap.add_argument("file", nargs="?")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--size", type=byte_size, default=4096)
+    ap.add_argument("--dtype", default="f32")
+    ap.add_argument("--cores", type=int, default=None)
+    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--traced", type=int, default=20)
+    ap.add_argument("--all-ranks", action="store_true")
+    ap.add_argument("--json", metavar="OUT")
+    ap.add_argument("--rank-spec", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.rank_spec:
+        rank_main(json.loads(a.rank_spec))
+        return 0
+    if a.file is None:
+        ap.error("FILE is required")
+    from stratac.host import schedule
+    from stratac.ir import passes
+    from stratac.lang.frontend import load_source
+    from stratac.targets import cpu as build
+    for c in schedule.compile_source(load_source(a.file), passes.Options(), worlds=[a.world]):
+        build.build_cpu(c.output)   # warm the cache before the ranks start
+    with tempfile.TemporaryDirectory(prefix="stratac-prof-") as tmp:
+        procs = []
+        for r in range(a.world):
+            spec = {"file": str(Path(a.file).resolve()), "rank": r, "world": a.world,
+                    "store": f"{tmp}/store", "heap": 64 << 20 if a.size < 8 << 20 else 8 * a.size,
+                    "size": a.size, "dtype": a.dtype, "cores": a.cores, "iters": a.iters,
+                    "warmup": a.warmup, "traced": a.traced, "tmp": tmp}
+            procs.append(subprocess.Popen([sys.executable, "-m", "stratac.tools.bench.callprofile",
+                                           "--rank-spec", json.dumps(spec)],
+                                          stdout=subprocess.PIPE, text=True,
+                                          env=dict(os.environ, OMP_NUM_THREADS="1")))
+        results = []
+        status = 0
+        for p in procs:
+            text, _ = p.communicate(timeout=600)
+            status |= p.returncode
+            for line in text.splitlines():
+                if line.startswith("PROFILE "):
+                    results += json.loads(line[len("PROFILE "):])
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+    for r in results:
+        if r["rank"] != 0 and not a.all_ranks:
+            continue
+        t = r["trace"]
+        print(f"# {r['schedule']} rank {r['rank']}: world {a.world}, {a.size} B {a.dtype}, "
+              f"cores {t.get('cores')}, median of {a.iters} calls ({a.traced} traced)")
+        print(f"  call {r['call_us']:9.1f} us = python {r['python_us']:8.1f} + launch {r['launch_us']:8.1f}")
+        if t:
+            print(f"  launch (traced): handoff {t['handoff_us']:8.1f} (last core starts at "
+                  f"{t['last_start_us']:.1f})  first core start->last core end "
+                  f"{t['first_to_last_us']:8.1f}  join {t['join_us']:7.1f}")
+            print(f"  per core (median): kernel {t['kernel_us']:8.1f} (max {t['kernel_max_us']:.1f}) = "
+                  f"flag waits {t['flag_wait_us']:8.1f} (max {t['flag_wait_max_us']:.1f}) + SyncAll {t['syncall_us']:8.1f} + work "
+                  f"{t['work_us']:7.1f} (max {t['work_max_us']:.1f}); sdma {t['sdma_copies']} copies "
+                  f"{t['sdma_copy_us']:.1f} us")
+        print("  cProfile, own time per call:")
+        for f in r["cprofile"][:8]:
+            print(f"    {f['own_s_per_call'] * 1e6:8.1f} us  x{f['calls_per_call']:<5.1f} {f['func']}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
