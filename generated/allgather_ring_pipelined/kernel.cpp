@@ -27,17 +27,17 @@ class AllgatherRingPipelined {
 
   __aicore__ inline void Process() {
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      STRATA_LINE(18);  // strata:18
+      STRATA_LINE(20);  // strata:20
       strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, strata::Mod(rank - 1, world));
     }
     AscendC::SyncAll<true>();
-    {  // strata:19 stage 1 on sdma
-      STRATA_LINE(19);
+    {  // strata:21 stage 1 on sdma
+      STRATA_LINE(21);
       int64_t total = 0;
       total += n_;
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(19);  // strata:19
+      STRATA_LINE(21);  // strata:21
       if (cut.Take(n_, off, len)) {
         mv_.Copy(strata::Via::kSdma, out_ + rank * n_ + off, rank,
                  x_ + off, rank, len, rank, kSdmaThreshold);
@@ -45,45 +45,45 @@ class AllgatherRingPipelined {
       strata::EndStage(mv_);
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      STRATA_LINE(20);  // strata:20
+      STRATA_LINE(22);  // strata:22
       strata::WaitFlag(strata::SyncSlot(sync_, world), epoch_ + 1);
     }
     AscendC::SyncAll<true>();
-    for (int64_t s_ = 0; s_ < world - 1; ++s_) {  // strata:21
-      for (int64_t c_ = 0; c_ < 4; ++c_) {  // strata:23
+    for (int64_t s_ = 0; s_ < world - 1; ++s_) {  // strata:23
+      for (int64_t c_ = 0; c_ < 2; ++c_) {  // strata:25
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           if (s_ > 0) {
-            STRATA_LINE(24);  // strata:24
-            strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (s_ - 1) * 4 + c_), epoch_ + 2);
+            STRATA_LINE(26);  // strata:26
+            strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (s_ - 1) * 2 + c_), epoch_ + 2);
           }
         }
         AscendC::SyncAll<true>();
-        {  // strata:25 stage 2 on sdma
-          STRATA_LINE(25);
+        {  // strata:27 stage 2 on sdma
+          STRATA_LINE(27);
           int64_t total = 0;
-          total += n_ / 4 + (c_ < n_ % 4);
+          total += n_ / 2 + (c_ < n_ % 2);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(25);  // strata:25
-          if (cut.Take(n_ / 4 + (c_ < n_ % 4), off, len)) {
-            const int64_t lo = strata::Mod(rank - s_, world) * n_ + (c_ * (n_ / 4) + strata::Min(c_, n_ % 4));
+          STRATA_LINE(27);  // strata:27
+          if (cut.Take(n_ / 2 + (c_ < n_ % 2), off, len)) {
+            const int64_t lo = strata::Mod(rank - s_, world) * n_ + (c_ * (n_ / 2) + strata::Min(c_, n_ % 2));
             mv_.Copy(strata::Via::kSdma, out_ + lo + off, (rank + 1) % world,
                      out_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(26);  // strata:26
-          strata::Signal(strata::SyncSlot(sync_, world + 1 + s_ * 4 + c_), epoch_ + 2, (rank + 1) % world);
+          STRATA_LINE(28);  // strata:28
+          strata::Signal(strata::SyncSlot(sync_, world + 1 + s_ * 2 + c_), epoch_ + 2, (rank + 1) % world);
         }
         AscendC::SyncAll<true>();
       }
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (world > 1) {
-        for (int64_t c_ = 0; c_ < 4; ++c_) {
-          STRATA_LINE(29);  // strata:29
-          strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (world - 2) * 4 + c_), epoch_ + 2);
+        for (int64_t c_ = 0; c_ < 2; ++c_) {
+          STRATA_LINE(31);  // strata:31
+          strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (world - 2) * 2 + c_), epoch_ + 2);
         }
       }
     }
