@@ -291,6 +291,8 @@ def _exprs(s: ir.Schedule):
             yield r.rank
         if r.part is not None:
             yield from r.part
+        if r.sub is not None:
+            yield from r.sub[1:]
 
     def walk(ops):
         for op in ops:

@@ -193,7 +193,13 @@ def _region_fn(r: ir.Region) -> Callable[[dict], tuple]:
         return hit[1]
     parts = [_py(x) for x in (r.part or (ir.Const(0), ir.Const(1)))]
     owner = "env['rank']" if r.rank is None else _py(r.rank)
-    fn = eval(f"lambda env: ({owner}, {_py(r.lo)}, {_py(r.length)}, {parts[0]}, {parts[1]})",  # noqa: S307
+    # inside a part (part[i][lo:hi], chunk[i][c]): a, b, limit with 0 <= a <= b <= limit
+    # (a chunk c of k: c, c + 1, k)
+    sub = ("0", "0", "0") if r.sub is None else (
+        (_py(r.sub[1]), _py(r.sub[2]), _py(r.sub[3])) if r.sub[0] == "range"
+        else (_py(r.sub[1]), f"({_py(r.sub[1])}) + 1", _py(r.sub[2])))
+    fn = eval(f"lambda env: ({owner}, {_py(r.lo)}, {_py(r.length)}, {parts[0]}, {parts[1]}, "  # noqa: S307
+              f"{sub[0]}, {sub[1]}, {sub[2]})",
               {"_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_log2": _log2})
     if len(_REGIONS) > 65536:
         _REGIONS.clear()
@@ -367,10 +373,11 @@ class _Builder:
         # the fast path: every expression of the region in one compiled call; any evaluation
         # error takes the slow path below, which reports it at its place
         try:
-            owner, lo, n, index, parts = _region_fn(r)(env)
+            owner, lo, n, index, parts, a, b, limit = _region_fn(r)(env)
         except (ArithmeticError, KeyError):
             return self._region(r, env)
         if not (0 <= owner < self.world and (r.part is None or 0 <= index < parts)
+                and 0 <= a <= b <= limit
                 and 0 <= lo and 0 <= n and lo + n <= self.buffer_sizes[r.buffer]):
             return self._region(r, env)
         return owner, r.buffer, lo, lo + n
@@ -386,6 +393,23 @@ class _Builder:
             if not 0 <= index < parts:
                 raise StrataError(error(Codes.SHAPE, f"part {index} of a split of {r.buffer} into "
                                         f"{parts} parts does not exist (with {_env_text(env)})", r.span))
+        if r.sub is not None:
+            kind, a_e, b_e, lim_e = r.sub
+            if kind == "chunk":
+                c = _ev(a_e, env, r.span, "a chunk index")
+                k = _ev(b_e, env, r.span, "the number of chunks")
+                if not 0 <= c < k:
+                    raise StrataError(error(Codes.SHAPE, f"chunk {c} of part {index} of {r.buffer} "
+                                            f"split into {k} chunks does not exist (with "
+                                            f"{_env_text(env)})", r.span))
+            else:
+                a = _ev(a_e, env, r.span, "a range bound")
+                b = _ev(b_e, env, r.span, "a range bound")
+                lim = _ev(lim_e, env, r.span, "a part's length")
+                if not 0 <= a <= b <= lim:
+                    raise StrataError(error(Codes.SHAPE, f"[{a}:{b}] is outside part {index} of "
+                                            f"{r.buffer}, which has {lim} elements (with "
+                                            f"{_env_text(env)})", r.span))
         size = self.buffer_sizes[r.buffer]
         if n < 0 or lo < 0 or lo + n > size:
             raise StrataError(error(Codes.SHAPE, f"{r.buffer}[{lo}:{lo + n}] is outside {r.buffer}, "

@@ -130,6 +130,9 @@ class Region:
     rank: IExpr | None
     span: Span
     part: tuple[IExpr, IExpr] | None = None   # (index, parts) when it is a part of a split
+    # inside that part: ("range", lo, hi, part length) for part[i][lo:hi] (0 <= lo <= hi <= the
+    # part's length), ("chunk", c, chunks, part length) for chunk c of a split of the part (0 <= c < chunks)
+    sub: tuple[str, IExpr, IExpr, IExpr] | None = None
 
     def __str__(self) -> str:
         at = f"@{self.rank}" if self.rank is not None else ""

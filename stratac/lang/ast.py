@@ -65,13 +65,15 @@ class Range:
 
 @dataclass(frozen=True)
 class Ref:
-    """``name``, ``name[i]``, ``name[lo:hi]``, each optionally ``@rank``."""
+    """``name``, ``name[i]``, ``name[lo:hi]``, ``part[i][lo:hi]``, ``chunk[i][c]``, each optionally
+    ``@rank``. ``sub`` is the second selector (inside part i)."""
 
     name: str
     selector: Index | Range | None
     rank: Expr | None
     span: Span
     name_span: Span
+    sub: Index | Range | None = None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ class _View:
     buffer: str
     parts: ir.IExpr
     span: Span
+    of: str | None = None    # a split of the parts of this view (chunk = split(part, k))
 
 
 class _Lowering:
@@ -417,11 +418,19 @@ class _Lowering:
         if self.taken(t.name):
             self.err(Codes.DUPLICATE_NAME, f"{t.name!r} is already defined", t.name_span)
             return
-        if call.buffer not in self.params:
+        parent = self.views.get(call.buffer)
+        if parent is not None and parent.of is not None:
+            self.err(Codes.BAD_REF, f"{call.buffer} already splits the parts of {parent.of}; split "
+                     "a buffer or a split of one (two levels)", call.buffer_span)
+            return
+        if call.buffer not in self.params and parent is None:
             self.err(Codes.UNKNOWN_NAME, f"unknown buffer {call.buffer!r}", call.buffer_span)
             return
         parts = self.expr(call.parts, set(self.sizes) | {"world"}, "the number of parts")
-        self.views[t.name] = _View(call.buffer, parts, st.span)
+        if parent is not None:   # every part of the parent split again into `parts` chunks
+            self.views[t.name] = _View(parent.buffer, parts, st.span, of=call.buffer)
+        else:
+            self.views[t.name] = _View(call.buffer, parts, st.span)
 
     def sync(self, st, loop_vars, in_stage):
         kind = "signal" if isinstance(st, ast.Signal) else "wait"
@@ -434,7 +443,7 @@ class _Lowering:
             self.err(Codes.UNKNOWN_NAME, f"{ref.name!r} is not a flag (declare it: flag {ref.name}[world])",
                      ref.name_span)
             return None
-        if not isinstance(ref.selector, ast.Index):
+        if not isinstance(ref.selector, ast.Index) or ref.sub is not None:
             self.err(Codes.BAD_REF, f"pick one slot of flag {ref.name}: {ref.name}[i]", ref.span)
             return None
         env = self.env(loop_vars)
@@ -454,15 +463,41 @@ class _Lowering:
         if ref.name in self.views:
             view = self.views[ref.name]
             buf = self.params[view.buffer]
+            top = self.views[view.of] if view.of is not None else view
             if not isinstance(ref.selector, ast.Index):
-                self.err(Codes.BAD_REF, f"{ref.name} is a split of {view.buffer}; pick a part: "
-                         f"{ref.name}[i]", ref.span)
+                self.err(Codes.BAD_REF, f"{ref.name} is a split of {view.of or view.buffer}; pick a "
+                         f"part: {ref.name}[i]" + ("[c]" if view.of else ""), ref.span)
                 return None
             index = self.expr(ref.selector.index, env, "a part index")
-            lo, length = ir.split_part(buf.size, view.parts, index)
-            part = (index, view.parts)
+            lo, length = ir.split_part(buf.size, top.parts, index)
+            part = (index, top.parts)
+            sub = None
+            if view.of is not None:
+                if not isinstance(ref.sub, ast.Index):
+                    self.err(Codes.BAD_REF, f"{ref.name} splits every part of {view.of} into chunks; "
+                             f"pick one: {ref.name}[i][c]", ref.span)
+                    return None
+                chunk = self.expr(ref.sub.index, env, "a chunk index")
+                clo, clen = ir.split_part(length, view.parts, chunk)
+                sub = ("chunk", chunk, view.parts, length)
+                lo, length = ir.simplify(ir.add(lo, clo)), clen
+            elif isinstance(ref.sub, ast.Index):
+                self.err(Codes.BAD_REF, f"part {ref.name}[i] is not split again; take elements "
+                         f"{ref.name}[i][lo:hi] or split the parts: chunk = split({ref.name}, k)",
+                         ref.sub.span)
+                return None
+            elif isinstance(ref.sub, ast.Range):
+                slo = self.expr(ref.sub.lo, env, "a range bound")
+                shi = self.expr(ref.sub.hi, env, "a range bound")
+                sub = ("range", slo, shi, length)
+                lo, length = ir.simplify(ir.add(lo, slo)), ir.simplify(ir.Bin(ir.BinKind.SUB, shi, slo))
         elif ref.name in self.params:
             buf = self.params[ref.name]
+            sub = None
+            if ref.sub is not None:
+                self.err(Codes.BAD_REF, f"{ref.name} is not split: one selector, {ref.name}[lo:hi]",
+                         ref.sub.span)
+                return None
             if isinstance(ref.selector, ast.Index):
                 self.err(Codes.BAD_REF, f"{ref.name} is not split; take a range {ref.name}[lo:hi] or "
                          "split it first", ref.selector.span)
@@ -489,7 +524,7 @@ class _Lowering:
                          f"do not exist: declare it `{buf.name}: sym ...`", ref.span,
                          Note(f"{buf.name} is declared here", buf.span))
                 return None
-        return ir.Region(buf.name, lo, length, rank, ref.span, part), buf
+        return ir.Region(buf.name, lo, length, rank, ref.span, part, sub), buf
 
     def move(self, st: ast.Assign, loop_vars, engine: ir.Engine):
         dst = self.region(st.target, loop_vars, "destination")

@@ -197,8 +197,8 @@ class _Builder(Transformer):
         return ast.Wait(children[0], self._span(meta))
 
     def ref(self, meta, children):
-        name, selector, rank = children
-        return ast.Ref(str(name), selector, rank, self._span(meta), _tok_span(self.source, name))
+        name, selector, sub, rank = children
+        return ast.Ref(str(name), selector, rank, self._span(meta), _tok_span(self.source, name), sub)
 
     def sel_index(self, meta, children):
         return ast.Index(children[0], self._span(meta))
