@@ -1,6 +1,7 @@
 """The step-loop examples (ring AllReduce, ring ReduceScatter, recursive halving-doubling
-AllReduce, binomial-tree Broadcast) on the CPU build at worlds 3, 4 and 5 where they allow it:
-f32 and bf16, sum and max, one element and an uneven count, roots at both ends; results checked
+AllReduce, binomial-tree Broadcast; the pipelined ring AllGather and Bruck AllToAll, which take no
+reduction) on the CPU build at worlds 3, 4 and 5 where they allow it: f32 and bf16, sum and max
+where there is a reduction, one element and an uneven count, roots at both ends; results checked
 against torch by the runner. And a schedule's world constraint, refused at the call with the
 constraint and its source line."""
 
@@ -41,6 +42,20 @@ def test_step_loop_examples_run_correctly(tmp_path, world):
     wrong = [(r["schedule"], r["rank"], r["dtype"], r["count"], r["op"], r["why"])
              for r in out.results if not r["ok"]]
     assert wrong == []
+    assert out.exit_code == 0
+
+
+@pytest.mark.parametrize("world", [3, 4, 5])
+def test_chunked_and_bruck_examples_run_correctly(tmp_path, world):
+    keep = [EXAMPLES / "allgather_ring_pipelined.strata", EXAMPLES / "alltoall_bruck.strata"]
+    assert all(_supported(p, world) for p in keep)
+    path = tmp_path / "copies.strata"
+    path.write_text("\n".join(p.read_text() for p in keep))
+    cases = [runner.Case(dtype=d, count=count) for d in ("f32", "bf16") for count in (1, 4099)]
+    out = _run(path, world, cases)
+    assert out.failures == []
+    assert len(out.results) == world * len(cases) * len(keep)
+    assert [r for r in out.results if not r["ok"]] == []
     assert out.exit_code == 0
 
 
