@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from stratac import codegen
+from stratac.codegen import abi
 from stratac.host.comm import Communicator, store_barrier
 from stratac.host.cpu_model import check_pool
 from stratac.host.schedule import Compiled, Module
@@ -126,7 +127,8 @@ def victim(comm, rank, world, arg):
     t0 = time.monotonic()
     if rank == world - 1:
         deadline = time.monotonic() + HOST_WAIT
-        while not all(struct.unpack_from(f"{world}i", comm._buffer, comm._sync)[:world - 1]):
+        slots = [comm._sync + p * abi.SYNC_SLOT_BYTES for p in range(world - 1)]   # one 64-byte line each
+        while not all(struct.unpack_from("i", comm._buffer, at)[0] for at in slots):
             if time.monotonic() > deadline:
                 raise AssertionError(f"the other ranks did not reach the barrier within {HOST_WAIT} s")
             time.sleep(0.005)
@@ -210,8 +212,9 @@ def soak(comm, rank, world, arg):
 
 def oversubscribed(comm, rank, world, arg):
     """Far more threads than CPUs: 20 checked AllReduce calls (64 KiB) with 16 cores per rank, then
-    20 with 48 (each core with its SDMA engine thread)."""
-    ar = comm.load(AR)
+    20 with 48 (each core with its SDMA engine thread; compiled for Ascend910B1, whose 48 vector
+    cores allow it)."""
+    ar = comm.load(AR, options=passes.Options(soc="Ascend910B1"))
     n = 16384
     x = comm.empty(n, dtype=torch.float32)
     stats = {"rank": rank, "calls": 20}

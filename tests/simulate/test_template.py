@@ -7,14 +7,24 @@ from simkit import EXAMPLES, moe_env
 from stratac import ir
 from stratac.ir import instantiate
 from stratac.lang import frontend
+from stratac.tools.simulate.machine import SimulateError
 from stratac.tools.simulate.template import lengths, not_modelled, template
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_template_matches_instantiate(path):
     for s in frontend.schedules(frontend.load_source(path)):
-        for world in (1, 2, 3, 5):
+        worlds = [w for w in (1, 2, 3, 4, 5) if ir.unmet_requirement(s, w) is None]
+        assert len(worlds) >= 3, (s.name, worlds)
+        for world in worlds:
             _check_template(s, world)
+
+
+def test_a_world_the_schedule_excludes_is_refused_with_its_constraint():
+    s = frontend.schedules(frontend.load_source(EXAMPLES[0].parent / "allreduce_halving_doubling.strata"))[0]
+    with pytest.raises(SimulateError, match="allreduce_halving_doubling does not support world 3: it requires "
+                                            "world is pow2"):
+        template(s, 3, {n: 7 for n in s.sizes})
 
 
 def _check_template(s: ir.Schedule, world: int) -> None:

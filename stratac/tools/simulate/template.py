@@ -113,6 +113,13 @@ class _Walker:
     def domain(self, d: ir.Domain, rank: int) -> list[int]:
         return [p for p in range(self.world) if d is ir.Domain.RANKS or p != rank]
 
+    def values(self, loop: ir.Loop, env: dict):
+        """The values a loop's variable takes on this rank: the ranks or peers, or a step range
+        (the verifier has refused a range that starts below 0)."""
+        if loop.domain is not ir.Domain.RANGE:
+            return self.domain(loop.domain, env["rank"])
+        return range(self.ev(loop.lo, env, "the loop's first value"), self.ev(loop.hi, env, "the loop's end"))
+
     def timeline(self, rank: int) -> list[tuple]:
         env = dict(self.base, rank=rank)
         events: list[tuple] = []
@@ -120,7 +127,7 @@ class _Walker:
 
         def sync(op, env):
             if isinstance(op, ir.Loop):
-                for v in self.domain(op.domain, env["rank"]):
+                for v in self.values(op, env):
                     for o in op.body:
                         sync(o, {**env, op.var: v})
                 return
@@ -151,6 +158,9 @@ class _Walker:
                     events.append(("stage", op.index))
                 elif isinstance(op, ir.If):
                     top(op.then if self.ev(op.cond, env, "a condition") else op.orelse, env)
+                elif isinstance(op, ir.Loop):   # a loop around stages and sync (step loops)
+                    for v in self.values(op, env):
+                        top(op.body, {**env, op.var: v})
                 else:
                     sync(op, env)
 
@@ -159,7 +169,7 @@ class _Walker:
 
     def moves(self, op, env: dict, sm: StageMoves) -> None:
         if isinstance(op, ir.Loop):
-            for v in self.domain(op.domain, env["rank"]):
+            for v in self.values(op, env):
                 for o in op.body:
                     self.moves(o, {**env, op.var: v}, sm)
             return
@@ -237,6 +247,9 @@ def not_modelled(s: ir.Schedule) -> str | None:
 
 def template(s: ir.Schedule, world: int, env: dict) -> Template:
     """env: every size symbol and rank parameter (the values instantiate takes as `sizes`)."""
+    unmet = ir.unmet_requirement(s, world)
+    if unmet is not None:
+        raise SimulateError(f"{s.name} does not support world {world}: it {unmet}")
     w = _Walker(s, world, env)
     timelines = [w.timeline(r) for r in range(world)]
     for sm in w.stages.values():
