@@ -38,7 +38,9 @@ def fake_shmem_prefix(tmp_path_factory) -> Path:
     (prefix / "include").mkdir()
     (prefix / "include" / "shmem.h").write_text("// fake\n")
     (prefix / "lib").mkdir()
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", str(FAKE / "fake_shmem.c"), "-o",
+    # -Bsymbolic: the fake's calls to its own functions (calloc -> malloc) stay inside this copy,
+    # whatever other library of the process exports the same names with RTLD_GLOBAL
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wl,-Bsymbolic", str(FAKE / "fake_shmem.c"), "-o",
                     str(prefix / "lib" / "libshmem.so")], check=True, capture_output=True)
     return prefix
 
