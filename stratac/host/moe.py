@@ -30,18 +30,21 @@ import torch
 from stratac.host.errors import StrataUsageError
 from stratac.resources import resource_path
 
-SCHEDULES = "moe_prefill_bounded.strata"
-DISPATCH, COMBINE = "moe_prefill_bounded_dispatch", "moe_prefill_bounded_combine"
+# per mode: the file, its dispatch and its combine
+SCHEDULES = {False: ("moe_prefill_bounded.strata", "moe_prefill_bounded_dispatch", "moe_prefill_bounded_combine"),
+             True: ("moe_decode.strata", "moe_decode_dispatch", "moe_decode_combine")}
 _TOKEN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ALLOC_SLACK = 4096          # per heap allocation (alignment) in heap_bytes_needed
 HOST_TID = 999               # the trace track of a whole call as the host saw it (as stratac bench)
 
 
-def default_schedules() -> Path:
-    """examples/moe_prefill_bounded.strata of a checkout, or the copy a wheel ships."""
-    path = resource_path("examples", SCHEDULES)
+def default_schedules(low_latency_mode: bool = False) -> Path:
+    """examples/moe_prefill_bounded.strata (moe_decode.strata in low-latency mode) of a checkout,
+    or the copy a wheel ships."""
+    name = SCHEDULES[bool(low_latency_mode)][0]
+    path = resource_path("examples", name)
     if not path.is_file():
-        raise StrataUsageError(f"{SCHEDULES} is not in this installation ({path}): pass "
+        raise StrataUsageError(f"{name} is not in this installation ({path}): pass "
                                "Buffer(..., schedules=PATH) with the path of a copy")
     return path
 
@@ -77,8 +80,8 @@ class DispatchHandle:
     """What combine needs from its dispatch: the buffer's routing state of that dispatch. A handle
     is valid until the buffer's next dispatch (combine refuses an older one)."""
 
-    __slots__ = ("seq", "tokens", "num_recv_tokens_per_expert_list", "recv_rows", "rows_from",
-                 "rows_to", "rows_local", "stats", "has_weights")
+    __slots__ = ("seq", "tokens", "num_recv_tokens_per_expert_list", "recv_rows_per_expert_and_rank",
+                 "recv_rows", "recv_shape", "rows_from", "rows_to", "rows_local", "stats", "has_weights")
 
     def __init__(self, **kw):
         for k, v in kw.items():
@@ -96,8 +99,8 @@ class Buffer:
 
     def __init__(self, comm=None, *, hidden: int, max_tokens: int, num_experts: int, topk: int,
                  dtype: torch.dtype = torch.bfloat16, max_recv: int | None = None,
-                 schedules: str | Path | None = None, options=None, trace: str | Path | None = None,
-                 timeout: float | None = None):
+                 low_latency_mode: bool = False, schedules: str | Path | None = None, options=None,
+                 trace: str | Path | None = None, timeout: float | None = None):
         for name, v in (("hidden", hidden), ("max_tokens", max_tokens), ("num_experts", num_experts),
                         ("topk", topk)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -107,16 +110,22 @@ class Buffer:
                                    f"got {dtype!r}")
         if topk > num_experts:
             raise StrataUsageError(f"Buffer: topk = {topk} is more than num_experts = {num_experts}")
+        self.low_latency_mode = bool(low_latency_mode)
+        if self.low_latency_mode and max_recv is not None:
+            raise StrataUsageError("Buffer: max_recv is for the packed (prefill) window; the low-latency "
+                                   "window holds max_tokens rows per (expert, source rank)")
         self._owns_comm = False
         if comm is None or _is_process_group(comm):
             comm = self._communicator_for(comm, hidden, max_tokens, num_experts, topk, dtype, max_recv,
-                                          timeout)
+                                          timeout, self.low_latency_mode)
         self.comm = comm
         self.rank, self.world = comm.rank, comm.world
         if num_experts % self.world:
             raise StrataUsageError(f"Buffer: num_experts = {num_experts} must be a multiple of the world "
                                    f"size {self.world} (every rank holds num_experts / world experts)")
-        if max_recv is None:
+        if self.low_latency_mode:
+            max_recv = num_experts * max_tokens               # capacity max_tokens per (expert, rank)
+        elif max_recv is None:
             max_recv = self.world * max_tokens * topk          # any routing fits
         if isinstance(max_recv, bool) or not isinstance(max_recv, int) or max_recv < 1:
             raise StrataUsageError(f"Buffer: max_recv must be a positive int (rows a rank may receive), "
@@ -128,11 +137,13 @@ class Buffer:
                                    (self.rank + 1) * self.num_local_experts)
         self.row_bytes = hidden * torch.empty(0, dtype=dtype).element_size()
         kw = {"options": options} if options is not None else {}
-        self.module = comm.load(Path(schedules) if schedules is not None else default_schedules(), **kw)
-        for name in (DISPATCH, COMBINE):
+        _, dispatch, combine = SCHEDULES[self.low_latency_mode]
+        self.module = comm.load(Path(schedules) if schedules is not None
+                                else default_schedules(self.low_latency_mode), **kw)
+        for name in (dispatch, combine):
             if name not in self.module.schedules:
                 raise StrataUsageError(f"Buffer: the schedules file has no schedule {name}")
-        self._dispatch, self._combine = self.module[DISPATCH], self.module[COMBINE]
+        self._dispatch, self._combine = self.module[dispatch], self.module[combine]
         # the heap tensors, allocated once (collective: same order on every rank)
         self._x = comm.zeros(max_tokens, hidden, dtype=dtype)
         self._ids = comm.zeros(max_tokens, topk, dtype=torch.int32)
@@ -153,16 +164,21 @@ class Buffer:
     # ---- sizing
     @staticmethod
     def heap_bytes_needed(world: int, *, hidden: int, max_tokens: int, num_experts: int, topk: int,
-                          dtype: torch.dtype = torch.bfloat16, max_recv: int | None = None) -> int:
+                          dtype: torch.dtype = torch.bfloat16, max_recv: int | None = None,
+                          low_latency_mode: bool = False) -> int:
         """The heap per rank a Buffer of these sizes allocates (plus room for the sync area): for a
         communicator made to hold it (Communicator.from_process_group(heap_bytes=...))."""
         elem = torch.empty(0, dtype=dtype).element_size()
-        max_recv = world * max_tokens * topk if max_recv is None else max_recv
+        if low_latency_mode:
+            max_recv = num_experts * max_tokens
+        elif max_recv is None:
+            max_recv = world * max_tokens * topk
         parts = [max_tokens * hidden * elem, max_tokens * topk * 4, max_tokens * topk * 4,
                  world * num_experts * 4, max_recv * hidden * elem, max_tokens * hidden * elem]
         return sum(parts) + _ALLOC_SLACK * len(parts) + (1 << 20)
 
-    def _communicator_for(self, group, hidden, max_tokens, num_experts, topk, dtype, max_recv, timeout):
+    def _communicator_for(self, group, hidden, max_tokens, num_experts, topk, dtype, max_recv, timeout,
+                          low_latency_mode):
         import torch.distributed as dist
 
         from stratac.host.comm import DEFAULT_TIMEOUT, Communicator
@@ -173,7 +189,8 @@ class Buffer:
             raise StrataUsageError("Buffer: only the default process group (all ranks) is supported; "
                                    "pass None or dist.group.WORLD, or a Communicator")
         need = self.heap_bytes_needed(dist.get_world_size(), hidden=hidden, max_tokens=max_tokens,
-                                      num_experts=num_experts, topk=topk, dtype=dtype, max_recv=max_recv)
+                                      num_experts=num_experts, topk=topk, dtype=dtype, max_recv=max_recv,
+                                      low_latency_mode=low_latency_mode)
         self._owns_comm = True
         return Communicator.from_process_group(heap_bytes=need, timeout=timeout or DEFAULT_TIMEOUT)
 
@@ -201,8 +218,11 @@ class Buffer:
         Returns (recv_x, num_recv_tokens_per_expert_list, handle): recv_x is a view of this rank's
         window, [rows, hidden], local expert l's rows after those of experts 0..l-1, each expert's
         rows from rank 0 first, then rank 1, ... (token order within a rank); it is valid until the
-        next dispatch. A routing that sends some rank more than max_recv rows raises
-        StrataRuntimeError on every rank, with nothing written to any window."""
+        combine. A routing that sends some rank more than max_recv rows raises
+        StrataRuntimeError on every rank, with nothing written to any window.
+        In low-latency mode recv_x is [num_local_experts, world * max_tokens, hidden], as DeepEP's
+        low-latency dispatch: rank s's rows for local expert l at recv_x[l, s * max_tokens:][:c],
+        c = handle.recv_rows_per_expert_and_rank[l][s] (the rows between are not data)."""
         self._check_open()
         n = self._check_x(x, "x", self.max_tokens, "max_tokens")
         ids = self._check_ids(topk_idx, n)
@@ -221,7 +241,11 @@ class Buffer:
         counts = self._counts.long()
         le = self.local_experts
         per_expert = [int(v) for v in counts[:, le.start:le.stop].sum(dim=0)]
-        recv_rows = sum(per_expert)
+        per_source = counts[:, le.start:le.stop].t().tolist()      # [local expert][source rank]
+        if self.low_latency_mode:
+            recv_x = self._win.view(self.num_local_experts, self.world * self.max_tokens, self.hidden)
+        else:
+            recv_x = self._win[:sum(per_expert)]
         mine = counts[:, le.start:le.stop].sum(dim=1)             # rows from each rank
         owners = counts.view(self.world, self.world, self.num_local_experts).sum(dim=2)
         to = owners[self.rank]                                      # rows to each rank
@@ -234,9 +258,10 @@ class Buffer:
         self._last = {"dispatch": stats}
         self._record(stats)
         handle = DispatchHandle(seq=seq, tokens=n, num_recv_tokens_per_expert_list=per_expert,
-                                recv_rows=recv_rows, rows_from=rows_from, rows_to=rows_to,
+                                recv_rows_per_expert_and_rank=per_source, recv_rows=sum(per_expert),
+                                recv_shape=tuple(recv_x.shape), rows_from=rows_from, rows_to=rows_to,
                                 rows_local=rows_local, stats=stats, has_weights=topk_weights is not None)
-        return self._win[:recv_rows], per_expert, handle
+        return recv_x, per_expert, handle
 
     def combine(self, y: torch.Tensor, handle: DispatchHandle,
                 topk_weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -256,13 +281,13 @@ class Buffer:
         if handle.seq == self._combined:
             raise StrataUsageError(f"combine: dispatch {handle.seq} was already combined (its window holds "
                                    "the previous outputs); dispatch again")
-        self._check_x(y, "y", None, None, rows=handle.recv_rows)
+        self._check_y(y, handle.recv_shape)
         if topk_weights is not None:
             self._check_weights(topk_weights, handle.tokens)
         elif not handle.has_weights:
             raise StrataUsageError("combine: topk_weights is required: the dispatch was given none")
-        win = self._win[:handle.recv_rows]
-        if handle.recv_rows and y.data_ptr() != win.data_ptr():
+        win = self._win.view(handle.recv_shape) if self.low_latency_mode else self._win[:handle.recv_rows]
+        if win.numel() and y.data_ptr() != win.data_ptr():
             win.copy_(y)
         if topk_weights is not None:
             self._weights[:handle.tokens].copy_(topk_weights)
@@ -376,23 +401,29 @@ class Buffer:
         if t.device != self._x.device:
             raise StrataUsageError(f"{name} is on {t.device}, but the buffer's heap is on {self._x.device}")
 
-    def _check_x(self, t, name: str, limit: int | None, limit_name: str | None, rows: int | None = None) -> int:
+    def _check_x(self, t, name: str, limit: int, limit_name: str) -> int:
         if not isinstance(t, torch.Tensor):
             raise StrataUsageError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 2 or t.shape[1] != self.hidden:
-            want = f"[{rows if rows is not None else 'tokens'}, {self.hidden}]"
-            raise StrataUsageError(f"{name} must have shape {want} (hidden = {self.hidden}), got "
-                                   f"{list(t.shape)}")
-        if rows is not None and t.shape[0] != rows:
-            raise StrataUsageError(f"{name} must have {rows} rows (the rows this rank received in the "
-                                   f"dispatch, recv_x's shape), got {t.shape[0]}")
+            raise StrataUsageError(f"{name} must have shape [tokens, {self.hidden}] (hidden = {self.hidden}), "
+                                   f"got {list(t.shape)}")
         if t.dtype != self.dtype:
             raise StrataUsageError(f"{name} must be {self.dtype} (the buffer's dtype), got {t.dtype}")
         self._device_check(t, name)
-        if limit is not None and t.shape[0] > limit:
+        if t.shape[0] > limit:
             raise StrataUsageError(f"{name} has {t.shape[0]} tokens, more than {limit_name} = {limit} "
                                    "the buffer was created for")
         return int(t.shape[0])
+
+    def _check_y(self, y, shape: tuple) -> None:
+        if not isinstance(y, torch.Tensor):
+            raise StrataUsageError(f"y must be a torch.Tensor, got {type(y).__name__}")
+        if tuple(y.shape) != shape:
+            raise StrataUsageError(f"y must have shape {list(shape)} (recv_x's: the rows this rank received "
+                                   f"in the dispatch), got {list(y.shape)}")
+        if y.dtype != self.dtype:
+            raise StrataUsageError(f"y must be {self.dtype} (the buffer's dtype), got {y.dtype}")
+        self._device_check(y, "y")
 
     def _check_ids(self, ids, n: int | None) -> torch.Tensor:
         if not isinstance(ids, torch.Tensor):

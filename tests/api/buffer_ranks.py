@@ -172,7 +172,7 @@ def refusals(comm, rank, world):
     for args, text in bad:
         expect_error(StrataUsageError, text, buf.dispatch, *args)
     recv_x, counts, handle = buf.dispatch(x, ids, w)
-    expect_error(StrataUsageError, f"y must have {recv_x.shape[0]} rows", buf.combine,
+    expect_error(StrataUsageError, f"y must have shape [{recv_x.shape[0]}, {H}]", buf.combine,
                  torch.zeros(recv_x.shape[0] + 1, H), handle)
     expect_error(StrataUsageError, "handle must be the DispatchHandle", buf.combine, recv_x, (1, 2))
     expect_error(StrataUsageError, "y must be torch.float32", buf.combine, recv_x.half(), handle)
@@ -206,7 +206,44 @@ def overflow(comm, rank, world):
     buf.close()
 
 
-SCENARIOS = {f.__name__: f for f in (numbers, refusals, overflow)}
+def low_latency(comm, rank, world):
+    """Low-latency mode (the decode schedules): recv_x is [local experts, world * max_tokens,
+    hidden], rank s's rows for local expert l at [l, s * max_tokens:]; rows, counts, combined tokens
+    and bytes against every rank's routing, as in numbers."""
+    buf = Buffer(comm, hidden=H, max_tokens=T, num_experts=E, topk=K, dtype=torch.float32,
+                 low_latency_mode=True)
+    local = E // world
+    for step in (1, 2, 3):
+        xs, ids, ws = routing(world, step)
+        x, i, w = xs[rank], ids[rank], ws[rank]
+        _, per_expert, sent = expected(world, rank, xs, ids)
+        recv_x, counts, handle = buf.dispatch(x, i, w)
+        check(tuple(recv_x.shape) == (local, world * T, H), f"low-latency recv_x {tuple(recv_x.shape)}")
+        check(counts == per_expert, f"rank {rank}: rows per local expert {counts}, expected {per_expert}")
+        for li, e in enumerate(range(rank * local, (rank + 1) * local)):
+            for src in range(world):
+                rows = [xs[src][t] for t in range(ids[src].shape[0]) if e in ids[src][t].tolist()]
+                c = handle.recv_rows_per_expert_and_rank[li][src]
+                check(c == len(rows), f"rank {rank}: {c} rows of expert {e} from rank {src}, expected {len(rows)}")
+                if rows:
+                    check(torch.equal(recv_x[li, src * T:src * T + c], torch.stack(rows)),
+                          f"rank {rank}: expert {e}'s rows from rank {src} differ")
+            recv_x[li] *= e + 1
+        check_stats(buf.last_stats()["dispatch"], "dispatch", rank, step, want_bytes(world, sent, rank)["dispatch"])
+        expect_error(StrataUsageError, f"y must have shape [{local}, {world * T}, {H}]", buf.combine,
+                     recv_x[0], handle)
+        out = buf.combine(recv_x, handle)
+        scale = torch.where(i >= 0, i.long() + 1, torch.zeros_like(i.long())).float()
+        ref = (w * scale).unsqueeze(2).mul(x.unsqueeze(1)).sum(dim=1)
+        check(torch.allclose(out, ref, rtol=1e-5, atol=1e-5),
+              f"rank {rank} step {step}: combined tokens differ (max {float((out - ref).abs().max())})")
+        check_stats(buf.last_stats()["combine"], "combine", rank, step, want_bytes(world, sent, rank)["combine"])
+    expect_error(StrataUsageError, "max_recv is for the packed (prefill) window", Buffer, comm, hidden=H,
+                 max_tokens=T, num_experts=E, topk=K, low_latency_mode=True, max_recv=10)
+    buf.close()
+
+
+SCENARIOS = {f.__name__: f for f in (numbers, refusals, overflow, low_latency)}
 
 
 def main(scenario, rank, world, store_path):
