@@ -218,7 +218,8 @@ class Buffer:
         Returns (recv_x, num_recv_tokens_per_expert_list, handle): recv_x is a view of this rank's
         window, [rows, hidden], local expert l's rows after those of experts 0..l-1, each expert's
         rows from rank 0 first, then rank 1, ... (token order within a rank); it is valid until the
-        combine. A routing that sends some rank more than max_recv rows raises
+        next dispatch (in low-latency mode until the combine: peers' next dispatch writes without
+        waiting). A routing that sends some rank more than max_recv rows raises
         StrataRuntimeError on every rank, with nothing written to any window.
         In low-latency mode recv_x is [num_local_experts, world * max_tokens, hidden], as DeepEP's
         low-latency dispatch: rank s's rows for local expert l at recv_x[l, s * max_tokens:][:c],
