@@ -69,6 +69,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="layer calls (the buffer is reused)")
     ap.add_argument("--max-recv", type=int, default=None,
                     help="rows a rank may receive (default 2 x tokens x topk, twice a uniform share)")
+    ap.add_argument("--low-latency", action="store_true",
+                    help="the decode schedules (recv_x per local expert and source rank, as DeepEP's "
+                         "low-latency mode)")
     ap.add_argument("--break-rank", type=int, default=None,
                     help="scale this rank's expert outputs by 1.1, to see a mismatch reported")
     ap.add_argument("--trace", default=None, help="write a Perfetto trace of the calls to this file")
@@ -80,7 +83,8 @@ def main(argv=None) -> int:
     router, w1, w2 = make_layer(args.hidden, args.ffn, args.experts, seed=7)
     trace_dir = f"{args.trace}.d" if args.trace else None
     buf = stratac.Buffer(None, hidden=args.hidden, max_tokens=args.tokens, num_experts=args.experts,
-                         topk=args.topk, dtype=dtype, max_recv=args.max_recv or 2 * args.tokens * args.topk,
+                         topk=args.topk, dtype=dtype, low_latency_mode=args.low_latency,
+                         max_recv=None if args.low_latency else args.max_recv or 2 * args.tokens * args.topk,
                          trace=trace_dir)
     local = buf.local_experts          # the experts whose weights this rank uses
     failures = 0
@@ -91,14 +95,18 @@ def main(argv=None) -> int:
 
         topk_idx, topk_weights = route(x, router, args.topk)
         recv_x, per_expert, handle = buf.dispatch(x, topk_idx, topk_weights)
-        row = 0
-        for e, count in zip(local, per_expert):      # local expert l's rows follow those of 0..l-1
-            rows = recv_x[row:row + count]
-            y = expert(rows, w1[e], w2[e])
-            if rank == args.break_rank:
-                y = y * 1.1
-            rows.copy_(y.to(dtype))                  # the output in place of the input
-            row += count
+        for li, e in enumerate(local):
+            if args.low_latency:                     # [local expert, source rank x max_tokens, hidden]
+                blocks = [recv_x[li, s * args.tokens:][:c]
+                          for s, c in enumerate(handle.recv_rows_per_expert_and_rank[li])]
+            else:                                    # local expert l's rows follow those of 0..l-1
+                start = sum(per_expert[:li])
+                blocks = [recv_x[start:start + per_expert[li]]]
+            for rows in blocks:
+                y = expert(rows, w1[e], w2[e])
+                if rank == args.break_rank:
+                    y = y * 1.1
+                rows.copy_(y.to(dtype))              # the output in place of the input
         out = buf.combine(recv_x, handle)
 
         ref = reference(x, router, w1, w2, args.topk)

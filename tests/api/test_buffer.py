@@ -34,11 +34,12 @@ def test_buffer_scenarios(tmp_path):
             assert f"PASS {scenario}" in out, f"rank {r}: {err[-3000:]}"
 
 
-def test_moe_layer_example_under_torchrun(tmp_path):
+@pytest.mark.parametrize("mode", [[], ["--low-latency"]], ids=["packed", "low-latency"])
+def test_moe_layer_example_under_torchrun(mode, tmp_path):
     trace = tmp_path / "moe.json"
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
                         str(ROOT / "examples" / "python" / "moe_layer.py"), "--tokens", "24", "--hidden", "64",
-                        "--experts", "8", "--topk", "2", "--trace", str(trace)],
+                        "--experts", "8", "--topk", "2", "--trace", str(trace), *mode],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr[-3000:]
