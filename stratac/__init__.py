@@ -2,11 +2,12 @@
 
 The Python API lives in stratac.host: `Communicator` (the CPU build) and `NpuCommunicator` (an
 Ascend NPU) are re-exported here, imported lazily, so that the command line does not pay for torch
-when it only checks or compiles. docs/architecture.md maps the package.
+when it only checks or compiles. `Buffer` (stratac.host.moe) is the DeepEP-style MoE
+dispatch/combine. docs/architecture.md maps the package.
 """
 
 __version__ = "0.1.0"
-__all__ = ["Communicator", "NpuCommunicator", "StrataError", "StrataRuntimeError", "StrataUsageError"]
+__all__ = ["Buffer", "Communicator", "NpuCommunicator", "StrataError", "StrataRuntimeError", "StrataUsageError"]
 
 
 def __getattr__(name):
@@ -16,6 +17,9 @@ def __getattr__(name):
     if name in ("StrataRuntimeError", "StrataUsageError"):
         from stratac.host import errors
         return getattr(errors, name)
+    if name == "Buffer":
+        from stratac.host.moe import Buffer
+        return Buffer
     if name == "NpuCommunicator":
         from stratac.host.npu_comm import NpuCommunicator
         return NpuCommunicator

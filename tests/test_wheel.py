@@ -1,5 +1,5 @@
-"""An installed stratac works outside the checkout: every module, dsl/, templates/ and runtime/ ship
-in the wheel; installing it keeps a torch the environment already has."""
+"""An installed stratac works outside the checkout: every module, dsl/, templates/, runtime/ and the
+example schedules ship in the wheel; installing it keeps a torch the environment already has."""
 
 import json
 import os
@@ -24,7 +24,8 @@ def test_wheel_works_outside_the_checkout(tmp_path):
     assert [m for m in modules if m not in names] == [], "modules missing from the wheel (pyproject packages)"
     for required in ("stratac/dsl/strata.lark", "stratac/templates/kernel.cpp.j2",
                      "stratac/runtime/device/strata_device.h", "stratac/runtime/cpu/src/model.cpp",
-                     "stratac/runtime/cpu/include/kernel_operator.h"):
+                     "stratac/runtime/cpu/include/kernel_operator.h",
+                     "stratac/examples/moe_prefill_bounded.strata"):   # stratac.Buffer's schedules
         assert required in names, required
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
@@ -40,6 +41,10 @@ def test_wheel_works_outside_the_checkout(tmp_path):
     assert run.stdout.strip().splitlines()[-1].endswith("OK")
     probe = subprocess.run([sys.executable, "-c", "import stratac.resources as r; "
                             "print(r.resource_dir('runtime'))"], cwd=work, env=env,
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.strip().startswith(str(site))
+    probe = subprocess.run([sys.executable, "-c", "from stratac.host.moe import default_schedules; "
+                            "print(default_schedules())"], cwd=work, env=env,
                            capture_output=True, text=True, check=True)
     assert probe.stdout.strip().startswith(str(site))
 

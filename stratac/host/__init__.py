@@ -5,5 +5,5 @@ the ranks of a job (torch.distributed or a Store). Out: a communicator per rank 
 heap tensors and loads schedules whose calls check every tensor against the proof before they
 launch (`schedule`; the instance a call makes is checked and proven by `instance`). `comm` is the
 CPU build (ranks are processes, the heap is shared memory); `npu_comm` is the same API on SHMEM for
-Ascend.
+Ascend. `moe` is the DeepEP-style `Buffer` for MoE dispatch and combine on top of them.
 """
