@@ -54,15 +54,24 @@ def simulate_file(file: str, machine: Machine, world: int, sizes: list[int] | No
     tokens = tokens if tokens is not None else parse_counts(MOE_TOKENS)
     moe = moe if moe is not None else MoeSpec()
     preds, skipped, cache = [], [], {}
+    excluded = []
     for s in scheds:
         why = not_modelled(s)
         if why:
+            skipped.append({"schedule": s.name, "why": f"not modelled: {why}"})
+            continue
+        unmet = ir.unmet_requirement(s, world)
+        if unmet is not None:   # e.g. halving-doubling at world 384 next to the ring: skip it, say why
+            why = f"does not support world {world}: it {unmet}"
             skipped.append({"schedule": s.name, "why": why})
+            excluded.append(f"{s.name} {why}")
             continue
         if s.contract.kind.moe:
             preds.extend(predict_moe(s, machine, world, tokens, moe, dtype or MOE_DTYPE, cores, cache))
         else:
             preds.extend(predict(s, machine, world, sizes, dtype or "f32", root, cores))
+    if excluded and len(excluded) == len(scheds):
+        raise SimulateError("; ".join(excluded))
     first: dict[str, str] = {}
     for p in preds:
         first.setdefault(p.kind, p.schedule)
