@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -40,6 +41,12 @@ def _load(paths: list[str]) -> list[tuple[dict, dict]]:
     return out
 
 
+def _nominal(size: int) -> int:
+    """The power of two nearest to a size: a contract whose S is world blocks of whole elements
+    rounds 4 KiB down to 3 KiB at world 384 (--sizes), and the column is still the 4 KiB one."""
+    return 1 << max(0, round(math.log2(max(size, 1))))
+
+
 def _cell(t: float | None, ref: float | None, bound: str | None = None) -> str:
     if t is None:
         return "-"
@@ -59,8 +66,8 @@ def sim_tables(paths: list[str]) -> list[str]:
             if not res:
                 continue
             world = meta["world"]
-            at = {(r["schedule"], r["size"]): r for r in res}
-            sizes |= {r["size"] for r in res}
+            at = {(r["schedule"], _nominal(r["size"])): r for r in res}
+            sizes |= {_nominal(r["size"]) for r in res}
             skipped = {s["schedule"]: s["why"] for s in data.get("skipped", [])}
             for name in (direct, *others, *textbook):
                 got = [r for r in res if r["schedule"] == name]
@@ -70,6 +77,12 @@ def sim_tables(paths: list[str]) -> list[str]:
             continue
         sizes = sorted(sizes)
         lines.append(f"#### {kind}: predicted us per call (x {direct}, bound)")
+        rounded = sorted({(r["size"], meta["world"]) for meta, data in runs for r in data["results"]
+                          if r["kind"] == kind and r["size"] != _nominal(r["size"])})
+        if rounded:
+            lines.append("")
+            lines.append("S rounded down to whole blocks of the world: " + ", ".join(
+                f"{fmt_bytes(_nominal(sz))} is {sz} B at world {w}" for sz, w in rounded))
         lines.append("")
         lines.append("| world | schedule | " + " | ".join(fmt_bytes(s) for s in sizes) + " |")
         lines.append("|---:|---|" + "---:|" * len(sizes))
