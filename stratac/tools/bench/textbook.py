@@ -110,8 +110,8 @@ def bench_tables(paths: list[str]) -> list[str]:
             continue
         kind = res[0]["kind"]
         direct = PAIRS[kind][0] if kind in PAIRS else res[0]["schedule"]
-        at = {(r["schedule"], r["size"]): r for r in res}
-        sizes = sorted({r["size"] for r in res})
+        at = {(r["schedule"], _nominal(r["size"])): r for r in res}
+        sizes = sorted({_nominal(r["size"]) for r in res})
         names = list(dict.fromkeys(r["schedule"] for r in res))
         load = (meta.get("loadavg_before"), meta.get("loadavg_after"))
         lines.append(f"#### {kind}, world {meta['world']}: measured us per call (x {direct}, same run)"
