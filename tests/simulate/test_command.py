@@ -141,3 +141,27 @@ def test_bad_machine_file_through_the_command(tmp_path, capsys):
                              str(bad), "--world", "2"], capsys)
     assert status == 1 and out == ""
     assert err == f"stratac simulate: error: {bad}: missing key 'vector_cores' in [rank] (an integer >= 1)\n"
+
+
+def test_a_schedule_that_excludes_the_world_is_skipped_next_to_the_others(tmp_path, capsys):
+    # halving-doubling takes power-of-two worlds only: at world 12 the ring is still predicted
+    src = tmp_path / "ar.strata"
+    src.write_text((ROOT / "examples" / "allreduce_ring.strata").read_text() + "\n"
+                   + (ROOT / "examples" / "allreduce_halving_doubling.strata").read_text())
+    machine = str(ROOT / "machines" / "cloudmatrix384.toml")
+    out_json = tmp_path / "out.json"
+    status, out, err = _run(["simulate", str(src), "--machine", machine, "--world", "12",
+                             "--sizes", "1M", "--json", str(out_json)], capsys)
+    assert status == 0, err
+    assert "# allreduce_ring: allreduce, world 12" in out
+    assert "# allreduce_halving_doubling: skipped: does not support world 12: it requires world is pow2" in out
+    data = json.loads(out_json.read_text())
+    assert [r["schedule"] for r in data["results"]] == ["allreduce_ring"]
+    [skip] = data["skipped"]
+    assert skip["schedule"] == "allreduce_halving_doubling"
+    assert skip["why"] == f"does not support world 12: it requires world is pow2, {src}:32"
+    # alone, it is an error naming the constraint
+    status, out, err = _run(["simulate", str(ROOT / "examples" / "allreduce_halving_doubling.strata"),
+                             "--machine", machine, "--world", "12", "--sizes", "1M"], capsys)
+    assert status == 1
+    assert "allreduce_halving_doubling does not support world 12: it requires world is pow2" in err

@@ -97,6 +97,35 @@ def test_flags_wait_for_the_last_signal(tiny):
     assert us == pytest.approx(10.0 + signal + wait + reduce + gather + signal + wait)
 
 
+def test_step_loop_charges_each_step_its_own_moves_and_handshake(tiny):
+    # ring AllReduce at world 3: 4 steps (2 reduce on aiv, 2 copy on sdma); each step is a wait for
+    # the previous rank's flag, ONE part's move, a signal; a step must not cost the moves of all
+    # the loop's steps (the stage instance of each step holds only that step's moves)
+    s = passes.pipeline(example("allreduce_ring"), passes.Options())
+    us, path, _ = predict_count(s, tiny, world=3, count=3000)
+    part = 1000 * 4
+    signal = 1 * 0.5 + 1.0                            # one slot, then SyncAll
+    wait = 3.0 + 1.0                                  # the flag lands a latency after the signal
+    reduce = part / 500 + 1.0 + 3.0                   # the link (8 us) beats the core's 2 us
+    copy = part / 500 + 5.0 + 1.0 + 3.0               # one queue: bytes + one SQE's post
+    entry = signal + wait                             # ready handshake with the neighbours
+    steps = (reduce + signal) + (wait + reduce + signal) + 2 * (wait + copy + signal)
+    assert us == pytest.approx(10.0 + entry + steps + wait)
+    # the whole call's link load (4 parts per rank at 0.5 GB/s = 32 us) does not bind it
+    assert path["fabric"] == pytest.approx(2 * part / 500)
+    assert path["sdma"] == pytest.approx(2 * (part / 500 + 5.0))
+
+
+def test_ring_approaches_the_link_bound_at_large_messages(cm384):
+    # a ring sends 2 (n - 1) / n of the buffer per rank, as two-shot does: at 256 MiB both are
+    # bound by the links, the ring's extra cost is per-step latency only (a few percent here)
+    size = 256 << 20
+    two = predict(example("allreduce_twoshot"), cm384, 16, [size])[0]
+    ring = predict(example("allreduce_ring"), cm384, 16, [size])[0]
+    assert ring.bound == "fabric"
+    assert two.time_us <= ring.time_us <= 1.2 * two.time_us
+
+
 # ---- against the real machine file ----
 
 

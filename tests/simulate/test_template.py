@@ -37,33 +37,37 @@ def _check_template(s: ir.Schedule, world: int) -> None:
     inst = instantiate.instantiate(s, world, env)
     t = template(s, world, env)
     lens = lengths(t, env)
-    want: dict[int, list] = {}
-    want_routes: dict[int, list] = {}
     for r, events in enumerate(inst.timelines):
-        kinds = []
+        kinds, got_kinds = [], []
+        stage_events = [ev for ev in events if ev.kind is instantiate.EventKind.STAGE]
+        keys = [arg for kind, arg in t.timelines[r] if kind == "stage"]
+        assert len(keys) == len(stage_events), (world, r)
+        for ev, key in zip(stage_events, keys):
+            # each execution of a stage (a step of a loop) is its own instance, holding that
+            # step's moves and routing constructs only
+            want = [(r, 1 if mv.accumulate else (0 if mv.op is None else 2), mv.dst[0],
+                     tuple(x[0] for x in mv.srcs), mv.dst[3] - mv.dst[2]) for mv in ev.moves]
+            assert [mv for mv in t.moves(key, lens) if mv[0] == r] == want, (world, r, ev.stage.index)
+            got = [(q, k, sh["experts"], sh.get("tokens", 0), sh.get("topk", 0), sh.get("hidden", 0))
+                   for q, k, sh in t.routes(key) if q == r]
+            assert got == [(ri.rank, ri.kind, ri.experts, ri.tokens, ri.topk, ri.hidden)
+                           for ri in ev.routes], (world, r, ev.stage.index)
         for ev in events:
             if ev.kind is instantiate.EventKind.STAGE:
                 kinds.append(("stage", ev.stage.index))
-                for mv in ev.moves:
-                    kind = 1 if mv.accumulate else (0 if mv.op is None else 2)
-                    want.setdefault(ev.stage.index, []).append(
-                        (r, kind, mv.dst[0], tuple(x[0] for x in mv.srcs), mv.dst[3] - mv.dst[2]))
-                for ri in ev.routes:
-                    want_routes.setdefault(ev.stage.index, []).append(
-                        (ri.rank, ri.kind, ri.experts, ri.tokens, ri.topk, ri.hidden))
             elif ev.kind is instantiate.EventKind.BARRIER:
                 kinds.append(("barrier", ev.barrier))
             elif ev.kind is instantiate.EventKind.SIGNAL:
                 kinds.append(("signal", [(o, f, slot) for o, f, slot, _ in ev.signals]))
             elif ev.kind is instantiate.EventKind.WAIT:
                 kinds.append(("wait", [(f, slot) for f, slot, _ in ev.waits]))
-        assert t.timelines[r] == kinds, (world, r)
-    for index, moves in want.items():
-        assert t.moves(index, lens) == moves, (world, index)
-    for index in t.stages:
-        got = [(r, k, sh["experts"], sh.get("tokens", 0), sh.get("topk", 0), sh.get("hidden", 0))
-               for r, k, sh in t.routes(index)]
-        assert got == want_routes.get(index, []), (world, index)
+        for kind, arg in t.timelines[r]:
+            got_kinds.append((kind, t.stages[arg].stage.index) if kind == "stage" else (kind, arg))
+        assert got_kinds == kinds, (world, r)
+    # every instance's moves belong to exactly one execution per rank: none counted twice
+    total = sum(len(t.moves(key, lens)) for key in t.stages)
+    assert total == sum(len(ev.moves) for events in inst.timelines for ev in events
+                        if ev.kind is instantiate.EventKind.STAGE)
 
 
 def test_every_example_is_modelled():

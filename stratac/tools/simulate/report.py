@@ -93,7 +93,7 @@ def table(res: SimResult) -> list[str]:
                        f"{p.busbw:>8.3f} {p.bound:>8}")
             lines.append(row + (f" {_ratio(p.ratio):>8}" if ratio else ""))
     for s in res.skipped:
-        lines.append(f"# {s['schedule']}: not modelled: {s['why']}")
+        lines.append(f"# {s['schedule']}: skipped: {s['why']}")
     return lines
 
 

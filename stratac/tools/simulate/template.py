@@ -45,13 +45,15 @@ class StageMoves:
 class Template:
     world: int
     keys: list[tuple[ir.IExpr, dict]]     # a length expression and its values of non-size names
-    stages: dict[int, StageMoves]
-    timelines: list[list[tuple]]          # per rank: ("stage", index) | ("barrier", k) |
+    stages: dict                          # per stage INSTANCE: a stage outside step loops, keyed
+                                          # by its index; (index, n): one step of the loops around it
+    timelines: list[list[tuple]]          # per rank: ("stage", instance) | ("barrier", k) |
                                           # ("signal", [(owner, flag, slot)]) | ("wait", [(flag, slot)])
     size_dependent: bool                  # a condition, rank or flag slot depends on a size symbol
 
-    def moves(self, stage_index: int, lengths: np.ndarray) -> list[tuple]:
-        """(issuer, kind, dst owner, src owners, length) of every move, for the consistency test."""
+    def moves(self, stage_index, lengths: np.ndarray) -> list[tuple]:
+        """(issuer, kind, dst owner, src owners, length) of every move of a stage instance, for the
+        consistency test."""
         sm = self.stages[stage_index]
         srcs: dict[int, list[int]] = {}
         for mv, owner in zip(sm.src_move, sm.src_owner):
@@ -59,7 +61,7 @@ class Template:
         return [(sm.issuer[i], sm.kind[i], sm.dst[i], tuple(srcs.get(i, ())), int(lengths[sm.key[i]]))
                 for i in range(len(sm.issuer))]
 
-    def routes(self, stage_index: int) -> list[tuple]:
+    def routes(self, stage_index) -> list[tuple]:
         """(issuer, kind, shape) of every routing construct of a stage, for the consistency test."""
         return [(r, k, dict(shape)) for r, k, shape in self.stages[stage_index].routes]
 
@@ -75,6 +77,11 @@ class _Walker:
         self.key_index: dict[tuple, int] = {}
         self.names: dict[int, tuple[ir.IExpr, tuple[str, ...]]] = {}
         self.stages: dict[int, StageMoves] = {}
+        # (stage index, the values of the step loops around it) -> its key in self.stages: each
+        # execution of a stage inside a step loop is its own instance, with only that step's moves,
+        # keyed (stage index, n); ranks at the same step share one (their loads add up in the same
+        # phase either way). A stage outside step loops has one instance, keyed by its index.
+        self.instances: dict[tuple, tuple[int, int]] = {}
         self.size_dependent = False
         self.steering: dict[int, ir.IExpr] = {}
 
@@ -144,27 +151,29 @@ class _Walker:
                 else:
                     events.append(("wait", [(op.flag, slot)]))
 
-        def top(ops, env):
+        def top(ops, env, steps):
             nonlocal barriers
             for op in ops:
                 if isinstance(op, ir.Barrier):
                     events.append(("barrier", barriers))
                     barriers += 1
                 elif isinstance(op, ir.Stage):
-                    sm = self.stages.setdefault(op.index, StageMoves(op))
+                    key = op.index if not steps else self.instances.setdefault(
+                        (op.index, steps), (op.index, len(self.instances)))
+                    sm = self.stages.setdefault(key, StageMoves(op))
                     sm.phase[rank] = barriers
                     for inner in op.body:
                         self.moves(inner, env, sm)
-                    events.append(("stage", op.index))
+                    events.append(("stage", key))
                 elif isinstance(op, ir.If):
-                    top(op.then if self.ev(op.cond, env, "a condition") else op.orelse, env)
+                    top(op.then if self.ev(op.cond, env, "a condition") else op.orelse, env, steps)
                 elif isinstance(op, ir.Loop):   # a loop around stages and sync (step loops)
                     for v in self.values(op, env):
-                        top(op.body, {**env, op.var: v})
+                        top(op.body, {**env, op.var: v}, steps + ((id(op), v),))
                 else:
                     sync(op, env)
 
-        top(self.s.body, env)
+        top(self.s.body, env, ())
         return events
 
     def moves(self, op, env: dict, sm: StageMoves) -> None:
