@@ -1,4 +1,4 @@
-"""The quantised MoE dispatch (examples/moe_prefill_int8.strata) on the CPU build: int8 rows and
+"""The quantised MoE dispatch (examples/moe_prefill_int8.strata, moe_decode_int8.strata) on the CPU build: int8 rows and
 their f32 per-token scales dispatched together, dequantised in the expert step, combined in the
 activation dtype with f32 accumulation.
 
@@ -22,6 +22,7 @@ from stratac.verify.routing import expert_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 INT8 = ROOT / "examples" / "moe_prefill_int8.strata"
+DECODE_INT8 = ROOT / "examples" / "moe_decode_int8.strata"
 BOUNDED = ROOT / "examples" / "moe_prefill_bounded.strata"
 
 
@@ -31,12 +32,13 @@ def _run(path, world, cases, cores=4):
     return runner.run(spec, echo=lambda line: None)
 
 
+@pytest.mark.parametrize("path", [INT8, DECODE_INT8], ids=["prefill", "decode"])
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_int8_dispatch_and_bf16_combine_are_bit_exact(world):
+def test_int8_dispatch_and_bf16_combine_are_bit_exact(world, path):
     cases = [runner.Case("bf16", tokens=37, hidden=33, topk=3, routing="skewed"),   # 33-byte int8 rows
              runner.Case("bf16", tokens=29, hidden=64, topk=2, routing="sparse"),
              runner.Case("f32", tokens=1, hidden=7, topk=2, routing="empty")]
-    out = _run(INT8, world, cases)
+    out = _run(path, world, cases)
     assert out.failures == [] and out.exit_code == 0
     assert len(out.results) == world * len(cases) * 2
     assert [(r["schedule"], r["rank"], r["why"]) for r in out.results if not r["ok"]] == []

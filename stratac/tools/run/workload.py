@@ -363,9 +363,10 @@ class MoeWorkload:
         for l in range(local):
             e = rank * local + l
             for s, (ids, q, sc) in enumerate(inputs):
+                start = (l * self.world + s) * self.capacity if self.slotted else row
                 hits = [int(t) for t, _ in (ids == e).nonzero().tolist()]
                 for j, t in enumerate(hits):
-                    wq[row + j], ws[row + j], mask[row + j] = q[t], sc[t], True
+                    wq[start + j], ws[start + j], mask[start + j] = q[t], sc[t], True
                 row += len(hits)
         return wq, ws, mask
 
