@@ -132,3 +132,13 @@ def test_an_int8_activation_dtype_is_refused():
     case = runner.Case("i8", tokens=4, hidden=32, topk=2)
     with pytest.raises(Exception, match="moves float tokens"):
         _run(INT8, 1, [case])
+
+
+def test_per_block_scales_land_beside_their_rows():
+    """Four scales per token (tests/e2e/moe_int8_blocks.strata: xs, ws of [rows, 4], 16-byte scale
+    rows), blocks of 9, 9, 9 and 6 of 33 columns: windows, scales and y bit for bit at world 3."""
+    cases = [runner.Case("bf16", tokens=37, hidden=33, topk=3, routing="skewed")]
+    out = _run(Path(__file__).resolve().parent / "moe_int8_blocks.strata", 3, cases)
+    assert out.failures == [] and out.exit_code == 0
+    assert [(r["schedule"], r["rank"], r["why"]) for r in out.results if not r["ok"]] == []
+    assert {r["moe"]["row_bytes"] for r in out.results} == {33 + 4 * 4}
