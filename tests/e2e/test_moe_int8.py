@@ -9,6 +9,7 @@ here that reference is itself checked against one written in this file from the 
 layout; dequantise in f32, times e + 1, rounded to bf16; y accumulated in f32 in k order, rounded
 once), and the bytes the dispatch moves are compared with the bf16 dispatch of the same routing."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -142,3 +143,39 @@ def test_per_block_scales_land_beside_their_rows():
     assert out.failures == [] and out.exit_code == 0
     assert [(r["schedule"], r["rank"], r["why"]) for r in out.results if not r["ok"]] == []
     assert {r["moe"]["row_bytes"] for r in out.results} == {33 + 4 * 4}
+
+
+def test_the_python_call_refuses_wrong_payloads_and_places_rows_with_their_scales():
+    """One rank, from Python: a bf16 payload, scales of the wrong shape and a scale window of other
+    rows than the int8 window are refused before launch, naming the parameter; a right call puts
+    each token's row and its scale in the same window row (experts 0 and 1, tokens in order)."""
+    from stratac.host import comm as C
+    from stratac.host.errors import StrataUsageError
+    c = C.Communicator(0, 1, segment=C._segment_name(), create=True, heap_bytes=8 << 20, timeout=10)
+    C.unlink_segment(c.segment)
+    try:
+        m = c.load(str(INT8))
+        T, H, K, E, R = 5, 40, 2, 4, 10
+        xq, xs = c.zeros(T, H, dtype=torch.int8), c.zeros(T, 1, dtype=torch.float32)
+        ids, counts = c.zeros(T, K, dtype=torch.int32), c.zeros(1, E, dtype=torch.int32)
+        wq, ws = c.zeros(R, H, dtype=torch.int8), c.zeros(R, 1, dtype=torch.float32)
+        ids[:, 1] = 1
+        xq.copy_(torch.arange(T * H).reshape(T, H) % 100)
+        xs.copy_(torch.arange(T).reshape(T, 1) + 0.5)
+        bad = [("xq must be int8", (c.zeros(T, H, dtype=torch.bfloat16), xs, ids, counts, wq, ws)),
+               ("xs must have shape [tokens, 1] = [5, 1], got [5]",
+                (xq, c.zeros(T, dtype=torch.float32), ids, counts, wq, ws)),
+               ("xs must have shape [tokens, 1] = [5, 1], got [5, 2]",
+                (xq, c.zeros(T, 2, dtype=torch.float32), ids, counts, wq, ws)),
+               ("ws must have shape [max_recv, 1] = [10, 1], got [11, 1]",
+                (xq, xs, ids, counts, wq, c.zeros(R + 1, 1, dtype=torch.float32)))]
+        for text, args in bad:
+            with pytest.raises(StrataUsageError, match=re.escape(text)):
+                m.moe_prefill_int8_dispatch(*args)
+        assert int(wq.abs().sum()) == 0
+        m.moe_prefill_int8_dispatch(xq, xs, ids, counts, wq, ws)
+        order = list(range(T)) * 2          # expert 0's rows (every token), then expert 1's
+        assert torch.equal(wq, xq[order]) and torch.equal(ws, xs[order])
+        assert counts.tolist() == [[T, T, 0, 0]]
+    finally:
+        c.close(collective=False)
