@@ -9,6 +9,7 @@ done
 $STRATAC compile examples/*.strata -o out/generated
 for f in examples/*.strata; do
   case "$(basename "$f")" in
+    moe_*int8*) size=(--tokens 256 --hidden 1024 --topk 4 --routing skewed --dtype bf16) ;;  # int8 in, bf16 out
     moe_*|alltoallv*) size=(--tokens 256 --hidden 1024 --topk 4 --routing skewed) ;;  # routed tokens
     *) size=(--size 4M) ;;
   esac

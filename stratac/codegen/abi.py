@@ -160,9 +160,12 @@ def dtypes(s: ir.Schedule) -> list[ir.DType]:
     """The element types a schedule is instantiated for: all of them for a type variable."""
     fixed = {p.dtype for p in s.params if p.dtype is not None}
     if s.contract.kind.moe:   # tokens are floating point; ids, counts and weights have fixed types
-        return [ir.DType.F32, ir.DType.F16, ir.DType.BF16]
-    if s.typevars:
-        return list(ir.DType)
+        if s.typevars:
+            return [ir.DType.F32, ir.DType.F16, ir.DType.BF16]
+        c = s.contract   # tokens of a fixed type (an int8 dispatch): that type alone
+        return [s.param(c.inputs[0] if c.kind.dispatch else c.outputs[0]).dtype]
+    if s.typevars:   # int8 is a payload to move, not a type to compute in: not a type variable's
+        return [d for d in ir.DType if d is not ir.DType.I8]
     return sorted(fixed, key=lambda d: d.code) or [ir.DType.F32]
 
 

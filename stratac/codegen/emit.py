@@ -175,8 +175,15 @@ def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule) -> dict:
         status = "strata::StatusLine(sync_, world)" if _exscanned(s, role["offs"]) else "nullptr"
         if op.kind is K.PLACE:
             via = {ir.Engine.AIV: "kAiv", ir.Engine.SDMA: "kSdma", ir.Engine.AUTO: "kAuto"}[engine]
-            call = (f"rt_.Place(mv_, strata::Via::{via}, {_cname(win.name)}, {rows}, "
-                    f"{_cname(role['x'])}, {_cname(ids.name)}, {_cname(role['offs'])}, {tokens}, "
+            wptr, xptr = _cname(win.name), _cname(role["x"])
+            if win.dtype is not None and win.dtype.nbytes != 1:
+                # rows of a fixed type (an int8 dispatch's f32 scales beside its int8 rows, T = int8_t)
+                # are moved as T elements, like every copy: the pointers and the row length in T
+                ratio = f"strata::Ratio<{win.dtype.ctype}, T>()"
+                wptr, xptr = f"strata::Reinterpret<T>({wptr})", f"strata::Reinterpret<T>({xptr})"
+                hidden = f"{hidden} * {ratio}" if hidden != "1" else ratio
+            call = (f"rt_.Place(mv_, strata::Via::{via}, {wptr}, {rows}, "
+                    f"{xptr}, {_cname(ids.name)}, {_cname(role['offs'])}, {tokens}, "
                     f"{topk}, {hidden}, {experts}, rank, world, kSdmaThreshold, {status})")
         else:
             call = (f"rt_.Gather({_cname(op.dst.buffer)}, {_cname(win.name)}, {rows}, {_cname(ids.name)}, "

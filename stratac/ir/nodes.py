@@ -19,6 +19,9 @@ class DType(enum.Enum):
     F16 = ("f16", 2, "half", "float16")
     BF16 = ("bf16", 2, "bfloat16_t", "bfloat16")
     I32 = ("i32", 4, "int32_t", "int32")
+    # int8: moved, never computed on (A2/A3 vector arithmetic has no int8); a quantised MoE
+    # dispatch's payload. Last, so that the other types' codes stay as they were.
+    I8 = ("i8", 1, "int8_t", "int8")
 
     def __init__(self, short: str, nbytes: int, ctype: str, torch_name: str):
         self.short = short
@@ -302,6 +305,9 @@ class Contract:
     span: Span
     root: str | None = None      # the rank parameter naming the root
     capacity: str | None = None  # MoE: the size symbol of the slots per (expert, source rank)
+    # moe_dispatch: rows that travel with the tokens, (source, window) pairs: row t of the source
+    # goes to the same row of its window as row t of x goes to in win (a quantised payload's scales)
+    side: tuple[tuple[str, str], ...] = ()
 
     @property
     def in_place(self) -> bool:
@@ -313,6 +319,7 @@ class Contract:
         else:
             data = self.inputs[0] if self.in_place else f"{self.inputs[0]} -> {self.outputs[0]}"
         extra = [a for a in (self.op.value if self.op else None, self.root, self.capacity) if a]
+        extra += [f"{a} -> {b}" for a, b in self.side]
         return f"{self.kind.value}({', '.join([data, *extra])})"
 
 

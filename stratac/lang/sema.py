@@ -149,7 +149,7 @@ class _Lowering:
                 if not p.dtype[:1].isupper():
                     # still declare the parameter, so its uses and the contract do not cascade
                     self.err(Codes.BAD_TYPE, f"unknown element type {p.dtype!r}: use f32, f16, bf16, "
-                             "i32 or a type variable (a capitalised name such as T)", p.dtype_span)
+                             "i32, i8 or a type variable (a capitalised name such as T)", p.dtype_span)
                     self.bad_types.add(p.name)
                 else:
                     typevar_seen.setdefault(p.dtype, p.dtype_span)
@@ -245,7 +245,8 @@ class _Lowering:
 
     MOE_FORMS = {
         ir.ContractKind.MOE_DISPATCH: "moe_dispatch(x, ids -> win, counts) or moe_dispatch(x, ids -> "
-                                      "win, counts, CAPACITY)",
+                                      "win, counts, CAPACITY), each optionally followed by "
+                                      "rows that travel with the tokens: ..., xs -> ws",
         ir.ContractKind.MOE_COMBINE: "moe_combine(win, ids, weights, counts -> y) or moe_combine(win, "
                                      "ids, weights, counts -> y, CAPACITY)",
         ir.ContractKind.ALLTOALLV: "alltoallv(x, dest -> out, counts)",
@@ -254,12 +255,17 @@ class _Lowering:
     def moe_contract(self, kind: ir.ContractKind, c: ast.Contract) -> ir.Contract | None:
         usage = f"{kind.value} is written {self.MOE_FORMS[kind]}"
         arrows = [i for i, a in enumerate(c.args) if a.out is not None]
+        side_args = []
+        if kind is ir.ContractKind.MOE_DISPATCH:
+            # trailing `xs -> ws` pairs: rows that travel with the tokens (a quantised payload's scales)
+            while len(arrows) > 1 and arrows[-1] == len(c.args) - 1 - len(side_args):
+                side_args.insert(0, c.args[arrows.pop()])
         if len(arrows) != 1:
             self.err(Codes.BAD_CONTRACT, usage, c.span)
             return None
         i = arrows[0]
         inputs = [a.name for a in c.args[:i + 1]]
-        outputs = [c.args[i].out] + [a.name for a in c.args[i + 1:]]
+        outputs = [c.args[i].out] + [a.name for a in c.args[i + 1:len(c.args) - len(side_args)]]
         capacity = None
         if outputs and outputs[-1] in self.sizes:
             capacity = outputs.pop()
@@ -283,9 +289,10 @@ class _Lowering:
                          "parameter", c.span)
                 return None
             if dtype == "T":
-                if p.dtype is not None and p.dtype not in (ir.DType.F32, ir.DType.F16, ir.DType.BF16):
-                    self.err(Codes.BAD_TYPE, f"{name} ({role}) carries the tokens: f32, f16, bf16 or a "
-                             "type variable", p.span)
+                tokens = (ir.DType.F32, ir.DType.F16, ir.DType.BF16) + ((ir.DType.I8,) if kind.dispatch else ())
+                if p.dtype is not None and p.dtype not in tokens:
+                    self.err(Codes.BAD_TYPE, f"{name} ({role}) carries the tokens: f32, f16, bf16"
+                             f"{', i8' if kind.dispatch else ''} or a type variable", p.span)
                 if payload is not None and p.type_text != payload.type_text and \
                         not {p.name, payload.name} & self.bad_types:
                     self.err(Codes.BAD_TYPE, f"{payload.name} and {name} must have one element type",
@@ -297,7 +304,47 @@ class _Lowering:
                 self.err(Codes.NOT_SYMMETRIC, f"{name} ({role}) is written or read by other ranks: "
                          f"declare it `{name}: sym ...`", p.span)
                 return None
-        return ir.Contract(kind, tuple(inputs), tuple(outputs), None, c.span, capacity=capacity)
+        side = self.side_rows(side_args, inputs[0], outputs[0], c.span)
+        if side is None:
+            return None
+        return ir.Contract(kind, tuple(inputs), tuple(outputs), None, c.span, capacity=capacity,
+                           side=side)
+
+    def side_rows(self, args, x_name: str, win_name: str, span: Span) -> tuple[tuple[str, str], ...] | None:
+        """A dispatch's `xs -> ws` pairs: rows of their own width that go where the tokens go, row t
+        of xs to the window row of ws that row t of x goes to in win (e.g. a quantised payload's
+        f32 scales). xs has x's rows, ws win's rows, ws is symmetric, xs and ws one element type."""
+        x, win = self.params.get(x_name), self.params.get(win_name)
+        out = []
+        for a in args:
+            src, dst = self.params.get(a.name), self.params.get(a.out)
+            if src is None or dst is None:
+                self.err(Codes.UNKNOWN_NAME, f"the contract names {a.name if src is None else a.out!r}, "
+                         "which is not a tensor parameter", a.span)
+                return None
+            if len(src.shape) != 2 or len(dst.shape) != 2:
+                self.err(Codes.BAD_SIZE, f"{a.name} -> {a.out} travels with the tokens row by row: declare "
+                         "both with rows and columns (xs: ...[tokens, cols], ws: sym ...[rows, cols])", a.span)
+                continue
+            if x is not None and x.shape and str(src.shape[0]) != str(x.shape[0]):
+                self.err(Codes.BAD_SIZE, f"{a.name} has {src.shape[0]} rows but {x_name} has {x.shape[0]}: "
+                         "one row per token", a.span)
+            if win is not None and win.shape and str(dst.shape[0]) != str(win.shape[0]):
+                self.err(Codes.BAD_SIZE, f"{a.out} has {dst.shape[0]} rows but {win_name} has "
+                         f"{win.shape[0]}: one row per window row", a.span)
+            if str(src.shape[1]) != str(dst.shape[1]):
+                self.err(Codes.BAD_SIZE, f"{a.name} has rows of {src.shape[1]} elements, {a.out} of "
+                         f"{dst.shape[1]}: they must be one row size", a.span)
+            self._same_type(src, dst, a.span)
+            if not dst.symmetric:
+                self.err(Codes.NOT_SYMMETRIC, f"{a.out} is written by other ranks: declare it "
+                         f"`{a.out}: sym ...`", dst.span)
+            if a.name in (x_name, win_name) or a.out in (x_name, win_name) or \
+                    any(a.name in p or a.out in p for p in out):
+                self.err(Codes.BAD_CONTRACT, f"{a.name} -> {a.out} names a buffer the contract "
+                         "already moves", a.span)
+            out.append((a.name, a.out))
+        return tuple(out)
 
     # ---- statements
     def block(self, stmts, top: bool, loop_vars: tuple[str, ...], engine: ir.Engine | None = None):
@@ -541,6 +588,7 @@ class _Lowering:
             if dst is None or src is None:
                 return None
             self._same_type(dst[1], src[1], st.span)
+            self._computable(dst[1], "a reduction", st.span)
             used = (src[0].rank.names() if src[0].rank else frozenset()) | src[0].lo.names()
             if len(self.diags) == reported and rc.var not in used:
                 self.err(Codes.BAD_REF, f"the reduction's operand does not depend on {rc.var}, so every "
@@ -636,6 +684,7 @@ class _Lowering:
                          f"declare it `{dbuf.name}: sym ...`", st.span,
                          Note(f"{dbuf.name} is declared here", dbuf.span))
             if kind is ir.RouteKind.GATHER:
+                self._computable(rows, "gather (weights and sums in f32)", st.span)
                 if not rows.symmetric:
                     self.err(Codes.NOT_SYMMETRIC, f"gather reads rows of other ranks' {rows.name}: "
                              f"declare it `{rows.name}: sym ...`", st.span,
@@ -657,6 +706,7 @@ class _Lowering:
         if op is None or dst is None or src is None:
             return None
         self._same_type(dst[1], src[1], st.span)
+        self._computable(dst[1], "reduce on write", st.span)
         return ir.Accumulate(dst[0], op, src[0], st.span)
 
     def cond(self, c: ast.Cond | ast.CondIs, loop_vars, allowed: set[str] | None = None,
@@ -688,13 +738,21 @@ class _Lowering:
         typevar = None
         if dtype is None:
             if st.dtype not in {p.typevar for p in self.params.values() if p.typevar}:
-                self.err(Codes.BAD_TYPE, f"unknown element type {st.dtype!r}: use f32, f16, bf16, i32 "
+                self.err(Codes.BAD_TYPE, f"unknown element type {st.dtype!r}: use f32, f16, bf16, i32, i8 "
                          "or the schedule's type variable", st.dtype_span)
                 return
             typevar = st.dtype
         size, shape = self.shape(st.dims, set(self.sizes) | {"world"}, st.name, st.span)
         self.params[st.name] = ir.Buffer(st.name, dtype, typevar, st.symmetric, size, st.span,
                                          scratch=True, shape=shape)
+
+    def _computable(self, b: ir.Buffer, what: str, span: Span) -> None:
+        """int8 is moved, never computed on: A2/A3 vector arithmetic and the kernels' float
+        accumulation have no int8 (runtime/README.md, the A2/A3 type rows)."""
+        if b.dtype is ir.DType.I8:
+            self.err(Codes.BAD_TYPE, f"{what} computes on {b.name}, which holds i8: int8 rows can only be "
+                     "moved (copies, place); dequantise them before computing", span,
+                     Note(f"{b.name} is declared here", b.span))
 
     def _same_type(self, a: ir.Buffer, b: ir.Buffer, span: Span) -> None:
         if a.type_text != b.type_text and not {a.name, b.name} & self.bad_types:

@@ -170,18 +170,27 @@ def _moe_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
     elif report:
         pass   # nothing gathered: every buffer keeps its input value
     elif c.kind.dispatch:
-        x, win = c.inputs[0], c.outputs[0]
-        H = inst.buffer_shapes[x][1]
-        want = {r: vals.init[(r, win)].copy() for r in range(W)}
-        mask = {r: np.zeros(inst.buffer_sizes[win], dtype=bool) for r in range(W)}
-        for (src, t, _), (o, row) in layout.items():
-            want[o][row * H:(row + 1) * H] = vals.init[(src, x)][t * H:(t + 1) * H]
-            mask[o][row * H:(row + 1) * H] = True
+        # the tokens, then every pair of rows that travels with them (c.side: a quantised
+        # payload's scales), each by the same layout: the scales of a token land in the row of
+        # their window that its row lands in, on the same rank
+        for x, win in ((c.inputs[0], c.outputs[0]),) + c.side:
+            H = inst.buffer_shapes[x][1]
+            if inst.buffer_shapes[win][1] != H or inst.buffer_shapes[x][0] != T:
+                return [error(Codes.SHAPE, f"{c.kind.value} moves rows of {x} ({inst.buffer_shapes[x]}) "
+                              f"into {win} ({inst.buffer_shapes[win]}): {T} rows of one width on both "
+                              f"sides ({context(inst)})", c.span)]
+            want = {r: vals.init[(r, win)].copy() for r in range(W)}
+            mask = {r: np.zeros(inst.buffer_sizes[win], dtype=bool) for r in range(W)}
+            for (src, t, _), (o, row) in layout.items():
+                want[o][row * H:(row + 1) * H] = vals.init[(src, x)][t * H:(t + 1) * H]
+                mask[o][row * H:(row + 1) * H] = True
+            for r in range(W):
+                expected[(r, win)] = (want[r], mask[r])
+            describe[win] = ("the token row the layout puts there" if win == c.outputs[0] else
+                             f"the row of {x} whose token the layout puts in that row of {c.outputs[0]}")
         for r in range(W):
-            expected[(r, win)] = (want[r], mask[r])
             expected[(r, counts_name)] = (matrix.astype(np.uint64),
                                           np.ones(matrix.size, dtype=bool))
-        describe[win] = "the token row the layout puts there"
         describe[counts_name] = f"the number of entries of {ids_name} on rank i // experts equal to i % experts"
     else:
         win, weights, y = c.inputs[0], c.inputs[2], c.outputs[0]

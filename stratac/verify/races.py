@@ -27,8 +27,8 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
     # entered yet, saving a round trip: its precondition is that no rank touches them until then
     # (the previous combine ends when every rank has finished reading them; after allocating or
     # writing them on the host, comm.barrier()). dsl/README.md, "Routing". Reads and every other
-    # buffer keep the entry rule.
-    entry_free = set(c.outputs) if c.kind.dispatch and c.capacity else set()
+    # buffer keep the entry rule. The rows that travel with the tokens (c.side) are outputs too.
+    entry_free = set(c.outputs) | {w for _, w in c.side} if c.kind.dispatch and c.capacity else set()
     # Accesses separated by a barrier are ordered by it (a barrier joins every rank), so only
     # accesses between the same two barriers can race: group by (owner, buffer, barrier epoch).
     groups: dict[tuple[int, str, int], list[tuple[Access, Event]]] = {}

@@ -228,7 +228,7 @@ def moe_records(results: list[dict], pairs: list[tuple[str, str | None]], spec: 
         recv = r0["size"]
         seed = m["counters_seed"]   # the routing of the call the counters were read in
         peer = None if seed is None else per_peer_bytes(
-            m["routing"], w, m["tokens"], m["topk"], m["experts"], m["hidden"] * elem, seed)
+            m["routing"], w, m["tokens"], m["topk"], m["experts"], m.get("row_bytes") or m["hidden"] * elem, seed)
         peer_bal = [b for b in map(_max_mean, peer or []) if b is not None]
         peer_max = max((max(p) for p in peer), default=0) if peer else None
         algbw = lambda ph: recv / ph["time_us"] / 1e3 if ph and ph["time_us"] else None

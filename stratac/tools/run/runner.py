@@ -138,9 +138,13 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
     compiled = compile_schedules(source, opts, [spec.world])
     routed = [c.schedule.name for c in compiled if c.schedule.contract.kind.moe]
     for case in spec.cases:
-        if routed and case.dtype == "i32":
+        if routed and case.dtype in ("i32", "i8"):
             raise StrataError(error(Codes.BAD_TYPE, f"{routed[0]} moves float tokens: --dtype f32, f16 "
-                                    "or bf16"))
+                                    "or bf16 (an int8 dispatch quantises tokens of that dtype itself)"))
+        generic = [c.schedule.name for c in compiled if c.schedule.typevars]
+        if generic and case.dtype == "i8":
+            raise StrataError(error(Codes.BAD_TYPE, f"{generic[0]} is not built for i8: int8 is a payload "
+                                    "to move (a quantised MoE dispatch's rows), not a type variable's type"))
     for c in compiled:   # warm the cache: the ranks then load without compiling
         if spec.target == "npu":
             npu.build(c.output, spec.soc)

@@ -157,18 +157,26 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
                           case.get("topk"), case.get("experts"), case.get("routing") or "uniform",
                           case.get("max_recv"))
     heap_before = comm.heap_used
-    role_dtype = {"x": tdtype, "win": tdtype, "y": tdtype, "ids": torch.int32, "counts": torch.int32,
-                  "weights": torch.float32}
+    q = wl.quantized   # int8 rows and f32 scales dispatched; the combine's window in the activation dtype
+    role_dtype = {"x": torch.int8 if q else tdtype, "win": torch.int8 if q else tdtype, "y": tdtype,
+                  "ids": torch.int32, "counts": torch.int32, "weights": torch.float32,
+                  "xs": torch.float32, "ws": torch.float32, "cwin": tdtype}
     roles = {"x": (disp, d.inputs[0]), "ids": (disp, d.inputs[1]), "win": (disp, d.outputs[0]),
              "counts": (disp, d.outputs[1])}
+    if q:
+        roles.update({"xs": (disp, d.side[0][0]), "ws": (disp, d.side[0][1])})
     if comb:
         c = comb.ir.contract
         roles.update({"weights": (comb, c.inputs[2]), "y": (comb, c.outputs[0])})
+        if q:
+            roles["cwin"] = (comb, c.inputs[0])
     t = {role: comm.zeros(*wl.shape(fn.ir, fn.ir.param(name)), dtype=role_dtype[role])
          for role, (fn, name) in roles.items()}
     dargs = dict(zip(d.inputs + d.outputs, (t["x"], t["ids"], t["win"], t["counts"])))
-    cargs = dict(zip(c.inputs + c.outputs, (t["win"], t["ids"], t["weights"], t["counts"], t["y"]))) \
-        if comb else {}
+    if q:
+        dargs.update({d.side[0][0]: t["xs"], d.side[0][1]: t["ws"]})
+    cargs = dict(zip(c.inputs + c.outputs, (t["cwin" if q else "win"], t["ids"], t["weights"], t["counts"],
+                                            t["y"]))) if comb else {}
     phases = (("dispatch", disp, dargs),) + ((("combine", comb, cargs),) if comb else ())
     blocks = spec["cores"]   # None: each call's own (stratac.host.cores: they follow the bytes)
     rows = t["win"].shape[0]
@@ -177,7 +185,12 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
 
     def step(seed: int | None, timed: bool = False) -> None:
         if seed is not None:   # fresh inputs, then every rank's host writes are done (decode's precondition)
-            t["x"].copy_(wl.x(rank, seed, tdtype))
+            if q:
+                xq, xs = wl.quantize(rank, seed, tdtype)
+                t["x"].copy_(xq)
+                t["xs"].copy_(xs)
+            else:
+                t["x"].copy_(wl.x(rank, seed, tdtype))
             t["ids"].copy_(wl.ids(rank, seed).reshape(t["ids"].shape))
             if comb:
                 t["weights"].copy_(wl.weights(rank, seed))
@@ -185,7 +198,9 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
             comm.barrier()
         start = time.perf_counter()
         for name, fn, args in phases:
-            if name == "combine":
+            if name == "combine" and q:
+                wl.expert_step_quantized(t["win"], t["ws"], t["cwin"], rank, t["counts"])
+            elif name == "combine":
                 wl.expert_step(t["win"], rank, t["counts"])
             if seed is not None:
                 comm.reset_counters()
@@ -230,7 +245,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
         comm.free(t[role])
     for _, fn, _ in phases:
         fn.release_scratch()
-    recv = wl.received_rows(spec["seed"]) * wl.hidden * dtype.nbytes // world
+    recv = wl.received_rows(spec["seed"]) * wl.row_bytes(dtype) // world
     out = []
     for i, (name, fn, _) in enumerate(phases):
         out.append({
@@ -242,7 +257,8 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
             "heap_user_bytes": heap_bytes - heap_before,
             "moe": {"tokens": wl.tokens, "hidden": wl.hidden, "topk": wl.topk, "experts": wl.experts,
                     "routing": wl.routing, "capacity": wl.capacity if wl.slotted else None,
-                    "window_rows": rows, "phase": name, "alltoallv": v, "counters_seed": spec["seed"]},
+                    "window_rows": rows, "phase": name, "alltoallv": v, "counters_seed": spec["seed"],
+                    "payload": "i8" if q else dtype.short, "row_bytes": wl.row_bytes(dtype)},
         })
     return out
 
@@ -251,6 +267,8 @@ def _compare_moe(wl, t: dict, rank: int, seed: int, tdtype, rows: int, want_coun
     """After dispatch, the expert step and combine: counts, the window's defined rows (the expert
     step applied), and y, each against torch."""
     import torch
+    if wl.quantized:
+        return _compare_moe_quantized(wl, t, rank, seed, tdtype, rows, want_counts)
     if not torch.equal(t["counts"], want_counts):
         bad = (t["counts"] != want_counts).nonzero()[0].tolist()
         return False, (f"counts[{bad[0]}, {bad[1]}] = {int(t['counts'][bad[0], bad[1]])} on rank {rank}, "
@@ -266,6 +284,36 @@ def _compare_moe(wl, t: dict, rank: int, seed: int, tdtype, rows: int, want_coun
     if wl.combine is None:
         return True, ""
     y = wl.combined(rank, seed, tdtype)
+    if not torch.equal(t["y"], y):
+        bad = (t["y"] != y).nonzero()[0].tolist()
+        return False, (f"y[{bad[0]}, {bad[1]}] = {t['y'][bad[0], bad[1]].item()} on rank {rank}, expected "
+                       f"{y[bad[0], bad[1]].item()} ({int((t['y'] != y).sum())} elements differ)")
+    return True, ""
+
+
+def _compare_moe_quantized(wl, t: dict, rank: int, seed: int, tdtype, rows: int,
+                           want_counts) -> tuple[bool, str]:
+    """A quantised dispatch (int8 rows, f32 scales), the expert step and the combine: counts, the
+    int8 window and the scales beside it, the combine's window, and y, each against torch bit for
+    bit."""
+    import torch
+    if not torch.equal(t["counts"], want_counts):
+        bad = (t["counts"] != want_counts).nonzero()[0].tolist()
+        return False, (f"counts[{bad[0]}, {bad[1]}] = {int(t['counts'][bad[0], bad[1]])} on rank {rank}, "
+                       f"expected {int(want_counts[bad[0], bad[1]])}")
+    wq, ws, mask = wl.window_quantized(rank, seed, tdtype, rows)
+    for name, got, want in (("window", t["win"], wq), ("scale window", t["ws"], ws)):
+        if not torch.equal(got[mask], want[mask]):
+            r = int(mask.nonzero()[(got[mask] != want[mask]).any(dim=1).nonzero()[0]].item())
+            return False, (f"{name} row {r} on rank {rank} does not hold the row the layout puts there "
+                           f"(seed {seed}: {got[r][:4].tolist()}..., expected {want[r][:4].tolist()}...)")
+    if wl.combine is None:
+        return True, ""
+    cwin = torch.zeros(rows, wl.hidden, dtype=tdtype)
+    wl.expert_step_quantized(wq, ws, cwin, rank, want_counts)
+    if not torch.equal(t["cwin"][mask], cwin[mask]):
+        return False, f"the expert step's output on rank {rank} differs from torch's (seed {seed})"
+    y = wl.combined_quantized(rank, seed, tdtype)
     if not torch.equal(t["y"], y):
         bad = (t["y"] != y).nonzero()[0].tolist()
         return False, (f"y[{bad[0]}, {bad[1]}] = {t['y'][bad[0], bad[1]].item()} on rank {rank}, expected "

@@ -297,6 +297,100 @@ class MoeWorkload:
                     y[t] += float(w[t, k]) * (x[t] * (e + 1)).to(torch.float64)
         return y.to(dtype)
 
+    # ---- a quantised dispatch (examples/moe_prefill_int8.strata): int8 rows and their f32 scales
+
+    @property
+    def quantized(self) -> bool:
+        """The dispatch moves int8 rows with rows that travel beside them (their scales)."""
+        c = self.dispatch.contract
+        return bool(c.side) and self.dispatch.param(c.inputs[0]).dtype is ir.DType.I8
+
+    def scale_cols(self) -> int:
+        """Scales per token (1: per token; more: per block of the row)."""
+        xs = self.dispatch.param(self.dispatch.contract.side[0][0])
+        return self.shape(self.dispatch, xs)[1]
+
+    def activations(self, rank: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+        """A quantised run's tokens before quantisation: normal values in the activation dtype."""
+        g = torch.Generator().manual_seed(seed * 1_000_003 + rank * 7919 + 3)
+        return torch.randn(self.tokens, self.hidden, generator=g).to(dtype)
+
+    def quantize(self, rank: int, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(int8 rows, f32 scales [tokens, blocks]): per block of hidden / blocks columns (the last
+        block takes the rest), scale = max |x| / 127 (1 for an all-zero block), q = x / scale rounded
+        half to even, clamped to [-127, 127]."""
+        x = self.activations(rank, seed, dtype).float()
+        blocks = self.scale_cols()
+        q = torch.empty(self.tokens, self.hidden, dtype=torch.int8)
+        s = torch.empty(self.tokens, blocks, dtype=torch.float32)
+        for b, (lo, hi) in enumerate(self.scale_blocks()):
+            amax = x[:, lo:hi].abs().amax(dim=1, keepdim=True) if hi > lo else torch.zeros(self.tokens, 1)
+            sc = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+            q[:, lo:hi] = torch.round(x[:, lo:hi] / sc).clamp(-127, 127).to(torch.int8)
+            s[:, b] = sc[:, 0]
+        return q, s
+
+    def scale_blocks(self) -> list[tuple[int, int]]:
+        blocks = self.scale_cols()
+        per = -(-self.hidden // blocks)
+        return [(min(b * per, self.hidden), min((b + 1) * per, self.hidden)) for b in range(blocks)]
+
+    def dequantized(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """Rows q * scale in f32 (each block by its scale)."""
+        out = q.float()
+        for b, (lo, hi) in enumerate(self.scale_blocks()):
+            out[:, lo:hi] *= s[:, b:b + 1]
+        return out
+
+    def expert_step_quantized(self, wq: torch.Tensor, ws: torch.Tensor, out: torch.Tensor, rank: int,
+                              counts: torch.Tensor) -> None:
+        """The stand-in for the experts on a quantised window: each row of expert e dequantised in
+        f32, times e + 1 (in f32), written in the activation dtype into the combine's window."""
+        for e, start, n in self.expert_rows(rank, counts):
+            if n:
+                rows = slice(start, start + n)
+                out[rows] = (self.dequantized(wq[rows], ws[rows]) * (e + 1)).to(out.dtype)
+
+    def window_quantized(self, rank: int, seed: int, dtype: torch.dtype,
+                         rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(int8 window, scale window, mask of the rows the layout defines) after dispatch."""
+        local = self.experts // self.world
+        wq = torch.zeros(rows, self.hidden, dtype=torch.int8)
+        ws = torch.zeros(rows, self.scale_cols(), dtype=torch.float32)
+        mask = torch.zeros(rows, dtype=torch.bool)
+        row = 0
+        inputs = [(self.ids(s, seed), *self.quantize(s, seed, dtype)) for s in range(self.world)]
+        for l in range(local):
+            e = rank * local + l
+            for s, (ids, q, sc) in enumerate(inputs):
+                start = (l * self.world + s) * self.capacity if self.slotted else row
+                hits = [int(t) for t, _ in (ids == e).nonzero().tolist()]
+                for j, t in enumerate(hits):
+                    wq[start + j], ws[start + j], mask[start + j] = q[t], sc[t], True
+                row += len(hits)
+        return wq, ws, mask
+
+    def combined_quantized(self, rank: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+        """y[t] = sum over k, in f32 in k order from 0, of weights[t, k] * the expert output of
+        entry (t, k) (the dequantised row times e + 1, rounded to the activation dtype), rounded
+        once to the activation dtype: the combine's accumulation."""
+        ids, w = self.ids(rank, seed), self.weights(rank, seed)
+        q, s = self.quantize(rank, seed, dtype)
+        deq = self.dequantized(q, s)
+        acc = torch.zeros(self.tokens, self.hidden, dtype=torch.float32)
+        for t in range(self.tokens):
+            for k in range(self.topk):
+                e = int(ids[t, k])
+                if e >= 0:
+                    acc[t] = acc[t] + (deq[t] * (e + 1)).to(dtype).float() * w[t, k]
+        return acc.to(dtype)
+
+    def row_bytes(self, dtype: ir.DType) -> int:
+        """Bytes a dispatch moves per routed row: hidden x the token size, plus the scales."""
+        if self.quantized:
+            return self.hidden * ir.DType.I8.nbytes + self.scale_cols() * ir.DType.F32.nbytes
+        return self.hidden * dtype.nbytes
+
     def received_rows(self, seed: int) -> int:
         """Rows all ranks receive together (DeepEP counts dispatch bytes as the rows received)."""
         return int(self.counts(seed).sum())

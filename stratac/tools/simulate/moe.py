@@ -89,6 +89,11 @@ def predict_moe(s: ir.Schedule, m: Machine, world: int, tokens: list[int], moe: 
     if dtype == "i32":
         raise SimulateError(f"{s.name} moves float tokens: --dtype f32, f16 or bf16")
     elem, C = elem_bytes(dtype), check_cores(m, cores)
+    c = s.contract
+    payload = s.param(c.inputs[0] if c.kind.dispatch else c.outputs[0]).dtype
+    if payload is not None:   # tokens of a fixed type (an int8 dispatch): its own, whatever --dtype says
+        elem, dtype = payload.nbytes, payload.short
+
     lowered = passes.pipeline(s, passes.Options())
     topk, experts = moe.resolved(s, world)
     cache = {} if cache is None else cache
@@ -106,7 +111,10 @@ def predict_moe(s: ir.Schedule, m: Machine, world: int, tokens: list[int], moe: 
         us, path = call_time(tpl, costs, m, C)
         us = float(us)
         rows = float(routed.received.mean())
-        size = int(round(rows * moe.hidden * elem))
+        # bytes per received row: the tokens', plus the rows that travel with them (their scales)
+        side = sum(s.param(w).dims[1].eval({"world": world, **env}) * s.param(w).dtype.nbytes
+                   for _, w in c.side if s.param(w).dtype is not None)
+        size = int(round(rows * (moe.hidden * elem + side)))
         algbw = size / (us * 1e-6) / 1e9
         info = {"tokens": T, "hidden": moe.hidden, "topk": topk, "experts": experts,
                 "routing": moe.routing, "seed": moe.seed, "received_rows": rows,

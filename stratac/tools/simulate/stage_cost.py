@@ -319,7 +319,7 @@ def _route_work(sm: StageMoves, w: _Work, routed: Routed | None, elem: int, m: M
                 f"{kind.value} routes {shape['tokens']} x {shape['topk']} ids of {shape['ids']} over "
                 f"{E} experts, but the sample routing has {routed.tokens} x {routed.topk} ids over "
                 f"{routed.experts} experts at world {routed.world}: the model only knows the contract's ids")
-        rb = float(shape["hidden"] * elem)               # bytes of one row
+        rb = float(shape.get("row_bytes") or shape["hidden"] * elem)   # bytes of one row
         row = routed.owners[r].astype(np.float64) * rb   # bytes to (place) or from (gather) each owner
         mine, remote = row[r], row.sum() - row[r]
         cores = core0 + cidx

@@ -230,8 +230,10 @@ def route_shape(s: ir.Schedule, op: ir.Route, env: dict) -> dict:
         return {"experts": ev(op.dst.length)}
     tokens, topk = (dims(role["ids"]) + [1])[:2]      # ids [tokens, topk], or [tokens] (AllToAllV)
     win = op.dst.buffer if op.kind is K.PLACE else role["win"]
+    fixed = s.param(win).dtype   # rows of a fixed type (an int8 dispatch's rows and f32 scales)
     return {"ids": role["ids"], "tokens": tokens, "topk": topk, "hidden": dims(win)[1],
-            "experts": ev(s.param(role["offs"]).size), "sampled": sampled}
+            "experts": ev(s.param(role["offs"]).size), "sampled": sampled,
+            "row_bytes": dims(win)[1] * fixed.nbytes if fixed is not None else None}
 
 
 def _routes(ops) -> bool:
