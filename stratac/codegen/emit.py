@@ -236,8 +236,12 @@ def _node(op, engine: ir.Engine, s: ir.Schedule) -> dict:
         return {"kind": "copy", "via": via, **_moves(op, s)}
     if isinstance(op, ir.Accumulate):
         return {"kind": "accumulate", "op": _red(op.op), **_moves(op, s)}
-    return {"kind": "reduce", "op": _red(op.op), "var": _cname(op.var),
-            "peers": op.domain is ir.Domain.PEERS, **_moves(op, s)}
+    peers = op.domain is ir.Domain.PEERS
+    # over ranks (0 .. world, peers skip the running rank) or a team's places (0 .. its size,
+    # peers skip the running rank's place)
+    return {"kind": "reduce", "op": _red(op.op), "var": _cname(op.var), "peers": peers,
+            "count": "world" if op.count is None else c(op.count),
+            "skip": "rank" if op.count is None else c(op.skip), **_moves(op, s)}
 
 
 def _regions(ops):
@@ -300,7 +304,11 @@ def _statements(s: ir.Schedule) -> list[dict]:
         out: list[dict] = []
         for op in ops:
             if isinstance(op, ir.Barrier):
-                out.append({"kind": "barrier", "line": op.span.line, "stamp": _chain("epoch_", op.seq)})
+                team = None
+                if op.team is not None:   # strata::TeamBarrier(sync, stamp, base, step, size)
+                    team = {"base": c(op.team.base), "step": c(op.team.step), "size": c(op.team.size)}
+                out.append({"kind": "barrier", "line": op.span.line, "stamp": _chain("epoch_", op.seq),
+                            "team": team})
             elif isinstance(op, ir.Stage):
                 body = [_node(o, op.engine, s) for o in op.body]
                 moves = _has_moves(body)

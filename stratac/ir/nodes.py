@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from stratac.diagnostics import Span
-from stratac.ir.expr import Const, IExpr, bare, size_scale
+from stratac.ir.expr import Bin, BinKind, Const, IExpr, Var, bare, simplify, size_scale
 
 
 class DType(enum.Enum):
@@ -147,8 +147,51 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class Team:
+    """A named group of ranks (`team node = block(T)`): `block` holds the T consecutive ranks
+    r / T * T .. r / T * T + T - 1, `stride` the world / T ranks with the same r % T. T divides
+    world (the verifier checks it at every instance, E0201). Member i is base + i * step; the
+    running rank is member `index` of its team; everything is an expression of rank and world, so
+    the kernel computes it (no unrolling)."""
+
+    name: str
+    kind: str            # "block" | "stride"
+    t: IExpr             # the block size T (an expression of world)
+    span: Span
+
+    @property
+    def size(self) -> IExpr:
+        return self.t if self.kind == "block" else simplify(Bin(BinKind.DIV, Var("world"), self.t))
+
+    @property
+    def index(self) -> IExpr:
+        """The running rank's place in its team (`node.rank`)."""
+        kind = BinKind.MOD if self.kind == "block" else BinKind.DIV
+        return Bin(kind, Var("rank"), self.t)
+
+    @property
+    def base(self) -> IExpr:
+        if self.kind == "block":
+            return Bin(BinKind.MUL, Bin(BinKind.DIV, Var("rank"), self.t), self.t)
+        return Bin(BinKind.MOD, Var("rank"), self.t)
+
+    @property
+    def step(self) -> IExpr:
+        return Const(1) if self.kind == "block" else self.t
+
+    def member(self, i: IExpr) -> IExpr:
+        """The rank of member i (`node[i]`)."""
+        return simplify(Bin(BinKind.ADD, self.base, Bin(BinKind.MUL, i, self.step)))
+
+    def __str__(self) -> str:
+        return f"{self.name} = {self.kind}({bare(self.t)})"
+
+
+@dataclass(frozen=True)
 class Reduce:
-    """dst = op over var in domain of src (src mentions var)."""
+    """dst = op over var in domain of src (src mentions var). With `count` set, var takes
+    0 .. count - 1 (the members of a team, src naming member var), leaving out var == skip for
+    Domain.PEERS; otherwise var is a rank (ranks, or peers: all but the running rank)."""
 
     dst: Region
     op: Op
@@ -156,6 +199,8 @@ class Reduce:
     var: str
     domain: Domain
     span: Span
+    count: IExpr | None = None
+    skip: IExpr | None = None
 
 
 @dataclass(frozen=True)
@@ -230,6 +275,7 @@ class Stage:
 @dataclass(frozen=True)
 class Barrier:
     span: Span
+    team: Team | None = None   # barrier(node): joins the members of the running rank's team only
     # the stamp offset (stamp = epoch + seq) the epoch pass gives it: 1 + the barriers the rank
     # passed before it in the call, which under an `if` may depend on the condition; 0 before
     # the pass
@@ -364,6 +410,7 @@ class Schedule:
 
     scalars: tuple[Scalar, ...] = ()
     requires: tuple[Requirement, ...] = ()
+    teams: tuple[Team, ...] = ()
 
     def param(self, name: str) -> Buffer:
         return next(p for p in self.params if p.name == name)

@@ -59,6 +59,23 @@ def test_chunked_and_bruck_examples_run_correctly(tmp_path, world):
     assert out.exit_code == 0
 
 
+@pytest.mark.parametrize("world", [3, 4, 5, 6])
+def test_hierarchical_allreduce_over_teams_runs_correctly(tmp_path, world):
+    """Teams: nodes of min(lowest set bit of world, 8) ranks; world 3 and 5 give nodes of one
+    rank (the lane is the world), 4 one node of four (the lane is one rank), 6 three nodes of two
+    (both levels)."""
+    path = EXAMPLES / "allreduce_hierarchical.strata"
+    assert _supported(path, world)
+    cases = [runner.Case(dtype=d, count=count, op=op) for d in ("f32", "bf16")
+             for op in ("sum", "max") for count in (1, 4099)]
+    out = _run(path, world, cases)
+    assert out.failures == []
+    assert len(out.results) == world * len(cases)
+    assert [(r["rank"], r["dtype"], r["count"], r["op"], r["why"]) for r in out.results
+            if not r["ok"]] == []
+    assert out.exit_code == 0
+
+
 def test_a_call_on_a_world_the_schedule_excludes_names_the_constraint():
     out = _run(EXAMPLES / "allreduce_halving_doubling.strata", 3, [runner.Case("f32", count=8)])
     assert out.exit_code != 0
