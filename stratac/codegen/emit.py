@@ -273,6 +273,11 @@ def _flag_bases(s: ir.Schedule) -> dict[str, ir.IExpr]:
     return bases
 
 
+def _seq(f: ir.Flag) -> str:
+    """A flag's stamp offset as C++ (an expression of world and sizes after barriers in step loops)."""
+    return str(f.seq) if isinstance(f.seq, int) else f"({c(f.seq)})"
+
+
 def _statements(s: ir.Schedule) -> list[dict]:
     flags = {f.name: f for f in s.flags}
     bases = _flag_bases(s)
@@ -287,8 +292,8 @@ def _statements(s: ir.Schedule) -> list[dict]:
         f = flags[op.flag]
         slot = f"strata::SyncSlot(sync_, {_chain(bases[op.flag], op.index)})"
         if isinstance(op, ir.Signal):
-            return {"kind": "signal", "line": op.span.line, "slot": slot, "seq": f.seq, "pe": c(op.rank)}
-        return {"kind": "wait", "line": op.span.line, "slot": slot, "seq": f.seq}
+            return {"kind": "signal", "line": op.span.line, "slot": slot, "seq": _seq(f), "pe": c(op.rank)}
+        return {"kind": "wait", "line": op.span.line, "slot": slot, "seq": _seq(f)}
 
     def is_control(op) -> bool:
         """Signals and waits, possibly under loops and ifs, and nothing else."""
@@ -357,8 +362,9 @@ def manifest(s: ir.Schedule) -> dict:
         "scalars": [{"name": x.name, "kind": x.kind.value} for x in s.scalars],
         "sizes": list(s.sizes),
         "flags": {"barrier_slots": "world", "slot_bytes": abi.SYNC_SLOT_BYTES,
-                  "named": [{"name": f.name, "size": str(f.size), "seq": f.seq} for f in s.flags],
-                  "stamps_per_call": s.sync_ops},
+                  "named": [{"name": f.name, "size": str(f.size),
+                             "seq": f.seq if isinstance(f.seq, int) else ir.bare(f.seq)} for f in s.flags],
+                  "stamps_per_call": s.sync_ops if s.sync_expr is None else ir.bare(s.sync_expr)},
         "ub_bytes_per_core": k.ub_bytes,
         "tile_bytes": k.tile_bytes,
         "cores": k.cores,

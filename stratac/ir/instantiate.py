@@ -339,8 +339,8 @@ class _Builder:
                     barriers += 1
                 elif isinstance(op, ir.If):
                     top(op.then if _ev(op.cond, env, op.span, "a condition") else op.orelse, env)
-                elif self.barriers_only:
-                    continue   # barriers sit at the top level and under ifs only (sema)
+                elif self.barriers_only and not (isinstance(op, ir.Loop) and op.domain is ir.Domain.RANGE):
+                    continue   # barriers sit at the top level, under ifs and in step loops (sema)
                 elif isinstance(op, ir.Loop):
                     for v in self.values(op, env):
                         top(op.body, {**env, op.var: v})

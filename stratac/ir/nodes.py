@@ -287,7 +287,9 @@ class Flag:
     name: str
     size: IExpr
     span: Span
-    seq: int = 0     # stamp offset of this flag within a call (every slot is signalled once per call)
+    seq: "int | IExpr" = 0   # stamp offset of this flag within a call (every slot is signalled
+                             # once per call); an expression of world and sizes when barriers in
+                             # step loops come before it (Schedule.sync_expr)
 
 
 @dataclass(frozen=True)
@@ -407,10 +409,18 @@ class Schedule:
                                     # one per flag; the epoch pass sets it)
     kernel: KernelPlan | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # the stamps one call uses when barriers in step loops make them depend on world, sizes and
+    # rank parameters (then sync_ops is its constant part); None: sync_ops
+    sync_expr: IExpr | None = None
 
     scalars: tuple[Scalar, ...] = ()
     requires: tuple[Requirement, ...] = ()
     teams: tuple[Team, ...] = ()
+
+    def stamps(self, env: dict) -> int:
+        """The stamps one call uses (how far the epoch advances) at world, sizes and rank
+        parameters env."""
+        return self.sync_ops if self.sync_expr is None else int(self.sync_expr.eval(env))
 
     def param(self, name: str) -> Buffer:
         return next(p for p in self.params if p.name == name)

@@ -38,7 +38,9 @@ def dump(s: Schedule) -> str:
         out.append(f"  flag {f.name}[{f.size}] seq={f.seq}")
     for op in s.body:
         _dump_op(op, 1, out)
-    if s.sync_ops:
+    if s.sync_expr is not None:
+        out.append(f"  # {bare(s.sync_expr)} flag stamps per call")
+    elif s.sync_ops:
         out.append(f"  # {s.sync_ops} flag stamps per call")
     if s.kernel:
         k = s.kernel

@@ -53,6 +53,7 @@ class _Lowering:
         self.step_vars: set[str] = set()        # variables of step loops (for s in lo .. hi)
         self.requires: list[ir.Requirement] = []
         self.teams: dict[str, ir.Team] = {}
+        self.loop_bounds: list[tuple[ir.IExpr, ir.IExpr, Span]] = []   # of the step loops around
 
     def taken(self, name: str) -> bool:
         return (name in RESERVED or name in self.params or name in self.views or name in self.flags
@@ -438,12 +439,22 @@ class _Lowering:
                 return None
             return self.accum(st, loop_vars, engine)
         if isinstance(st, ast.Barrier):
-            if in_stage or loop_vars:
-                hint = ("; in a step loop, hand over with per-step flags instead (flag got[world]; "
-                        "signal got[s]@p; wait got[s])" if set(loop_vars) & self.step_vars else "")
+            if in_stage or any(v not in self.step_vars for v in loop_vars):
                 self.err(Codes.BAD_ENGINE, "a barrier is a statement of its own, outside stages and "
-                         "loops" + hint, st.span)
+                         "loops over ranks (it may sit in a step loop, `for s in lo .. hi`)", st.span)
                 return None
+            # every rank must advance its epoch by the same stamps per call, so the loops around
+            # a barrier run as often on every rank: their bounds may not depend on rank
+            fixed = {"world", *self.sizes, *(x.name for x in self.scalars.values())}
+            for lo, hi, span in self.loop_bounds:
+                bad = (lo.names() | hi.names()) - fixed
+                if bad:
+                    self.err(Codes.BAD_REF, f"a barrier in a step loop whose bounds depend on "
+                             f"{', '.join(sorted(bad))}: every rank passes a call's barriers the same "
+                             "number of times, so the bounds of the loops around a barrier are "
+                             "expressions of world, sizes and rank parameters", st.span,
+                             Note("the loop", span))
+                    return None
             if st.team is not None:
                 team = self.team_of(st.team, st.team_span)
                 return None if team is None else ir.Barrier(st.span, team=team)
@@ -471,7 +482,9 @@ class _Lowering:
                 lo = ir.simplify(self.expr(st.lo, env, "a loop bound"))
                 hi = ir.simplify(self.expr(st.hi, env, "a loop bound"))
                 self.step_vars.add(st.var)
+                self.loop_bounds.append((lo, hi, st.span))
                 body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
+                self.loop_bounds.pop()
                 self.step_vars.discard(st.var)
                 return ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, hi)
             if st.team is not None:
@@ -500,7 +513,9 @@ class _Lowering:
         outer = dict(self.lets)
         self.lets[st.var] = team.member(index)   # the body's p is the member's rank
         self.step_vars.add(st.var)
+        self.loop_bounds.append((ir.Const(0), team.size, st.span))
         body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
+        self.loop_bounds.pop()
         self.step_vars.discard(st.var)
         self.lets = outer
         body = tuple(body)

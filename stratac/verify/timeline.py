@@ -31,10 +31,13 @@ def stamp_errors(inst: Instance) -> list[Diagnostic]:
     s = inst.schedule
     if not s.lowered:
         return []
+    env = {"world": inst.world, **inst.sizes}
+    stamps = s.stamps(env)      # barriers in step loops: an expression of world and sizes
     for f in s.flags:
-        if not 1 <= f.seq <= s.sync_ops:
-            return [error(Codes.SYNC_STAMP, f"flag {f.name} has stamp epoch + {f.seq}, outside the "
-                          f"stamps 1..{s.sync_ops} one call uses: a wait could take a flag of "
+        seq = f.seq if isinstance(f.seq, int) else f.seq.eval(env)
+        if not 1 <= seq <= stamps:
+            return [error(Codes.SYNC_STAMP, f"flag {f.name} has stamp epoch + {seq}, outside the "
+                          f"stamps 1..{stamps} one call uses: a wait could take a flag of "
                           "another call for this one's", f.span)]
     for tl in inst.timelines:
         last = None
@@ -46,8 +49,8 @@ def stamp_errors(inst: Instance) -> list[Diagnostic]:
                        f"{last.span.line}), whose announcements already let it through")
             elif ev.barrier < 1:
                 why = "below 1: the zeroed sync area of a first call already lets it through"
-            elif ev.barrier > s.sync_ops:
-                why = (f"beyond the {s.sync_ops} stamps a call reserves: the next call's barriers "
+            elif ev.barrier > stamps:
+                why = (f"beyond the {stamps} stamps a call reserves: the next call's barriers "
                        "could be let through by it")
             else:
                 last = ev
