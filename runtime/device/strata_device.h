@@ -728,6 +728,28 @@ __aicore__ inline void Barrier(__gm__ int32_t* slots, int32_t stamp) {
   AscendC::SyncAll<true>();
 }
 
+// Barrier of a team (`barrier(node)` in the .strata source): the `size` ranks base, base + step,
+// ..., base + (size - 1) * step, the running rank among them. The same slots and stamps as Barrier:
+// rank p announces to each member q in q's slot p, and waits for every member's slot in its own
+// area to hold the stamp or a later one. A rank's stamps grow with every barrier it passes, world
+// or team, and a member announces to q only at barriers q takes part in, so a later stamp in a
+// slot means that member has reached this barrier (the verifier checks that the members of a team
+// meet at equal stamps). Ranks outside the team are neither signalled nor waited for.
+__aicore__ inline void TeamBarrier(__gm__ int32_t* slots, int32_t stamp, int64_t base, int64_t step,
+                                   int64_t size) {
+  const int64_t me = aclshmem_my_pe();
+  const int64_t c = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
+  AscendC::PipeBarrier<PIPE_ALL>();
+  AscendC::SyncAll<true>();
+  for (int64_t i = c; i < size; i += cores) Signal(SyncSlot(slots, me), stamp, base + i * step);
+  for (int64_t i = c; i < size; i += cores) {
+    const int64_t p = base + i * step;
+    STRATA_WAIT_NOTE("team barrier", slots, aclshmem_n_pes(), p);
+    WaitFlag(SyncSlot(slots, p), stamp);
+  }
+  AscendC::SyncAll<true>();
+}
+
 }  // namespace strata
 
 #endif  // STRATA_DEVICE_H

@@ -243,8 +243,12 @@ def _node(op, engine: ir.Engine, s: ir.Schedule) -> dict:
         return {"kind": "copy", "via": via, **_moves(op, s)}
     if isinstance(op, ir.Accumulate):
         return {"kind": "accumulate", "op": _red(op.op), **_moves(op, s)}
-    return {"kind": "reduce", "op": _red(op.op), "var": _cname(op.var),
-            "peers": op.domain is ir.Domain.PEERS, **_moves(op, s)}
+    peers = op.domain is ir.Domain.PEERS
+    # over ranks (0 .. world, peers skip the running rank) or a team's places (0 .. its size,
+    # peers skip the running rank's place)
+    return {"kind": "reduce", "op": _red(op.op), "var": _cname(op.var), "peers": peers,
+            "count": "world" if op.count is None else c(op.count),
+            "skip": "rank" if op.count is None else c(op.skip), **_moves(op, s)}
 
 
 def _regions(ops):
@@ -276,6 +280,11 @@ def _flag_bases(s: ir.Schedule) -> dict[str, ir.IExpr]:
     return bases
 
 
+def _seq(f: ir.Flag) -> str:
+    """A flag's stamp offset as C++ (an expression of world and sizes after barriers in step loops)."""
+    return str(f.seq) if isinstance(f.seq, int) else f"({c(f.seq)})"
+
+
 def _statements(s: ir.Schedule) -> list[dict]:
     flags = {f.name: f for f in s.flags}
     bases = _flag_bases(s)
@@ -290,8 +299,8 @@ def _statements(s: ir.Schedule) -> list[dict]:
         f = flags[op.flag]
         slot = f"strata::SyncSlot(sync_, {_chain(bases[op.flag], op.index)})"
         if isinstance(op, ir.Signal):
-            return {"kind": "signal", "line": op.span.line, "slot": slot, "seq": f.seq, "pe": c(op.rank)}
-        return {"kind": "wait", "line": op.span.line, "slot": slot, "seq": f.seq}
+            return {"kind": "signal", "line": op.span.line, "slot": slot, "seq": _seq(f), "pe": c(op.rank)}
+        return {"kind": "wait", "line": op.span.line, "slot": slot, "seq": _seq(f)}
 
     def is_control(op) -> bool:
         """Signals and waits, possibly under loops and ifs, and nothing else."""
@@ -307,7 +316,11 @@ def _statements(s: ir.Schedule) -> list[dict]:
         out: list[dict] = []
         for op in ops:
             if isinstance(op, ir.Barrier):
-                out.append({"kind": "barrier", "line": op.span.line, "stamp": _chain("epoch_", op.seq)})
+                team = None
+                if op.team is not None:   # strata::TeamBarrier(sync, stamp, base, step, size)
+                    team = {"base": c(op.team.base), "step": c(op.team.step), "size": c(op.team.size)}
+                out.append({"kind": "barrier", "line": op.span.line, "stamp": _chain("epoch_", op.seq),
+                            "team": team})
             elif isinstance(op, ir.Stage):
                 body = [_node(o, op.engine, s) for o in op.body]
                 moves = _has_moves(body)
@@ -356,8 +369,9 @@ def manifest(s: ir.Schedule) -> dict:
         "scalars": [{"name": x.name, "kind": x.kind.value} for x in s.scalars],
         "sizes": list(s.sizes),
         "flags": {"barrier_slots": "world", "slot_bytes": abi.SYNC_SLOT_BYTES,
-                  "named": [{"name": f.name, "size": str(f.size), "seq": f.seq} for f in s.flags],
-                  "stamps_per_call": s.sync_ops},
+                  "named": [{"name": f.name, "size": str(f.size),
+                             "seq": f.seq if isinstance(f.seq, int) else ir.bare(f.seq)} for f in s.flags],
+                  "stamps_per_call": s.sync_ops if s.sync_expr is None else ir.bare(s.sync_expr)},
         "ub_bytes_per_core": k.ub_bytes,
         "tile_bytes": k.tile_bytes,
         "cores": k.cores,

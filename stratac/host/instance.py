@@ -245,7 +245,14 @@ class _Walk:
                 self._val(op.capacity, env, mask, op.span)
         elif isinstance(op, ir.Reduce):
             dst = self._region(op.dst, env, mask, "writes")
-            inner, deeper = self._loop(op.var, op.domain, env, mask)
+            if op.count is None:
+                inner, deeper = self._loop(op.var, op.domain, env, mask)
+            else:   # a team's places 0 .. count (peers: but the running rank's, skip)
+                places = ir.Loop(op.var, ir.Domain.RANGE, (), op.span, ir.Const(0), op.count)
+                inner, deeper = self._loop(op.var, ir.Domain.RANGE, env, mask, places)
+                if op.domain is ir.Domain.PEERS:
+                    skip = np.asarray(self._val(op.skip, env, mask, op.span))
+                    deeper = deeper & (inner[op.var] != (skip[..., None] if skip.ndim else skip))
             self._loops.append(op.var)
             self._shift(dst[..., None], self._region(op.src, inner, deeper, "reads"), deeper)
             self._loops.pop()
@@ -314,6 +321,8 @@ def _exprs(s: ir.Schedule):
                 if op.capacity is not None:
                     yield op.capacity
             else:
+                if isinstance(op, ir.Reduce) and op.count is not None:
+                    yield from (op.count, op.skip)
                 yield from region(op.dst)
                 yield from region(op.src)
 

@@ -516,7 +516,9 @@ def npu_schedule_class():
             fixed = {"dtype": dtype.code, "op": scalars.get(op_param.name, 0) if op_param else 0,
                      "blocks": blocks,
                      "sync": self._ffi.cast("void*", self.comm._sync),
-                     "epoch": self.comm.next_epoch(self.ir.sync_ops),
+                     "epoch": self.comm.next_epoch(self.ir.stamps(
+                         {"world": self.comm.world, **sizes,
+                          **{x.name: scalars[x.name] for x in self.ir.rank_params}})),
                      # read last: reading it flushes torch_npu's queue (see stream_handle)
                      "stream": self._ffi.cast("void*", self.comm.stream_handle())}
             pointers = iter(ptrs)

@@ -482,7 +482,9 @@ class Schedule:
         return _Prepared(
             storages=tuple(given[p.name].untyped_storage()._cdata for p in self.ir.tensors),
             blocks=blocks, routed=self.ir.contract.kind.moe, env={"world": comm.world, **sizes},
-            layout=self._layout, stamps=self.ir.sync_ops,
+            layout=self._layout,
+            stamps=self.ir.stamps({"world": comm.world, **sizes,
+                                   **{x.name: scalars[x.name] for x in self.ir.rank_params}}),
             head=(dtype.code, op, blocks, self._ffi.NULL, self._ffi.cast("void*", comm._base + comm._sync)),
             tail=(*ptrs, *(sizes[n] for n in self.ir.sizes), *(scalars[x.name] for x in self.ir.rank_params)))
 

@@ -56,6 +56,7 @@ from stratac.ir.nodes import (
                              Signal,
                              SizeRule,
                              Stage,
+                             Team,
                              Wait,
                              size_rules,
                              unmet_requirement,
@@ -68,4 +69,4 @@ __all__ = ["Bin", "BinKind", "Const", "IExpr", "Var", "add", "bare", "c_source",
            "Buffer", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",
            "KernelPlan", "Loop", "Node", "Op", "OpParam", "Plan", "Reduce", "ReduceOp", "Region",
            "Route", "RouteKind", "Scalar", "ScalarKind", "Schedule", "Signal", "SizeRule", "Stage",
-           "Wait", "size_rules", "dump"]
+           "Team", "Wait", "size_rules", "dump"]

@@ -79,6 +79,7 @@ class Event:
     signals: list[tuple[int, str, int, Span]] = field(default_factory=list)   # owner, flag, slot
     waits: list[tuple[str, int, Span]] = field(default_factory=list)          # flag, slot (own)
     barrier: int = -1          # the stamp (or, before the passes, the ordinal) ranks meet at
+    members: tuple[int, ...] | None = None   # a team barrier: the ranks it joins (None: all)
     routes: list[RouteInst] = field(default_factory=list)
 
 
@@ -265,6 +266,12 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
             raise StrataError(error(Codes.BAD_WORLD, f"{name} would have {n} elements with "
                                     f"{_env_text(base)}", s.param(name).span))
     flag_sizes = {f.name: _ev(f.size, base, f.span, f"the size of flag {f.name}") for f in s.flags}
+    for team in s.teams:
+        t = _ev(team.t, base, team.span, f"the size of team {team.name}")
+        if t < 1 or world % t:
+            raise StrataError(error(Codes.BAD_WORLD, f"team {team.name} = {team.kind}(T) needs T to "
+                                    f"divide the world, but T = {t} with world = {world}: state "
+                                    "the worlds it needs with `requires`", team.span))
     shapes = {p.name: tuple(_ev(d, base, p.span, f"the shape of {p.name}") for d in p.dims)
               for p in s.params}
     b = _Builder(s, world, base, buffer_sizes, flag_sizes, barriers_only)
@@ -322,12 +329,18 @@ class _Builder:
                 if isinstance(op, ir.Barrier):
                     meet = (_ev(op.seq, env, op.span, "the barrier's stamp") if self.s.lowered
                             else barriers)
-                    new(EventKind.BARRIER, op.span, barrier=meet)
+                    members = None
+                    if op.team is not None:
+                        base_ = _ev(op.team.base, env, op.span, "the team's first rank")
+                        step = _ev(op.team.step, env, op.span, "the team's stride")
+                        size = _ev(op.team.size, env, op.span, "the team's size")
+                        members = tuple(base_ + i * step for i in range(size))
+                    new(EventKind.BARRIER, op.span, barrier=meet, members=members)
                     barriers += 1
                 elif isinstance(op, ir.If):
                     top(op.then if _ev(op.cond, env, op.span, "a condition") else op.orelse, env)
-                elif self.barriers_only:
-                    continue   # barriers sit at the top level and under ifs only (sema)
+                elif self.barriers_only and not (isinstance(op, ir.Loop) and op.domain is ir.Domain.RANGE):
+                    continue   # barriers sit at the top level, under ifs and in step loops (sema)
                 elif isinstance(op, ir.Loop):
                     for v in self.values(op, env):
                         top(op.body, {**env, op.var: v})
@@ -344,6 +357,14 @@ class _Builder:
 
     def domain(self, d: ir.Domain, rank: int):
         return [p for p in range(self.world) if d is ir.Domain.RANKS or p != rank]
+
+    def reduce_domain(self, op: ir.Reduce, env: dict):
+        """The values of a reduction's variable: ranks, or (count set) a team's places."""
+        if op.count is None:
+            return self.domain(op.domain, env["rank"])
+        n = _ev(op.count, env, op.span, "the team's size")
+        skip = _ev(op.skip, env, op.span, "the team's rank") if op.domain is ir.Domain.PEERS else -1
+        return [i for i in range(n) if i != skip]
 
     def values(self, loop: ir.Loop, env: dict):
         """The values a loop's variable takes on this rank."""
@@ -438,7 +459,7 @@ class _Builder:
             red = op.op if isinstance(op, ir.Accumulate) else None
         else:
             srcs = []
-            for v in self.domain(op.domain, env["rank"]):
+            for v in self.reduce_domain(op, env):
                 inner = dict(env)
                 inner[op.var] = v
                 srcs.append(self.region(op.src, inner))

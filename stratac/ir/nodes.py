@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from stratac.diagnostics import Span
-from stratac.ir.expr import Const, IExpr, bare, size_scale
+from stratac.ir.expr import Bin, BinKind, Const, IExpr, Var, bare, simplify, size_scale
 
 
 class DType(enum.Enum):
@@ -150,8 +150,51 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class Team:
+    """A named group of ranks (`team node = block(T)`): `block` holds the T consecutive ranks
+    r / T * T .. r / T * T + T - 1, `stride` the world / T ranks with the same r % T. T divides
+    world (the verifier checks it at every instance, E0201). Member i is base + i * step; the
+    running rank is member `index` of its team; everything is an expression of rank and world, so
+    the kernel computes it (no unrolling)."""
+
+    name: str
+    kind: str            # "block" | "stride"
+    t: IExpr             # the block size T (an expression of world)
+    span: Span
+
+    @property
+    def size(self) -> IExpr:
+        return self.t if self.kind == "block" else simplify(Bin(BinKind.DIV, Var("world"), self.t))
+
+    @property
+    def index(self) -> IExpr:
+        """The running rank's place in its team (`node.rank`)."""
+        kind = BinKind.MOD if self.kind == "block" else BinKind.DIV
+        return Bin(kind, Var("rank"), self.t)
+
+    @property
+    def base(self) -> IExpr:
+        if self.kind == "block":
+            return Bin(BinKind.MUL, Bin(BinKind.DIV, Var("rank"), self.t), self.t)
+        return Bin(BinKind.MOD, Var("rank"), self.t)
+
+    @property
+    def step(self) -> IExpr:
+        return Const(1) if self.kind == "block" else self.t
+
+    def member(self, i: IExpr) -> IExpr:
+        """The rank of member i (`node[i]`)."""
+        return simplify(Bin(BinKind.ADD, self.base, Bin(BinKind.MUL, i, self.step)))
+
+    def __str__(self) -> str:
+        return f"{self.name} = {self.kind}({bare(self.t)})"
+
+
+@dataclass(frozen=True)
 class Reduce:
-    """dst = op over var in domain of src (src mentions var)."""
+    """dst = op over var in domain of src (src mentions var). With `count` set, var takes
+    0 .. count - 1 (the members of a team, src naming member var), leaving out var == skip for
+    Domain.PEERS; otherwise var is a rank (ranks, or peers: all but the running rank)."""
 
     dst: Region
     op: Op
@@ -159,6 +202,8 @@ class Reduce:
     var: str
     domain: Domain
     span: Span
+    count: IExpr | None = None
+    skip: IExpr | None = None
 
 
 @dataclass(frozen=True)
@@ -233,6 +278,7 @@ class Stage:
 @dataclass(frozen=True)
 class Barrier:
     span: Span
+    team: Team | None = None   # barrier(node): joins the members of the running rank's team only
     # the stamp offset (stamp = epoch + seq) the epoch pass gives it: 1 + the barriers the rank
     # passed before it in the call, which under an `if` may depend on the condition; 0 before
     # the pass
@@ -244,7 +290,9 @@ class Flag:
     name: str
     size: IExpr
     span: Span
-    seq: int = 0     # stamp offset of this flag within a call (every slot is signalled once per call)
+    seq: "int | IExpr" = 0   # stamp offset of this flag within a call (every slot is signalled
+                             # once per call); an expression of world and sizes when barriers in
+                             # step loops come before it (Schedule.sync_expr)
 
 
 @dataclass(frozen=True)
@@ -368,9 +416,18 @@ class Schedule:
                                     # one per flag; the epoch pass sets it)
     kernel: KernelPlan | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # the stamps one call uses when barriers in step loops make them depend on world, sizes and
+    # rank parameters (then sync_ops is its constant part); None: sync_ops
+    sync_expr: IExpr | None = None
 
     scalars: tuple[Scalar, ...] = ()
     requires: tuple[Requirement, ...] = ()
+    teams: tuple[Team, ...] = ()
+
+    def stamps(self, env: dict) -> int:
+        """The stamps one call uses (how far the epoch advances) at world, sizes and rank
+        parameters env."""
+        return self.sync_ops if self.sync_expr is None else int(self.sync_expr.eval(env))
 
     def param(self, name: str) -> Buffer:
         return next(p for p in self.params if p.name == name)

@@ -97,28 +97,62 @@ def _either(cond: ir.IExpr, then: _Count, orelse: _Count) -> _Count:
                                          ir.Bin(ir.BinKind.MUL, _truth(cond, False), orelse.expr()))),))
 
 
-def _stamp_barriers(ops, before: _Count) -> tuple[tuple, _Count, int]:
+def _stamp_barriers(ops, before: _Count) -> tuple[tuple, _Count, _Count]:
     """ops with every barrier stamped 1 + the barriers passed before it; the barriers ops pass, and
-    the most any rank passes. Barriers sit at the top level and under ifs only (sema)."""
-    out, passed, most = [], _Count(), 0
+    the most any rank passes (an upper bound where step loops make it depend on world and sizes).
+    Barriers sit at the top level, under ifs and in step loops (sema): a loop's iterations pass the
+    same number B each, so its k-th barrier of iteration var is before + (var - lo) * B + k."""
+    out, passed, most = [], _Count(), _Count()
     for op in ops:
         if isinstance(op, ir.Barrier):
             op = replace(op, seq=before.plus(passed).plus(_Count(1)).expr())
-            passed, most = passed.plus(_Count(1)), most + 1
+            passed, most = passed.plus(_Count(1)), most.plus(_Count(1))
         elif isinstance(op, ir.If):
             here = before.plus(passed)
             then, a, most_a = _stamp_barriers(op.then, here)
             orelse, b, most_b = _stamp_barriers(op.orelse, here)
             op = replace(op, then=then, orelse=orelse)
-            passed, most = passed.plus(_either(op.cond, a, b)), most + max(most_a, most_b)
+            passed = passed.plus(_either(op.cond, a, b))
+            if not most_a.terms and not most_b.terms:
+                most = most.plus(_Count(max(most_a.const, most_b.const)))
+            else:   # an upper bound: both arms
+                most = most.plus(most_a).plus(most_b)
+        elif isinstance(op, ir.Loop) and op.domain is ir.Domain.RANGE and _has_barrier(op.body):
+            _, per, _ = _stamp_barriers(op.body, _Count())
+            if per.terms:
+                raise StrataError(error(Codes.BAD_WORLD, "the iterations of this step loop pass "
+                                        "different numbers of barriers (an `if` in it passes one on "
+                                        "some steps only): give both arms the same barriers", op.span))
+            done = ir.Bin(ir.BinKind.MUL, ir.Bin(ir.BinKind.SUB, ir.Var(op.var), op.lo), ir.Const(per.const))
+            body, _, _ = _stamp_barriers(op.body, before.plus(passed).plus(_Count(0, (ir.simplify(done),))))
+            op = replace(op, body=body)
+            trips = ir.Bin(ir.BinKind.MUL, ir.Bin(ir.BinKind.SUB, op.hi, op.lo),
+                           ir.Bin(ir.BinKind.GT, op.hi, op.lo))
+            n = ir.simplify(ir.Bin(ir.BinKind.MUL, trips, ir.Const(per.const)))
+            total = _Count(n.value) if isinstance(n, ir.Const) else _Count(0, (n,))
+            passed, most = passed.plus(total), most.plus(total)
         out.append(op)
     return tuple(out), passed, most
 
 
+def _has_barrier(ops) -> bool:
+    return any(isinstance(op, ir.Barrier)
+               or (isinstance(op, ir.If) and _has_barrier(op.then + op.orelse))
+               or (isinstance(op, ir.Loop) and _has_barrier(op.body)) for op in ops)
+
+
 def flag_epochs(s: ir.Schedule) -> ir.Schedule:
-    body, _, barriers = _stamp_barriers(s.body, _Count())
-    flags = tuple(replace(f, seq=barriers + i) for i, f in enumerate(s.flags, 1))
-    return replace(s, body=body, flags=flags, sync_ops=barriers + len(flags))
+    body, _, most = _stamp_barriers(s.body, _Count())
+    if not most.terms:   # the usual case: a constant number of stamps per call
+        barriers = most.const
+        flags = tuple(replace(f, seq=barriers + i) for i, f in enumerate(s.flags, 1))
+        return replace(s, body=body, flags=flags, sync_ops=barriers + len(flags))
+    # barriers in step loops: the stamps per call depend on world and sizes (Schedule.stamps)
+    barriers = most.expr()
+    flags = tuple(replace(f, seq=ir.simplify(ir.add(barriers, ir.Const(i))))
+                  for i, f in enumerate(s.flags, 1))
+    total = ir.simplify(ir.add(barriers, ir.Const(len(flags))))
+    return replace(s, body=body, flags=flags, sync_ops=most.const + len(flags), sync_expr=total)
 
 
 def _moves(ops):

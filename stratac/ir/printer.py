@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from stratac.diagnostics import Span
-from stratac.ir.expr import bare
+from stratac.ir.expr import Var, bare
 from stratac.ir.nodes import (
     Accumulate,
     Barrier,
     Copy,
+    Domain,
     If,
     Loop,
     Node,
@@ -30,11 +31,16 @@ def dump(s: Schedule) -> str:
         out.append(f"  scratch {p.name}: {'sym ' if p.symmetric else ''}{p.type_text}[{p.shape_text}]")
     for r in s.requires:
         out.append(f"  requires {r.text}  # {bare(r.cond)}")
+    for tm in s.teams:
+        out.append(f"  team {tm}  # member i = {bare(tm.member(Var('i')))}, rank {bare(tm.index)} "
+                   f"of {bare(tm.size)}")
     for f in s.flags:
         out.append(f"  flag {f.name}[{f.size}] seq={f.seq}")
     for op in s.body:
         _dump_op(op, 1, out)
-    if s.sync_ops:
+    if s.sync_expr is not None:
+        out.append(f"  # {bare(s.sync_expr)} flag stamps per call")
+    elif s.sync_ops:
         out.append(f"  # {s.sync_ops} flag stamps per call")
     if s.kernel:
         k = s.kernel
@@ -69,7 +75,9 @@ def _dump_op(op: Node, depth: int, out: list[str]) -> None:
     elif isinstance(op, Copy):
         out.append(f"{pad}{op.dst} = {op.src}{_line(op.span)}")
     elif isinstance(op, Reduce):
-        out.append(f"{pad}{op.dst} = {op.op.value}({op.src} for {op.var} in {op.domain.value})"
+        dom = op.domain.value if op.count is None else (
+            f"0 .. {bare(op.count)}" + (f" but {bare(op.skip)}" if op.domain is Domain.PEERS else ""))
+        out.append(f"{pad}{op.dst} = {op.op.value}({op.src} for {op.var} in {dom})"
                    f"{_line(op.span)}")
     elif isinstance(op, Accumulate):
         out.append(f"{pad}{op.dst} {op.op.value}= {op.src}{_line(op.span)}")
@@ -84,7 +92,8 @@ def _dump_op(op: Node, depth: int, out: list[str]) -> None:
             for inner in op.orelse:
                 _dump_op(inner, depth + 1, out)
     elif isinstance(op, Barrier):
-        out.append(f"{pad}barrier seq={bare(op.seq)}{_line(op.span)}")
+        team = f"({op.team.name})" if op.team else ""
+        out.append(f"{pad}barrier{team} seq={bare(op.seq)}{_line(op.span)}")
     elif isinstance(op, Signal):
         out.append(f"{pad}signal {op.flag}[{op.index}]@{op.rank}{_line(op.span)}")
     elif isinstance(op, Wait):

@@ -40,12 +40,32 @@ class BinOp:
 
 
 @dataclass(frozen=True)
+class Attr:
+    """``team.rank``, ``team.size``: an attribute of a team."""
+
+    team: str
+    attr: str
+    span: Span
+    team_span: Span
+
+
+@dataclass(frozen=True)
+class Member:
+    """``team[i]``: the rank of member i of a team."""
+
+    team: str
+    index: "Expr"
+    span: Span
+    team_span: Span
+
+
+@dataclass(frozen=True)
 class Neg:
     operand: "Expr"
     span: Span
 
 
-Expr = Union[IntLit, Name, BinOp, Neg, Call]
+Expr = Union[IntLit, Name, BinOp, Neg, Call, Attr, Member]
 
 
 # ---- references to data ----
@@ -91,6 +111,7 @@ class ReduceCall:
     var: str
     domain: str  # ranks | peers
     span: Span
+    team: str | None = None   # `for p in node.ranks`: the members of a team (domain ranks|peers)
 
 
 # ---- statements ----
@@ -180,6 +201,20 @@ class ScratchDecl:
 @dataclass(frozen=True)
 class Barrier:
     span: Span
+    team: str | None = None      # barrier(node): the members of team node only
+    team_span: Span | None = None
+
+
+@dataclass(frozen=True)
+class TeamDecl:
+    """team NAME = KIND(EXPR): block(T), stride(T) or across(team)."""
+
+    name: str
+    kind: str
+    arg: "Expr"
+    span: Span
+    name_span: Span
+    kind_span: Span
 
 
 @dataclass(frozen=True)
@@ -200,6 +235,7 @@ class For:
     var_span: Span
     lo: Expr | None = None
     hi: Expr | None = None
+    team: str | None = None      # for p in node.ranks|peers: over the members of a team
 
 
 @dataclass(frozen=True)
@@ -222,7 +258,7 @@ class Wait:
 
 
 Stmt = Union[Assign, Accum, If, ScratchDecl, Barrier, Stage, For, FlagDecl, Signal, Wait, Let,
-             Requires]
+             Requires, TeamDecl]
 
 
 # ---- declarations ----

@@ -52,10 +52,12 @@ class _Lowering:
         self.lets: dict[str, ir.IExpr] = {}     # the named integers in scope (substituted)
         self.step_vars: set[str] = set()        # variables of step loops (for s in lo .. hi)
         self.requires: list[ir.Requirement] = []
+        self.teams: dict[str, ir.Team] = {}
+        self.loop_bounds: list[tuple[ir.IExpr, ir.IExpr, Span]] = []   # of the step loops around
 
     def taken(self, name: str) -> bool:
         return (name in RESERVED or name in self.params or name in self.views or name in self.flags
-                or name in self.scalars or name in self.lets)
+                or name in self.scalars or name in self.lets or name in self.teams)
 
     def env(self, loop_vars=()) -> set[str]:
         """Names an index or rank expression may use."""
@@ -89,6 +91,8 @@ class _Lowering:
             return self.lets.get(e.id, ir.Var(e.id))
         if isinstance(e, ast.Neg):
             return ir.Bin(ir.BinKind.SUB, ir.Const(0), self.expr(e.operand, allowed, what))
+        if isinstance(e, (ast.Attr, ast.Member)):
+            return self.team_expr(e, allowed, what)
         if isinstance(e, ast.Call):
             arg = self.expr(e.arg, allowed, what)
             if e.fn != "log2":
@@ -102,6 +106,75 @@ class _Lowering:
                 "&": ir.BinKind.AND, "^": ir.BinKind.XOR, "|": ir.BinKind.OR}[e.op]
         return self.checked(ir.Bin(kind, self.expr(e.lhs, allowed, what),
                                    self.expr(e.rhs, allowed, what)), e.span)
+
+    TEAM_ATTRS = ("rank", "size")
+
+    def team_of(self, name: str, span: Span) -> ir.Team | None:
+        team = self.teams.get(name)
+        if team is None:
+            known = f" (teams: {', '.join(self.teams)})" if self.teams else ""
+            self.err(Codes.UNKNOWN_NAME, f"{name!r} is not a team{known}: declare one at the top of "
+                     f"the schedule, `team {name} = block(T)`", span)
+        return team
+
+    def team_expr(self, e: "ast.Attr | ast.Member", allowed: set[str], what: str) -> ir.IExpr:
+        """node.rank, node.size, node[i]: expressions of rank and world (and i)."""
+        team = self.team_of(e.team, e.team_span)
+        if team is None:
+            return ir.Const(0)
+        if isinstance(e, ast.Member):
+            value = team.member(self.expr(e.index, allowed, what))
+        elif e.attr not in self.TEAM_ATTRS:
+            self.err(Codes.UNKNOWN_NAME, f"team {e.team} has no {e.attr!r}: a team has rank (the "
+                     "running rank's place in it), size, and members node[i]", e.span)
+            return ir.Const(0)
+        else:
+            value = team.index if e.attr == "rank" else team.size
+        missing = value.names() - allowed
+        if missing:
+            self.err(Codes.UNKNOWN_NAME, f"{_text(e.span)} depends on {', '.join(sorted(missing))}, "
+                     f"which {what} cannot use", e.span)
+            return ir.Const(0)
+        return ir.simplify(value)
+
+    def team_decl(self, st: ast.TeamDecl, top: bool) -> None:
+        if not top:
+            self.err(Codes.BAD_REF, "teams are declared at the top of a schedule", st.span)
+            return
+        if self.taken(st.name) or st.name in self.sizes:
+            self.err(Codes.DUPLICATE_NAME, f"{st.name!r} is already defined", st.name_span)
+            return
+        if st.kind == "across":
+            if not isinstance(st.arg, ast.Name):
+                self.err(Codes.BAD_REF, "across takes a team: `team lane = across(node)`", st.arg.span)
+                return
+            of = self.team_of(st.arg.id, st.arg.span)
+            if of is None:
+                return
+            if of.kind != "block":
+                self.err(Codes.BAD_REF, f"across(team) takes a block team; {of.name} is "
+                         f"{of.kind}({ir.bare(of.t)})", st.arg.span)
+                return
+            self.teams[st.name] = ir.Team(st.name, "stride", of.t, st.span)
+            return
+        if st.kind not in ("block", "stride"):
+            self.err(Codes.UNKNOWN_NAME, f"unknown kind of team {st.kind!r}: block(T) (consecutive "
+                     "ranks), stride(T) (ranks T apart) or across(team)", st.kind_span)
+            return
+        reported = len(self.diags)
+        size = ir.simplify(self.expr(st.arg, self.env(), "a team's size (an expression of world)"))
+        if len(self.diags) > reported:
+            return
+        if size.names() - {"world"}:
+            self.err(Codes.BAD_REF, f"a team's size is an expression of world alone (every rank must "
+                     f"agree on it); this one uses {', '.join(sorted(size.names() - {'world'}))}",
+                     st.arg.span)
+            return
+        if isinstance(size, ir.Const) and size.value < 1:
+            self.err(Codes.BAD_WORLD, f"a team has at least one rank; this one would have "
+                     f"{size.value}", st.arg.span)
+            return
+        self.teams[st.name] = ir.Team(st.name, st.kind, size, st.span)
 
     def checked(self, e: ir.Bin, span: Span) -> ir.IExpr:
         """e, with an operation on constants checked now (1 << 64, log2(0), 5 % 0): the rules of
@@ -174,7 +247,8 @@ class _Lowering:
             raise StrataError(self.diags)
         return ir.Schedule(s.name, self.source_name, tuple(self.params.values()), tuple(self.sizes),
                            tuple(self.flags.values()), contract, tuple(body), s.span,
-                           scalars=tuple(self.scalars.values()), requires=tuple(self.requires))
+                           scalars=tuple(self.scalars.values()), requires=tuple(self.requires),
+                           teams=tuple(self.teams.values()))
 
     # kind: (takes an op, takes a root, may be in place, may be out of place)
     CONTRACTS = {
@@ -397,6 +471,9 @@ class _Lowering:
         if isinstance(st, ast.Requires):
             self.requirement(st, top)
             return None
+        if isinstance(st, ast.TeamDecl):
+            self.team_decl(st, top)
+            return None
         if isinstance(st, ast.If):
             cond = self.cond(st.cond, loop_vars)
             then = self.block(st.then, top=False, loop_vars=loop_vars, engine=engine)
@@ -409,12 +486,25 @@ class _Lowering:
                 return None
             return self.accum(st, loop_vars, engine)
         if isinstance(st, ast.Barrier):
-            if in_stage or loop_vars:
-                hint = ("; in a step loop, hand over with per-step flags instead (flag got[world]; "
-                        "signal got[s]@p; wait got[s])" if set(loop_vars) & self.step_vars else "")
+            if in_stage or any(v not in self.step_vars for v in loop_vars):
                 self.err(Codes.BAD_ENGINE, "a barrier is a statement of its own, outside stages and "
-                         "loops" + hint, st.span)
+                         "loops over ranks (it may sit in a step loop, `for s in lo .. hi`)", st.span)
                 return None
+            # every rank must advance its epoch by the same stamps per call, so the loops around
+            # a barrier run as often on every rank: their bounds may not depend on rank
+            fixed = {"world", *self.sizes, *(x.name for x in self.scalars.values())}
+            for lo, hi, span in self.loop_bounds:
+                bad = (lo.names() | hi.names()) - fixed
+                if bad:
+                    self.err(Codes.BAD_REF, f"a barrier in a step loop whose bounds depend on "
+                             f"{', '.join(sorted(bad))}: every rank passes a call's barriers the same "
+                             "number of times, so the bounds of the loops around a barrier are "
+                             "expressions of world, sizes and rank parameters", st.span,
+                             Note("the loop", span))
+                    return None
+            if st.team is not None:
+                team = self.team_of(st.team, st.team_span)
+                return None if team is None else ir.Barrier(st.span, team=team)
             return ir.Barrier(st.span)
         if isinstance(st, ast.Stage):
             if in_stage:
@@ -439,9 +529,13 @@ class _Lowering:
                 lo = ir.simplify(self.expr(st.lo, env, "a loop bound"))
                 hi = ir.simplify(self.expr(st.hi, env, "a loop bound"))
                 self.step_vars.add(st.var)
+                self.loop_bounds.append((lo, hi, st.span))
                 body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
+                self.loop_bounds.pop()
                 self.step_vars.discard(st.var)
                 return ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, hi)
+            if st.team is not None:
+                return self.team_loop(st, loop_vars, engine)
             body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
             return ir.Loop(st.var, ir.Domain(st.domain), tuple(body), st.span)
         if isinstance(st, (ast.Signal, ast.Wait)):
@@ -455,6 +549,26 @@ class _Lowering:
                 return self.route(st, loop_vars, engine)
             return self.move(st, loop_vars, engine)
         raise TypeError(st)  # pragma: no cover
+
+    def team_loop(self, st: ast.For, loop_vars, engine):
+        """for p in node.ranks|peers: a step loop over the members' places i (0 .. node.size), with
+        p standing for node[i] in the body (and node.peers leaving out i == node.rank)."""
+        team = self.team_of(st.team, st.span)
+        if team is None:
+            return None
+        index = ir.Var(st.var)
+        outer = dict(self.lets)
+        self.lets[st.var] = team.member(index)   # the body's p is the member's rank
+        self.step_vars.add(st.var)
+        self.loop_bounds.append((ir.Const(0), team.size, st.span))
+        body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
+        self.loop_bounds.pop()
+        self.step_vars.discard(st.var)
+        self.lets = outer
+        body = tuple(body)
+        if st.domain == "peers":
+            body = (ir.If(ir.Bin(ir.BinKind.NE, index, team.index), body, (), st.span),)
+        return ir.Loop(st.var, ir.Domain.RANGE, body, st.span, ir.Const(0), team.size)
 
     def view(self, st: ast.Assign, top: bool) -> None:
         t, call = st.target, st.value
@@ -584,7 +698,16 @@ class _Lowering:
                 self.err(Codes.DUPLICATE_NAME, f"{rc.var!r} shadows another name", rc.span)
                 return None
             reported = len(self.diags)
+            team = None
+            if rc.team is not None:
+                team = self.team_of(rc.team, rc.span)
+                if team is None:
+                    return None
+                outer = dict(self.lets)
+                self.lets[rc.var] = team.member(ir.Var(rc.var))
             src = self.region(rc.operand, loop_vars + (rc.var,), "source")
+            if team is not None:
+                self.lets = outer
             if dst is None or src is None:
                 return None
             self._same_type(dst[1], src[1], st.span)
@@ -596,6 +719,9 @@ class _Lowering:
             op = self.op(rc.op, rc.span)
             if op is None:
                 return None
+            if team is not None:
+                return ir.Reduce(dst[0], op, src[0], rc.var, ir.Domain(rc.domain), st.span,
+                                 count=team.size, skip=team.index)
             return ir.Reduce(dst[0], op, src[0], rc.var, ir.Domain(rc.domain), st.span)
         src = self.region(st.value, loop_vars, "source")
         if dst is None or src is None:

@@ -169,12 +169,23 @@ class _Builder(Transformer):
         op, operand, var, domain = children
         return ast.ReduceCall(str(op), operand, str(var), str(domain), self._span(meta))
 
+    def reduce_team(self, meta, children):
+        op, operand, var, team, domain = children
+        return ast.ReduceCall(str(op), operand, str(var), str(domain), self._span(meta), str(team))
+
     def route_call(self, meta, children):
         kind, *args = children
         return ast.RouteCall(str(kind), tuple(a for a in args if a is not None), self._span(meta))
 
     def barrier(self, meta, children):
-        return ast.Barrier(self._span(meta))
+        team = children[0] if children else None
+        return ast.Barrier(self._span(meta), None if team is None else str(team),
+                           None if team is None else _tok_span(self.source, team))
+
+    def team_decl(self, meta, children):
+        name, kind, arg = children
+        return ast.TeamDecl(str(name), str(kind), arg, self._span(meta), _tok_span(self.source, name),
+                            _tok_span(self.source, kind))
 
     def stage(self, meta, children):
         return ast.Stage(str(children[0]), children[1], self._span(meta))
@@ -182,6 +193,11 @@ class _Builder(Transformer):
     def for_stmt(self, meta, children):
         var, domain, body = children
         return ast.For(str(var), str(domain), body, self._span(meta), _tok_span(self.source, var))
+
+    def for_team(self, meta, children):
+        var, team, domain, body = children
+        return ast.For(str(var), str(domain), body, self._span(meta), _tok_span(self.source, var),
+                       team=str(team))
 
     def for_range(self, meta, children):
         var, lo, hi, body = children
@@ -216,6 +232,14 @@ class _Builder(Transformer):
     def call(self, meta, children):
         fn, arg = children
         return ast.Call(str(fn), arg, self._span(meta), _tok_span(self.source, fn))
+
+    def attr(self, meta, children):
+        team, attr = children
+        return ast.Attr(str(team), str(attr), self._span(meta), _tok_span(self.source, team))
+
+    def member(self, meta, children):
+        team, index = children
+        return ast.Member(str(team), index, self._span(meta), _tok_span(self.source, team))
 
     def neg(self, meta, children):
         return ast.Neg(children[0], self._span(meta))

@@ -153,4 +153,4 @@ def _unstamped(s: ir.Schedule) -> ir.Schedule:
             out.append(op)
         return tuple(out)
     return replace(s, body=strip(s.body), flags=tuple(replace(f, seq=0) for f in s.flags),
-                   sync_ops=0, kernel=None)
+                   sync_ops=0, sync_expr=None, kernel=None)

@@ -29,13 +29,14 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
     # writing them on the host, comm.barrier()). dsl/README.md, "Routing". Reads and every other
     # buffer keep the entry rule. The rows that travel with the tokens (c.side) are outputs too.
     entry_free = set(c.outputs) | {w for _, w in c.side} if c.kind.dispatch and c.capacity else set()
-    # Accesses separated by a barrier are ordered by it (a barrier joins every rank), so only
-    # accesses between the same two barriers can race: group by (owner, buffer, barrier epoch).
+    # Accesses separated by a barrier of every rank are ordered by it, so only accesses between
+    # the same two such barriers can race: group by (owner, buffer, barrier epoch). A team's
+    # barrier (barrier(node)) orders its members only, so it starts no epoch.
     groups: dict[tuple[int, str, int], list[tuple[Access, Event]]] = {}
     for tl in inst.timelines:
         epoch = 0
         for ev in tl:
-            if ev.kind is EventKind.BARRIER:
+            if ev.kind is EventKind.BARRIER and ev.members is None:
                 epoch += 1
             for a in ev.accesses:
                 groups.setdefault((a.owner, a.buffer, epoch), []).append((a, ev))

@@ -31,10 +31,13 @@ def stamp_errors(inst: Instance) -> list[Diagnostic]:
     s = inst.schedule
     if not s.lowered:
         return []
+    env = {"world": inst.world, **inst.sizes}
+    stamps = s.stamps(env)      # barriers in step loops: an expression of world and sizes
     for f in s.flags:
-        if not 1 <= f.seq <= s.sync_ops:
-            return [error(Codes.SYNC_STAMP, f"flag {f.name} has stamp epoch + {f.seq}, outside the "
-                          f"stamps 1..{s.sync_ops} one call uses: a wait could take a flag of "
+        seq = f.seq if isinstance(f.seq, int) else f.seq.eval(env)
+        if not 1 <= seq <= stamps:
+            return [error(Codes.SYNC_STAMP, f"flag {f.name} has stamp epoch + {seq}, outside the "
+                          f"stamps 1..{stamps} one call uses: a wait could take a flag of "
                           "another call for this one's", f.span)]
     for tl in inst.timelines:
         last = None
@@ -46,8 +49,8 @@ def stamp_errors(inst: Instance) -> list[Diagnostic]:
                        f"{last.span.line}), whose announcements already let it through")
             elif ev.barrier < 1:
                 why = "below 1: the zeroed sync area of a first call already lets it through"
-            elif ev.barrier > s.sync_ops:
-                why = (f"beyond the {s.sync_ops} stamps a call reserves: the next call's barriers "
+            elif ev.barrier > stamps:
+                why = (f"beyond the {stamps} stamps a call reserves: the next call's barriers "
                        "could be let through by it")
             else:
                 last = ev
@@ -142,17 +145,29 @@ class Execution:
                         done += 1
             at_barrier = [inst.timelines[r][pos[r]] if pos[r] < len(inst.timelines[r]) else None
                           for r in range(W)]
-            if all(ev is not None and ev.kind is EventKind.BARRIER for ev in at_barrier):
-                ks = {ev.barrier for ev in at_barrier}
-                if len(ks) == 1:
-                    joined = np.max(np.stack(cur), axis=0)
-                    joined[:] = np.maximum(joined, [ev.index + 1 for ev in at_barrier])
-                    for r, ev in enumerate(at_barrier):
-                        cur[r] = joined      # shared by every rank until its next join
-                        self.vc[r][ev.index] = joined
-                        self.order.append(ev)
-                        pos[r] += 1
-                    progress = True
+            at_barrier = [ev if ev is not None and ev.kind is EventKind.BARRIER else None
+                          for ev in at_barrier]
+            for ev0 in list(at_barrier):
+                # a barrier joins its members (every rank, or a team's) once all of them are at
+                # a barrier of the same members and stamp
+                if ev0 is None or at_barrier[ev0.rank] is not ev0:
+                    continue
+                group = range(W) if ev0.members is None else ev0.members
+                evs = [at_barrier[q] for q in group]
+                if not all(ev is not None and ev.members == ev0.members and ev.barrier == ev0.barrier
+                           for ev in evs):
+                    continue
+                joined = np.max(np.stack([cur[q] for q in group]), axis=0)
+                for ev in evs:
+                    if joined[ev.rank] < ev.index + 1:
+                        joined[ev.rank] = ev.index + 1
+                for ev in evs:
+                    cur[ev.rank] = joined      # shared by the members until their next join
+                    self.vc[ev.rank][ev.index] = joined
+                    self.order.append(ev)
+                    pos[ev.rank] += 1
+                    at_barrier[ev.rank] = None
+                progress = True
             if not progress:
                 diags.append(self._deadlock(pos, signaled))
                 return diags
@@ -188,13 +203,14 @@ class Execution:
                     notes.append(Note(f"rank {r} waits for {f}[{slot}], which no rank ever signals",
                                       span))
                 break
-        meets: dict[int, list[int]] = {}
+        meets: dict[tuple, list[int]] = {}
         for r in stuck_at_barrier:
-            meets.setdefault(inst.timelines[r][pos[r]].barrier, []).append(r)
+            ev = inst.timelines[r][pos[r]]
+            meets.setdefault((ev.barrier, ev.members), []).append(r)
         if len(meets) == 1:
             notes.append(Note(f"{_who(stuck_at_barrier)} at a barrier for the others"))
         else:   # at barriers that do not meet: tell which rank is at which
-            for stamp, rs in meets.items():
+            for (stamp, members), rs in meets.items():
                 tl = inst.timelines[rs[0]]
                 stamped = f" (stamp epoch + {stamp})" if inst.schedule.lowered else ""
                 notes.append(Note(f"{_who(rs)} at this barrier, the {_nth(tl, pos[rs[0]])} of the call"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from stratac import ir
+from stratac.ir import passes
 from stratac.lang.frontend import load_source, schedules
 from stratac.tools.run import runner
 
@@ -55,6 +56,40 @@ def test_chunked_and_bruck_examples_run_correctly(tmp_path, world):
     out = _run(path, world, cases)
     assert out.failures == []
     assert len(out.results) == world * len(cases) * len(keep)
+    assert [r for r in out.results if not r["ok"]] == []
+    assert out.exit_code == 0
+
+
+@pytest.mark.parametrize("world", [3, 4, 5, 6])
+def test_hierarchical_allreduce_over_teams_runs_correctly(tmp_path, world):
+    """Teams: nodes of min(lowest set bit of world, 8) ranks; world 3 and 5 give nodes of one
+    rank (the lane is the world), 4 one node of four (the lane is one rank), 6 three nodes of two
+    (both levels)."""
+    path = EXAMPLES / "allreduce_hierarchical.strata"
+    assert _supported(path, world)
+    cases = [runner.Case(dtype=d, count=count, op=op) for d in ("f32", "bf16")
+             for op in ("sum", "max") for count in (1, 4099)]
+    out = _run(path, world, cases)
+    assert out.failures == []
+    assert len(out.results) == world * len(cases)
+    assert [(r["rank"], r["dtype"], r["count"], r["op"], r["why"]) for r in out.results
+            if not r["ok"]] == []
+    assert out.exit_code == 0
+
+
+@pytest.mark.parametrize("world", [3, 4, 5])
+def test_barriers_in_step_loops_run_correctly(world):
+    """A barrier per ring step (world - 1 of them: the epoch advances by stamps that depend on the
+    world), a team barrier in a loop over the team, and a flag after them; two calls in a row, so
+    the second call's stamps must lie above every stamp of the first."""
+    path = Path(__file__).resolve().parents[1] / "verify" / "corpus" / "good_barriers_in_step_loops.strata"
+    s, = schedules(load_source(str(path)))
+    lowered = passes.pipeline(s, passes.Options())
+    assert lowered.stamps({"world": world, "n": 1}) == 1 + (world - 1) + (2 - world % 2) + 1
+    cases = [runner.Case(dtype=d, count=count) for d in ("f32", "bf16") for count in (1, 4099)]
+    out = _run(path, world, cases)
+    assert out.failures == []
+    assert len(out.results) == world * len(cases)
     assert [r for r in out.results if not r["ok"]] == []
     assert out.exit_code == 0
 

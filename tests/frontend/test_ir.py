@@ -376,3 +376,52 @@ def test_every_barrier_stamp_is_one_more_than_the_barriers_passed(world):
         assert after == [[k + 1 for k in ordinals] for ordinals in before]
         assert all(stamps == list(range(1, len(stamps) + 1)) for stamps in after)
         assert max(map(len, after)) <= lowered.sync_ops - len(lowered.flags)
+
+
+TEAMS_SRC = """\
+schedule t(x: sym T[n]) implements allreduce(x, sum) {
+  team node = block(2)
+  team lane = across(node)
+  barrier(node)
+  on aiv: x = sum(x@p for p in node.ranks)
+  on sdma: for p in lane.peers: x@p = x
+  barrier(lane)
+}
+"""
+
+TEAMS_GOLDEN = """\
+schedule t(x: sym T[n]) implements allreduce(x, sum)
+  sizes n
+  team node = block(2)  # member i = ((rank / 2) * 2) + i, rank rank % 2 of 2
+  team lane = stride(2)  # member i = (rank % 2) + (i * 2), rank rank / 2 of world / 2
+  barrier(node) seq=0  # line 4
+  stage 1 on aiv:  # line 5
+    x[0 +: n] = sum(x[0 +: n]@(((rank / 2) * 2) + p) for p in 0 .. 2)  # line 5
+  stage 2 on sdma:  # line 6
+    for p in 0 .. world / 2:  # line 6
+      if (p != (rank / 2)):  # line 6
+        x[0 +: n]@((rank % 2) + (p * 2)) = x[0 +: n]  # line 6
+  barrier(lane) seq=0  # line 7
+"""
+
+
+def test_dump_teams():
+    """A team's forms are expressions of rank and world: node[i] = rank / 2 * 2 + i, a loop over
+    lane.peers is a loop over the places with the running rank's place left out."""
+    s, = frontend.schedules(Source("teams.strata", TEAMS_SRC))
+    assert ir.dump(s) == TEAMS_GOLDEN
+
+
+@pytest.mark.parametrize("world", [2, 4, 6, 8])
+def test_team_barriers_join_exactly_the_team(world):
+    """Against the teams written out by hand: the node of rank r is {r - r % 2, r - r % 2 + 1},
+    its lane every rank of the same parity; and the stamps after the passes are 1, 2 on every rank."""
+    s, = frontend.schedules(Source("teams.strata", TEAMS_SRC))
+    inst = instantiate.instantiate(s, world, {"n": 5})
+    for r, tl in enumerate(inst.timelines):
+        node, lane = [ev.members for ev in tl if ev.kind is instantiate.EventKind.BARRIER]
+        assert node == (r - r % 2, r - r % 2 + 1)
+        assert lane == tuple(q for q in range(world) if q % 2 == r % 2)
+    lowered = passes.pipeline(s, passes.Options())
+    stamps = _barrier_stamps(lowered, world, 0)
+    assert all(st == [1, 2] for st in stamps)

@@ -104,6 +104,58 @@ EQUIVALENT = {
         "that keeps the peers' accumulates out of my out until I have entered and seeded it; and "
         "the previous call's writes into my out (the peers' pushes of their slices) all landed "
         "before its last barrier"),
+    ("allreduce_hierarchical.strata",
+     'barrier(node)                                 # my node has entered: its parts may be read', 1): (
+        (3,),
+        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
+        "own part onto itself, its all-gather and barriers have no peer; from world 6 on (nodes of "
+        "2) the mutant is rejected (tests/verify/corpus/good_team_two_level.strata has both levels "
+        "from world 4)"),
+    ("allreduce_hierarchical.strata",
+     'on aiv: part[me] = op(part[me]@p for p in node.ranks)', 1): (
+        (3,),
+        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
+        "own part onto itself, its all-gather and barriers have no peer; from world 6 on (nodes of "
+        "2) the mutant is rejected (tests/verify/corpus/good_team_two_level.strata has both levels "
+        "from world 4)"),
+    ("allreduce_hierarchical.strata",
+     'barrier(lane)                                 # my lane has reduced its parts', 1): (
+        (2, 4),
+        "at worlds 2 and 4 the world is one node (T = world), so a lane has one rank: the lane's "
+        "reduce copies the chunk onto itself, its all-gather and barriers have no peer; at world 3 "
+        "(lanes of 3) the mutant is rejected"),
+    ("allreduce_hierarchical.strata",
+     'on aiv: chunk[me][lane.rank] = op(chunk[me][lane.rank]@p for p in lane.ranks)', 1): (
+        (2, 4),
+        "at worlds 2 and 4 the world is one node (T = world), so a lane has one rank: the lane's "
+        "reduce copies the chunk onto itself, its all-gather and barriers have no peer; at world 3 "
+        "(lanes of 3) the mutant is rejected"),
+    ("allreduce_hierarchical.strata",
+     'on sdma: for p in lane.peers: chunk[me][lane.rank]@p = chunk[me][lane.rank]', 1): (
+        (2, 4),
+        "at worlds 2 and 4 the world is one node (T = world), so a lane has one rank: the lane's "
+        "reduce copies the chunk onto itself, its all-gather and barriers have no peer; at world 3 "
+        "(lanes of 3) the mutant is rejected"),
+    ("allreduce_hierarchical.strata",
+     'barrier(lane)                                 # my part me is complete', 1): (
+        (2, 4),
+        "at worlds 2 and 4 the world is one node (T = world), so a lane has one rank: the lane's "
+        "reduce copies the chunk onto itself, its all-gather and barriers have no peer; at world 3 "
+        "(lanes of 3) the mutant is rejected"),
+    ("allreduce_hierarchical.strata",
+     'on sdma: for p in node.peers: part[me]@p = part[me]', 1): (
+        (3,),
+        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
+        "own part onto itself, its all-gather and barriers have no peer; from world 6 on (nodes of "
+        "2) the mutant is rejected (tests/verify/corpus/good_team_two_level.strata has both levels "
+        "from world 4)"),
+    ("allreduce_hierarchical.strata",
+     "barrier(node)                                 # my node's writes into me have landed", 1): (
+        (3,),
+        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
+        "own part onto itself, its all-gather and barriers have no peer; from world 6 on (nodes of "
+        "2) the mutant is rejected (tests/verify/corpus/good_team_two_level.strata has both levels "
+        "from world 4)"),
     ("broadcast.strata", "barrier", 2): (
         (2,),
         "at world 2 the all-gather step sends nothing from the non-root rank (its only peer is the "

@@ -198,7 +198,12 @@ class _Walker:
         sm.scale.append(dtype.nbytes if dtype is not None else 0)
         if isinstance(op, ir.Reduce):
             sm.kind.append(REDUCE)
-            srcs = [self.owner(op.src, {**env, op.var: v}) for v in self.domain(op.domain, env["rank"])]
+            if op.count is None:
+                values = self.domain(op.domain, env["rank"])
+            else:   # a team's places (the verifier has checked the team divides the world)
+                skip = self.ev(op.skip, env, "the team's rank") if op.domain is ir.Domain.PEERS else -1
+                values = [i for i in range(self.ev(op.count, env, "the team's size")) if i != skip]
+            srcs = [self.owner(op.src, {**env, op.var: v}) for v in values]
         else:
             sm.kind.append(ACCUMULATE if isinstance(op, ir.Accumulate) else COPY)
             srcs = [self.owner(op.src, env)]
