@@ -61,14 +61,15 @@ def unmet_barriers(inst: Instance) -> list[Diagnostic]:
     """A barrier whose stamp on some rank differs from rank 0's barrier at the same place in the
     call (the k-th of each; a proof by ordinal has shown that every rank passes as many): where the
     verifier met ranks, the kernel's barriers would not meet."""
-    barriers = [[ev for ev in tl if ev.kind is EventKind.BARRIER] for tl in inst.timelines]
+    barriers = [[ev for ev in tl if ev.kind is EventKind.BARRIER] for r, tl in enumerate(inst.timelines)
+                if inst.live(r)]
     for mine in barriers[1:]:
         for k, (a, b) in enumerate(zip(barriers[0], mine), 1):
             if a.barrier != b.barrier:
                 return [error(Codes.SYNC_STAMP, f"barrier {k} of the call has stamp epoch + {b.barrier} "
-                              f"on rank {b.rank} but epoch + {a.barrier} on rank 0 ({context(inst)}): "
-                              "the kernel's barriers would not meet where the verified ones do",
-                              b.span, Note(f"rank 0's barrier {k}", a.span))]
+                              f"on rank {b.rank} but epoch + {a.barrier} on rank {a.rank} "
+                              f"({context(inst)}): the kernel's barriers would not meet where the "
+                              "verified ones do", b.span, Note(f"rank {a.rank}'s barrier {k}", a.span))]
     return []
 
 
@@ -96,6 +97,7 @@ class Execution:
         if diags:
             return diags
         pos = [0] * W
+        live = [r for r in range(W) if inst.live(r)]
         longest = max(len(tl) for tl in inst.timelines)
         dtype = np.int16 if longest < 2**15 - 1 else np.int32 if longest < 2**31 - 1 else np.int64
         cur = [np.zeros(W, dtype=dtype) for _ in range(W)]
@@ -140,14 +142,17 @@ class Execution:
                     progress = True
                     if pos[r] == len(tl):
                         done += 1
-            at_barrier = [inst.timelines[r][pos[r]] if pos[r] < len(inst.timelines[r]) else None
-                          for r in range(W)]
-            if all(ev is not None and ev.kind is EventKind.BARRIER for ev in at_barrier):
-                ks = {ev.barrier for ev in at_barrier}
+            # a barrier joins the live ranks (a masked call's strata::MaskedBarrier); a masked
+            # rank's timeline is ENTRY, EXIT and takes part in nothing
+            at_barrier = {r: inst.timelines[r][pos[r]] if pos[r] < len(inst.timelines[r]) else None
+                          for r in live}
+            if all(ev is not None and ev.kind is EventKind.BARRIER for ev in at_barrier.values()):
+                ks = {ev.barrier for ev in at_barrier.values()}
                 if len(ks) == 1:
-                    joined = np.max(np.stack(cur), axis=0)
-                    joined[:] = np.maximum(joined, [ev.index + 1 for ev in at_barrier])
-                    for r, ev in enumerate(at_barrier):
+                    joined = np.max(np.stack([cur[r] for r in live]), axis=0)
+                    for r, ev in at_barrier.items():
+                        joined[r] = max(joined[r], ev.index + 1)
+                    for r, ev in at_barrier.items():
                         cur[r] = joined      # shared by every rank until its next join
                         self.vc[r][ev.index] = joined
                         self.order.append(ev)
