@@ -770,7 +770,7 @@ __aicore__ inline void MaskedBarrier(__gm__ int32_t* slots, int32_t stamp, uint6
   }
   for (int64_t p = c; p < world; p += cores) {
     if (!Live(active, p)) continue;
-    STRATA_WAIT_NOTE("masked barrier", slots, world, p);
+    STRATA_WAIT_NOTE("barrier", slots, world, p);   // the timeout lists every rank's slot below the stamp
     WaitFlag(SyncSlot(slots, p), stamp);
   }
   AscendC::SyncAll<true>();
