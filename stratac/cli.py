@@ -54,6 +54,21 @@ def cmd_check(args) -> int:
         print(f"{s.name}: verified {s.contract} for world {options.ranges_text(sorted({r.world for r in results}))} "
               f"({len(results)} instances, {sum(r.events for r in results)} events, "
               f"{time.perf_counter() - t0:.2f} s)")
+        if not ir.takes_mask(s):
+            continue
+        t0 = time.perf_counter()
+        masked = verify.verify_masks(s, [r.world for r in results if not r.skipped])
+        bad = [r for r in masked if not r.ok]
+        if bad:
+            for d in bad[0].diagnostics:
+                print(d.render(), file=sys.stderr)
+            status = EXIT_FAIL
+            continue
+        if masked:
+            worlds = sorted({r.world for r in masked})
+            print(f"{s.name}: verified every mask of active ranks for world {options.ranges_text(worlds)} "
+                  f"({len({(r.world, r.active) for r in masked})} masks, {len(masked)} instances, "
+                  f"{time.perf_counter() - t0:.2f} s)")
     return status
 
 

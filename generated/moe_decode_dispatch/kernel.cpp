@@ -14,9 +14,10 @@ constexpr int64_t kSdmaThreshold = 262144;
 template <typename T, strata::Red OP>
 class MoeDecodeDispatch {
  public:
-  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
     sync_ = reinterpret_cast<__gm__ int32_t*>(sync);
     epoch_ = epoch;
+    active_ = active;
     x_ = reinterpret_cast<__gm__ T*>(x);
     ids_ = reinterpret_cast<__gm__ int32_t*>(ids);
     counts_ = reinterpret_cast<__gm__ int32_t*>(counts);
@@ -31,6 +32,7 @@ class MoeDecodeDispatch {
     world = aclshmem_n_pes();
     mv_.Init(&pipe_, kTileBytes, kCopyTiles, kReduceTiles, kScratchBytes);
     rt_.Init(&pipe_, false);
+    rt_.Mask(active_);
   }
 
   __aicore__ inline void Process() {
@@ -46,13 +48,13 @@ class MoeDecodeDispatch {
       STRATA_LINE(23);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
+        if (p_ == rank || !strata::Live(active_, p_)) continue;
         total += experts_ * strata::Ratio<int32_t, T>();
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
+        if (p_ == rank || !strata::Live(active_, p_)) continue;
         STRATA_LINE(24);  // strata:24
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
@@ -66,12 +68,12 @@ class MoeDecodeDispatch {
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
+        if (p_ == rank || !strata::Live(active_, p_)) continue;
         STRATA_LINE(27);  // strata:27
         strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, p_);
       }
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
+        if (p_ == rank || !strata::Live(active_, p_)) continue;
         STRATA_LINE(28);  // strata:28
         strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 1);
       }
@@ -85,6 +87,7 @@ class MoeDecodeDispatch {
   strata::Router<T> rt_;
   __gm__ int32_t* sync_ = nullptr;
   int32_t epoch_ = 0;
+  uint64_t active_ = strata::kAllRanks;   // the live ranks of this call (strata::Live)
   __gm__ T* x_ = nullptr;
   __gm__ int32_t* ids_ = nullptr;
   __gm__ int32_t* counts_ = nullptr;
@@ -101,23 +104,23 @@ class MoeDecodeDispatch {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void moe_decode_dispatch_f32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_decode_dispatch_f32(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeDecodeDispatch<float, strata::Red::kSum> op;
-  op.Init(sync, epoch, x, ids, counts, win, offs, capacity, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, active, x, ids, counts, win, offs, capacity, experts, hidden, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_decode_dispatch_f16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_decode_dispatch_f16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeDecodeDispatch<half, strata::Red::kSum> op;
-  op.Init(sync, epoch, x, ids, counts, win, offs, capacity, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, active, x, ids, counts, win, offs, capacity, experts, hidden, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_decode_dispatch_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_decode_dispatch_bf16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeDecodeDispatch<bfloat16_t, strata::Red::kSum> op;
-  op.Init(sync, epoch, x, ids, counts, win, offs, capacity, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, active, x, ids, counts, win, offs, capacity, experts, hidden, tokens, topk);
   op.Process();
 }

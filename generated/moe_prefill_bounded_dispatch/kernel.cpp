@@ -14,9 +14,10 @@ constexpr int64_t kSdmaThreshold = 262144;
 template <typename T, strata::Red OP>
 class MoePrefillBoundedDispatch {
  public:
-  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
+  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
     sync_ = reinterpret_cast<__gm__ int32_t*>(sync);
     epoch_ = epoch;
+    active_ = active;
     x_ = reinterpret_cast<__gm__ T*>(x);
     ids_ = reinterpret_cast<__gm__ int32_t*>(ids);
     counts_ = reinterpret_cast<__gm__ int32_t*>(counts);
@@ -31,6 +32,7 @@ class MoePrefillBoundedDispatch {
     world = aclshmem_n_pes();
     mv_.Init(&pipe_, kTileBytes, kCopyTiles, kReduceTiles, kScratchBytes);
     rt_.Init(&pipe_, false);
+    rt_.Mask(active_);
   }
 
   __aicore__ inline void Process() {
@@ -40,18 +42,18 @@ class MoePrefillBoundedDispatch {
       strata::EndStage(mv_);
     }
     STRATA_LINE(21);  // strata:21
-    strata::Barrier(sync_, epoch_ + 1);
+    strata::MaskedBarrier(sync_, epoch_ + 1, active_);
     {  // strata:22 stage 2 on aiv
       STRATA_LINE(22);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
+        if (p_ == rank || !strata::Live(active_, p_)) continue;
         total += experts_ * strata::Ratio<int32_t, T>();
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
+        if (p_ == rank || !strata::Live(active_, p_)) continue;
         STRATA_LINE(22);  // strata:22
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
@@ -62,7 +64,7 @@ class MoePrefillBoundedDispatch {
       strata::EndStage(mv_);
     }
     STRATA_LINE(23);  // strata:23
-    strata::Barrier(sync_, epoch_ + 2);
+    strata::MaskedBarrier(sync_, epoch_ + 2, active_);
     {  // strata:24 stage 3 on aiv
       STRATA_LINE(24);  // strata:24
       rt_.Exscan(offs_, counts_, experts_, rank, world, max_recv_, strata::StatusLine(sync_, world));
@@ -74,7 +76,7 @@ class MoePrefillBoundedDispatch {
       strata::EndStage(mv_);
     }
     STRATA_LINE(26);  // strata:26
-    strata::Barrier(sync_, epoch_ + 3);
+    strata::MaskedBarrier(sync_, epoch_ + 3, active_);
   }
 
  private:
@@ -83,6 +85,7 @@ class MoePrefillBoundedDispatch {
   strata::Router<T> rt_;
   __gm__ int32_t* sync_ = nullptr;
   int32_t epoch_ = 0;
+  uint64_t active_ = strata::kAllRanks;   // the live ranks of this call (strata::Live)
   __gm__ T* x_ = nullptr;
   __gm__ int32_t* ids_ = nullptr;
   __gm__ int32_t* counts_ = nullptr;
@@ -99,23 +102,23 @@ class MoePrefillBoundedDispatch {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void moe_prefill_bounded_dispatch_f32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_prefill_bounded_dispatch_f32(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoePrefillBoundedDispatch<float, strata::Red::kSum> op;
-  op.Init(sync, epoch, x, ids, counts, win, offs, experts, hidden, max_recv, tokens, topk);
+  op.Init(sync, epoch, active, x, ids, counts, win, offs, experts, hidden, max_recv, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_prefill_bounded_dispatch_f16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_prefill_bounded_dispatch_f16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoePrefillBoundedDispatch<half, strata::Red::kSum> op;
-  op.Init(sync, epoch, x, ids, counts, win, offs, experts, hidden, max_recv, tokens, topk);
+  op.Init(sync, epoch, active, x, ids, counts, win, offs, experts, hidden, max_recv, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_prefill_bounded_dispatch_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_prefill_bounded_dispatch_bf16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoePrefillBoundedDispatch<bfloat16_t, strata::Red::kSum> op;
-  op.Init(sync, epoch, x, ids, counts, win, offs, experts, hidden, max_recv, tokens, topk);
+  op.Init(sync, epoch, active, x, ids, counts, win, offs, experts, hidden, max_recv, tokens, topk);
   op.Process();
 }

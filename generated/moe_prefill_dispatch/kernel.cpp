@@ -14,9 +14,10 @@ constexpr int64_t kSdmaThreshold = 262144;
 template <typename T, strata::Red OP>
 class MoePrefillDispatch {
  public:
-  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
     sync_ = reinterpret_cast<__gm__ int32_t*>(sync);
     epoch_ = epoch;
+    active_ = active;
     x_ = reinterpret_cast<__gm__ T*>(x);
     ids_ = reinterpret_cast<__gm__ int32_t*>(ids);
     counts_ = reinterpret_cast<__gm__ int32_t*>(counts);
@@ -30,6 +31,7 @@ class MoePrefillDispatch {
     world = aclshmem_n_pes();
     mv_.Init(&pipe_, kTileBytes, kCopyTiles, kReduceTiles, kScratchBytes);
     rt_.Init(&pipe_, false);
+    rt_.Mask(active_);
   }
 
   __aicore__ inline void Process() {
@@ -39,18 +41,18 @@ class MoePrefillDispatch {
       strata::EndStage(mv_);
     }
     STRATA_LINE(23);  // strata:23
-    strata::Barrier(sync_, epoch_ + 1);
+    strata::MaskedBarrier(sync_, epoch_ + 1, active_);
     {  // strata:24 stage 2 on aiv
       STRATA_LINE(24);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
+        if (p_ == rank || !strata::Live(active_, p_)) continue;
         total += experts_ * strata::Ratio<int32_t, T>();
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
+        if (p_ == rank || !strata::Live(active_, p_)) continue;
         STRATA_LINE(24);  // strata:24
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
@@ -61,7 +63,7 @@ class MoePrefillDispatch {
       strata::EndStage(mv_);
     }
     STRATA_LINE(25);  // strata:25
-    strata::Barrier(sync_, epoch_ + 2);
+    strata::MaskedBarrier(sync_, epoch_ + 2, active_);
     {  // strata:26 stage 3 on aiv
       STRATA_LINE(26);  // strata:26
       rt_.Exscan(offs_, counts_, experts_, rank, world, world * tokens_ * topk_, strata::StatusLine(sync_, world));
@@ -73,7 +75,7 @@ class MoePrefillDispatch {
       strata::EndStage(mv_);
     }
     STRATA_LINE(28);  // strata:28
-    strata::Barrier(sync_, epoch_ + 3);
+    strata::MaskedBarrier(sync_, epoch_ + 3, active_);
   }
 
  private:
@@ -82,6 +84,7 @@ class MoePrefillDispatch {
   strata::Router<T> rt_;
   __gm__ int32_t* sync_ = nullptr;
   int32_t epoch_ = 0;
+  uint64_t active_ = strata::kAllRanks;   // the live ranks of this call (strata::Live)
   __gm__ T* x_ = nullptr;
   __gm__ int32_t* ids_ = nullptr;
   __gm__ int32_t* counts_ = nullptr;
@@ -97,23 +100,23 @@ class MoePrefillDispatch {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void moe_prefill_dispatch_f32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_prefill_dispatch_f32(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoePrefillDispatch<float, strata::Red::kSum> op;
-  op.Init(sync, epoch, x, ids, counts, win, offs, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, active, x, ids, counts, win, offs, experts, hidden, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_prefill_dispatch_f16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_prefill_dispatch_f16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoePrefillDispatch<half, strata::Red::kSum> op;
-  op.Init(sync, epoch, x, ids, counts, win, offs, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, active, x, ids, counts, win, offs, experts, hidden, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_prefill_dispatch_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_prefill_dispatch_bf16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoePrefillDispatch<bfloat16_t, strata::Red::kSum> op;
-  op.Init(sync, epoch, x, ids, counts, win, offs, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, active, x, ids, counts, win, offs, experts, hidden, tokens, topk);
   op.Process();
 }

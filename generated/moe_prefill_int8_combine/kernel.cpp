@@ -14,9 +14,10 @@ constexpr int64_t kSdmaThreshold = 262144;
 template <typename T, strata::Red OP>
 class MoePrefillInt8Combine {
  public:
-  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
+  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
     sync_ = reinterpret_cast<__gm__ int32_t*>(sync);
     epoch_ = epoch;
+    active_ = active;
     win_ = reinterpret_cast<__gm__ T*>(win);
     ids_ = reinterpret_cast<__gm__ int32_t*>(ids);
     weights_ = reinterpret_cast<__gm__ float*>(weights);
@@ -32,6 +33,7 @@ class MoePrefillInt8Combine {
     world = aclshmem_n_pes();
     mv_.Init(&pipe_, kTileBytes, kCopyTiles, kReduceTiles, kScratchBytes);
     rt_.Init(&pipe_, true);
+    rt_.Mask(active_);
   }
 
   __aicore__ inline void Process() {
@@ -41,14 +43,14 @@ class MoePrefillInt8Combine {
       strata::EndStage(mv_);
     }
     STRATA_LINE(37);  // strata:37
-    strata::Barrier(sync_, epoch_ + 1);
+    strata::MaskedBarrier(sync_, epoch_ + 1, active_);
     {  // strata:38 stage 2 on aiv
       STRATA_LINE(38);  // strata:38
       rt_.Gather(y_, win_, max_recv_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(39);  // strata:39
-    strata::Barrier(sync_, epoch_ + 2);
+    strata::MaskedBarrier(sync_, epoch_ + 2, active_);
   }
 
  private:
@@ -57,6 +59,7 @@ class MoePrefillInt8Combine {
   strata::Router<T> rt_;
   __gm__ int32_t* sync_ = nullptr;
   int32_t epoch_ = 0;
+  uint64_t active_ = strata::kAllRanks;   // the live ranks of this call (strata::Live)
   __gm__ T* win_ = nullptr;
   __gm__ int32_t* ids_ = nullptr;
   __gm__ float* weights_ = nullptr;
@@ -74,23 +77,23 @@ class MoePrefillInt8Combine {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void moe_prefill_int8_combine_f32(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_prefill_int8_combine_f32(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoePrefillInt8Combine<float, strata::Red::kSum> op;
-  op.Init(sync, epoch, win, ids, weights, counts, y, offs, experts, hidden, max_recv, tokens, topk);
+  op.Init(sync, epoch, active, win, ids, weights, counts, y, offs, experts, hidden, max_recv, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_prefill_int8_combine_f16(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_prefill_int8_combine_f16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoePrefillInt8Combine<half, strata::Red::kSum> op;
-  op.Init(sync, epoch, win, ids, weights, counts, y, offs, experts, hidden, max_recv, tokens, topk);
+  op.Init(sync, epoch, active, win, ids, weights, counts, y, offs, experts, hidden, max_recv, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_prefill_int8_combine_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_prefill_int8_combine_bf16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoePrefillInt8Combine<bfloat16_t, strata::Red::kSum> op;
-  op.Init(sync, epoch, win, ids, weights, counts, y, offs, experts, hidden, max_recv, tokens, topk);
+  op.Init(sync, epoch, active, win, ids, weights, counts, y, offs, experts, hidden, max_recv, tokens, topk);
   op.Process();
 }

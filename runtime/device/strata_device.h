@@ -59,6 +59,14 @@ __aicore__ inline __gm__ int32_t* StatusLine(__gm__ int32_t* sync, int64_t world
 }
 
 __aicore__ inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// A mask of active ranks (MoE calls, docs/robustness.md "Masked ranks"): bit p set = rank p takes
+// part. It travels as one 64-bit kernel argument, so only ranks below 64 can be masked; the host
+// refuses a mask at a larger world and passes kAllRanks.
+constexpr uint64_t kAllRanks = ~0ull;
+__aicore__ inline bool Live(uint64_t active, int64_t pe) {
+  return pe >= 64 || ((active >> pe) & 1ull) != 0;
+}
 __aicore__ inline int64_t Max(int64_t a, int64_t b) { return a > b ? a : b; }
 // The .strata language's a % b: floored, in [0, b) for b > 0 (the verifier refuses b <= 0), so
 // that (rank - s - 1) % world is a rank. C++'s % truncates toward zero.
@@ -362,6 +370,8 @@ template <typename T>
 class Router {
  public:
   __aicore__ inline void Init(AscendC::TPipe* pipe, bool gather) {
+    active_ = kAllRanks;
+    world_ = aclshmem_n_pes();
     pipe->InitBuffer(meta_, kMetaBytes);
     pipe->InitBuffer(stage_, kStageBytes);
     if (gather) {
@@ -372,7 +382,13 @@ class Router {
     }
   }
 
-  // dst[e] = number of the n ids equal to e (one core counts in UB; the metadata is small).
+  // The ranks of a masked call (Live): an entry whose expert lives on a masked rank is dropped
+  // (counted nowhere, placed nowhere, weight 0 in the combine), and a masked rank's row of the
+  // count table is read as zeros (it may hold a dead rank's stale counts). kAllRanks: no mask.
+  __aicore__ inline void Mask(uint64_t active) { active_ = active; }
+
+  // dst[e] = number of the n ids equal to e (one core counts in UB; the metadata is small);
+  // entries of a masked rank's experts are not counted.
   __aicore__ inline void Histogram(__gm__ int32_t* dst, __gm__ int32_t* ids, int64_t n, int64_t experts) {
     if (AscendC::GetBlockIdx() != 0) return;
     AscendC::LocalTensor<int32_t> c = Counters(experts);
@@ -382,7 +398,7 @@ class Router {
       Fetch(ib, ids + i0, m);
       for (int64_t i = 0; i < m; ++i) {
         const int32_t e = ib.GetValue(static_cast<uint32_t>(i));
-        if (e >= 0 && e < experts) c.SetValue(e, c.GetValue(e) + 1);
+        if (Routed(e, experts)) c.SetValue(e, c.GetValue(e) + 1);
       }
     }
     Emit(dst, c, experts);
@@ -414,6 +430,7 @@ class Router {
       AscendC::Duplicate(meta, 0, static_cast<int32_t>(2 * kRouteChunk));
       AscendC::PipeBarrier<PIPE_ALL>();
       for (int64_t s = 0; s < world; ++s) {
+        if (!Live(active_, s)) continue;   // a masked rank's row (stale after a death) counts nothing
         Fetch(row_s, counts + s * experts + a, m);
         for (int64_t j = 0; j < m; ++j) {
           const int32_t n = row_s.GetValue(static_cast<uint32_t>(j));
@@ -460,7 +477,7 @@ class Router {
       Fetch(ib, ids + i0, m);
       for (int64_t i = 0; i < m; ++i) {
         const int32_t e = ib.GetValue(static_cast<uint32_t>(i));
-        routed += (e >= 0 && e < experts) ? 1 : 0;
+        routed += Routed(e, experts) ? 1 : 0;
       }
     }
     const int64_t c = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
@@ -473,7 +490,7 @@ class Router {
       Fetch(ib, ids + i0, m);
       for (int64_t k = 0; k < m && index < hi; ++k) {
         const int32_t e = ib.GetValue(static_cast<uint32_t>(k));
-        if (e < 0 || e >= experts) continue;
+        if (!Routed(e, experts)) continue;
         const int64_t row = next.GetValue(e);
         next.SetValue(e, static_cast<int32_t>(row + 1));
         if (index++ < lo) continue;
@@ -509,7 +526,7 @@ class Router {
       Fetch(ib, ids + i0, m);
       for (int64_t i = 0; i < m; ++i) {
         const int32_t e = ib.GetValue(static_cast<uint32_t>(i));
-        if (e >= 0 && e < experts) next.SetValue(e, next.GetValue(e) + 1);
+        if (Routed(e, experts)) next.SetValue(e, next.GetValue(e) + 1);
       }
     }
     AscendC::LocalTensor<float> acc = acc_.template Get<float>();
@@ -527,7 +544,7 @@ class Router {
         for (int64_t k = 0; k < topk; ++k) {
           const uint32_t at = static_cast<uint32_t>((t - t0) * topk + k);
           const int32_t e = ib.GetValue(at);
-          if (e < 0 || e >= experts) continue;
+          if (!Routed(e, experts)) continue;   // no expert, or a masked rank's: weight 0
           const int64_t r = next.GetValue(e);
           next.SetValue(e, static_cast<int32_t>(r + 1));
           if (r < 0 || r >= rows || m >= kMaxTopk) {
@@ -599,6 +616,7 @@ class Router {
     AscendC::Duplicate(line, 0, static_cast<int32_t>(kStatusInts + world));
     AscendC::PipeBarrier<PIPE_ALL>();
     for (int64_t s = 0; s < world; ++s) {
+      if (!Live(active_, s)) continue;
       for (int64_t a = 0; a < experts; a += kRouteChunk) {
         const int64_t m = Min(kRouteChunk, experts - a);
         Fetch(row_s, counts + s * experts + a, m);
@@ -630,6 +648,12 @@ class Router {
     AscendC::LocalTensor<int32_t> line = Ids();
     Fetch(line, status, kStatusInts);
     return line.GetValue(0) != 0;
+  }
+
+  // Whether entry id e routes somewhere: an expert, on a rank the call's mask keeps.
+  __aicore__ inline bool Routed(int32_t e, int64_t experts) const {
+    if (e < 0 || e >= experts) return false;
+    return active_ == kAllRanks || Live(active_, e / Max(1, experts / world_));
   }
 
   __aicore__ inline AscendC::LocalTensor<int32_t> Counters(int64_t experts) {
@@ -687,6 +711,8 @@ class Router {
   AscendC::TQue<AscendC::TPosition::VECOUT, 2> outQ_;
   AscendC::TBuf<AscendC::TPosition::VECCALC> acc_;
   AscendC::TBuf<AscendC::TPosition::VECCALC> tmp_;
+  uint64_t active_ = ~0ull;
+  int64_t world_ = 1;
 };
 
 // End of a stage: this core's SDMA copies are complete and its MTE writes are out, then every core
@@ -745,6 +771,28 @@ __aicore__ inline void TeamBarrier(__gm__ int32_t* slots, int32_t stamp, int64_t
   for (int64_t i = c; i < size; i += cores) {
     const int64_t p = base + i * step;
     STRATA_WAIT_NOTE("team barrier", slots, aclshmem_n_pes(), p);
+    WaitFlag(SyncSlot(slots, p), stamp);
+  }
+  AscendC::SyncAll<true>();
+}
+
+// Barrier over the live ranks of a mask only (Live): a masked rank is neither signalled nor waited
+// for, so a call that masks a dead rank never waits on its slots (whatever stamp it left there: the
+// stamps grow call by call, and its slot is simply not read). Every live rank must pass the same
+// mask; a live rank that another live rank masks never gets that rank's announcement, and its
+// wait ends at the deadline naming the slot. Kept apart from a team barrier on purpose: the slots
+// are the world barrier's [0, world), indexed by global rank, as Barrier's.
+__aicore__ inline void MaskedBarrier(__gm__ int32_t* slots, int32_t stamp, uint64_t active) {
+  const int64_t me = aclshmem_my_pe(), world = aclshmem_n_pes();
+  const int64_t c = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
+  AscendC::PipeBarrier<PIPE_ALL>();
+  AscendC::SyncAll<true>();
+  for (int64_t p = c; p < world; p += cores) {
+    if (Live(active, p)) Signal(SyncSlot(slots, me), stamp, p);
+  }
+  for (int64_t p = c; p < world; p += cores) {
+    if (!Live(active, p)) continue;
+    STRATA_WAIT_NOTE("barrier", slots, world, p);   // the timeout lists every rank's slot below the stamp
     WaitFlag(SyncSlot(slots, p), stamp);
   }
   AscendC::SyncAll<true>();

@@ -2,7 +2,7 @@
 kernel entry's parameter list, the cffi cdef and manifest.json are all derived from it.
 
 Launcher:  int strata_launch_<schedule>(int32_t dtype, int32_t op, uint32_t blocks, void* stream,
-                                         void* sync, int32_t epoch,
+                                         void* sync, int32_t epoch, [uint64_t active,]
                                          void* <tensor>..., void* <scratch>..., uint64_t <size>...,
                                          int32_t <rank parameter>...)
 Kernel:    one entry per element type (and reduction, for a schedule with a redop parameter),
@@ -10,7 +10,8 @@ Kernel:    one entry per element type (and reduction, for a schedule with a redo
 No FFTS (hard-sync) address is passed: for a MIX kernel type the NPU build's ascendc_library adds a
 hidden ffts_addr argument itself and sets it in the wrapper it generates (docs/npu.md, "Launch").
 `dtype` is ir.DType.code, `op` the index in OPS (ignored without a redop parameter); `sync` is the
-symmetric flag area; `epoch` the call's first flag stamp. A user name that would clash in C++
+symmetric flag area; `epoch` the call's first flag stamp; `active` (MoE schedules only,
+ir.takes_mask) the mask of active ranks, bit p for rank p (strata::Live; all ones: no mask). A user name that would clash in C++
 (`class`, `sync`, `x_`) is renamed there (c_name, c_param); the manifest keeps the user's names.
 """
 
@@ -87,14 +88,14 @@ CPP_KEYWORDS = frozenset("""
 
 # What the generated code (templates/*.j2, codegen/emit.py) and the macros it expands (GM_ADDR,
 # STRATA_CPU_LAUNCH) name unqualified where a user's parameter is in scope, the stems of the
-# members it declares (sync_, epoch_, mv_, rt_, pipe_), and the C library's and GNU's macros in
+# members it declares (sync_, epoch_, mv_, rt_, pipe_, active_), and the C library's and GNU's macros in
 # lower case. The locals of Process and the parameters of PartOffset are not here: user names
 # appear there only with `_`. tests/codegen/test_names.py builds a kernel whose parameters are named
 # after every identifier of the generated code, of runtime/'s headers and of their macros: a name a
 # template starts to use without adding it here fails there.
 GENERATED_NAMES = frozenset("""
     T OP GM_ADDR uint8_t int32_t int64_t uint32_t uint64_t half bfloat16_t sync epoch dtype op
-    blocks stream mv rt pipe aclshmem_my_pe aclshmem_n_pes kTileBytes kCopyTiles kReduceTiles
+    blocks stream mv rt pipe active aclshmem_my_pe aclshmem_n_pes kTileBytes kCopyTiles kReduceTiles
     kScratchBytes kSdmaThreshold PartOffset PartLength strata strata_cpu AscendC
     KERNEL_TASK_TYPE_DEFAULT KERNEL_TYPE_MIX_AIV_1_0 STRATA_LAUNCH STRATA_GM
     STRATA_CPU_LAUNCH ACLRT_LAUNCH_KERNEL aclrtStream body
@@ -178,6 +179,8 @@ def args(s: ir.Schedule) -> list[Arg]:
         Arg("sync", "void*", "GM_ADDR", "sync"),
         Arg("epoch", "int32_t", "int32_t", "epoch"),
     ]
+    if ir.takes_mask(s):
+        out.append(Arg("active", "uint64_t", "uint64_t", "active"))
     out += [Arg(p.name, "void*", "GM_ADDR", "tensor", c_param(s, p.name)) for p in s.tensors]
     out += [Arg(p.name, "void*", "GM_ADDR", "scratch", c_param(s, p.name)) for p in s.scratch]
     out += [Arg(n, "uint64_t", "uint64_t", "size", c_param(s, n)) for n in s.sizes]
@@ -215,6 +218,7 @@ const char* strata_cpu_abort_message(void);
 void strata_cpu_trace_enable(int on);
 int strata_cpu_trace_write(const char* path);
 int strata_cpu_dead_rank(void);
+void strata_cpu_set_active_ranks(uint64_t active);
 void strata_cpu_leave(void);
 void strata_cpu_describe_sync(const void* sync, int64_t barrier_slots, const char* layout);
 void* aclshmem_malloc(size_t size);

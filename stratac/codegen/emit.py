@@ -225,6 +225,7 @@ def _loop(op: ir.Loop, body: list[dict]) -> dict:
     """A loop over ranks (`peers` skips the running rank) or a step loop from lo to hi."""
     step = op.domain is ir.Domain.RANGE
     return {"kind": "loop", "var": _cname(op.var), "peers": op.domain is ir.Domain.PEERS,
+            "ranks": op.domain is ir.Domain.RANKS,
             "lo": c(op.lo) if step else "0", "hi": c(op.hi) if step else "world",
             "line": op.span.line, "body": body}
 
@@ -415,6 +416,7 @@ def generate(s: ir.Schedule) -> Output:
         "parts": _part_helpers() if any(_part_calls(r, s) for r in _regions(s.body)) else None,
         "sdma_threshold": next((op.plan.sdma_threshold for op in passes_stages(s.body)), 0),
         "contract": str(s.contract),
+        "masked": ir.takes_mask(s),
     }
     files = {
         "kernel.cpp": env.get_template("kernel.cpp.j2").render(ctx),

@@ -119,6 +119,7 @@ class Communicator:
         self._modules: list[Module] = []
         self._sync_owner = None   # the prepared call whose flags strata_cpu_describe_sync names
         self._aiv_cores = None    # the SoC core count last given to the model (strata_cpu_set_aiv_cores)
+        self._active = (1 << 64) - 1   # the live ranks last given to the model (strata_cpu_set_active_ranks)
 
     # ---- construction from a torch.distributed job
     @classmethod

@@ -430,10 +430,12 @@ def _text(params: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
 
 
-def check(s: ir.Schedule, world: int, params: dict[str, int]) -> verdicts.Verdict:
+def check(s: ir.Schedule, world: int, params: dict[str, int],
+          active: tuple[bool, ...] | None = None) -> verdicts.Verdict:
     """Refuses an instance that touches a region, rank or flag slot that does not exist, then
     returns its verdict (proving it on a cache miss); raises StrataUsageError when the instance is
-    not proven. Nothing is launched or written either way."""
+    not proven. Nothing is launched or written either way. `active`: the call's mask of active
+    ranks (None: every rank); a masked instance is its own instance, proven with that mask."""
     try:
         call = _Walk(s, world, params)
     except _Fault as exc:
@@ -441,7 +443,8 @@ def check(s: ir.Schedule, world: int, params: dict[str, int]) -> verdicts.Verdic
 
     def prove() -> dict:
         proof, routings = _proof(s, world, params, call)
-        instance = f"world={world}" + (f", {_text(params)}" if params else "")
+        instance = f"world={world}" + (f", {_text(params)}" if params else "") + (
+            "" if active is None else f", active ranks {_live_text(active)}")
         on = "" if proof == params else f", checked on its representative ({_text(proof)}),"
         if proof == params and _elements(s, world, params) > SIM_ELEMENT_LIMIT:
             raise StrataUsageError(
@@ -455,11 +458,18 @@ def check(s: ir.Schedule, world: int, params: dict[str, int]) -> verdicts.Verdic
                                    "none of the verifier's sample routings fits its capacity "
                                    f"({params[s.contract.capacity]}); nothing was written")
         for routing in routings or [None]:
-            res = verify.verify(s, world, proof, routing)
+            res = verify.verify(s, world, proof, routing, active=active)
             if not res.ok:
                 raise StrataUsageError(
                     f"{s.name}: this call's instance ({instance}){on} is not proven, so it was refused "
                     "before anything was written:\n" + "\n".join(d.render() for d in res.diagnostics))
         return {"sizes": proof, "routings": routings}
 
-    return verdicts.verdict(s, world, params, prove)
+    # the mask is part of the verdict's key (a name no size or rank parameter can have)
+    key = params if active is None else {**params, "active ranks": sum(1 << r for r, v in
+                                                                       enumerate(active) if v)}
+    return verdicts.verdict(s, world, key, prove)
+
+
+def _live_text(active: tuple[bool, ...]) -> str:
+    return "{" + ", ".join(str(r) for r, v in enumerate(active) if v) + "}"

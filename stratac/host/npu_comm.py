@@ -478,7 +478,7 @@ class NpuModule:
 def npu_schedule_class():
     """NpuSchedule, a stratac.host.comm.Schedule that launches on the NPU. Made on first use, so that
     importing stratac.host.npu_comm does not import torch."""
-    from stratac.host.schedule import Schedule, check_world_constraints
+    from stratac.host.schedule import ALL_RANKS, Schedule, check_world_constraints
 
     class NpuSchedule(Schedule):
         """A schedule built for the NPU, bound to an NpuCommunicator: call it with heap tensors.
@@ -500,16 +500,19 @@ def npu_schedule_class():
                 self._kernels_ffi.dlclose(self._kernels)
                 self._kernels = None
 
-        def __call__(self, *tensors, cores: int | None = None, **named) -> None:
+        def __call__(self, *tensors, cores: int | None = None, active=None, **named) -> None:
             self.comm._check_open()
             check_world_constraints(self.ir, self.comm.world)
             if self._launch is None:
                 raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
+            bits = self.active_bits(active)
             if cores is not None:
                 self.launch_cores(cores, self.max_cores)    # a bad cores value before the tensors
             bound = self.bind(*tensors, **named)
             dtype, sizes, ptrs = bound[:3]
             scalars = bound[3] if len(bound) > 3 else {}
+            if bits != ALL_RANKS:   # the masked variant of this instance must be proven too
+                self._check_instance(self.instance_params(sizes, scalars), bits)
             # the same decision as the CPU launcher's (stratac.host.cores): cores follow the bytes
             blocks = self.last_cores = self.launch_cores(cores, self.max_cores, sizes, dtype)
             op_param = getattr(self.ir, "op_param", None)
@@ -519,6 +522,7 @@ def npu_schedule_class():
                      "epoch": self.comm.next_epoch(self.ir.stamps(
                          {"world": self.comm.world, **sizes,
                           **{x.name: scalars[x.name] for x in self.ir.rank_params}})),
+                     "active": bits,
                      # read last: reading it flushes torch_npu's queue (see stream_handle)
                      "stream": self._ffi.cast("void*", self.comm.stream_handle())}
             pointers = iter(ptrs)

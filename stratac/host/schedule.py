@@ -30,6 +30,7 @@ SYNC_SLOTS = abi.SYNC_SLOTS            # flag slots (64 B each) after the world 
 _TORCH_DTYPES = {d: getattr(torch, d.torch_name) for d in ir.DType}
 ROUTE_MAX_EXPERTS = 8192   # strata::kMaxExperts (runtime/device/strata_device.h)
 ROUTE_MAX_TOPK = 64        # strata::Router::kMaxTopk
+ALL_RANKS = (1 << 64) - 1  # strata::kAllRanks: the `active` argument of a call without a mask
 
 
 def compile_source(source: Source, options: passes.Options, worlds: list[int]) -> list[Compiled]:
@@ -178,7 +179,8 @@ class Schedule:
                                annotation=f"{'sym ' if p.symmetric else ''}{p.type_text}[{p.shape_text}]")
              for p in s.tensors]
             + [inspect.Parameter(x.name, kw, annotation=x.kind.value) for x in s.scalars]
-            + [inspect.Parameter("cores", kw, default=None)])
+            + [inspect.Parameter("cores", kw, default=None)]
+            + ([inspect.Parameter("active", kw, default=None)] if ir.takes_mask(s) else []))
 
     def launch_cores(self, cores, limit: int, sizes: dict[str, int] | None = None,
                      dtype: ir.DType | None = None) -> int:
@@ -283,24 +285,74 @@ class Schedule:
         if self.ir.contract.kind.moe:
             self._check_routing(given, env)
         self._check_aliasing(given)
-        self._check_instance({**sizes, **{x.name: scalar_args[x.name] for x in self.ir.rank_params}})
+        self._check_instance(self.instance_params(sizes, scalar_args))
         ptrs = [self._ffi.cast("void*", given[p.name].data_ptr()) for p in params]
         ptrs += [self._ffi.cast("void*", t.data_ptr()) for t in self._scratch_for(dtype, env)]
         return dtype, sizes, ptrs, scalar_args
 
-    def _check_instance(self, params: dict[str, int]) -> None:
-        """The instance these sizes and rank parameters make touches only what exists and is
-        proven (stratac.host.instance); decided once per instance and remembered, refusals too."""
-        key = tuple(sorted(params.items()))
+    def _check_instance(self, params: dict[str, int], active: int = ALL_RANKS) -> None:
+        """The instance these sizes and rank parameters make (and the mask of active ranks, when
+        there is one) touches only what exists and is proven (stratac.host.instance); decided once
+        per instance and remembered, refusals too."""
+        key = (tuple(sorted(params.items())), active)
         if key not in self._instances:
             try:
-                instance.check(self.ir, self.comm.world, params)
+                live = None if active == ALL_RANKS else tuple(bool(active >> r & 1)
+                                                              for r in range(self.comm.world))
+                instance.check(self.ir, self.comm.world, params, live)
                 self._instances[key] = None
             except StrataUsageError as exc:
                 self._instances[key] = str(exc)
         refused = self._instances[key]
         if refused is not None:
             raise StrataUsageError(refused)
+
+    def active_bits(self, active) -> int:
+        """The mask of active ranks of a call as the kernel's `active` argument (bit r: rank r
+        takes part; ALL_RANKS without a mask or when every rank is live). `active` is None, or one
+        entry per rank (a 1-D torch tensor of bool or integers, or a list or tuple), each true/1
+        (live) or false/0 (masked). docs/robustness.md, "Masked ranks"."""
+        if active is None:
+            return ALL_RANKS
+        world, rank = self.comm.world, self.comm.rank
+        if not ir.takes_mask(self.ir):
+            raise StrataUsageError(f"{self.name}: only MoE dispatch and combine schedules take a mask "
+                                   "of active ranks (active=); this one implements "
+                                   f"{self.ir.contract.kind.value}")
+        if isinstance(active, torch.Tensor):
+            if active.dim() != 1:
+                raise StrataUsageError(f"{self.name}: active must be a 1-D tensor of {world} entries (one "
+                                       f"per rank), got shape {list(active.shape)}")
+            if active.dtype.is_floating_point or active.dtype.is_complex:
+                raise StrataUsageError(f"{self.name}: active must be a bool or integer tensor, got "
+                                       f"{active.dtype}")
+            values = active.tolist()
+        elif isinstance(active, (list, tuple)):
+            values = list(active)
+        else:
+            raise StrataUsageError(f"{self.name}: active must be a tensor, list or tuple of {world} "
+                                   f"entries (one per rank), got {type(active).__name__}")
+        if len(values) != world:
+            raise StrataUsageError(f"{self.name}: active must have one entry per rank ({world}), got "
+                                   f"{len(values)}")
+        for i, v in enumerate(values):
+            if not isinstance(v, (bool, int)) or v not in (0, 1):
+                raise StrataUsageError(f"{self.name}: active[{i}] = {v!r}; each entry must be true/1 "
+                                       "(the rank takes part) or false/0 (masked)")
+        if not values[rank]:
+            raise StrataUsageError(f"{self.name}: active[{rank}] is false on rank {rank} itself: a masked "
+                                   "rank does not call (every live rank passes the same mask)")
+        if all(values):
+            return ALL_RANKS
+        if world > ir.MASK_MAX_WORLD:
+            raise StrataUsageError(f"{self.name}: a mask of active ranks needs a world of at most "
+                                   f"{ir.MASK_MAX_WORLD} (it travels as one 64-bit kernel argument); "
+                                   f"this communicator has {world}")
+        return sum(1 << r for r, v in enumerate(values) if v)
+
+    def instance_params(self, sizes: dict[str, int], scalars: dict) -> dict[str, int]:
+        """The parameters of a call's instance: its sizes and rank parameters."""
+        return {**sizes, **{x.name: scalars[x.name] for x in self.ir.rank_params}}
 
     def _check_routing(self, given: dict, env: dict) -> None:
         """Expert ids are checked before anything is written: a bad id would send a token into
@@ -392,7 +444,8 @@ class Schedule:
             self._layout = ";".join(parts).encode()
             self._sync_described = key
 
-    def __call__(self, *tensors: torch.Tensor, cores: int | None = None, **named) -> None:
+    def __call__(self, *tensors: torch.Tensor, cores: int | None = None, active=None,
+                 **named) -> None:
         """Checks the call (bind: every check, see docs/api.md) and launches. What bind decided
         depends only on the call's signature (each tensor's address, dtype, shape, strides, device
         and allocation; the scalars; cores), so it is kept per signature (_Prepared) and a later
@@ -404,6 +457,7 @@ class Schedule:
         comm._check_open()
         if self._launch is None:
             raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
+        bits = self.active_bits(active)
         try:
             key = (tuple(map(_signature, tensors)),
                    tuple((k, type(v), _signature(v) if isinstance(v, torch.Tensor) else v)
@@ -424,6 +478,8 @@ class Schedule:
                 if len(self._calls) >= _MAX_SIGNATURES:
                     self._calls.clear()
                 self._calls[key] = prep
+        if bits != ALL_RANKS:   # the masked variant of this instance must be proven too
+            self._check_instance(prep.params, bits)
         self.last_cores = prep.blocks
         if comm._sync_owner is not prep:   # names the flags for the model's timeout messages
             comm._lib.strata_cpu_describe_sync(prep.head[4], comm.world, prep.layout)
@@ -435,7 +491,11 @@ class Schedule:
             if comm._lib.strata_cpu_set_aiv_cores(self.max_cores) != 0:
                 raise StrataRuntimeError(f"{self.name}: {last_error(comm._lib, comm._ffi)}")
             comm._aiv_cores = self.max_cores
-        rc = self._launch(*prep.head, comm.next_epoch(prep.stamps), *prep.tail)
+        if comm._active != bits:   # waits of the model stop early only for a live rank's death
+            comm._lib.strata_cpu_set_active_ranks(bits)
+            comm._active = bits
+        mask = (bits,) if prep.masked else ()
+        rc = self._launch(*prep.head, comm.next_epoch(prep.stamps), *mask, *prep.tail)
         if rc != 0:
             raise StrataRuntimeError(f"{self.name} failed on rank {comm.rank}: "
                                      f"{last_error(comm._lib, comm._ffi)}")
@@ -485,6 +545,7 @@ class Schedule:
             layout=self._layout,
             stamps=self.ir.stamps({"world": comm.world, **sizes,
                                    **{x.name: scalars[x.name] for x in self.ir.rank_params}}),
+            masked=ir.takes_mask(self.ir), params=self.instance_params(sizes, scalars),
             head=(dtype.code, op, blocks, self._ffi.NULL, self._ffi.cast("void*", comm._base + comm._sync)),
             tail=(*ptrs, *(sizes[n] for n in self.ir.sizes), *(scalars[x.name] for x in self.ir.rank_params)))
 
@@ -501,7 +562,8 @@ def _signature(t: torch.Tensor) -> tuple:
 class _Prepared:
     """A checked call's launcher arguments (all but the epoch), kept per signature."""
 
-    __slots__ = ("storages", "blocks", "routed", "env", "layout", "stamps", "head", "tail")
+    __slots__ = ("storages", "blocks", "routed", "env", "layout", "stamps", "masked", "params", "head",
+                 "tail")
 
     def __init__(self, **kw):
         for k, v in kw.items():

@@ -26,6 +26,7 @@ from stratac.ir.expr import (
                              split_part,
 )
 from stratac.ir.nodes import (
+                             MASK_MAX_WORLD,
                              ROUTE_OPERANDS,
                              Accumulate,
                              Barrier,
@@ -59,12 +60,13 @@ from stratac.ir.nodes import (
                              Team,
                              Wait,
                              size_rules,
+                             takes_mask,
                              unmet_requirement,
 )
 from stratac.ir.printer import dump
 
 __all__ = ["Bin", "BinKind", "Const", "IExpr", "Var", "add", "bare", "c_source", "log2",
-           "nonnegative", "py_source", "Requirement", "unmet_requirement",
+           "nonnegative", "py_source", "Requirement", "unmet_requirement", "MASK_MAX_WORLD", "takes_mask",
            "simplify", "size_scale", "split_part", "ROUTE_OPERANDS", "Accumulate", "Barrier",
            "Buffer", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",
            "KernelPlan", "Loop", "Node", "Op", "OpParam", "Plan", "Reduce", "ReduceOp", "Region",

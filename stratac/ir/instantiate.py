@@ -94,6 +94,10 @@ class Instance:
     buffer_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     data: dict = field(default_factory=dict)   # (rank, buffer) -> initial values (MoE expert ids)
     routing: str | None = None                 # the name of the sample routing data came from
+    active: tuple[bool, ...] | None = None     # a masked call's live ranks (None: every rank)
+
+    def live(self, r: int) -> bool:
+        return self.active is None or self.active[r]
 
 
 class _NegativeOperand(ArithmeticError):
@@ -249,12 +253,27 @@ def _env_text(env: dict) -> str:
 
 
 def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | None = None,
-                barriers_only: bool = False) -> Instance:
+                barriers_only: bool = False, active: tuple[bool, ...] | None = None) -> Instance:
     """sizes gives every size symbol and every rank parameter a value; data the initial values of
     buffers whose values steer the schedule (expert ids), by (rank, buffer). barriers_only: the
-    timelines hold ENTRY, the barriers and EXIT, nothing else (what checking stamps needs)."""
+    timelines hold ENTRY, the barriers and EXIT, nothing else (what checking stamps needs).
+    active: a masked call's live ranks (ir.takes_mask schedules only). A masked rank does not run
+    (its timeline is ENTRY, EXIT); loops over ranks and peers and the barriers cover the live ranks
+    only (what the kernel's strata::Live and strata::MaskedBarrier do); a region, signal or wait
+    that names a masked rank by expression is refused."""
     if world < 1:
         raise StrataError(error(Codes.BAD_WORLD, f"world size must be at least 1, got {world}", s.span))
+    if active is not None:
+        if not ir.takes_mask(s):
+            raise StrataError(error(Codes.BAD_WORLD, f"{s.name} does not take a mask of active ranks "
+                                    "(only MoE dispatch and combine do)", s.span))
+        if len(active) != world or not any(active) or world > ir.MASK_MAX_WORLD:
+            raise StrataError(error(Codes.BAD_WORLD, f"a mask of active ranks needs one entry per rank "
+                                    f"of a world of at most {ir.MASK_MAX_WORLD}, at least one live; got "
+                                    f"{list(active)} at world {world}", s.span))
+        active = tuple(bool(v) for v in active)
+        if all(active):
+            active = None
     for x in s.rank_params:
         if not 0 <= sizes[x.name] < world:
             raise StrataError(error(Codes.BAD_WORLD, f"{x.name} = {sizes[x.name]} is not a rank of a "
@@ -276,8 +295,12 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
               for p in s.params}
     b = _Builder(s, world, base, buffer_sizes, flag_sizes, barriers_only)
     b.shapes = shapes
-    timelines = [b.timeline(r) for r in range(world)]
-    return Instance(s, world, dict(sizes), timelines, buffer_sizes, flag_sizes, shapes, dict(data or {}))
+    b.live = frozenset(r for r in range(world) if active is None or active[r])
+    timelines = [b.timeline(r) if r in b.live else
+                 [Event(EventKind.ENTRY, r, 0, None), Event(EventKind.EXIT, r, 1, None)]
+                 for r in range(world)]
+    return Instance(s, world, dict(sizes), timelines, buffer_sizes, flag_sizes, shapes, dict(data or {}),
+                    active=active)
 
 
 class _Builder:
@@ -286,6 +309,7 @@ class _Builder:
         self.buffer_sizes, self.flag_sizes = buffer_sizes, flag_sizes
         self.barriers_only = barriers_only
         self.instance = 0
+        self.live = frozenset(range(world))
 
     def timeline(self, rank: int) -> list[Event]:
         env = dict(self.base, rank=rank)
@@ -309,7 +333,7 @@ class _Builder:
             if isinstance(op, ir.Signal):
                 try:   # the fast path (one compiled call); errors take the checked one
                     owner, slot = _signal_fn(op)(env)
-                    ok = 0 <= owner < self.world and 0 <= slot < self.flag_sizes[op.flag]
+                    ok = owner in self.live and 0 <= slot < self.flag_sizes[op.flag]
                 except (ArithmeticError, KeyError):
                     ok = False
                 if not ok:
@@ -356,7 +380,7 @@ class _Builder:
         return events
 
     def domain(self, d: ir.Domain, rank: int):
-        return [p for p in range(self.world) if d is ir.Domain.RANKS or p != rank]
+        return [p for p in range(self.world) if (d is ir.Domain.RANKS or p != rank) and p in self.live]
 
     def reduce_domain(self, op: ir.Reduce, env: dict):
         """The values of a reduction's variable: ranks, or (count set) a team's places."""
@@ -382,6 +406,12 @@ class _Builder:
         if not 0 <= r < self.world:
             raise StrataError(error(Codes.BAD_WORLD, f"rank {r} does not exist in a world of "
                                     f"{self.world} (with {_env_text(env)})", span))
+        if r not in self.live:
+            raise StrataError(error(Codes.BAD_WORLD, f"this names rank {r}, which the call's mask of "
+                                    f"active ranks excludes (live: {sorted(self.live)}; with "
+                                    f"{_env_text(env)}): a masked rank is neither read, written nor "
+                                    "signalled; name peers with `for p in peers` so that the mask "
+                                    "skips them", span))
 
     def flag_slot(self, flag: str, index: ir.IExpr, env: dict, span: Span) -> int:
         slot = _ev(index, env, span, f"the index of flag {flag}")
@@ -397,7 +427,7 @@ class _Builder:
             owner, lo, n, index, parts, a, b, limit = _region_fn(r)(env)
         except (ArithmeticError, KeyError):
             return self._region(r, env)
-        if not (0 <= owner < self.world and (r.part is None or 0 <= index < parts)
+        if not (owner in self.live and (r.part is None or 0 <= index < parts)
                 and 0 <= a <= b <= limit
                 and 0 <= lo and 0 <= n and lo + n <= self.buffer_sizes[r.buffer]):
             return self._region(r, env)

@@ -390,6 +390,19 @@ class Requirement:
         return f"requires {self.text}, {self.span.source.name}:{self.span.line}"
 
 
+# A mask of active ranks travels as one 64-bit kernel argument (strata::Live): ranks from 64 on
+# cannot be masked.
+MASK_MAX_WORLD = 64
+
+
+def takes_mask(s: "Schedule") -> bool:
+    """Whether s's calls take a mask of active ranks (docs/robustness.md, "Masked ranks"): the MoE
+    dispatches and combines. Their kernels get an `active` argument; every barrier and every loop
+    over ranks is over the live ranks only, and the routing drops the entries of masked ranks'
+    experts. (AllToAllV, routed the same way, does not take one.)"""
+    return s.contract.kind in (ContractKind.MOE_DISPATCH, ContractKind.MOE_COMBINE)
+
+
 def unmet_requirement(s: "Schedule", world: int) -> "Requirement | None":
     """The first world constraint of s that `world` violates, if any."""
     return next((r for r in s.requires if not r.holds(world)), None)

@@ -242,6 +242,12 @@ class _Lowering:
         if sum(x.kind is ir.ScalarKind.REDOP for x in self.scalars.values()) > 1:
             self.err(Codes.BAD_TYPE, "one redop parameter per schedule is supported", s.span)
         contract = self.contract(s.contract)
+        if contract is not None and contract.kind.moe and self.teams:
+            # a MoE call takes a mask of live ranks, and a team's places are not ranks: the masked
+            # variants of team loops and team barriers are not built (dsl/README.md, "Teams")
+            self.err(Codes.BAD_REF, f"a {contract.kind.value} schedule cannot declare teams (its calls "
+                     "take a mask of live ranks, which teams do not follow yet)",
+                     next(iter(self.teams.values())).span)
         body = self.block(s.body, top=True, loop_vars=())
         if self.diags or contract is None:
             raise StrataError(self.diags)

@@ -11,9 +11,17 @@ simulated memory), `races` (races, entry and exit), `contract` (the expected res
 (the driver: `verify`, `verify_worlds`, and `verify_lowered` for the IR after the passes).
 """
 
-from stratac.verify.check import Result, verify, verify_lowered, verify_worlds
+from stratac.verify.check import (
+           MASK_WORLDS,
+           Result,
+           masks,
+           verify,
+           verify_lowered,
+           verify_masks,
+           verify_worlds,
+)
 from stratac.verify.contract import moe_layout
 from stratac.verify.samples import MOE_SAMPLES, Sample, default_samples, moe_roles
 
-__all__ = ["MOE_SAMPLES", "Result", "Sample", "default_samples", "moe_layout", "moe_roles", "verify",
+__all__ = ["MASK_WORLDS", "masks", "verify_masks", "MOE_SAMPLES", "Result", "Sample", "default_samples", "moe_layout", "moe_roles", "verify",
            "verify_lowered", "verify_worlds"]

@@ -40,6 +40,7 @@ class Result:
     accesses: int = 0
     seconds: float = 0.0
     skipped: str | None = None     # a world the schedule does not support: its `requires`
+    active: tuple[bool, ...] | None = None   # a masked variant's live ranks
 
 
     @property
@@ -47,15 +48,17 @@ class Result:
         return not self.diagnostics
 
 
-def verify(s: ir.Schedule, world: int, sizes: dict[str, int], routing: str | None = None) -> Result:
+def verify(s: ir.Schedule, world: int, sizes: dict[str, int], routing: str | None = None,
+           active: tuple[bool, ...] | None = None) -> Result:
+    """One instance; `active`: a masked call's live ranks (ir.takes_mask schedules)."""
     t0 = time.perf_counter()
-    res = Result(world, dict(sizes))
+    res = Result(world, dict(sizes), active=active)
     unmet = ir.unmet_requirement(s, world)
     if unmet is not None:
         res.diagnostics = [world_refused(s, world, unmet)]
         return res
     try:
-        inst = instantiate(s, world, sizes)
+        inst = instantiate(s, world, sizes, active=active)
         if s.contract.kind.moe:
             route_sample(inst, routing or getattr(sizes, "routing", None) or "uniform")
     except StrataError as exc:
@@ -101,6 +104,36 @@ def verify_worlds(s: ir.Schedule, worlds: list[int],
             results.append(verify(s, w, sizes, getattr(sizes, "routing", None)))
             if not results[-1].ok:
                 return results
+    return results
+
+
+# the worlds at which `stratac check` proves every masked variant of a schedule that takes a mask
+MASK_WORLDS = (2, 3, 4, 5)
+
+
+def masks(world: int) -> list[tuple[bool, ...]]:
+    """Every mask of active ranks of a world but the full one (which is the unmasked instance):
+    every non-empty proper subset of the ranks, in order of its bits."""
+    return [tuple(bool(m >> r & 1) for r in range(world)) for m in range(1, (1 << world) - 1)]
+
+
+def verify_masks(s: ir.Schedule, worlds: list[int],
+                 samples: list[dict[str, int]] | None = None) -> list[Result]:
+    """Every masked variant of s (ir.takes_mask) at each of `worlds` in MASK_WORLDS: every mask
+    (masks) under every sample (default: the MoE samples of `samples.default_samples`; a masked
+    call runs only an instance proven with its own mask, so larger worlds are proven at the call).
+    Stops at the first that fails."""
+    results: list[Result] = []
+    if not ir.takes_mask(s):
+        return results
+    for w in worlds:
+        if w not in MASK_WORLDS or ir.unmet_requirement(s, w) is not None:
+            continue
+        for active in masks(w):
+            for sizes in (samples or default_samples(s, w)):
+                results.append(verify(s, w, sizes, getattr(sizes, "routing", None), active=active))
+                if not results[-1].ok:
+                    return results
     return results
 
 

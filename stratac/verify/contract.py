@@ -139,6 +139,12 @@ def _moe_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
     counts_name = c.outputs[1] if c.kind.dispatch else c.inputs[3]
     E = inst.buffer_shapes[counts_name][-1]
     cap = inst.sizes[c.capacity] if c.capacity else None
+    live = [inst.live(r) for r in range(W)]
+    if inst.active is not None:
+        # a masked call: a masked rank routes nothing, and an entry for an expert of a masked rank
+        # is dropped (as if it were -1): no row, no count, weight 0 in the combine
+        ids = [np.where((i >= 0) & (i < E) & np.array(live)[np.clip(i, 0, E - 1) // (E // W)], i, -1)
+               if live[r] else np.full_like(i, -1) for r, i in enumerate(ids)]
     layout = moe_layout(ids, E, cap)
     matrix = np.stack([np.bincount(i[(i >= 0) & (i < E)], minlength=E)[:E] for i in ids]).reshape(-1)
     expected: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}   # values, mask of checked
@@ -157,15 +163,24 @@ def _moe_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
         report = (worst, int(recv[worst]), bound, int((recv > bound).sum()))
     for r in range(W):
         got = sorted({v for (rr, _), v in vals.overflow.items() if rr == r})
-        if got != ([report] if report else []):
+        if got != ([report] if report and live[r] else []):
             want = (f"report that rank {report[0]} would receive {report[1]} rows, more than the "
                     f"{bound} rows of {win_name}" if report else
                     f"report no overflow (every rank receives at most {bound} rows, the rows of {win_name})")
             return [error(Codes.CONTRACT, f"the schedule does not implement {c} ({context(inst)}): rank {r} "
                           f"should {want}, but it reports {got or 'none'}", c.span)]
+    def counts_want(r: int) -> np.ndarray:
+        """What rank r's count table holds after a dispatch: every live source's row; a masked
+        source's row is not written (it keeps what it held: a dead rank's stale counts)."""
+        want = matrix.astype(np.uint64).reshape(W, E).copy()
+        for q in range(W):
+            if not live[q]:
+                want[q] = vals.init[(r, counts_name)].reshape(W, E)[q]
+        return want.reshape(-1)
     if report and c.kind.dispatch:
         for r in range(W):
-            expected[(r, c.outputs[1])] = (matrix.astype(np.uint64), np.ones(matrix.size, dtype=bool))
+            if live[r]:
+                expected[(r, c.outputs[1])] = (counts_want(r), np.ones(matrix.size, dtype=bool))
         describe[c.outputs[1]] = f"the number of entries of {ids_name} on rank i // experts equal to i % experts"
     elif report:
         pass   # nothing gathered: every buffer keeps its input value
@@ -185,17 +200,20 @@ def _moe_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
                 want[o][row * H:(row + 1) * H] = vals.init[(src, x)][t * H:(t + 1) * H]
                 mask[o][row * H:(row + 1) * H] = True
             for r in range(W):
-                expected[(r, win)] = (want[r], mask[r])
+                if live[r]:   # a masked rank: nothing of it is written (the default: every input kept)
+                    expected[(r, win)] = (want[r], mask[r])
             describe[win] = ("the token row the layout puts there" if win == c.outputs[0] else
                              f"the row of {x} whose token the layout puts in that row of {c.outputs[0]}")
         for r in range(W):
-            expected[(r, counts_name)] = (matrix.astype(np.uint64),
-                                          np.ones(matrix.size, dtype=bool))
+            if live[r]:
+                expected[(r, counts_name)] = (counts_want(r), np.ones(matrix.size, dtype=bool))
         describe[counts_name] = f"the number of entries of {ids_name} on rank i // experts equal to i % experts"
     else:
         win, weights, y = c.inputs[0], c.inputs[2], c.outputs[0]
         H = inst.buffer_shapes[y][1]
         for r in range(W):
+            if not live[r]:
+                continue
             out = np.zeros(T * H, dtype=np.uint64)
             with np.errstate(over="ignore"):
                 for t in range(T):

@@ -129,14 +129,19 @@ class Values:
             if role in b:
                 self._access(ev, ri, r, b[role], 0, self.inst.buffer_sizes[b[role]], False)
         E = ri.experts
+        # a masked call (inst.active): an entry whose expert lives on a masked rank is dropped,
+        # and a masked rank's row of the count table is read as zeros
+        live = np.array([self.inst.live(q) for q in range(W)])
         if ri.kind is K.HISTOGRAM:
             ids = self._ints(r, b["ids"])
             ids = ids[(ids >= 0) & (ids < E)]
+            if self.inst.active is not None:
+                ids = ids[live[ids // max(1, E // W)]]
             out[lo:hi] = np.bincount(ids, minlength=E)[:E].astype(np.uint64)
             return
         L = E // W
         if ri.kind is K.EXSCAN:
-            m = self._ints(r, b["counts"]).reshape(W, E)
+            m = self._ints(r, b["counts"]).reshape(W, E) * live[:, None]
             offs = np.zeros(E, dtype=np.int64)
             with np.errstate(over="ignore"):   # counts read before they are complete: garbage, reported
                 for e in range(E):
@@ -170,7 +175,7 @@ class Values:
             for t in range(ri.tokens):
                 for k in range(ri.topk):
                     e = int(ids[t, k])
-                    if not 0 <= e < E:
+                    if not 0 <= e < E or not live[e // L]:
                         continue
                     row = int(offs[e]) + int(seen[e])
                     seen[e] += 1

@@ -437,7 +437,20 @@ def route_sample(inst: Instance, routing: str) -> None:
     inst.routing = routing
     inst.data = {(r, ids_name): ids[r] for r in range(inst.world)}
     if c.kind is ir.ContractKind.MOE_COMBINE:
-        matrix = np.stack([np.bincount(i[i >= 0], minlength=E)[:E] for i in ids]).reshape(-1)
+        counted = ids
+        if inst.active is not None:
+            # the masked dispatch before it counted only entries of live ranks' experts, and left
+            # a masked rank's row as it was (here: counts no routing makes, which the combine must
+            # not read)
+            owner_live = np.array(inst.active)
+            counted = [np.where((i >= 0) & owner_live[np.clip(i, 0, E - 1) // max(1, E // inst.world)], i, -1)
+                       for i in ids]
+        matrix = np.stack([np.bincount(i[i >= 0], minlength=E)[:E] for i in counted])
+        if inst.active is not None:
+            for q in range(inst.world):
+                if not inst.active[q]:
+                    matrix[q] = 1000 + q
+        matrix = matrix.reshape(-1)
         inst.data.update({(r, counts): matrix for r in range(inst.world)})
 
 
@@ -445,4 +458,6 @@ def context(inst: Instance) -> str:
     """The instance as diagnostics name it: world, sizes and routing."""
     sizes = ", ".join(f"{k}={v}" for k, v in sorted(inst.sizes.items()))
     routing = f", routing={inst.routing}" if inst.routing else ""
-    return f"world={inst.world}" + (f", {sizes}" if sizes else "") + routing
+    mask = ("" if inst.active is None else
+            ", active ranks {" + ", ".join(str(r) for r, v in enumerate(inst.active) if v) + "}")
+    return f"world={inst.world}" + (f", {sizes}" if sizes else "") + routing + mask

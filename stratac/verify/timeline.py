@@ -64,14 +64,15 @@ def unmet_barriers(inst: Instance) -> list[Diagnostic]:
     """A barrier whose stamp on some rank differs from rank 0's barrier at the same place in the
     call (the k-th of each; a proof by ordinal has shown that every rank passes as many): where the
     verifier met ranks, the kernel's barriers would not meet."""
-    barriers = [[ev for ev in tl if ev.kind is EventKind.BARRIER] for tl in inst.timelines]
+    barriers = [[ev for ev in tl if ev.kind is EventKind.BARRIER] for r, tl in enumerate(inst.timelines)
+                if inst.live(r)]
     for mine in barriers[1:]:
         for k, (a, b) in enumerate(zip(barriers[0], mine), 1):
             if a.barrier != b.barrier:
                 return [error(Codes.SYNC_STAMP, f"barrier {k} of the call has stamp epoch + {b.barrier} "
-                              f"on rank {b.rank} but epoch + {a.barrier} on rank 0 ({context(inst)}): "
-                              "the kernel's barriers would not meet where the verified ones do",
-                              b.span, Note(f"rank 0's barrier {k}", a.span))]
+                              f"on rank {b.rank} but epoch + {a.barrier} on rank {a.rank} "
+                              f"({context(inst)}): the kernel's barriers would not meet where the "
+                              "verified ones do", b.span, Note(f"rank {a.rank}'s barrier {k}", a.span))]
     return []
 
 
@@ -99,6 +100,7 @@ class Execution:
         if diags:
             return diags
         pos = [0] * W
+        live = [r for r in range(W) if inst.live(r)]
         longest = max(len(tl) for tl in inst.timelines)
         dtype = np.int16 if longest < 2**15 - 1 else np.int32 if longest < 2**31 - 1 else np.int64
         cur = [np.zeros(W, dtype=dtype) for _ in range(W)]
@@ -148,11 +150,12 @@ class Execution:
             at_barrier = [ev if ev is not None and ev.kind is EventKind.BARRIER else None
                           for ev in at_barrier]
             for ev0 in list(at_barrier):
-                # a barrier joins its members (every rank, or a team's) once all of them are at
-                # a barrier of the same members and stamp
+                # a barrier joins its members (every live rank, or a team's) once all of them are
+                # at a barrier of the same members and stamp; a masked rank's timeline (a masked
+                # call's strata::MaskedBarrier) is ENTRY, EXIT and takes part in nothing
                 if ev0 is None or at_barrier[ev0.rank] is not ev0:
                     continue
-                group = range(W) if ev0.members is None else ev0.members
+                group = live if ev0.members is None else ev0.members
                 evs = [at_barrier[q] for q in group]
                 if not all(ev is not None and ev.members == ev0.members and ev.barrier == ev0.barrier
                            for ev in evs):

@@ -173,6 +173,61 @@ def moe_bad_input(comm, rank, world):
                  v.alltoallv, rows, dest, vcounts, out)
 
 
+def moe_masks(comm, rank, world):
+    """Masks of active ranks (docs/robustness.md, "Masked ranks"): a bad mask is refused before
+    anything is written (wrong length, shape, dtype, value or type; the calling rank masked; a
+    schedule that takes none); an all-true mask is the unmasked call; then the last rank sits out
+    a masked dispatch and combine of the others, whose entries for its experts are dropped."""
+    T, H, K, E = 4, 8, 2, 2 * world
+    mod = comm.load(PREFILL)
+    x = comm.empty(T, H, dtype=torch.float32)
+    x.copy_(torch.arange(T * H, dtype=torch.float32).reshape(T, H) + 100 * rank)
+    ids = comm.empty(T, K, dtype=torch.int32)
+    ids.copy_(torch.tensor([[0, E - 1]] * T, dtype=torch.int32))   # expert E - 1: the last rank's
+    w = comm.empty(T, K, dtype=torch.float32)
+    w.copy_(torch.tensor([[0.5, 0.25]] * T))
+    counts = comm.zeros(world, E, dtype=torch.int32)
+    win = comm.zeros(world * T * K, H, dtype=torch.float32)
+    y = comm.zeros(T, H, dtype=torch.float32)
+    d = mod.moe_prefill_dispatch
+    for bad, text in (([1] * (world - 1), f"active must have one entry per rank ({world}), got {world - 1}"),
+                      (torch.ones(1, world, dtype=torch.bool), "active must be a 1-D tensor"),
+                      (torch.ones(world), "active must be a bool or integer tensor, got torch.float32"),
+                      ([2] + [1] * (world - 1), "active[0] = 2; each entry must be true/1"),
+                      ("all", "active must be a tensor, list or tuple"),
+                      ([r != rank for r in range(world)], f"active[{rank}] is false on rank {rank} itself")):
+        expect_error(StrataUsageError, text, d, x, ids, counts, win, active=bad)
+    ar = comm.load(AR)
+    expect_error(StrataUsageError, "only MoE dispatch and combine schedules take a mask",
+                 ar.allreduce_twoshot, comm.empty(8, dtype=torch.float32), op="sum",
+                 active=[True] * world)
+    check(int(win.abs().sum()) == 0 and int(counts.abs().sum()) == 0, "something was written")
+    comm.barrier()
+    d(x, ids, counts, win, active=torch.ones(world, dtype=torch.int32))   # every rank live: no mask
+    check(counts[:, 0].tolist() == [T] * world and counts[:, E - 1].tolist() == [T] * world, counts)
+    comm.barrier()
+    win.zero_()
+    counts.fill_(7)
+    comm.barrier()
+    live = [r != world - 1 for r in range(world)]
+    if live[rank]:
+        d(x, ids, counts, win, active=torch.tensor(live))
+        for s in range(world):    # live sources: their counts without the masked rank's expert
+            want = [T] + [0] * (E - 1) if live[s] else [7] * E
+            check(counts[s].tolist() == want, (s, counts[s].tolist(), want))
+        if rank == 0:             # expert 0's rows: source 0's tokens, then source 1's, ...
+            want = torch.cat([torch.arange(T * H, dtype=torch.float32).reshape(T, H) + 100 * s
+                              for s in range(world) if live[s]])
+            check(torch.equal(win[:len(want)], want), win)
+            check(int(win[len(want):].abs().sum()) == 0, "rows past the live ones were written")
+        mod.moe_prefill_combine(win, ids, w, counts, y, active=live)
+        check(torch.equal(y, 0.5 * x), y)   # only expert 0's entry survives, weight 0.5
+    comm.barrier()
+    if not live[rank]:
+        check(int(win.abs().sum()) == 0 and counts.tolist() == [[7] * E] * world,
+              "the masked rank's window or counts were written")
+
+
 def moe_bounded(comm, rank, world):
     """A bounded window (max_recv rows): a routing that sends one rank more rows than the bound is
     reported on every rank, naming the rank, its rows and the bound, and nothing is written (the
@@ -471,7 +526,8 @@ def selecting_entry_point(comm, rank, world):
                  selection={"entries": []})
 
 
-SCENARIOS = {f.__name__: f for f in (interleaved, bad_input, segment_gone, closed, moe_bad_input, moe_bounded,
+SCENARIOS = {f.__name__: f for f in (interleaved, bad_input, segment_gone, closed, moe_bad_input, moe_masks,
+                                     moe_bounded,
                                      moe_interleaved, call_refusals, verdict_cache, half_sums_round_once,
                                      cached_calls, selecting_entry_point)}
 

@@ -29,6 +29,14 @@ def test_check_accepts_examples():
         assert f"{ex}: verified" in p.stdout and "world 2-4,8" in p.stdout
 
 
+def test_check_proves_every_mask_of_a_moe_schedule():
+    p = stratac("check", "examples/moe_decode.strata", "--world", "2,3")
+    assert p.returncode == 0, p.stderr
+    # worlds 2 and 3: 2 + 6 proper non-empty masks
+    assert "moe_decode_dispatch: verified every mask of active ranks for world 2,3 (8 masks," in p.stdout
+    assert "moe_decode_combine: verified every mask of active ranks for world 2,3 (8 masks," in p.stdout
+
+
 def test_syntax_error_points_at_line_and_column(tmp_path):
     f = tmp_path / "bad.strata"
     f.write_text("schedule s(x: sym T[n]) implements allreduce(x, sum) {\n  barrier\n  on aiv x = x\n}\n")

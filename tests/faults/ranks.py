@@ -42,6 +42,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 AR = ROOT / "examples" / "allreduce_twoshot.strata"
 AG = ROOT / "examples" / "allgather_push.strata"
+PREFILL = ROOT / "examples" / "moe_prefill.strata"
+DECODE = ROOT / "examples" / "moe_decode.strata"
 
 
 CURRENT = ["?"]   # the scenario running
@@ -71,7 +73,7 @@ def load_unverified_for_tests(comm: Communicator, path: Path) -> Module:
         compiled.append(Compiled(lowered, codegen.generate(lowered), (comm.world,)))
     mod = Module(comm, compiled)
     for fn in mod.schedules.values():
-        fn._check_instance = lambda params: None
+        fn._check_instance = lambda params, active=None: None
     return mod
 
 
@@ -141,6 +143,174 @@ def victim(comm, rank, world, arg):
     except Exception as exc:  # noqa: BLE001
         report(t0, exc)
         raise Failed from exc
+
+
+# ---- a rank killed between MoE calls, the next calls masked -----------------------------------
+
+MOE_T, MOE_H, MOE_K, MOE_CAP = 6, 8, 3, 6    # tokens, hidden, top-k per rank; decode capacity
+
+
+def moe_inputs(world: int, call: int):
+    """Every rank's tokens, expert ids and weights of one call, from seeds: each rank computes all
+    of them, for its torch reference. Small integers and weights in 1/8: exact in float32."""
+    E = 2 * world
+    out = []
+    for r in range(world):
+        g = torch.Generator().manual_seed(1000 * call + r)
+        x = torch.randint(-8, 9, (MOE_T, MOE_H), generator=g).to(torch.float32)
+        ids = torch.stack([torch.randperm(E, generator=g)[:MOE_K] for _ in range(MOE_T)]).to(torch.int32)
+        ids[torch.rand(MOE_T, MOE_K, generator=g) < 0.2] = -1
+        w = torch.randint(1, 8, (MOE_T, MOE_K), generator=g).to(torch.float32) / 8
+        out.append((x, ids, w))
+    return out
+
+
+def moe_reference(world: int, live: list[bool], call: int, rank: int, capacity: int | None):
+    """The torch reference of rank `rank` (plain loops, nothing of stratac's): the window it holds
+    after the dispatch (rows by the contract's layout: packed, local expert by local expert, then
+    source rank, then token; or slotted, (l * world + s) * capacity + j), the counts of every live
+    source, and the combine's output when every expert multiplies its rows by (e + 1). An entry
+    whose expert lives on a masked rank is dropped (no row, weight 0); masked ranks route nothing."""
+    E = 2 * world
+    L = E // world
+    data = moe_inputs(world, call)
+    keep = [[[bool(live[r] and 0 <= int(ids[t, k]) and live[int(ids[t, k]) // L]) for k in range(MOE_K)]
+             for t in range(MOE_T)] for r, (_, ids, _) in enumerate(data)]
+    counts = torch.zeros(world, E, dtype=torch.int32)
+    for s, (_, ids, _) in enumerate(data):
+        for t in range(MOE_T):
+            for k in range(MOE_K):
+                if keep[s][t][k]:
+                    counts[s, int(ids[t, k])] += 1
+    rows = world * MOE_T * MOE_K if capacity is None else E * capacity
+    win = torch.zeros(rows, MOE_H)
+    where = {}    # (source, t, k) -> (owner, row)
+    for o in range(world):
+        row = 0
+        for l in range(L):
+            e = o * L + l
+            for s, (x, ids, _) in enumerate(data):
+                j = 0
+                for t in range(MOE_T):
+                    for k in range(MOE_K):
+                        if keep[s][t][k] and int(ids[t, k]) == e:
+                            at = row if capacity is None else (l * world + s) * capacity + j
+                            where[(s, t, k)] = (o, at)
+                            if o == rank:
+                                win[at] = x[t]
+                            row += 1
+                            j += 1
+    x, ids, w = data[rank]
+    y = torch.zeros(MOE_T, MOE_H)
+    for t in range(MOE_T):
+        for k in range(MOE_K):
+            if keep[rank][t][k]:
+                y[t] += w[t, k] * (int(ids[t, k]) + 1) * x[t]
+    return data[rank], win, counts, y, where
+
+
+def moe_expert_step(win: torch.Tensor, counts: torch.Tensor, rank: int, world: int, live: list[bool],
+                    capacity: int | None) -> None:
+    """The expert step stand-in on this rank's window: the rows of expert e times (e + 1), found
+    from the count table's live rows (what a serving engine does with the counts)."""
+    E = counts.shape[1]
+    L = E // world
+    row = 0
+    for l in range(L):
+        e = rank * L + l
+        for s in range(world):
+            if not live[s]:
+                continue
+            n = int(counts[s, e])
+            at = row if capacity is None else (l * world + s) * capacity
+            win[at:at + n] *= e + 1
+            row += n
+
+
+def masked_moe(comm, rank, world, arg):
+    """Two MoE layers (prefill and decode dispatch, expert step, combine) on every rank, checked
+    against the torch reference; then the last rank says READY and waits to be killed. The
+    others wait until comm.dead_rank() names it, and run the next call of both layers with
+    active = every rank but it: the dead rank's experts' entries are dropped, nobody waits for it,
+    and every result (window, counts, output) matches the reference with its experts dropped."""
+    pre, dec = comm.load(PREFILL), comm.load(DECODE)
+    E = 2 * world
+    x = comm.empty(MOE_T, MOE_H, dtype=torch.float32)
+    ids = comm.empty(MOE_T, MOE_K, dtype=torch.int32)
+    w = comm.empty(MOE_T, MOE_K, dtype=torch.float32)
+    counts = comm.zeros(world, E, dtype=torch.int32)
+    win = comm.zeros(world * MOE_T * MOE_K, MOE_H, dtype=torch.float32)
+    dwin = comm.zeros(E * MOE_CAP, MOE_H, dtype=torch.float32)
+    y = comm.empty(MOE_T, MOE_H, dtype=torch.float32)
+    host_barrier(comm, "allocated")
+
+    def layer(call: int, live: list[bool], capacity: int | None) -> None:
+        (xi, idsi, wi), want_win, want_counts, want_y, where = moe_reference(world, live, call, rank,
+                                                                              capacity)
+        x.copy_(xi)
+        ids.copy_(idsi)
+        w.copy_(wi)
+        before = counts.clone()
+        window = win if capacity is None else dwin
+        window.zero_()
+        active = None if all(live) else torch.tensor(live)
+        mod, d, c = (pre, "moe_prefill_dispatch", "moe_prefill_combine") if capacity is None else \
+            (dec, "moe_decode_dispatch", "moe_decode_combine")
+        # the window is zeroed on every rank before any rank writes into it (a decode dispatch
+        # writes with no barrier first): a barrier of the live ranks, on the host
+        if all(live):
+            comm.barrier()
+        else:
+            store_barrier(STORE[0], sum(live), HOST_WAIT, f"{CURRENT[0]}/live/{call}")()
+        getattr(mod, d)(x, ids, counts, window, cores=2, active=active)
+        rows = {at for (o, at) in where.values() if o == rank}
+        for at in range(window.shape[0]):      # rows the layout fills; the others stay zero
+            if not torch.equal(window[at], want_win[at] if at in rows else torch.zeros(MOE_H)):
+                raise AssertionError(f"call {call}: window row {at} is {window[at].tolist()}, the "
+                                     f"reference {want_win[at].tolist()}")
+        for s in range(world):
+            want = want_counts[s] if live[s] else before[s]   # a masked rank's row is not written
+            if not torch.equal(counts[s], want):
+                raise AssertionError(f"call {call}: counts row {s} is {counts[s].tolist()}, want "
+                                     f"{want.tolist()}")
+        moe_expert_step(window, counts, rank, world, live, capacity)
+        getattr(mod, c)(window, ids, w, counts, y, cores=2, active=active)
+        if not torch.equal(y, want_y):
+            raise AssertionError(f"call {call}: combine output {y.tolist()}, the reference "
+                                 f"{want_y.tolist()}")
+
+    t0 = time.monotonic()
+    all_live = [True] * world
+    try:
+        layer(1, all_live, None)
+        layer(2, all_live, MOE_CAP)
+    except Exception as exc:  # noqa: BLE001
+        report(t0, exc)
+        raise Failed from exc
+    host_barrier(comm, "first calls done")
+    if rank == world - 1:
+        say("READY", time.time())
+        time.sleep(600)
+        return
+    # the survivors: wait for the death to be seen, then mask the dead rank
+    deadline = time.monotonic() + HOST_WAIT
+    while (gone := comm.dead_rank()) is None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no dead rank seen within {HOST_WAIT} s")
+        time.sleep(0.02)
+    say("DEAD", gone[0])
+    live = [r != gone[0] for r in range(world)]
+    t0 = time.monotonic()
+    try:
+        say("ENTER", time.time())
+        layer(3, live, None)
+        layer(4, live, MOE_CAP)
+        layer(5, live, None)       # a second masked call of the same instance
+    except Exception as exc:  # noqa: BLE001
+        report(t0, exc)
+        raise Failed from exc
+    say("MASKED", f"{time.monotonic() - t0:.3f}")
+    comm.close(collective=False)   # a collective close would wait for the dead rank
 
 
 # ---- long runs -------------------------------------------------------------------------------
@@ -231,7 +401,7 @@ def oversubscribed(comm, rank, world, arg):
     say("STATS", json.dumps(stats))
 
 
-SCENARIOS = {f.__name__: f for f in (skip_call, hang_flag, victim, soak, oversubscribed)}
+SCENARIOS = {f.__name__: f for f in (skip_call, hang_flag, victim, soak, oversubscribed, masked_moe)}
 
 
 def host_barrier(comm, what: str) -> None:

@@ -142,3 +142,31 @@ def test_named_flag_wait_names_the_flag_and_slot(ranks):
                      r"\(of 2\)", msg), msg
     for rk in job.ranks:
         assert rk.proc.returncode != 0
+
+
+def test_a_masked_moe_call_after_a_rank_is_killed_completes_on_the_others(tmp_path):
+    """masked_moe (ranks.py), 4 ranks: a prefill and a decode MoE layer (dispatch, expert step,
+    combine) on every rank, checked against the torch reference; then rank 3 is SIGKILLed between
+    calls. The survivors see it dead (comm.dead_rank()), and their next calls with active = ranks
+    0-2 (prefill, decode, prefill again) complete with every window row, count row and combine
+    output equal to the reference with rank 3's experts dropped; nobody waits for rank 3, and the
+    dead rank does not abort the masked calls' waits."""
+    from faultkit import Ranks
+    j = Ranks("masked_moe", WORLD, tmp_path, VICTIM_TIMEOUT)
+    try:
+        j.wait_for("READY masked_moe", [WORLD - 1], limit=300)
+        victim = j.ranks[-1].proc
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        for rk in j.ranks[:-1]:
+            rk.proc.wait(timeout=120)
+        j.read()
+        for r, rk in enumerate(j.ranks[:-1]):
+            assert rk.proc.returncode == 0, (r, rk.out, rk.err)
+            assert rk.first("DEAD masked_moe") == str(WORLD - 1), rk.out
+            assert rk.first("MASKED masked_moe") is not None, rk.out
+            assert rk.first("PASS masked_moe") is not None, rk.out
+            assert rk.first("ERROR masked_moe") is None, rk.out
+        assert victim.returncode == -signal.SIGKILL
+    finally:
+        j.kill()

@@ -32,7 +32,7 @@ def main(spec_text: str) -> int:
     from stratac.host import comm, schedule
     from stratac.tools.run import worker
     comm.compile_source = compile_unverified
-    schedule.Schedule._check_instance = lambda self, params: None
+    schedule.Schedule._check_instance = lambda self, params, active=None: None
     return worker.main(spec_text)
 
 

@@ -275,12 +275,19 @@ std::string WhyDead(const RankSlot& slot) {
 
 std::mutex g_live_mu;
 double g_live_next = 0;
-int g_live_dead = -1;
-std::string g_live_why;
+std::vector<std::string> g_live_why;   // per rank: why it is dead ("" while not known dead)
+// The live ranks of the launches from now on (strata_cpu_set_active_ranks; bit r = rank r, ranks
+// from 64 on always live): a kernel wait stops for a dead rank only when that rank is live. A masked
+// call (docs/robustness.md, "Masked ranks") neither signals nor waits for a masked rank, so a dead
+// masked rank cannot be what a wait of it waits for.
+std::atomic<uint64_t> g_active{~0ull};
 
-// The lowest rank whose process died without leaving the pool, or -1 (why: what happened).
-// Scans at most every kPeerCheckSec per process; callers in between get the last answer.
-int DeadRank(std::string* why, bool force = false) {
+bool ActiveRank(int r) { return r >= 64 || ((g_active.load() >> r) & 1ull) != 0; }
+
+// The lowest rank whose process died without leaving the pool, or -1 (why: what happened); with
+// `masked`, only ranks live in the active mask count. Scans at most every kPeerCheckSec per
+// process; callers in between get the last answer. A rank found dead stays dead.
+int DeadRank(std::string* why, bool force = false, bool masked = false) {
   if (!g_pool.inited) return -1;
   std::unique_lock<std::mutex> lk(g_live_mu, std::defer_lock);
   if (force) {
@@ -288,16 +295,14 @@ int DeadRank(std::string* why, bool force = false) {
   } else if (!lk.try_lock()) {
     return -1;  // another core is scanning right now
   }
+  const int n = g_pool.world < kMaxWorld ? g_pool.world : kMaxWorld;
+  if (static_cast<int>(g_live_why.size()) != n) g_live_why.assign(n, std::string());
   double now = Now();
-  if (!force && now < g_live_next) {
-    if (g_live_dead >= 0 && why) *why = g_live_why;
-    return g_live_dead;
-  }
-  g_live_next = now + kPeerCheckSec;
-  if (g_live_dead < 0) {  // once dead, always dead
+  if (force || now >= g_live_next) {
+    g_live_next = now + kPeerCheckSec;
     int me_pid = getpid();
-    for (int r = 0; r < g_pool.world && r < kMaxWorld; ++r) {
-      if (r == g_pool.rank) continue;
+    for (int r = 0; r < n; ++r) {
+      if (r == g_pool.rank || !g_live_why[r].empty()) continue;
       RankSlot slot;
       slot.state = __atomic_load_n(&g_pool.hdr->ranks[r].state, __ATOMIC_ACQUIRE);
       if (slot.state != kRankJoined) continue;
@@ -307,20 +312,22 @@ int DeadRank(std::string* why, bool force = false) {
       std::string w = WhyDead(slot);
       // it may have left in between
       if (w.empty() || __atomic_load_n(&g_pool.hdr->ranks[r].state, __ATOMIC_ACQUIRE) != kRankJoined) continue;
-      g_live_dead = r;
-      g_live_why = Sprintf("rank %d is gone: %s (killed or crashed) without leaving the pool", r, w.c_str());
-      break;
+      g_live_why[r] = Sprintf("rank %d is gone: %s (killed or crashed) without leaving the pool", r, w.c_str());
     }
   }
-  if (g_live_dead >= 0 && why) *why = g_live_why;
-  return g_live_dead;
+  for (int r = 0; r < n; ++r) {
+    if (g_live_why[r].empty() || (masked && !ActiveRank(r))) continue;
+    if (why) *why = g_live_why[r];
+    return r;
+  }
+  return -1;
 }
 
 void LiveReset() {
   std::lock_guard<std::mutex> lk(g_live_mu);
   g_live_next = 0;
-  g_live_dead = -1;
   g_live_why.clear();
+  g_active.store(~0ull);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1589,7 +1596,7 @@ STRATA_EXPORT int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value)
       std::string gone;
       if (!expired && now >= next_live) {
         next_live = now + kPeerCheckSec;
-        DeadRank(&gone);
+        DeadRank(&gone, /*force=*/false, /*masked=*/true);
       }
       if (expired || !gone.empty()) {
         v = __atomic_load_n(sig_addr, __ATOMIC_SEQ_CST);
@@ -1964,6 +1971,8 @@ STRATA_EXPORT int strata_cpu_dead_rank(void) {
   if (r >= 0) SetLastError(why);
   return r;
 }
+
+STRATA_EXPORT void strata_cpu_set_active_ranks(uint64_t active) { g_active.store(active); }
 
 STRATA_EXPORT void strata_cpu_leave(void) {
   if (g_pool.inited) __atomic_store_n(&g_pool.hdr->ranks[g_pool.rank].state, int32_t(kRankLeft), __ATOMIC_RELEASE);
