@@ -8,6 +8,8 @@
 //       -o libstratacpu.so -pthread -lrt
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -17,7 +19,9 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,7 +53,7 @@ namespace {
 // Pool (shared by the ranks)
 
 constexpr uint64_t kMagic = 0x53545241544131ULL;  // "STRATA1"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 constexpr uint64_t kHeaderBytes = 128 << 10;
 constexpr uint64_t kAlign = 512;
 constexpr int kMaxWorld = 4096;
@@ -75,7 +79,11 @@ struct PoolHeader {
   int32_t bar_count;    // host barrier
   int32_t bar_gen;
   char abort_msg[3072];
-  RankSlot ranks[kMaxWorld];
+  // Wake-ups (Notify / Idler): bumped by every model write a waiter may wait for; a thread with
+  // nothing to run sleeps on it (futex, shared between the ranks) after setting wake_sleepers.
+  alignas(64) uint32_t wake_epoch;
+  uint32_t wake_sleepers;
+  alignas(64) RankSlot ranks[kMaxWorld];
 };
 static_assert(sizeof(PoolHeader) <= kHeaderBytes, "header pages");
 
@@ -126,6 +134,63 @@ int Error(const std::string& s) {
   return -1;
 }
 
+double Now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+long Futex(uint32_t* addr, int op, uint32_t val, const timespec* ts) {
+  return syscall(SYS_futex, addr, op, val, ts, nullptr, 0);
+}
+
+// Something a waiter may wait for happened (a GM write by a core, a signal, an SDMA copy done, a
+// SyncAll completed, a core returned, a failure or abort, a host barrier): wakes the threads of
+// every rank that sleep in Idler::Idle. Costs an atomic add; a futex wake only when one sleeps.
+void Notify() {
+  PoolHeader* h = g_pool.hdr;
+  if (!h) return;
+  __atomic_add_fetch(&h->wake_epoch, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&h->wake_sleepers, __ATOMIC_SEQ_CST) != 0 &&
+      __atomic_exchange_n(&h->wake_sleepers, 0, __ATOMIC_SEQ_CST) != 0)
+    Futex(&h->wake_epoch, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+// A thread with nothing to run until something happens (a wait of its only core, every core of
+// the thread waiting, the host barrier). The caller re-checks its condition between calls. First
+// it yields the CPU for kSpinSec (a peer that is about to write costs no sleep), then it sleeps
+// until the next Notify: it sets wake_sleepers and reads the epoch (Idle returns so that the caller
+// re-checks once more), then futex-waits while the epoch is unchanged, at most kSleepCapNs (host
+// writes to the heap and dead peers do not notify; those are seen within the cap).
+constexpr double kSpinSec = 100e-6;
+constexpr long kSleepCapNs = 2000000;
+struct Idler {
+  double spin_until = 0;
+  bool armed = false;
+  uint32_t epoch = 0;
+  void Busy() {
+    spin_until = 0;
+    armed = false;
+  }
+  void Idle() {
+    PoolHeader* h = g_pool.hdr;
+    if (!h || spin_until == 0 || Now() < spin_until) {
+      if (spin_until == 0) spin_until = Now() + kSpinSec;
+      sched_yield();
+      return;
+    }
+    if (!armed) {
+      __atomic_store_n(&h->wake_sleepers, 1, __ATOMIC_SEQ_CST);
+      epoch = __atomic_load_n(&h->wake_epoch, __ATOMIC_SEQ_CST);
+      armed = true;
+      return;
+    }
+    timespec ts{0, kSleepCapNs};
+    Futex(&h->wake_epoch, FUTEX_WAIT, epoch, &ts);
+    armed = false;
+  }
+};
+
 int32_t AbortState() {
   return g_pool.hdr ? __atomic_load_n(&g_pool.hdr->abort_state, __ATOMIC_ACQUIRE) : 0;
 }
@@ -139,6 +204,7 @@ void PoolAbort(int rank, const std::string& msg) {
   g_pool.hdr->abort_rank = rank;
   snprintf(g_pool.hdr->abort_msg, sizeof g_pool.hdr->abort_msg, "%s", msg.c_str());
   __atomic_store_n(&g_pool.hdr->abort_state, 2, __ATOMIC_RELEASE);
+  Notify();
 }
 // Waits (briefly) for the abort message to be complete.
 void ReadAbort(int* rank, std::string* msg) {
@@ -175,12 +241,6 @@ std::atomic<int> g_aiv_cores{STRATA_SOC_MAX_AIV};  // strata_cpu_set_aiv_cores
 
 inline void Count(int core, int ctr, uint64_t n) {
   g_ctr[core].v[ctr].fetch_add(n, std::memory_order_relaxed);
-}
-
-double Now() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -369,6 +429,9 @@ struct SdmaEngine {
       busy = false;
       ++done;
       cv_done.notify_all();
+      lk.unlock();
+      Notify();  // a quiet polling for this copy
+      lk.lock();
     }
   }
   // End of a launch: drops the copies still queued (their core failed or returned without a
@@ -401,12 +464,11 @@ struct Launch {
   std::atomic<bool> failed{false};
   std::mutex fail_mu;
   std::string first_failure;
-  // SyncAll barrier
+  // SyncAll barrier (polled: cores may be fibers sharing a thread)
   std::mutex bar_mu;
-  std::condition_variable bar_cv;
   uint32_t bar_arrived = 0;
-  uint64_t bar_gen = 0;
-  uint32_t exited = 0;     // cores that returned from the kernel normally
+  std::atomic<uint64_t> bar_gen{0};
+  std::atomic<uint32_t> exited{0};  // cores that returned from the kernel normally
   int first_exited = -1;
   // 64-byte lines some core of this rank scalar-wrote (SetValue) in this launch, and which core
   std::mutex scalar_mu;
@@ -464,6 +526,57 @@ void TraceStage(CoreState* c, int line) {  // closes the open stage span, opens 
 }
 
 thread_local CoreState* t_core = nullptr;
+
+// ---- cores as fibers ----
+// A launch runs its cores on T threads (T = the CPUs this process may run on, at most the launch's
+// cores; STRATA_CPU_THREADS overrides): the launching thread is thread 0 and runs cores 0, T, 2T,
+// ...; persistent worker thread t runs cores t, t+T, .... A thread with one core runs it directly;
+// a thread with several runs each as a fiber (ucontext, a stack of its own per core, kept across
+// launches) and switches between them where a core waits (flag waits, SyncAll, SDMA quiets, the
+// modelled SQE cost, polling D-cache flushes): cooperative, so a core never loses the CPU between
+// two model calls. Everything a core owns (CoreState, UB arena, D-cache, events, SDMA queue,
+// counters) stays per core, whichever thread runs it.
+constexpr size_t kFiberStackBytes = 8u << 20;  // as a default thread stack
+struct FiberSlot {
+  ucontext_t uc;
+  uint8_t* stack = nullptr;  // mmap'd once, guard page at the bottom
+  bool done = false;
+  bool waiting = false;  // its last switch-out was a wait (nothing to do until something happens)
+  Launch* L = nullptr;
+  BlockFn fn = nullptr;
+  void* arg = nullptr;
+};
+FiberSlot g_fib[STRATA_MAX_CORES];
+
+struct Sched {  // one thread's share of a launch
+  ucontext_t home;
+  int cur = -1;
+  int live = 0;  // its cores that have not returned
+};
+thread_local Sched* t_sched = nullptr;
+
+// Lets the other cores of this thread run (returns false, doing nothing, when none shares it).
+// `waiting`: this core has nothing to do until another agent acts (the thread may sleep when all
+// its cores wait).
+bool CoreYield(bool waiting) {
+  Sched* s = t_sched;
+  if (!s || s->live <= 1) return false;
+  CoreState* me = t_core;
+  FiberSlot& f = g_fib[s->cur];
+  f.waiting = waiting;
+  swapcontext(&f.uc, &s->home);
+  t_core = me;
+  return true;
+}
+
+// A core waiting for an event: other cores of its thread run meanwhile; when it is alone on its
+// thread, the thread idles (yields, then sleeps until a Notify).
+struct CoreWaiter {
+  Idler idle;
+  void Pause() {
+    if (!CoreYield(true)) idle.Idle();
+  }
+};
 
 std::mutex g_arena_mu;
 uint8_t* g_arenas[STRATA_MAX_CORES] = {};
@@ -529,10 +642,7 @@ void RecordFailure(CoreState* c, const std::string& body) {
   // only the launch's first failure aborts the pool, so the pool's message and the launch's error
   // are the same failure even when several cores fail at once
   if (first) PoolAbort(g_pool.rank, msg);
-  {
-    std::lock_guard<std::mutex> lk(L->bar_mu);
-  }
-  L->bar_cv.notify_all();  // SyncAll and SDMA quiet waiters also re-check every 20 ms
+  Notify();  // waiting cores (SyncAll, quiets, flags) re-check and unwind
 }
 
 [[noreturn]] void Unwind() { throw CoreUnwind{}; }
@@ -592,23 +702,6 @@ bool Compare(int32_t v, int cmp, int32_t x) {
   }
 }
 
-// Backoff for polling loops: many more threads than CPUs run, so waiting must yield. (Measured
-// with persistent workers on 2 CPUs: shorter sleeps, fewer yields, or a 1 ns timer slack for the
-// workers were no faster at 4 or 40 cores, and a 1 ns slack was 1.3-1.6x slower on 4 ranks.)
-struct Backoff {
-  uint32_t n = 0;
-  void Pause() {
-    ++n;
-    if (n < 64) {
-      sched_yield();
-      return;
-    }
-    long ns = n < 256 ? 20000 : (n < 1024 ? 100000 : 500000);
-    timespec ts{0, ns};
-    nanosleep(&ts, nullptr);
-  }
-};
-
 std::string GmWhere(const void* p) {
   int owner = OwnerOf(p);
   if (owner < 0) return Sprintf("%p (not in the pool)", p);
@@ -631,8 +724,8 @@ void CheckGmImpl(const void* p, uint64_t bytes, const char* op) {
 void SpinCore(CoreState* c, double us, const char* op) {
   if (us <= 0) return;
   const double end = Now() + us * 1e-6;
-  for (uint32_t k = 1; Now() < end; ++k)
-    if ((k & 255u) == 0) AbortCheck(c, op);
+  for (uint32_t k = 1; Now() < end; ++k)  // other cores of the thread run meanwhile
+    if (CoreYield(false) || (k & 255u) == 0) AbortCheck(c, op);
 }
 
 // Scratch rules of the SDMA path (UB address, size) and the channel limit.
@@ -651,23 +744,24 @@ void CheckSdmaScratch(CoreState* c, const void* buf, uint32_t ub_size, const cha
 }
 
 // ---------------------------------------------------------------------------------------------
-// Persistent workers. A process keeps one thread per vector core (grown to the largest `blocks`
-// launched, at most STRATA_MAX_CORES) and one SDMA engine thread per core that has posted a copy;
-// launches hand each core its work and wait for all of them, instead of starting and joining
-// threads every time. strata_cpu_finalize (and the library's unloading or the process's exit)
-// stops and joins them; the next launch starts them again.
+// Persistent workers. A process keeps T-1 worker threads (grown to the largest T launched; see
+// "cores as fibers") and one SDMA engine thread per core that has posted a copy; launches hand each
+// worker its share of the cores and wait for all of them, instead of starting and joining threads
+// every time. strata_cpu_finalize (and the library's unloading or the process's exit) stops and
+// joins them; the next launch starts them again.
 
 struct CoreJob {
   Launch* L = nullptr;
   BlockFn fn = nullptr;
   void* ctx = nullptr;
+  int threads = 1;  // T of the launch
 };
 
 struct WorkerPool;
 
 struct CoreWorker {
   WorkerPool* pool = nullptr;
-  int idx = 0;
+  int idx = 0;  // thread index t >= 1 of every launch (thread 0 is the launching thread)
   std::mutex mu;
   std::condition_variable cv;
   uint64_t gen = 0;  // jobs handed out (a new job: gen changes)
@@ -678,8 +772,8 @@ struct CoreWorker {
 
 struct WorkerPool {
   std::mutex launch_mu;                  // one launch at a time per process
-  std::vector<CoreWorker*> cores;        // cores[i] runs core i of every launch
-  SdmaEngine* sdma[STRATA_MAX_CORES] = {};  // written by core i's thread, read after the launch
+  std::vector<CoreWorker*> cores;        // cores[t - 1] is thread t of every launch
+  SdmaEngine* sdma[STRATA_MAX_CORES] = {};  // written by core i (on its thread), read after the launch
   std::mutex done_mu;
   std::condition_variable done_cv;
   uint32_t pending = 0;                  // cores of the running launch that have not finished
@@ -773,6 +867,7 @@ void LineCleanInvalidate(CoreState* c, uintptr_t line, const char* op) {
       }
     }
     std::atomic_thread_fence(std::memory_order_seq_cst);
+    Notify();
   }
   g_dcache[c->idx].erase(it);
 }
@@ -821,8 +916,92 @@ void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
       if (L->exited++ == 0) L->first_exited = idx;
     }
   }
-  L->bar_cv.notify_all();
+  Notify();  // a SyncAll waiting for a core that returned fails now
   t_core = nullptr;
+}
+
+void FiberEntry(int idx) {  // returns to the thread's scheduler (uc_link)
+  FiberSlot& f = g_fib[idx];
+  CoreMain(f.L, idx, f.fn, f.arg);
+  f.done = true;
+}
+
+// Thread t of a launch on T threads: runs cores t, t+T, ... to their end (see "cores as fibers").
+// Stacks are allocated by LaunchBlocks before the launch starts.
+void RunCores(int t, int T, Launch* L, BlockFn fn, void* arg) {
+  const int blocks = int(L->blocks);
+  Sched s;
+  t_sched = &s;
+  if (t + T >= blocks) {  // one core on this thread: no fiber
+    s.live = 1;
+    s.cur = t;
+    CoreMain(L, t, fn, arg);
+    t_sched = nullptr;
+    return;
+  }
+  for (int i = t; i < blocks; i += T) {
+    FiberSlot& f = g_fib[i];
+    f.L = L;
+    f.fn = fn;
+    f.arg = arg;
+    f.done = false;
+    f.waiting = false;
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = f.stack;
+    f.uc.uc_stack.ss_size = kFiberStackBytes;
+    f.uc.uc_link = &s.home;
+    makecontext(&f.uc, reinterpret_cast<void (*)()>(FiberEntry), 1, i);
+    ++s.live;
+  }
+  Idler idle;
+  while (s.live > 0) {
+    bool busy = false;
+    for (int i = t; i < blocks; i += T) {
+      FiberSlot& f = g_fib[i];
+      if (f.done) continue;
+      s.cur = i;
+      f.waiting = false;
+      swapcontext(&s.home, &f.uc);
+      if (f.done) {
+        --s.live;
+        busy = true;
+      } else if (!f.waiting) {
+        busy = true;
+      }
+    }
+    if (busy)
+      idle.Busy();
+    else
+      idle.Idle();  // every core of this thread waits
+  }
+  t_sched = nullptr;
+  t_core = nullptr;
+}
+
+// Threads a launch of `blocks` cores runs on.
+int LaunchThreads(uint32_t blocks) {
+  static const int cpus = [] {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+    return std::max(1, int(sysconf(_SC_NPROCESSORS_ONLN)));
+  }();
+  int n = cpus;
+  if (const char* e = getenv("STRATA_CPU_THREADS")) n = std::max(1, atoi(e));
+  return std::max(1, std::min<int>(n, int(blocks)));
+}
+
+// Fiber stacks for cores [0, blocks) that run as fibers; "" or why not.
+std::string EnsureStacks(uint32_t blocks) {
+  for (uint32_t i = 0; i < blocks; ++i) {
+    FiberSlot& f = g_fib[i];
+    if (f.stack) continue;
+    void* p = mmap(nullptr, kFiberStackBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (p == MAP_FAILED) return Sprintf("cannot map a stack for core %u: %s", i, strerror(errno));
+    mprotect(p, 4096, PROT_NONE);  // guard page: an overflow faults instead of writing elsewhere
+    f.stack = static_cast<uint8_t*>(p);
+  }
+  return "";
 }
 
 void CoreWorkerMain(CoreWorker* w) {
@@ -836,7 +1015,7 @@ void CoreWorkerMain(CoreWorker* w) {
       seen = w->gen;
       job = w->job;
     }
-    CoreMain(job.L, w->idx, job.fn, job.ctx);  // catches everything the kernel throws
+    RunCores(w->idx, job.threads, job.L, job.fn, job.ctx);  // CoreMain catches everything a kernel throws
     WorkerPool* pool = w->pool;
     std::lock_guard<std::mutex> lk(pool->done_mu);
     if (--pool->pending == 0) pool->done_cv.notify_one();
@@ -844,11 +1023,11 @@ void CoreWorkerMain(CoreWorker* w) {
 }
 
 // Starts core workers until there are `blocks`; "" or why one could not be started.
-std::string GrowWorkers(WorkerPool* pool, uint32_t blocks) {
-  while (pool->cores.size() < blocks) {
+std::string GrowWorkers(WorkerPool* pool, uint32_t workers) {
+  while (pool->cores.size() < workers) {
     CoreWorker* w = new CoreWorker;
     w->pool = pool;
-    w->idx = int(pool->cores.size());
+    w->idx = int(pool->cores.size()) + 1;
     try {
       w->thread = std::thread(CoreWorkerMain, w);
     } catch (const std::exception& e) {
@@ -953,6 +1132,7 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
     return Error(Sprintf("LaunchBlocks(%s): the pool is aborted: rank %d failed: %s",
                          kernel_name ? kernel_name : "?", rank, msg.c_str()));
   }
+  const int T = LaunchThreads(blocks);
   {
     std::lock_guard<std::mutex> lk(g_arena_mu);
     for (uint32_t i = 0; i < blocks; ++i) {
@@ -961,6 +1141,10 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
         if (!g_arenas[i]) return Error("LaunchBlocks: out of memory for UB arenas");
       }
     }
+    if (int(blocks) > T) {
+      std::string why = EnsureStacks(blocks);
+      if (!why.empty()) return Error(Sprintf("LaunchBlocks: %s", why.c_str()));
+    }
   }
   Launch L;
   L.kernel = kernel_name ? kernel_name : "?";
@@ -968,22 +1152,23 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
   L.timeout = g_timeout.load();
   if (const char* d = getenv("STRATA_CPU_SDMA_DELAY_US")) L.sdma_delay_us = uint32_t(strtoul(d, nullptr, 10));
   if (const char* d = getenv("STRATA_CPU_SDMA_SQE_US")) L.sdma_sqe_us = std::max(0.0, strtod(d, nullptr));
-  std::string spawn_error = GrowWorkers(pool, blocks);
+  std::string spawn_error = GrowWorkers(pool, uint32_t(T - 1));
   if (!spawn_error.empty()) return Error(Sprintf("LaunchBlocks(%s): %s", L.kernel, spawn_error.c_str()));
   {
     std::lock_guard<std::mutex> lk(pool->done_mu);
-    pool->pending = blocks;
+    pool->pending = uint32_t(T - 1);
   }
-  for (uint32_t i = 0; i < blocks; ++i) {
-    CoreWorker* w = pool->cores[i];
+  for (int t = 1; t < T; ++t) {
+    CoreWorker* w = pool->cores[t - 1];
     {
       std::lock_guard<std::mutex> lk(w->mu);
-      w->job = CoreJob{&L, fn, ctx};
+      w->job = CoreJob{&L, fn, ctx, T};
       ++w->gen;
     }
     w->cv.notify_one();
   }
-  {
+  RunCores(0, T, &L, fn, ctx);  // this thread's share
+  if (T > 1) {
     std::unique_lock<std::mutex> lk(pool->done_mu);
     pool->done_cv.wait(lk, [&] { return pool->pending == 0; });
   }
@@ -1179,6 +1364,7 @@ STRATA_EXPORT void CopyUbToGm(void* gm, const void* ub, uint64_t bytes, int dtyp
     std::memcpy(gm, ub, bytes);
   Count(c->idx, STRATA_CTR_MTE_OUT, bytes);
   if (OwnerOf(gm) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_WRITE, bytes);
+  Notify();  // a flag may have been written this way
 }
 
 STRATA_EXPORT void SetAtomicMode(int op, int dtype, const char* api) {
@@ -1366,7 +1552,7 @@ STRATA_EXPORT void PollHint(const char* op) {
   CoreState* c = Cur(op);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   AbortCheck(c, op);
-  if ((++c->poll_calls & 15u) == 0) sched_yield();
+  if ((++c->poll_calls & 15u) == 0 && !CoreYield(false)) sched_yield();
 }
 
 STRATA_EXPORT void SyncAllCores(bool aiv_only) {
@@ -1389,34 +1575,40 @@ STRATA_EXPORT void SyncAllCores(bool aiv_only) {
   } span{c, Tracing() ? Now() : 0};
   std::atomic_thread_fence(std::memory_order_seq_cst);
   std::unique_lock<std::mutex> lk(L->bar_mu);
-  uint64_t gen = L->bar_gen;
+  uint64_t gen = L->bar_gen.load();
   if (++L->bar_arrived == L->blocks) {
     L->bar_arrived = 0;
-    ++L->bar_gen;
+    L->bar_gen.fetch_add(1);
     lk.unlock();
-    L->bar_cv.notify_all();
+    Notify();
     return;
   }
+  lk.unlock();
+  // polled: the other cores may be fibers of this thread, which run while this one pauses
   double deadline = Now() + L->timeout;
-  while (L->bar_gen == gen) {
+  CoreWaiter waiter;
+  while (L->bar_gen.load() == gen) {
     if (L->failed.load()) Unwind();
-    if (L->exited > 0) {
+    if (L->exited.load() > 0) {
+      lk.lock();
       int first = L->first_exited;
       uint32_t arrived = L->bar_arrived;
       lk.unlock();
+      if (L->bar_gen.load() != gen) break;
       FailStr(Sprintf("SyncAll can never complete: core %d returned from the kernel without reaching it (%u of "
                       "%u cores arrived; on hardware this hangs)",
                       first, arrived, L->blocks));
     }
     if (AbortState() != 0 || Now() > deadline) {
+      lk.lock();
       uint32_t arrived = L->bar_arrived;
       lk.unlock();
+      if (L->bar_gen.load() != gen) break;
       AbortCheck(c, "SyncAll");
       FailStr(Sprintf("SyncAll timed out after %g s: %u of %u cores arrived", L->timeout, arrived, L->blocks));
     }
-    L->bar_cv.wait_for(lk, std::chrono::milliseconds(20));
+    waiter.Pause();
   }
-  lk.unlock();
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
@@ -1475,6 +1667,7 @@ STRATA_EXPORT void SignalOp(int32_t* sig_addr, int32_t signal, int sig_op, int p
     __atomic_fetch_add(remote, signal, __ATOMIC_SEQ_CST);
   else
     FailStr(Sprintf("%s: sig_op %d is neither ACLSHMEM_SIGNAL_SET nor ACLSHMEM_SIGNAL_ADD", op, sig_op));
+  Notify();
 }
 
 namespace {
@@ -1567,7 +1760,7 @@ STRATA_EXPORT int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value)
   CheckSignalLine(sig_addr, op);
   LineCleanInvalidate(c, reinterpret_cast<uintptr_t>(sig_addr), op);  // each poll flushes the line
   double deadline = -1, next_live = 0;
-  Backoff backoff;
+  CoreWaiter waiter;
   double t0 = Tracing() ? Now() : 0;
   for (uint64_t iter = 0;; ++iter) {
     int32_t v = __atomic_load_n(sig_addr, __ATOMIC_SEQ_CST);
@@ -1602,7 +1795,7 @@ STRATA_EXPORT int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value)
           FailStr(Sprintf("%s: %s; this core was waiting for %s%s", op, gone.c_str(), text.c_str(), pending.c_str()));
         FailStr(Sprintf("%s timed out after %g s: %s%s", op, c->launch->timeout, text.c_str(), pending.c_str()));
       }
-      backoff.Pause();
+      waiter.Pause();
     }
   }
 }
@@ -1686,23 +1879,23 @@ STRATA_EXPORT void SdmaQuiet(const void* ub_buf, uint32_t ub_size, const char* o
                       (unsigned long long)c->sdma_sqes_held));
     SpinCore(c, c->launch->sdma_sqe_us, op);
   }
-  if (e) {
-    double deadline = Now() + c->launch->timeout;
-    std::unique_lock<std::mutex> lk(e->mu);
-    while (e->done < e->posted) {
-      if (c->launch->failed.load() || AbortState() != 0) {
-        lk.unlock();
-        AbortCheck(c, op);
-        lk.lock();
-        continue;
+  if (e) {  // polled: other cores of this thread run while this one pauses
+    double deadline = -1;
+    CoreWaiter waiter;
+    for (;;) {
+      uint64_t left;
+      {
+        std::lock_guard<std::mutex> lk(e->mu);
+        left = e->posted - e->done;
       }
-      if (Now() > deadline) {
-        uint64_t left = e->posted - e->done;
-        lk.unlock();
+      if (left == 0) break;
+      AbortCheck(c, op);
+      double now = Now();
+      if (deadline < 0) deadline = now + c->launch->timeout;
+      if (now > deadline)
         FailStr(Sprintf("%s timed out after %g s with %llu copies outstanding", op, c->launch->timeout,
                         (unsigned long long)left));
-      }
-      e->cv_done.wait_for(lk, std::chrono::milliseconds(20));
+      waiter.Pause();
     }
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -1921,10 +2114,11 @@ STRATA_EXPORT int strata_cpu_barrier(void) {
   if (__atomic_add_fetch(&h->bar_count, 1, __ATOMIC_ACQ_REL) == g_pool.world) {
     __atomic_store_n(&h->bar_count, 0, __ATOMIC_RELEASE);
     __atomic_add_fetch(&h->bar_gen, 1, __ATOMIC_ACQ_REL);
+    Notify();  // the waiters below
     return 0;
   }
   double start = Now(), deadline = start + g_timeout.load();
-  Backoff backoff;
+  Idler idle;
   while (__atomic_load_n(&h->bar_gen, __ATOMIC_ACQUIRE) == gen) {
     if (AbortState() != 0) {
       int rank;
@@ -1953,7 +2147,7 @@ STRATA_EXPORT int strata_cpu_barrier(void) {
       PoolAbort(g_pool.rank, msg);
       return Error(msg);
     }
-    backoff.Pause();
+    idle.Idle();
   }
   return 0;
 }
@@ -1966,7 +2160,10 @@ STRATA_EXPORT int strata_cpu_dead_rank(void) {
 }
 
 STRATA_EXPORT void strata_cpu_leave(void) {
-  if (g_pool.inited) __atomic_store_n(&g_pool.hdr->ranks[g_pool.rank].state, int32_t(kRankLeft), __ATOMIC_RELEASE);
+  if (g_pool.inited) {
+    __atomic_store_n(&g_pool.hdr->ranks[g_pool.rank].state, int32_t(kRankLeft), __ATOMIC_RELEASE);
+    Notify();
+  }
 }
 
 STRATA_EXPORT void strata_cpu_describe_sync(const void* sync, int64_t barrier_slots, const char* layout) {
