@@ -580,6 +580,11 @@ struct CoreWaiter {
 
 std::mutex g_arena_mu;
 uint8_t* g_arenas[STRATA_MAX_CORES] = {};
+// Bytes [0, g_ub_used[i]) of core i's arena may differ from 0xff: what its launches handed out
+// (UbCarve: TPipe's buffers; UbBase: the whole UB). A launch refills only those, so every launch
+// still starts with a UB of 0xff (the arena is filled whole when allocated), at the cost of what
+// the previous launches used rather than 192 KiB every time. Only core i touches it.
+uint64_t g_ub_used[STRATA_MAX_CORES] = {};
 
 // ---- the scalar data cache of each vector core ----
 // GlobalTensor::GetValue/SetValue go through a private, non-coherent, write-back cache of 64-byte
@@ -877,7 +882,9 @@ void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
   cs.launch = L;
   cs.idx = idx;
   cs.ub = g_arenas[idx];
-  std::memset(cs.ub, 0xff, kUbBytes);  // UB starts as garbage: NaN for floats, -1 for integers
+  // UB starts as garbage: NaN for floats, -1 for integers (see g_ub_used)
+  std::memset(cs.ub, 0xff, g_ub_used[idx]);
+  g_ub_used[idx] = 0;
   t_core = &cs;
   bool normal = false;
   bool traced = Tracing();
@@ -1139,6 +1146,7 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
       if (!g_arenas[i]) {
         g_arenas[i] = static_cast<uint8_t*>(aligned_alloc(64, kUbBytes));
         if (!g_arenas[i]) return Error("LaunchBlocks: out of memory for UB arenas");
+        g_ub_used[i] = kUbBytes;  // filled by its first launch
       }
     }
     if (int(blocks) > T) {
@@ -1209,7 +1217,16 @@ STRATA_EXPORT void DeclareKernelType(int type) {
   c->ktype = type;
 }
 
-STRATA_EXPORT uint8_t* UbBase() { return Cur("UB access")->ub; }
+STRATA_EXPORT uint8_t* UbBase() {
+  CoreState* c = Cur("UB access");
+  g_ub_used[c->idx] = kUbBytes;  // any byte may be written
+  return c->ub;
+}
+STRATA_EXPORT uint8_t* UbCarve(uint64_t end) {
+  CoreState* c = Cur("TPipe::InitBuffer");
+  g_ub_used[c->idx] = std::max<uint64_t>(g_ub_used[c->idx], std::min<uint64_t>(end, kUbBytes));
+  return c->ub;
+}
 
 STRATA_EXPORT int64_t UbOffset(const void* p) {
   CoreState* c = t_core;
