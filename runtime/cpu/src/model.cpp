@@ -21,7 +21,6 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -158,13 +157,23 @@ void Notify() {
 
 // A thread with nothing to run until something happens (a wait of its only core, every core of
 // the thread waiting, the host barrier). The caller re-checks its condition between calls. First
-// it yields the CPU for kSpinSec (a peer that is about to write costs no sleep), then it sleeps
+// it yields the CPU for `spin` (100 us; STRATA_CPU_SPIN_US; 0 for launches with more cores than
+// threads, whose threads would take the CPUs from the SDMA engines and the peers; a peer that is
+// about to write costs no sleep), then it sleeps
 // until the next Notify: it sets wake_sleepers and reads the epoch (Idle returns so that the caller
 // re-checks once more), then futex-waits while the epoch is unchanged, at most kSleepCapNs (host
 // writes to the heap and dead peers do not notify; those are seen within the cap).
-constexpr double kSpinSec = 100e-6;
+double SpinSec() {
+  static const double s = [] {
+    const char* e = getenv("STRATA_CPU_SPIN_US");
+    return e ? std::max(0.0, strtod(e, nullptr)) * 1e-6 : 100e-6;
+  }();
+  return s;
+}
 constexpr long kSleepCapNs = 2000000;
+constexpr uint64_t kNotifyCopyBytes = 512;  // UB->GM copies up to this size notify (flags, counts)
 struct Idler {
+  double spin = SpinSec();  // how long to yield before sleeping
   double spin_until = 0;
   bool armed = false;
   uint32_t epoch = 0;
@@ -175,7 +184,7 @@ struct Idler {
   void Idle() {
     PoolHeader* h = g_pool.hdr;
     if (!h || spin_until == 0 || Now() < spin_until) {
-      if (spin_until == 0) spin_until = Now() + kSpinSec;
+      if (spin_until == 0) spin_until = Now() + spin;
       sched_yield();
       return;
     }
@@ -461,6 +470,7 @@ struct Launch {
   double timeout = 60.0;
   uint32_t sdma_delay_us = 0;
   double sdma_sqe_us = kSdmaSqeCostUs;
+  uint32_t threads = 1;  // T: the threads its cores run on (see "cores as fibers")
   std::atomic<bool> failed{false};
   std::mutex fail_mu;
   std::string first_failure;
@@ -527,6 +537,52 @@ void TraceStage(CoreState* c, int line) {  // closes the open stage span, opens 
 
 thread_local CoreState* t_core = nullptr;
 
+}  // namespace
+}  // namespace strata_cpu
+
+// Switches stacks (x86-64 System V): saves the callee-saved registers and the SSE/x87 control
+// words on the current stack, stores its pointer in *from, loads `to` (a stack saved the same way)
+// and returns on it. No signal mask is saved (swapcontext's two syscalls per switch); cores do not
+// change it.
+extern "C" void StrataFiberSwitch(void** from, void* to);
+#if defined(__x86_64__)
+__asm__(R"(
+.text
+.p2align 4
+.type StrataFiberSwitch,@function
+StrataFiberSwitch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size StrataFiberSwitch,.-StrataFiberSwitch
+)");
+#define STRATA_HAVE_FIBERS 1
+#else  // elsewhere every core has a thread of its own (LaunchThreads), so no fiber ever switches
+extern "C" void StrataFiberSwitch(void**, void*) { std::abort(); }
+#define STRATA_HAVE_FIBERS 0
+#endif
+
+namespace strata_cpu {
+namespace {
+
 // ---- cores as fibers ----
 // A launch runs its cores on T threads (T = the CPUs this process may run on, at most the launch's
 // cores; STRATA_CPU_THREADS overrides): the launching thread is thread 0 and runs cores 0, T, 2T,
@@ -538,7 +594,7 @@ thread_local CoreState* t_core = nullptr;
 // counters) stays per core, whichever thread runs it.
 constexpr size_t kFiberStackBytes = 8u << 20;  // as a default thread stack
 struct FiberSlot {
-  ucontext_t uc;
+  void* sp = nullptr;  // saved stack pointer while switched out (StrataFiberSwitch)
   uint8_t* stack = nullptr;  // mmap'd once, guard page at the bottom
   bool done = false;
   bool waiting = false;  // its last switch-out was a wait (nothing to do until something happens)
@@ -549,7 +605,7 @@ struct FiberSlot {
 FiberSlot g_fib[STRATA_MAX_CORES];
 
 struct Sched {  // one thread's share of a launch
-  ucontext_t home;
+  void* home = nullptr;  // the scheduler's saved stack pointer while a fiber runs
   int cur = -1;
   int live = 0;  // its cores that have not returned
 };
@@ -564,7 +620,7 @@ bool CoreYield(bool waiting) {
   CoreState* me = t_core;
   FiberSlot& f = g_fib[s->cur];
   f.waiting = waiting;
-  swapcontext(&f.uc, &s->home);
+  StrataFiberSwitch(&f.sp, s->home);
   t_core = me;
   return true;
 }
@@ -573,6 +629,9 @@ bool CoreYield(bool waiting) {
 // thread, the thread idles (yields, then sleeps until a Notify).
 struct CoreWaiter {
   Idler idle;
+  explicit CoreWaiter(const Launch* L) {
+    if (L->blocks > L->threads) idle.spin = 0;
+  }
   void Pause() {
     if (!CoreYield(true)) idle.Idle();
   }
@@ -927,10 +986,17 @@ void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
   t_core = nullptr;
 }
 
-void FiberEntry(int idx) {  // returns to the thread's scheduler (uc_link)
+// First code of a fiber (StrataFiberSwitch "returns" here on its new stack); never returns: it
+// switches back to the scheduler for good.
+void FiberStart() {
+  Sched* s = t_sched;
+  const int idx = s->cur;
   FiberSlot& f = g_fib[idx];
-  CoreMain(f.L, idx, f.fn, f.arg);
+  CoreMain(f.L, idx, f.fn, f.arg);  // catches everything a kernel throws
   f.done = true;
+  void* dead;
+  StrataFiberSwitch(&dead, t_sched->home);
+  std::abort();
 }
 
 // Thread t of a launch on T threads: runs cores t, t+T, ... to their end (see "cores as fibers").
@@ -953,14 +1019,27 @@ void RunCores(int t, int T, Launch* L, BlockFn fn, void* arg) {
     f.arg = arg;
     f.done = false;
     f.waiting = false;
-    getcontext(&f.uc);
-    f.uc.uc_stack.ss_sp = f.stack;
-    f.uc.uc_stack.ss_size = kFiberStackBytes;
-    f.uc.uc_link = &s.home;
-    makecontext(&f.uc, reinterpret_cast<void (*)()>(FiberEntry), 1, i);
+    // a fresh stack as StrataFiberSwitch leaves it: FP control words, six callee-saved registers
+    // (zero), the "return" address FiberStart and a null frame above it (FiberStart starts with
+    // rsp = 8 mod 16, as after a call)
+    uint64_t* sp = reinterpret_cast<uint64_t*>(f.stack + kFiberStackBytes);
+    *--sp = 0;
+    *--sp = reinterpret_cast<uint64_t>(&FiberStart);
+    for (int r = 0; r < 6; ++r) *--sp = 0;
+    *--sp = 0;
+    uint32_t mxcsr = 0x1f80;  // the defaults, replaced by this thread's
+    uint16_t fpucw = 0x037f;
+#if defined(__x86_64__)
+    __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
+    __asm__ volatile("fnstcw %0" : "=m"(fpucw));
+#endif
+    std::memcpy(reinterpret_cast<uint8_t*>(sp), &mxcsr, 4);
+    std::memcpy(reinterpret_cast<uint8_t*>(sp) + 4, &fpucw, 2);
+    f.sp = sp;
     ++s.live;
   }
   Idler idle;
+  idle.spin = 0;  // see Idler
   while (s.live > 0) {
     bool busy = false;
     for (int i = t; i < blocks; i += T) {
@@ -968,7 +1047,7 @@ void RunCores(int t, int T, Launch* L, BlockFn fn, void* arg) {
       if (f.done) continue;
       s.cur = i;
       f.waiting = false;
-      swapcontext(&s.home, &f.uc);
+      StrataFiberSwitch(&s.home, f.sp);
       if (f.done) {
         --s.live;
         busy = true;
@@ -994,6 +1073,7 @@ int LaunchThreads(uint32_t blocks) {
   }();
   int n = cpus;
   if (const char* e = getenv("STRATA_CPU_THREADS")) n = std::max(1, atoi(e));
+  if (!STRATA_HAVE_FIBERS) n = int(blocks);
   return std::max(1, std::min<int>(n, int(blocks)));
 }
 
@@ -1157,6 +1237,7 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
   Launch L;
   L.kernel = kernel_name ? kernel_name : "?";
   L.blocks = blocks;
+  L.threads = uint32_t(T);
   L.timeout = g_timeout.load();
   if (const char* d = getenv("STRATA_CPU_SDMA_DELAY_US")) L.sdma_delay_us = uint32_t(strtoul(d, nullptr, 10));
   if (const char* d = getenv("STRATA_CPU_SDMA_SQE_US")) L.sdma_sqe_us = std::max(0.0, strtod(d, nullptr));
@@ -1381,7 +1462,9 @@ STRATA_EXPORT void CopyUbToGm(void* gm, const void* ub, uint64_t bytes, int dtyp
     std::memcpy(gm, ub, bytes);
   Count(c->idx, STRATA_CTR_MTE_OUT, bytes);
   if (OwnerOf(gm) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_WRITE, bytes);
-  Notify();  // a flag may have been written this way
+  // a flag may have been written this way (a signal goes through SignalOp, which notifies); bulk
+  // data copies do not notify: a wait on a flag that one covers sees it within Idler's sleep cap
+  if (bytes <= kNotifyCopyBytes) Notify();
 }
 
 STRATA_EXPORT void SetAtomicMode(int op, int dtype, const char* api) {
@@ -1603,7 +1686,7 @@ STRATA_EXPORT void SyncAllCores(bool aiv_only) {
   lk.unlock();
   // polled: the other cores may be fibers of this thread, which run while this one pauses
   double deadline = Now() + L->timeout;
-  CoreWaiter waiter;
+  CoreWaiter waiter(c->launch);
   while (L->bar_gen.load() == gen) {
     if (L->failed.load()) Unwind();
     if (L->exited.load() > 0) {
@@ -1777,7 +1860,7 @@ STRATA_EXPORT int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value)
   CheckSignalLine(sig_addr, op);
   LineCleanInvalidate(c, reinterpret_cast<uintptr_t>(sig_addr), op);  // each poll flushes the line
   double deadline = -1, next_live = 0;
-  CoreWaiter waiter;
+  CoreWaiter waiter(c->launch);
   double t0 = Tracing() ? Now() : 0;
   for (uint64_t iter = 0;; ++iter) {
     int32_t v = __atomic_load_n(sig_addr, __ATOMIC_SEQ_CST);
@@ -1898,7 +1981,7 @@ STRATA_EXPORT void SdmaQuiet(const void* ub_buf, uint32_t ub_size, const char* o
   }
   if (e) {  // polled: other cores of this thread run while this one pauses
     double deadline = -1;
-    CoreWaiter waiter;
+    CoreWaiter waiter(c->launch);
     for (;;) {
       uint64_t left;
       {
