@@ -175,6 +175,12 @@ double SpinSec() {
 }
 constexpr long kSleepCapNs = 2000000;
 constexpr uint64_t kNotifyCopyBytes = 512;  // UB->GM copies up to this size notify (flags, counts)
+// A sched_yield that returns after more than kYieldLostSec gave the CPU to another runnable
+// thread (of this machine's other processes, or ranks and engines beyond the CPUs): spinning
+// then delays the very thread it waits for by a time slice, while a futex sleeper is woken (and
+// scheduled) when its event comes. So after such a yield, waits do not spin for kSpinOffSec.
+constexpr double kYieldLostSec = 20e-6, kSpinOffSec = 0.05;
+std::atomic<double> g_spin_off_until{0};
 struct Idler {
   double spin = SpinSec();  // how long to yield before sleeping
   double spin_until = 0;
@@ -187,8 +193,16 @@ struct Idler {
   void Idle() {
     PoolHeader* h = g_pool.hdr;
     if (!h || spin_until == 0 || Now() < spin_until) {
-      if (spin_until == 0) spin_until = Now() + spin;
+      double t0 = Now();
+      if (spin_until == 0) {
+        // a recent yield lost the CPU for long: other processes want the CPUs, sleep at once
+        spin_until = t0 + (t0 < g_spin_off_until.load(std::memory_order_relaxed) ? 0.0 : spin);
+      }
       sched_yield();
+      if (spin > 0 && Now() - t0 > kYieldLostSec) {
+        g_spin_off_until.store(Now() + kSpinOffSec, std::memory_order_relaxed);
+        spin_until = t0;
+      }
       return;
     }
     if (!armed) {
