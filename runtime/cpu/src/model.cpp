@@ -1,7 +1,8 @@
 // The CPU model of the machine stratac kernels run on (see runtime/README.md):
 //   * ranks are processes sharing one POSIX shared-memory pool (header page + `world` heaps);
-//   * vector cores are threads (persistent per process, reused by every launch), each with a
-//     192 KiB UB arena and an SDMA engine (a persistent thread too);
+//   * vector cores run on as many threads as CPUs (the launching thread and persistent workers),
+//     several per thread as cooperatively switched fibers; each core has a 192 KiB UB arena and
+//     an SDMA engine (a persistent thread);
 //   * rule violations stop the core (Fail), mark the pool aborted and unwind the other cores.
 // Build (from the repository root):
 //   g++ -std=c++17 -O2 -fPIC -shared runtime/cpu/src/model.cpp -Iruntime/cpu/include
