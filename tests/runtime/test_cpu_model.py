@@ -832,23 +832,28 @@ def test_a_segment_someone_else_could_have_made_is_refused(lib, mode, uid):
 # ---------------------------------------------------------------------------------------------
 # persistent workers: a process keeps its core and SDMA threads from launch to launch
 
-def test_workers_are_reused_across_launches(driver, tmp_path):
+@pytest.mark.parametrize("threads", [None, 1, 3])
+def test_workers_are_reused_across_launches(driver, tmp_path, threads):
     """31 launches with core counts between 1 and 8 on 2 ranks, every result checked; the process
-    then has main + 8 core threads + 8 SDMA engines, whatever the number of launches. Counters
-    and trace of a narrower launch after wider ones show only its 3 cores. strata_cpu_finalize
-    joins the workers; the pool opened again starts as many as its launch needs."""
+    then has main + T-1 worker threads (a launch of C cores runs on T = min(C, CPUs or
+    STRATA_CPU_THREADS) threads, the launching one included, its cores as fibers) + 8 SDMA engines,
+    whatever the number of launches. Counters and trace of a narrower launch after wider ones show
+    only its 3 cores. strata_cpu_finalize joins the workers; the pool opened again starts as many as
+    its launch needs."""
     world, n = 2, 300
-    out = run_driver(driver, tmp_path, "reuse", world, n)
+    env = {"STRATA_CPU_THREADS": str(threads)} if threads else {}
+    out = run_driver(driver, tmp_path, "reuse", world, n, env=env)
+    t = threads or len(os.sched_getaffinity(0))
     assert sorted(out) == list(range(world))
     chunk = 4 * n
     for r in range(world):
         lines = out[r]
         launches = [l for l in lines if l.startswith("exchange ")]
         assert len(launches) == 31 and all(l.endswith(" bad 0") for l in launches), launches
-        assert int(field(lines, "threads_pool")) == 1 + 8 + 8
+        assert int(field(lines, "threads_pool")) == 1 + (min(t, 8) - 1) + 8
         assert int(field(lines, "threads_after_finalize")) == 1
         assert field(lines, "again exchange 4 bad") == "0"
-        assert int(field(lines, "threads_again")) == 1 + 4 + 4
+        assert int(field(lines, "threads_again")) == 1 + (min(t, 4) - 1) + 4
         assert int(field(lines, "cores")) == 3
         for c in range(3):
             got = [int(v) for v in field(lines, f"counters {c}").split()]
@@ -913,6 +918,50 @@ elif how == "dlclose":
 """
 
 
+UB_FRESH_CHILD = """
+import ctypes, os, sys
+model = ctypes.CDLL(sys.argv[1])
+kernels = ctypes.CDLL(sys.argv[2])
+model.strata_cpu_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int]
+model.aclshmem_calloc.restype = ctypes.c_void_p
+model.aclshmem_calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+kernels.launch_ub_fresh.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32]
+assert model.strata_cpu_init(0, 1, sys.argv[3].encode(), 8 << 20, 1) == 0
+full = 192 * 1024
+out = model.aclshmem_calloc(4 * full, 1)
+# (cores, carve, dirty): small and large carves, fewer and more cores than before, the whole UB
+for step, (cores, carve, dirty) in enumerate([(2, 4096, 4096), (3, 65536, 32768), (1, full, full),
+                                              (4, 1024, 1024), (4, full, 0), (2, 8192, 8192), (2, 65536, 0)]):
+    ctypes.memset(out, 0, 4 * full)
+    assert kernels.launch_ub_fresh(cores, out, carve, dirty) == 0, step
+    seen = ctypes.string_at(out, cores * carve)
+    bad = [i for i, b in enumerate(seen) if b != 0xFF]
+    print("step", step, "cores", cores, "carve", carve, "not_ff", len(bad), bad[:4], flush=True)
+"""
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_every_launch_finds_ub_filled_with_0xff(driver, libstratacpu, threads):
+    """UB starts as garbage (0xff) at every launch, although a launch refills only the bytes that
+    earlier launches of the core carved (TPipe::InitBuffer -> UbCarve): each launch copies its
+    carved UB to GM before writing and zeroes some of it, and the next launch, with more or fewer
+    cores and a larger or smaller carve, still finds only 0xff; cores run as fibers (1 thread) or
+    not."""
+    name = _name(f"ub_fresh_{threads}")
+    try:
+        proc = subprocess.run([sys.executable, "-c", UB_FRESH_CHILD, str(libstratacpu),
+                               str(driver.parent / "libtestkernels.so"), name.decode()],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "STRATA_CPU_THREADS": threads})
+    finally:
+        if os.path.exists("/dev/shm" + name.decode()):
+            os.unlink("/dev/shm" + name.decode())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = [l for l in proc.stdout.splitlines() if l.startswith("step ")]
+    assert len(steps) == 7, proc.stdout
+    assert all(" not_ff 0 []" in l for l in steps), steps
+
+
 @pytest.mark.parametrize("how", ["exit", "finalize", "dlclose"])
 def test_idle_workers_do_not_hold_up_exit_or_unloading(driver, libstratacpu, how):
     """After launches, a process exits promptly with or without strata_cpu_finalize (at exit the
@@ -922,14 +971,16 @@ def test_idle_workers_do_not_hold_up_exit_or_unloading(driver, libstratacpu, how
     try:
         proc = subprocess.run([sys.executable, "-c", EXIT_CHILD, str(libstratacpu),
                                str(driver.parent / "libtestkernels.so"), name.decode(), how],
-                              capture_output=True, text=True, timeout=30)
+                              capture_output=True, text=True, timeout=30,
+                              env={**os.environ, "STRATA_CPU_THREADS": "8"})
     finally:
         if os.path.exists("/dev/shm" + name.decode()):
             os.unlink("/dev/shm" + name.decode())
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == "threads 9"        # main + 8 core workers (no SDMA copies)
+    # 8 cores on 8 threads: main (thread 0 of every launch) + 7 workers (no SDMA copies)
+    assert lines[0] == "threads 8"
     if how == "finalize":
         assert lines[1] == "threads 1"
     if how == "dlclose":
-        assert lines[1:] in (["threads 9", "mapped True"], ["threads 1", "mapped False"])
+        assert lines[1:] in (["threads 8", "mapped True"], ["threads 1", "mapped False"])

@@ -475,7 +475,7 @@ class TPipe {
       ::strata_cpu::Fail("TPipe::InitBuffer: UB overflow: %u x %u bytes (%llu bytes 32-byte aligned) at UB offset %u "
                          "exceed the %u-byte Unified Buffer",
                          num, len, (unsigned long long)bytes, used_, ::strata_cpu::kUbBytes);
-    uint8_t* p = ::strata_cpu::UbBase() + used_;
+    uint8_t* p = ::strata_cpu::UbCarve(uint64_t(used_) + bytes) + used_;
     used_ += static_cast<uint32_t>(bytes);
     return p;
   }

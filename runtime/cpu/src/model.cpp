@@ -1,13 +1,16 @@
 // The CPU model of the machine stratac kernels run on (see runtime/README.md):
 //   * ranks are processes sharing one POSIX shared-memory pool (header page + `world` heaps);
-//   * vector cores are threads (persistent per process, reused by every launch), each with a
-//     192 KiB UB arena and an SDMA engine (a persistent thread too);
+//   * vector cores run on as many threads as CPUs (the launching thread and persistent workers),
+//     several per thread as cooperatively switched fibers; each core has a 192 KiB UB arena and
+//     an SDMA engine (a persistent thread);
 //   * rule violations stop the core (Fail), mark the pool aborted and unwind the other cores.
 // Build (from the repository root):
 //   g++ -std=c++17 -O2 -fPIC -shared runtime/cpu/src/model.cpp -Iruntime/cpu/include
 //       -o libstratacpu.so -pthread -lrt
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -17,6 +20,7 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -49,7 +53,7 @@ namespace {
 // Pool (shared by the ranks)
 
 constexpr uint64_t kMagic = 0x53545241544131ULL;  // "STRATA1"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 constexpr uint64_t kHeaderBytes = 128 << 10;
 constexpr uint64_t kAlign = 512;
 constexpr int kMaxWorld = 4096;
@@ -75,7 +79,11 @@ struct PoolHeader {
   int32_t bar_count;    // host barrier
   int32_t bar_gen;
   char abort_msg[3072];
-  RankSlot ranks[kMaxWorld];
+  // Wake-ups (Notify / Idler): bumped by every model write a waiter may wait for; a thread with
+  // nothing to run sleeps on it (futex, shared between the ranks) after setting wake_sleepers.
+  alignas(64) uint32_t wake_epoch;
+  uint32_t wake_sleepers;
+  alignas(64) RankSlot ranks[kMaxWorld];
 };
 static_assert(sizeof(PoolHeader) <= kHeaderBytes, "header pages");
 
@@ -126,6 +134,90 @@ int Error(const std::string& s) {
   return -1;
 }
 
+double Now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+long Futex(uint32_t* addr, int op, uint32_t val, const timespec* ts) {
+  return syscall(SYS_futex, addr, op, val, ts, nullptr, 0);
+}
+
+// Something a waiter may wait for happened (a GM write by a core, a signal, an SDMA copy done, a
+// SyncAll completed, a core returned, a failure or abort, a host barrier): wakes the threads of
+// every rank that sleep in Idler::Idle. Costs an atomic add; a futex wake only when one sleeps.
+void Notify() {
+  PoolHeader* h = g_pool.hdr;
+  if (!h) return;
+  __atomic_add_fetch(&h->wake_epoch, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&h->wake_sleepers, __ATOMIC_SEQ_CST) != 0 &&
+      __atomic_exchange_n(&h->wake_sleepers, 0, __ATOMIC_SEQ_CST) != 0)
+    Futex(&h->wake_epoch, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+// A thread with nothing to run until something happens (a wait of its only core, every core of
+// the thread waiting, the host barrier). The caller re-checks its condition between calls. First
+// it yields the CPU for `spin` (100 us, STRATA_CPU_SPIN_US; a peer that is about to write costs no
+// sleep), then it sleeps
+// until the next Notify: it sets wake_sleepers and reads the epoch (Idle returns so that the caller
+// re-checks once more), then futex-waits while the epoch is unchanged, at most kSleepCapNs (host
+// writes to the heap, bulk copies and dead peers do not notify; those are seen within the cap).
+// Core waits spin only when every core of every rank has a CPU (launch cores <= threads and
+// world x threads <= CPUs): otherwise the yielding threads take the CPUs from the ranks, cores and
+// SDMA engines they wait for (measured: a 4 KiB one-shot on 4 ranks, 2 CPUs, took 1.3 ms with the
+// spin and 0.13 ms without; two-shot on 2 ranks 17 us with it and 55-65 without).
+double SpinSec() {
+  static const double s = [] {
+    const char* e = getenv("STRATA_CPU_SPIN_US");
+    return e ? std::max(0.0, strtod(e, nullptr)) * 1e-6 : 100e-6;
+  }();
+  return s;
+}
+constexpr long kSleepCapNs = 2000000;
+constexpr uint64_t kNotifyCopyBytes = 512;  // UB->GM copies up to this size notify (flags, counts)
+// A sched_yield that returns after more than kYieldLostSec gave the CPU to another runnable
+// thread (of this machine's other processes, or ranks and engines beyond the CPUs): spinning
+// then delays the very thread it waits for by a time slice, while a futex sleeper is woken (and
+// scheduled) when its event comes. So after such a yield, waits do not spin for kSpinOffSec.
+constexpr double kYieldLostSec = 20e-6, kSpinOffSec = 0.05;
+std::atomic<double> g_spin_off_until{0};
+struct Idler {
+  double spin = SpinSec();  // how long to yield before sleeping
+  double spin_until = 0;
+  bool armed = false;
+  uint32_t epoch = 0;
+  void Busy() {
+    spin_until = 0;
+    armed = false;
+  }
+  void Idle() {
+    PoolHeader* h = g_pool.hdr;
+    if (!h || spin_until == 0 || Now() < spin_until) {
+      double t0 = Now();
+      if (spin_until == 0) {
+        // a recent yield lost the CPU for long: other processes want the CPUs, sleep at once
+        spin_until = t0 + (t0 < g_spin_off_until.load(std::memory_order_relaxed) ? 0.0 : spin);
+      }
+      sched_yield();
+      if (spin > 0 && Now() - t0 > kYieldLostSec) {
+        g_spin_off_until.store(Now() + kSpinOffSec, std::memory_order_relaxed);
+        spin_until = t0;
+      }
+      return;
+    }
+    if (!armed) {
+      __atomic_store_n(&h->wake_sleepers, 1, __ATOMIC_SEQ_CST);
+      epoch = __atomic_load_n(&h->wake_epoch, __ATOMIC_SEQ_CST);
+      armed = true;
+      return;
+    }
+    timespec ts{0, kSleepCapNs};
+    Futex(&h->wake_epoch, FUTEX_WAIT, epoch, &ts);
+    armed = false;
+  }
+};
+
 int32_t AbortState() {
   return g_pool.hdr ? __atomic_load_n(&g_pool.hdr->abort_state, __ATOMIC_ACQUIRE) : 0;
 }
@@ -139,6 +231,7 @@ void PoolAbort(int rank, const std::string& msg) {
   g_pool.hdr->abort_rank = rank;
   snprintf(g_pool.hdr->abort_msg, sizeof g_pool.hdr->abort_msg, "%s", msg.c_str());
   __atomic_store_n(&g_pool.hdr->abort_state, 2, __ATOMIC_RELEASE);
+  Notify();
 }
 // Waits (briefly) for the abort message to be complete.
 void ReadAbort(int* rank, std::string* msg) {
@@ -175,12 +268,6 @@ std::atomic<int> g_aiv_cores{STRATA_SOC_MAX_AIV};  // strata_cpu_set_aiv_cores
 
 inline void Count(int core, int ctr, uint64_t n) {
   g_ctr[core].v[ctr].fetch_add(n, std::memory_order_relaxed);
-}
-
-double Now() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -376,6 +463,9 @@ struct SdmaEngine {
       busy = false;
       ++done;
       cv_done.notify_all();
+      lk.unlock();
+      Notify();  // a quiet polling for this copy
+      lk.lock();
     }
   }
   // End of a launch: drops the copies still queued (their core failed or returned without a
@@ -405,15 +495,16 @@ struct Launch {
   double timeout = 60.0;
   uint32_t sdma_delay_us = 0;
   double sdma_sqe_us = kSdmaSqeCostUs;
+  uint32_t threads = 1;  // T: the threads its cores run on (see "cores as fibers")
+  bool spin = false;     // its waits yield before sleeping (see Idler)
   std::atomic<bool> failed{false};
   std::mutex fail_mu;
   std::string first_failure;
-  // SyncAll barrier
+  // SyncAll barrier (polled: cores may be fibers sharing a thread)
   std::mutex bar_mu;
-  std::condition_variable bar_cv;
   uint32_t bar_arrived = 0;
-  uint64_t bar_gen = 0;
-  uint32_t exited = 0;     // cores that returned from the kernel normally
+  std::atomic<uint64_t> bar_gen{0};
+  std::atomic<uint32_t> exited{0};  // cores that returned from the kernel normally
   int first_exited = -1;
   // 64-byte lines some core of this rank scalar-wrote (SetValue) in this launch, and which core
   std::mutex scalar_mu;
@@ -472,8 +563,113 @@ void TraceStage(CoreState* c, int line) {  // closes the open stage span, opens 
 
 thread_local CoreState* t_core = nullptr;
 
+}  // namespace
+}  // namespace strata_cpu
+
+// Switches stacks (x86-64 System V): saves the callee-saved registers and the SSE/x87 control
+// words on the current stack, stores its pointer in *from, loads `to` (a stack saved the same way)
+// and returns on it. No signal mask is saved (swapcontext's two syscalls per switch); cores do not
+// change it.
+extern "C" void StrataFiberSwitch(void** from, void* to);
+#if defined(__x86_64__)
+__asm__(R"(
+.text
+.p2align 4
+.type StrataFiberSwitch,@function
+StrataFiberSwitch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size StrataFiberSwitch,.-StrataFiberSwitch
+)");
+#define STRATA_HAVE_FIBERS 1
+#else  // elsewhere every core has a thread of its own (LaunchThreads), so no fiber ever switches
+extern "C" void StrataFiberSwitch(void**, void*) { std::abort(); }
+#define STRATA_HAVE_FIBERS 0
+#endif
+
+namespace strata_cpu {
+namespace {
+
+// ---- cores as fibers ----
+// A launch runs its cores on T threads (T = the CPUs this process may run on, at most the launch's
+// cores; STRATA_CPU_THREADS overrides): the launching thread is thread 0 and runs cores 0, T, 2T,
+// ...; persistent worker thread t runs cores t, t+T, .... A thread with one core runs it directly;
+// a thread with several runs each as a fiber (ucontext, a stack of its own per core, kept across
+// launches) and switches between them where a core waits (flag waits, SyncAll, SDMA quiets, the
+// modelled SQE cost, polling D-cache flushes): cooperative, so a core never loses the CPU between
+// two model calls. Everything a core owns (CoreState, UB arena, D-cache, events, SDMA queue,
+// counters) stays per core, whichever thread runs it.
+constexpr size_t kFiberStackBytes = 8u << 20;  // as a default thread stack
+struct FiberSlot {
+  void* sp = nullptr;  // saved stack pointer while switched out (StrataFiberSwitch)
+  uint8_t* stack = nullptr;  // mmap'd once, guard page at the bottom
+  bool done = false;
+  bool waiting = false;  // its last switch-out was a wait (nothing to do until something happens)
+  Launch* L = nullptr;
+  BlockFn fn = nullptr;
+  void* arg = nullptr;
+};
+FiberSlot g_fib[STRATA_MAX_CORES];
+
+struct Sched {  // one thread's share of a launch
+  void* home = nullptr;  // the scheduler's saved stack pointer while a fiber runs
+  int cur = -1;
+  int live = 0;  // its cores that have not returned
+};
+thread_local Sched* t_sched = nullptr;
+
+// Lets the other cores of this thread run (returns false, doing nothing, when none shares it).
+// `waiting`: this core has nothing to do until another agent acts (the thread may sleep when all
+// its cores wait).
+bool CoreYield(bool waiting) {
+  Sched* s = t_sched;
+  if (!s || s->live <= 1) return false;
+  CoreState* me = t_core;
+  FiberSlot& f = g_fib[s->cur];
+  f.waiting = waiting;
+  StrataFiberSwitch(&f.sp, s->home);
+  t_core = me;
+  return true;
+}
+
+// A core waiting for an event: other cores of its thread run meanwhile; when it is alone on its
+// thread, the thread idles (yields, then sleeps until a Notify).
+struct CoreWaiter {
+  Idler idle;
+  explicit CoreWaiter(const Launch* L) {
+    if (!L->spin) idle.spin = 0;
+  }
+  void Pause() {
+    if (!CoreYield(true)) idle.Idle();
+  }
+};
+
 std::mutex g_arena_mu;
 uint8_t* g_arenas[STRATA_MAX_CORES] = {};
+// Bytes [0, g_ub_used[i]) of core i's arena may differ from 0xff: what its launches handed out
+// (UbCarve: TPipe's buffers; UbBase: the whole UB). A launch refills only those, so every launch
+// still starts with a UB of 0xff (the arena is filled whole when allocated), at the cost of what
+// the previous launches used rather than 192 KiB every time. Only core i touches it.
+uint64_t g_ub_used[STRATA_MAX_CORES] = {};
 
 // ---- the scalar data cache of each vector core ----
 // GlobalTensor::GetValue/SetValue go through a private, non-coherent, write-back cache of 64-byte
@@ -536,10 +732,7 @@ void RecordFailure(CoreState* c, const std::string& body) {
   // only the launch's first failure aborts the pool, so the pool's message and the launch's error
   // are the same failure even when several cores fail at once
   if (first) PoolAbort(g_pool.rank, msg);
-  {
-    std::lock_guard<std::mutex> lk(L->bar_mu);
-  }
-  L->bar_cv.notify_all();  // SyncAll and SDMA quiet waiters also re-check every 20 ms
+  Notify();  // waiting cores (SyncAll, quiets, flags) re-check and unwind
 }
 
 [[noreturn]] void Unwind() { throw CoreUnwind{}; }
@@ -599,23 +792,6 @@ bool Compare(int32_t v, int cmp, int32_t x) {
   }
 }
 
-// Backoff for polling loops: many more threads than CPUs run, so waiting must yield. (Measured
-// with persistent workers on 2 CPUs: shorter sleeps, fewer yields, or a 1 ns timer slack for the
-// workers were no faster at 4 or 40 cores, and a 1 ns slack was 1.3-1.6x slower on 4 ranks.)
-struct Backoff {
-  uint32_t n = 0;
-  void Pause() {
-    ++n;
-    if (n < 64) {
-      sched_yield();
-      return;
-    }
-    long ns = n < 256 ? 20000 : (n < 1024 ? 100000 : 500000);
-    timespec ts{0, ns};
-    nanosleep(&ts, nullptr);
-  }
-};
-
 std::string GmWhere(const void* p) {
   int owner = OwnerOf(p);
   if (owner < 0) return Sprintf("%p (not in the pool)", p);
@@ -638,8 +814,8 @@ void CheckGmImpl(const void* p, uint64_t bytes, const char* op) {
 void SpinCore(CoreState* c, double us, const char* op) {
   if (us <= 0) return;
   const double end = Now() + us * 1e-6;
-  for (uint32_t k = 1; Now() < end; ++k)
-    if ((k & 255u) == 0) AbortCheck(c, op);
+  for (uint32_t k = 1; Now() < end; ++k)  // other cores of the thread run meanwhile
+    if (CoreYield(false) || (k & 255u) == 0) AbortCheck(c, op);
 }
 
 // Scratch rules of the SDMA path (UB address, size) and the channel limit.
@@ -658,23 +834,24 @@ void CheckSdmaScratch(CoreState* c, const void* buf, uint32_t ub_size, const cha
 }
 
 // ---------------------------------------------------------------------------------------------
-// Persistent workers. A process keeps one thread per vector core (grown to the largest `blocks`
-// launched, at most STRATA_MAX_CORES) and one SDMA engine thread per core that has posted a copy;
-// launches hand each core its work and wait for all of them, instead of starting and joining
-// threads every time. strata_cpu_finalize (and the library's unloading or the process's exit)
-// stops and joins them; the next launch starts them again.
+// Persistent workers. A process keeps T-1 worker threads (grown to the largest T launched; see
+// "cores as fibers") and one SDMA engine thread per core that has posted a copy; launches hand each
+// worker its share of the cores and wait for all of them, instead of starting and joining threads
+// every time. strata_cpu_finalize (and the library's unloading or the process's exit) stops and
+// joins them; the next launch starts them again.
 
 struct CoreJob {
   Launch* L = nullptr;
   BlockFn fn = nullptr;
   void* ctx = nullptr;
+  int threads = 1;  // T of the launch
 };
 
 struct WorkerPool;
 
 struct CoreWorker {
   WorkerPool* pool = nullptr;
-  int idx = 0;
+  int idx = 0;  // thread index t >= 1 of every launch (thread 0 is the launching thread)
   std::mutex mu;
   std::condition_variable cv;
   uint64_t gen = 0;  // jobs handed out (a new job: gen changes)
@@ -685,8 +862,8 @@ struct CoreWorker {
 
 struct WorkerPool {
   std::mutex launch_mu;                  // one launch at a time per process
-  std::vector<CoreWorker*> cores;        // cores[i] runs core i of every launch
-  SdmaEngine* sdma[STRATA_MAX_CORES] = {};  // written by core i's thread, read after the launch
+  std::vector<CoreWorker*> cores;        // cores[t - 1] is thread t of every launch
+  SdmaEngine* sdma[STRATA_MAX_CORES] = {};  // written by core i (on its thread), read after the launch
   std::mutex done_mu;
   std::condition_variable done_cv;
   uint32_t pending = 0;                  // cores of the running launch that have not finished
@@ -780,6 +957,7 @@ void LineCleanInvalidate(CoreState* c, uintptr_t line, const char* op) {
       }
     }
     std::atomic_thread_fence(std::memory_order_seq_cst);
+    Notify();
   }
   g_dcache[c->idx].erase(it);
 }
@@ -789,7 +967,9 @@ void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
   cs.launch = L;
   cs.idx = idx;
   cs.ub = g_arenas[idx];
-  std::memset(cs.ub, 0xff, kUbBytes);  // UB starts as garbage: NaN for floats, -1 for integers
+  // UB starts as garbage: NaN for floats, -1 for integers (see g_ub_used)
+  std::memset(cs.ub, 0xff, g_ub_used[idx]);
+  g_ub_used[idx] = 0;
   t_core = &cs;
   bool normal = false;
   bool traced = Tracing();
@@ -828,8 +1008,118 @@ void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
       if (L->exited++ == 0) L->first_exited = idx;
     }
   }
-  L->bar_cv.notify_all();
+  Notify();  // a SyncAll waiting for a core that returned fails now
   t_core = nullptr;
+}
+
+// First code of a fiber (StrataFiberSwitch "returns" here on its new stack); never returns: it
+// switches back to the scheduler for good.
+void FiberStart() {
+  Sched* s = t_sched;
+  const int idx = s->cur;
+  FiberSlot& f = g_fib[idx];
+  CoreMain(f.L, idx, f.fn, f.arg);  // catches everything a kernel throws
+  f.done = true;
+  void* dead;
+  StrataFiberSwitch(&dead, t_sched->home);
+  std::abort();
+}
+
+// Thread t of a launch on T threads: runs cores t, t+T, ... to their end (see "cores as fibers").
+// Stacks are allocated by LaunchBlocks before the launch starts.
+void RunCores(int t, int T, Launch* L, BlockFn fn, void* arg) {
+  const int blocks = int(L->blocks);
+  Sched s;
+  t_sched = &s;
+  if (t + T >= blocks) {  // one core on this thread: no fiber
+    s.live = 1;
+    s.cur = t;
+    CoreMain(L, t, fn, arg);
+    t_sched = nullptr;
+    return;
+  }
+  for (int i = t; i < blocks; i += T) {
+    FiberSlot& f = g_fib[i];
+    f.L = L;
+    f.fn = fn;
+    f.arg = arg;
+    f.done = false;
+    f.waiting = false;
+    // a fresh stack as StrataFiberSwitch leaves it: FP control words, six callee-saved registers
+    // (zero), the "return" address FiberStart and a null frame above it (FiberStart starts with
+    // rsp = 8 mod 16, as after a call)
+    uint64_t* sp = reinterpret_cast<uint64_t*>(f.stack + kFiberStackBytes);
+    *--sp = 0;
+    *--sp = reinterpret_cast<uint64_t>(&FiberStart);
+    for (int r = 0; r < 6; ++r) *--sp = 0;
+    *--sp = 0;
+    uint32_t mxcsr = 0x1f80;  // the defaults, replaced by this thread's
+    uint16_t fpucw = 0x037f;
+#if defined(__x86_64__)
+    __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
+    __asm__ volatile("fnstcw %0" : "=m"(fpucw));
+#endif
+    std::memcpy(reinterpret_cast<uint8_t*>(sp), &mxcsr, 4);
+    std::memcpy(reinterpret_cast<uint8_t*>(sp) + 4, &fpucw, 2);
+    f.sp = sp;
+    ++s.live;
+  }
+  Idler idle;
+  idle.spin = 0;  // see Idler
+  while (s.live > 0) {
+    bool busy = false;
+    for (int i = t; i < blocks; i += T) {
+      FiberSlot& f = g_fib[i];
+      if (f.done) continue;
+      s.cur = i;
+      f.waiting = false;
+      StrataFiberSwitch(&s.home, f.sp);
+      if (f.done) {
+        --s.live;
+        busy = true;
+      } else if (!f.waiting) {
+        busy = true;
+      }
+    }
+    if (busy)
+      idle.Busy();
+    else
+      idle.Idle();  // every core of this thread waits
+  }
+  t_sched = nullptr;
+  t_core = nullptr;
+}
+
+// CPUs this process may run on.
+int MachineCpus() {
+  static const int cpus = [] {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+    return std::max(1, int(sysconf(_SC_NPROCESSORS_ONLN)));
+  }();
+  return cpus;
+}
+
+// Threads a launch of `blocks` cores runs on.
+int LaunchThreads(uint32_t blocks) {
+  int n = MachineCpus();
+  if (const char* e = getenv("STRATA_CPU_THREADS")) n = std::max(1, atoi(e));
+  if (!STRATA_HAVE_FIBERS) n = int(blocks);
+  return std::max(1, std::min<int>(n, int(blocks)));
+}
+
+// Fiber stacks for cores [0, blocks) that run as fibers; "" or why not.
+std::string EnsureStacks(uint32_t blocks) {
+  for (uint32_t i = 0; i < blocks; ++i) {
+    FiberSlot& f = g_fib[i];
+    if (f.stack) continue;
+    void* p = mmap(nullptr, kFiberStackBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (p == MAP_FAILED) return Sprintf("cannot map a stack for core %u: %s", i, strerror(errno));
+    mprotect(p, 4096, PROT_NONE);  // guard page: an overflow faults instead of writing elsewhere
+    f.stack = static_cast<uint8_t*>(p);
+  }
+  return "";
 }
 
 void CoreWorkerMain(CoreWorker* w) {
@@ -843,7 +1133,7 @@ void CoreWorkerMain(CoreWorker* w) {
       seen = w->gen;
       job = w->job;
     }
-    CoreMain(job.L, w->idx, job.fn, job.ctx);  // catches everything the kernel throws
+    RunCores(w->idx, job.threads, job.L, job.fn, job.ctx);  // CoreMain catches everything a kernel throws
     WorkerPool* pool = w->pool;
     std::lock_guard<std::mutex> lk(pool->done_mu);
     if (--pool->pending == 0) pool->done_cv.notify_one();
@@ -851,11 +1141,11 @@ void CoreWorkerMain(CoreWorker* w) {
 }
 
 // Starts core workers until there are `blocks`; "" or why one could not be started.
-std::string GrowWorkers(WorkerPool* pool, uint32_t blocks) {
-  while (pool->cores.size() < blocks) {
+std::string GrowWorkers(WorkerPool* pool, uint32_t workers) {
+  while (pool->cores.size() < workers) {
     CoreWorker* w = new CoreWorker;
     w->pool = pool;
-    w->idx = int(pool->cores.size());
+    w->idx = int(pool->cores.size()) + 1;
     try {
       w->thread = std::thread(CoreWorkerMain, w);
     } catch (const std::exception& e) {
@@ -960,37 +1250,46 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
     return Error(Sprintf("LaunchBlocks(%s): the pool is aborted: rank %d failed: %s",
                          kernel_name ? kernel_name : "?", rank, msg.c_str()));
   }
+  const int T = LaunchThreads(blocks);
   {
     std::lock_guard<std::mutex> lk(g_arena_mu);
     for (uint32_t i = 0; i < blocks; ++i) {
       if (!g_arenas[i]) {
         g_arenas[i] = static_cast<uint8_t*>(aligned_alloc(64, kUbBytes));
         if (!g_arenas[i]) return Error("LaunchBlocks: out of memory for UB arenas");
+        g_ub_used[i] = kUbBytes;  // filled by its first launch
       }
+    }
+    if (int(blocks) > T) {
+      std::string why = EnsureStacks(blocks);
+      if (!why.empty()) return Error(Sprintf("LaunchBlocks: %s", why.c_str()));
     }
   }
   Launch L;
   L.kernel = kernel_name ? kernel_name : "?";
   L.blocks = blocks;
+  L.threads = uint32_t(T);
+  L.spin = int(blocks) <= T && g_pool.world * T <= MachineCpus();
   L.timeout = g_timeout.load();
   if (const char* d = getenv("STRATA_CPU_SDMA_DELAY_US")) L.sdma_delay_us = uint32_t(strtoul(d, nullptr, 10));
   if (const char* d = getenv("STRATA_CPU_SDMA_SQE_US")) L.sdma_sqe_us = std::max(0.0, strtod(d, nullptr));
-  std::string spawn_error = GrowWorkers(pool, blocks);
+  std::string spawn_error = GrowWorkers(pool, uint32_t(T - 1));
   if (!spawn_error.empty()) return Error(Sprintf("LaunchBlocks(%s): %s", L.kernel, spawn_error.c_str()));
   {
     std::lock_guard<std::mutex> lk(pool->done_mu);
-    pool->pending = blocks;
+    pool->pending = uint32_t(T - 1);
   }
-  for (uint32_t i = 0; i < blocks; ++i) {
-    CoreWorker* w = pool->cores[i];
+  for (int t = 1; t < T; ++t) {
+    CoreWorker* w = pool->cores[t - 1];
     {
       std::lock_guard<std::mutex> lk(w->mu);
-      w->job = CoreJob{&L, fn, ctx};
+      w->job = CoreJob{&L, fn, ctx, T};
       ++w->gen;
     }
     w->cv.notify_one();
   }
-  {
+  RunCores(0, T, &L, fn, ctx);  // this thread's share
+  if (T > 1) {
     std::unique_lock<std::mutex> lk(pool->done_mu);
     pool->done_cv.wait(lk, [&] { return pool->pending == 0; });
   }
@@ -1031,7 +1330,16 @@ STRATA_EXPORT void DeclareKernelType(int type) {
   c->ktype = type;
 }
 
-STRATA_EXPORT uint8_t* UbBase() { return Cur("UB access")->ub; }
+STRATA_EXPORT uint8_t* UbBase() {
+  CoreState* c = Cur("UB access");
+  g_ub_used[c->idx] = kUbBytes;  // any byte may be written
+  return c->ub;
+}
+STRATA_EXPORT uint8_t* UbCarve(uint64_t end) {
+  CoreState* c = Cur("TPipe::InitBuffer");
+  g_ub_used[c->idx] = std::max<uint64_t>(g_ub_used[c->idx], std::min<uint64_t>(end, kUbBytes));
+  return c->ub;
+}
 
 STRATA_EXPORT int64_t UbOffset(const void* p) {
   CoreState* c = t_core;
@@ -1186,6 +1494,9 @@ STRATA_EXPORT void CopyUbToGm(void* gm, const void* ub, uint64_t bytes, int dtyp
     std::memcpy(gm, ub, bytes);
   Count(c->idx, STRATA_CTR_MTE_OUT, bytes);
   if (OwnerOf(gm) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_WRITE, bytes);
+  // a flag may have been written this way (a signal goes through SignalOp, which notifies); bulk
+  // data copies do not notify: a wait on a flag that one covers sees it within Idler's sleep cap
+  if (bytes <= kNotifyCopyBytes) Notify();
 }
 
 STRATA_EXPORT void SetAtomicMode(int op, int dtype, const char* api) {
@@ -1373,7 +1684,7 @@ STRATA_EXPORT void PollHint(const char* op) {
   CoreState* c = Cur(op);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   AbortCheck(c, op);
-  if ((++c->poll_calls & 15u) == 0) sched_yield();
+  if ((++c->poll_calls & 15u) == 0 && !CoreYield(false)) sched_yield();
 }
 
 STRATA_EXPORT void SyncAllCores(bool aiv_only) {
@@ -1396,34 +1707,40 @@ STRATA_EXPORT void SyncAllCores(bool aiv_only) {
   } span{c, Tracing() ? Now() : 0};
   std::atomic_thread_fence(std::memory_order_seq_cst);
   std::unique_lock<std::mutex> lk(L->bar_mu);
-  uint64_t gen = L->bar_gen;
+  uint64_t gen = L->bar_gen.load();
   if (++L->bar_arrived == L->blocks) {
     L->bar_arrived = 0;
-    ++L->bar_gen;
+    L->bar_gen.fetch_add(1);
     lk.unlock();
-    L->bar_cv.notify_all();
+    Notify();
     return;
   }
+  lk.unlock();
+  // polled: the other cores may be fibers of this thread, which run while this one pauses
   double deadline = Now() + L->timeout;
-  while (L->bar_gen == gen) {
+  CoreWaiter waiter(c->launch);
+  while (L->bar_gen.load() == gen) {
     if (L->failed.load()) Unwind();
-    if (L->exited > 0) {
+    if (L->exited.load() > 0) {
+      lk.lock();
       int first = L->first_exited;
       uint32_t arrived = L->bar_arrived;
       lk.unlock();
+      if (L->bar_gen.load() != gen) break;
       FailStr(Sprintf("SyncAll can never complete: core %d returned from the kernel without reaching it (%u of "
                       "%u cores arrived; on hardware this hangs)",
                       first, arrived, L->blocks));
     }
     if (AbortState() != 0 || Now() > deadline) {
+      lk.lock();
       uint32_t arrived = L->bar_arrived;
       lk.unlock();
+      if (L->bar_gen.load() != gen) break;
       AbortCheck(c, "SyncAll");
       FailStr(Sprintf("SyncAll timed out after %g s: %u of %u cores arrived", L->timeout, arrived, L->blocks));
     }
-    L->bar_cv.wait_for(lk, std::chrono::milliseconds(20));
+    waiter.Pause();
   }
-  lk.unlock();
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
@@ -1482,6 +1799,7 @@ STRATA_EXPORT void SignalOp(int32_t* sig_addr, int32_t signal, int sig_op, int p
     __atomic_fetch_add(remote, signal, __ATOMIC_SEQ_CST);
   else
     FailStr(Sprintf("%s: sig_op %d is neither ACLSHMEM_SIGNAL_SET nor ACLSHMEM_SIGNAL_ADD", op, sig_op));
+  Notify();
 }
 
 namespace {
@@ -1574,7 +1892,7 @@ STRATA_EXPORT int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value)
   CheckSignalLine(sig_addr, op);
   LineCleanInvalidate(c, reinterpret_cast<uintptr_t>(sig_addr), op);  // each poll flushes the line
   double deadline = -1, next_live = 0;
-  Backoff backoff;
+  CoreWaiter waiter(c->launch);
   double t0 = Tracing() ? Now() : 0;
   for (uint64_t iter = 0;; ++iter) {
     int32_t v = __atomic_load_n(sig_addr, __ATOMIC_SEQ_CST);
@@ -1609,7 +1927,7 @@ STRATA_EXPORT int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value)
           FailStr(Sprintf("%s: %s; this core was waiting for %s%s", op, gone.c_str(), text.c_str(), pending.c_str()));
         FailStr(Sprintf("%s timed out after %g s: %s%s", op, c->launch->timeout, text.c_str(), pending.c_str()));
       }
-      backoff.Pause();
+      waiter.Pause();
     }
   }
 }
@@ -1693,23 +2011,23 @@ STRATA_EXPORT void SdmaQuiet(const void* ub_buf, uint32_t ub_size, const char* o
                       (unsigned long long)c->sdma_sqes_held));
     SpinCore(c, c->launch->sdma_sqe_us, op);
   }
-  if (e) {
-    double deadline = Now() + c->launch->timeout;
-    std::unique_lock<std::mutex> lk(e->mu);
-    while (e->done < e->posted) {
-      if (c->launch->failed.load() || AbortState() != 0) {
-        lk.unlock();
-        AbortCheck(c, op);
-        lk.lock();
-        continue;
+  if (e) {  // polled: other cores of this thread run while this one pauses
+    double deadline = -1;
+    CoreWaiter waiter(c->launch);
+    for (;;) {
+      uint64_t left;
+      {
+        std::lock_guard<std::mutex> lk(e->mu);
+        left = e->posted - e->done;
       }
-      if (Now() > deadline) {
-        uint64_t left = e->posted - e->done;
-        lk.unlock();
+      if (left == 0) break;
+      AbortCheck(c, op);
+      double now = Now();
+      if (deadline < 0) deadline = now + c->launch->timeout;
+      if (now > deadline)
         FailStr(Sprintf("%s timed out after %g s with %llu copies outstanding", op, c->launch->timeout,
                         (unsigned long long)left));
-      }
-      e->cv_done.wait_for(lk, std::chrono::milliseconds(20));
+      waiter.Pause();
     }
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -1928,10 +2246,11 @@ STRATA_EXPORT int strata_cpu_barrier(void) {
   if (__atomic_add_fetch(&h->bar_count, 1, __ATOMIC_ACQ_REL) == g_pool.world) {
     __atomic_store_n(&h->bar_count, 0, __ATOMIC_RELEASE);
     __atomic_add_fetch(&h->bar_gen, 1, __ATOMIC_ACQ_REL);
+    Notify();  // the waiters below
     return 0;
   }
   double start = Now(), deadline = start + g_timeout.load();
-  Backoff backoff;
+  Idler idle;
   while (__atomic_load_n(&h->bar_gen, __ATOMIC_ACQUIRE) == gen) {
     if (AbortState() != 0) {
       int rank;
@@ -1960,7 +2279,7 @@ STRATA_EXPORT int strata_cpu_barrier(void) {
       PoolAbort(g_pool.rank, msg);
       return Error(msg);
     }
-    backoff.Pause();
+    idle.Idle();
   }
   return 0;
 }
@@ -1975,7 +2294,10 @@ STRATA_EXPORT int strata_cpu_dead_rank(void) {
 STRATA_EXPORT void strata_cpu_set_active_ranks(uint64_t active) { g_active.store(active); }
 
 STRATA_EXPORT void strata_cpu_leave(void) {
-  if (g_pool.inited) __atomic_store_n(&g_pool.hdr->ranks[g_pool.rank].state, int32_t(kRankLeft), __ATOMIC_RELEASE);
+  if (g_pool.inited) {
+    __atomic_store_n(&g_pool.hdr->ranks[g_pool.rank].state, int32_t(kRankLeft), __ATOMIC_RELEASE);
+    Notify();
+  }
 }
 
 STRATA_EXPORT void strata_cpu_describe_sync(const void* sync, int64_t barrier_slots, const char* layout) {

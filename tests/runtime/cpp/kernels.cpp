@@ -645,3 +645,25 @@ extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
 extern "C" int launch_fail(uint32_t blocks, uint8_t* buf, int32_t which) {
   return STRATA_CPU_LAUNCH(fail_kernel, blocks, buf, which);
 }
+
+// ---------------------------------------------------------------------------------------------
+// ub_fresh: each core carves `carve` bytes of UB, copies them to its slice of `out` before
+// writing any (what the launch found in UB), then fills the first `dirty` bytes with zeros, so that
+// the next launch on the same cores would see them if UB were not refilled with 0xff.
+extern "C" __global__ __aicore__ void ub_fresh_kernel(GM_ADDR out, uint32_t carve, uint32_t dirty) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  TPipe pipe;
+  TBuf<> b;
+  pipe.InitBuffer(b, carve);
+  LocalTensor<int32_t> t = b.Get<int32_t>();
+  GlobalTensor<int32_t> g;
+  g.SetGlobalBuffer(reinterpret_cast<int32_t*>(out) + uint64_t(GetBlockIdx()) * (carve / 4), carve / 4);
+  DataCopy(g, t, carve / 4);
+  SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+  WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+  if (dirty > 0) Duplicate(t, int32_t(0), int32_t(dirty / 4));
+}
+
+extern "C" int launch_ub_fresh(uint32_t blocks, uint8_t* out, uint32_t carve, uint32_t dirty) {
+  return STRATA_CPU_LAUNCH(ub_fresh_kernel, blocks, out, carve, dirty);
+}
