@@ -24,6 +24,7 @@ class EventKind(enum.Enum):
     BARRIER = "barrier"
     SIGNAL = "signal"
     WAIT = "wait"
+    AWAIT = "await"    # the asynchronous stages it names are complete
     EXIT = "exit"
 
 
@@ -73,13 +74,24 @@ class Event:
     rank: int
     index: int
     span: Span | None
+    # the lists an event of its kind fills are made with it (a stage: accesses, moves, routes; a
+    # signal: signals; a wait: waits); the others stay the shared empty tuple: a step loop makes
+    # about a million events per instance at world 384, and five new lists each cost seconds
     stage: ir.Stage | None = None
-    accesses: list[Access] = field(default_factory=list)
-    moves: list[Move] = field(default_factory=list)
-    signals: list[tuple[int, str, int, Span]] = field(default_factory=list)   # owner, flag, slot
-    waits: list[tuple[str, int, Span]] = field(default_factory=list)          # flag, slot (own)
+    accesses: list[Access] = ()              # type: ignore[assignment]
+    moves: list[Move] = ()                   # type: ignore[assignment]
+    signals: list[tuple[int, str, int, Span]] = ()   # type: ignore[assignment]  # owner, flag, slot
+    waits: list[tuple[str, int, Span]] = ()  # type: ignore[assignment]  # flag, slot (own)
     barrier: int = -1          # the stamp (or, before the passes, the ordinal) ranks meet at
-    routes: list[RouteInst] = field(default_factory=list)
+    routes: list[RouteInst] = ()             # type: ignore[assignment]
+    # an asynchronous stage's accesses are in flight from this event until the AWAIT event at
+    # index `done` of the same rank; -1: they complete in the event itself
+    done: int = -1
+
+    @property
+    def end(self) -> int:
+        """The index of the event at which this event's accesses are complete."""
+        return self.index if self.done < 0 else self.done
 
 
 @dataclass
@@ -284,6 +296,7 @@ class _Builder:
         env = dict(self.base, rank=rank)
         events: list[Event] = [Event(EventKind.ENTRY, rank, 0, None)]
         barriers = 0
+        posted: dict[str, Event] = {}    # asynchronous stages in flight, by handle
 
         def new(kind, span, **kw):
             ev = Event(kind, rank, len(events), span, **kw)
@@ -309,11 +322,12 @@ class _Builder:
                     owner = _ev(op.rank, env, op.span, "the signalled rank")
                     self.check_rank(owner, op.span, env)
                     slot = self.flag_slot(op.flag, op.index, env, op.span)
-                ev = last if last.kind is EventKind.SIGNAL else new(EventKind.SIGNAL, op.span)
+                ev = last if last.kind is EventKind.SIGNAL else new(EventKind.SIGNAL, op.span,
+                                                                     signals=[])
                 ev.signals.append((owner, op.flag, slot, op.span))
             else:
                 slot = self.flag_slot(op.flag, op.index, env, op.span)
-                ev = last if last.kind is EventKind.WAIT else new(EventKind.WAIT, op.span)
+                ev = last if last.kind is EventKind.WAIT else new(EventKind.WAIT, op.span, waits=[])
                 ev.waits.append((op.flag, slot, op.span))
 
         def top(ops, env):
@@ -332,9 +346,16 @@ class _Builder:
                     for v in self.values(op, env):
                         top(op.body, {**env, op.var: v})
                 elif isinstance(op, ir.Stage):
-                    ev = new(EventKind.STAGE, op.span, stage=op)
+                    ev = new(EventKind.STAGE, op.span, stage=op, accesses=[], moves=[], routes=[])
                     for inner in op.body:
                         self.moves(inner, env, ev)
+                    if op.handle is not None:
+                        posted[op.handle] = ev
+                elif isinstance(op, ir.Await):
+                    ev = new(EventKind.AWAIT, op.span)
+                    stage = posted.pop(op.handle, None)
+                    if stage is not None:   # sema pairs every await with a stage before it
+                        stage.done = ev.index
                 else:
                     sync(op, env)
 

@@ -161,6 +161,10 @@ class _Walker:
                 elif isinstance(op, ir.Loop):   # a loop around stages and sync (step loops)
                     for v in self.values(op, env):
                         top(op.body, {**env, op.var: v})
+                elif isinstance(op, ir.Await):
+                    # an asynchronous stage is costed as a synchronous one (its overlap with what
+                    # follows until the await is not modelled: an upper bound)
+                    continue
                 else:
                     sync(op, env)
 
