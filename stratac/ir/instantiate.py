@@ -28,8 +28,8 @@ class EventKind(enum.Enum):
     EXIT = "exit"
 
 
-@dataclass(frozen=True)
-class Access:
+@dataclass(slots=True)   # not frozen: a frozen dataclass's __init__ costs a setattr per field,
+class Access:            # and a step loop at world 384 makes millions of them
     owner: int
     buffer: str
     lo: int
@@ -41,7 +41,7 @@ class Access:
                                     # other accumulates of the same op)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)   # not frozen, like Access
 class Move:
     dst: tuple[int, str, int, int]                # owner, buffer, lo, hi
     srcs: tuple[tuple[int, str, int, int], ...]
@@ -249,6 +249,14 @@ def _ev(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
                                 span)) from None
 
 
+def _truth(cond: ir.IExpr, env: dict, span: Span) -> bool:
+    """Whether a condition holds: the compiled call, or on any evaluation error `_ev`'s report."""
+    try:
+        return bool(_compiled(cond)(env))
+    except ArithmeticError:
+        return bool(_ev(cond, env, span, "a condition"))
+
+
 def evaluate(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
     """e's value under env with the kernel's rules (/ of non-negative operands, floored % by a
     positive number, shifts within int64, log2 of a positive number), or a StrataError at span."""
@@ -326,7 +334,13 @@ class _Builder:
                                                                      signals=[])
                 ev.signals.append((owner, op.flag, slot, op.span))
             else:
-                slot = self.flag_slot(op.flag, op.index, env, op.span)
+                try:   # the fast path, as for a signal
+                    slot = _compiled(op.index)(env)
+                    ok = 0 <= slot < self.flag_sizes[op.flag]
+                except (ArithmeticError, KeyError):
+                    ok = False
+                if not ok:
+                    slot = self.flag_slot(op.flag, op.index, env, op.span)
                 ev = last if last.kind is EventKind.WAIT else new(EventKind.WAIT, op.span, waits=[])
                 ev.waits.append((op.flag, slot, op.span))
 
@@ -339,7 +353,7 @@ class _Builder:
                     new(EventKind.BARRIER, op.span, barrier=meet)
                     barriers += 1
                 elif isinstance(op, ir.If):
-                    top(op.then if _ev(op.cond, env, op.span, "a condition") else op.orelse, env)
+                    top(op.then if _truth(op.cond, env, op.span) else op.orelse, env)
                 elif self.barriers_only:
                     continue   # barriers sit at the top level and under ifs only (sema)
                 elif isinstance(op, ir.Loop):
@@ -446,7 +460,7 @@ class _Builder:
                     self.moves(o, inner, ev)
             return
         if isinstance(op, ir.If):
-            for o in (op.then if _ev(op.cond, env, op.span, "a condition") else op.orelse):
+            for o in (op.then if _truth(op.cond, env, op.span) else op.orelse):
                 self.moves(o, env, ev)
             return
         self.instance += 1

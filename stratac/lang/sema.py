@@ -322,6 +322,8 @@ class _Lowering:
         if st.engine != "sdma":
             self.err(Codes.BAD_ENGINE, f"only `on sdma` stages can be asynchronous (`on {st.engine}` "
                      "copies run on the vector cores, which finish them before going on)", st.span)
+            if not in_stage:
+                self.pending[-1].setdefault(st.handle, st.handle_span)   # its await is no error
             return False
         if in_stage:
             return True   # reported as a nested stage
