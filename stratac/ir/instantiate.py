@@ -311,8 +311,16 @@ class _Builder:
             events.append(ev)
             return ev
 
+        # the hot loop of the verifier (about a million events per instance at world 384):
+        # dispatch on the exact node type, build events positionally, skip empty arms
+        world, flag_sizes, lowered = self.world, self.flag_sizes, self.s.lowered
+        SIGNAL, WAIT, STAGE = EventKind.SIGNAL, EventKind.WAIT, EventKind.STAGE
+        Signal, Wait, If, Loop, Stage, Await, Barrier = (ir.Signal, ir.Wait, ir.If, ir.Loop, ir.Stage,
+                                                         ir.Await, ir.Barrier)
+
         def sync(op, env):
-            if isinstance(op, ir.Loop):
+            t = type(op)
+            if t is Loop:
                 for v in self.values(op, env):
                     inner = dict(env)
                     inner[op.var] = v
@@ -320,52 +328,67 @@ class _Builder:
                         sync(o, inner)
                 return
             last = events[-1]
-            if isinstance(op, ir.Signal):
+            if t is Signal:
                 try:   # the fast path (one compiled call); errors take the checked one
                     owner, slot = _signal_fn(op)(env)
-                    ok = 0 <= owner < self.world and 0 <= slot < self.flag_sizes[op.flag]
+                    ok = 0 <= owner < world and 0 <= slot < flag_sizes[op.flag]
                 except (ArithmeticError, KeyError):
                     ok = False
                 if not ok:
                     owner = _ev(op.rank, env, op.span, "the signalled rank")
                     self.check_rank(owner, op.span, env)
                     slot = self.flag_slot(op.flag, op.index, env, op.span)
-                ev = last if last.kind is EventKind.SIGNAL else new(EventKind.SIGNAL, op.span,
-                                                                     signals=[])
-                ev.signals.append((owner, op.flag, slot, op.span))
+                if last.kind is SIGNAL:
+                    last.signals.append((owner, op.flag, slot, op.span))
+                else:
+                    events.append(Event(SIGNAL, rank, len(events), op.span,
+                                        signals=[(owner, op.flag, slot, op.span)]))
             else:
                 try:   # the fast path, as for a signal
                     slot = _compiled(op.index)(env)
-                    ok = 0 <= slot < self.flag_sizes[op.flag]
+                    ok = 0 <= slot < flag_sizes[op.flag]
                 except (ArithmeticError, KeyError):
                     ok = False
                 if not ok:
                     slot = self.flag_slot(op.flag, op.index, env, op.span)
-                ev = last if last.kind is EventKind.WAIT else new(EventKind.WAIT, op.span, waits=[])
-                ev.waits.append((op.flag, slot, op.span))
+                if last.kind is WAIT:
+                    last.waits.append((op.flag, slot, op.span))
+                else:
+                    events.append(Event(WAIT, rank, len(events), op.span,
+                                        waits=[(op.flag, slot, op.span)]))
 
         def top(ops, env):
             nonlocal barriers
             for op in ops:
-                if isinstance(op, ir.Barrier):
-                    meet = (_ev(op.seq, env, op.span, "the barrier's stamp") if self.s.lowered
+                t = type(op)
+                if t is Signal or t is Wait:
+                    if not self.barriers_only:
+                        sync(op, env)
+                elif t is If:
+                    arm = op.then if _truth(op.cond, env, op.span) else op.orelse
+                    if arm:
+                        top(arm, env)
+                elif t is Barrier:
+                    meet = (_ev(op.seq, env, op.span, "the barrier's stamp") if lowered
                             else barriers)
                     new(EventKind.BARRIER, op.span, barrier=meet)
                     barriers += 1
-                elif isinstance(op, ir.If):
-                    top(op.then if _truth(op.cond, env, op.span) else op.orelse, env)
                 elif self.barriers_only:
                     continue   # barriers sit at the top level and under ifs only (sema)
-                elif isinstance(op, ir.Loop):
-                    for v in self.values(op, env):
-                        top(op.body, {**env, op.var: v})
-                elif isinstance(op, ir.Stage):
-                    ev = new(EventKind.STAGE, op.span, stage=op, accesses=[], moves=[], routes=[])
+                elif t is Stage:
+                    ev = Event(STAGE, rank, len(events), op.span, op, [], [])
+                    ev.routes = []
+                    events.append(ev)
                     for inner in op.body:
                         self.moves(inner, env, ev)
                     if op.handle is not None:
                         posted[op.handle] = ev
-                elif isinstance(op, ir.Await):
+                elif t is Loop:
+                    for v in self.values(op, env):
+                        inner = dict(env)
+                        inner[op.var] = v
+                        top(op.body, inner)
+                elif t is Await:
                     ev = new(EventKind.AWAIT, op.span)
                     stage = posted.pop(op.handle, None)
                     if stage is not None:   # sema pairs every await with a stage before it
