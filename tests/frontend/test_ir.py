@@ -376,3 +376,22 @@ def test_every_barrier_stamp_is_one_more_than_the_barriers_passed(world):
         assert after == [[k + 1 for k in ordinals] for ordinals in before]
         assert all(stamps == list(range(1, len(stamps) + 1)) for stamps in after)
         assert max(map(len, after)) <= lowered.sync_ops - len(lowered.flags)
+
+
+ASYNC_SRC = """\
+schedule fwd(x: sym f32[n], y: sym f32[n]) implements allreduce(x, sum) {
+  on sdma async h: y@((rank + 1) % world) = x
+  await h
+}
+"""
+
+
+def test_dump_async_stage_and_await():
+    s, = frontend.schedules(Source("fwd.strata", ASYNC_SRC))
+    stage, done = s.body
+    assert stage.handle == "h" and isinstance(done, ir.Await) and done.handle == "h"
+    assert ir.dump(s).splitlines()[2:] == [
+        "  stage 1 on sdma async h:  # line 2",
+        "    y[0 +: n]@((rank + 1) % world) = x[0 +: n]  # line 2",
+        "  await h  # line 3",
+    ]
