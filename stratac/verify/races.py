@@ -32,16 +32,22 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
     # Accesses separated by a barrier are ordered by it (a barrier joins every rank), so only
     # accesses between the same two barriers can race: group by (owner, buffer, barrier epoch).
     groups: dict[tuple[int, str, int], list[tuple[Access, Event]]] = {}
+    BARRIER, vc = EventKind.BARRIER, ex.vc   # the hot loop: no enum lookups; hb inlined below
     for tl in inst.timelines:
         epoch = 0
         for ev in tl:
-            if ev.kind is EventKind.BARRIER:
+            if ev.kind is BARRIER:
                 epoch += 1
             for a in ev.accesses:
-                groups.setdefault((a.owner, a.buffer, epoch), []).append((a, ev))
+                key = (a.owner, a.buffer, epoch)
+                group = groups.get(key)
+                if group is None:
+                    groups[key] = group = []
+                group.append((a, ev))
                 if a.owner != ev.rank:
                     kind = "writes" if a.write else "reads"
-                    if not ex.hb(a.owner, 0, ev.rank, ev.index) and not (a.write and
+                    # ex.hb(a.owner, 0, ev.rank, ev.index): the owner's entry happens before ev
+                    if not vc[ev.rank][ev.index][a.owner] >= 1 and not (a.write and
                                                                           a.buffer in entry_free):
                         diags.append(error(
                             Codes.ENTRY, f"rank {ev.rank} {kind} {a.buffer}[{a.lo}:{a.hi}]@{a.owner} "
