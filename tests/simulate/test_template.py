@@ -57,6 +57,8 @@ def _check_template(s: ir.Schedule, world: int) -> None:
                 kinds.append(("signal", [(o, f, slot) for o, f, slot, _ in ev.signals]))
             elif ev.kind is instantiate.EventKind.WAIT:
                 kinds.append(("wait", [(f, slot) for f, slot, _ in ev.waits]))
+            elif ev.kind is instantiate.EventKind.AWAIT:
+                kinds.append(("await", None))
         assert t.timelines[r] == kinds, (world, r)
     for index, moves in want.items():
         assert t.moves(index, lens) == moves, (world, index)

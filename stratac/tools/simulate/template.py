@@ -47,7 +47,7 @@ class Template:
     keys: list[tuple[ir.IExpr, dict]]     # a length expression and its values of non-size names
     stages: dict[int, StageMoves]
     timelines: list[list[tuple]]          # per rank: ("stage", index) | ("barrier", k) |
-                                          # ("signal", [(owner, flag, slot)]) | ("wait", [(flag, slot)])
+                                          # ("signal", [(owner, flag, slot)]) | ("wait", [(flag, slot)]) | ("await", None)
     size_dependent: bool                  # a condition, rank or flag slot depends on a size symbol
 
     def moves(self, stage_index: int, lengths: np.ndarray) -> list[tuple]:
@@ -163,8 +163,9 @@ class _Walker:
                         top(op.body, {**env, op.var: v})
                 elif isinstance(op, ir.Await):
                     # an asynchronous stage is costed as a synchronous one (its overlap with what
-                    # follows until the await is not modelled: an upper bound)
-                    continue
+                    # follows until the await is not modelled: an upper bound); the await is the
+                    # cores' SyncAll
+                    events.append(("await", None))
                 else:
                     sync(op, env)
 
