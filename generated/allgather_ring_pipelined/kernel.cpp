@@ -50,39 +50,67 @@ class AllgatherRingPipelined {
     }
     AscendC::SyncAll<true>();
     for (int64_t s_ = 0; s_ < world - 1; ++s_) {  // strata:23
-      for (int64_t c_ = 0; c_ < 2; ++c_) {  // strata:25
-        if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          if (s_ > 0) {
-            STRATA_LINE(26);  // strata:26
-            strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (s_ - 1) * 2 + c_), epoch_ + 2);
-          }
+      if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
+        if (s_ > 0) {
+          STRATA_LINE(25);  // strata:25
+          strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (s_ - 1) * 2), epoch_ + 2);
         }
-        AscendC::SyncAll<true>();
-        {  // strata:27 stage 2 on sdma
-          STRATA_LINE(27);
-          int64_t total = 0;
-          total += n_ / 2 + (c_ < n_ % 2);
-          strata::Partition cut(total, sizeof(T));
-          int64_t off = 0, len = 0;
-          STRATA_LINE(27);  // strata:27
-          if (cut.Take(n_ / 2 + (c_ < n_ % 2), off, len)) {
-            const int64_t lo = strata::Mod(rank - s_, world) * n_ + (c_ * (n_ / 2) + strata::Min(c_, n_ % 2));
-            mv_.Copy(strata::Via::kSdma, out_ + lo + off, (rank + 1) % world,
-                     out_ + lo + off, rank, len, rank, kSdmaThreshold);
-          }
-          strata::EndStage(mv_);
-        }
-        if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(28);  // strata:28
-          strata::Signal(strata::SyncSlot(sync_, world + 1 + s_ * 2 + c_), epoch_ + 2, (rank + 1) % world);
-        }
-        AscendC::SyncAll<true>();
       }
+      AscendC::SyncAll<true>();
+      {  // strata:26 stage 2 on sdma async h0
+        STRATA_LINE(26);
+        int64_t total = 0;
+        total += n_ / 2 + (0 < n_ % 2);
+        strata::Partition cut(total, sizeof(T));
+        int64_t off = 0, len = 0;
+        STRATA_LINE(26);  // strata:26
+        if (cut.Take(n_ / 2 + (0 < n_ % 2), off, len)) {
+          const int64_t lo = strata::Mod(rank - s_, world) * n_ + strata::Min(0, n_ % 2);
+          mv_.Copy(strata::Via::kSdma, out_ + lo + off, (rank + 1) % world,
+                   out_ + lo + off, rank, len, rank, kSdmaThreshold);
+        }
+        strata::PostStage(mv_);  // in flight until `await h0`
+      }
+      if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
+        if (s_ > 0) {
+          STRATA_LINE(27);  // strata:27
+          strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (s_ - 1) * 2 + 1), epoch_ + 2);
+        }
+      }
+      AscendC::SyncAll<true>();
+      {  // strata:28 stage 3 on sdma async h1
+        STRATA_LINE(28);
+        int64_t total = 0;
+        total += n_ / 2 + (1 < n_ % 2);
+        strata::Partition cut(total, sizeof(T));
+        int64_t off = 0, len = 0;
+        STRATA_LINE(28);  // strata:28
+        if (cut.Take(n_ / 2 + (1 < n_ % 2), off, len)) {
+          const int64_t lo = strata::Mod(rank - s_, world) * n_ + (n_ / 2 + strata::Min(1, n_ % 2));
+          mv_.Copy(strata::Via::kSdma, out_ + lo + off, (rank + 1) % world,
+                   out_ + lo + off, rank, len, rank, kSdmaThreshold);
+        }
+        strata::PostStage(mv_);  // in flight until `await h1`
+      }
+      STRATA_LINE(29);  // strata:29 await h0
+      strata::Await(mv_);
+      if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
+        STRATA_LINE(30);  // strata:30
+        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_ * 2), epoch_ + 2, (rank + 1) % world);
+      }
+      AscendC::SyncAll<true>();
+      STRATA_LINE(31);  // strata:31 await h1
+      strata::Await(mv_);
+      if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
+        STRATA_LINE(32);  // strata:32
+        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_ * 2 + 1), epoch_ + 2, (rank + 1) % world);
+      }
+      AscendC::SyncAll<true>();
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (world > 1) {
         for (int64_t c_ = 0; c_ < 2; ++c_) {
-          STRATA_LINE(31);  // strata:31
+          STRATA_LINE(34);  // strata:34
           strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (world - 2) * 2 + c_), epoch_ + 2);
         }
       }

@@ -724,6 +724,22 @@ __aicore__ inline void EndStage(Mover<T>& mv) {
   AscendC::SyncAll<true>();
 }
 
+// End of an asynchronous stage (`on sdma async h:`): this core's SDMA copies stay queued and the
+// core goes on without waiting for the others; `Await` completes them. Nothing to do but keep the
+// MTE writes of the stage (none: an SDMA stage only posts) ordered before what follows.
+template <typename T>
+__aicore__ inline void PostStage(Mover<T>& mv) {
+  (void)mv;
+}
+
+// `await h`: this core's SDMA queue is drained (SHMEM's quiet completes every copy the core posted
+// so far, h's and any posted before or after it), then every core of the rank has reached the
+// same point, so that a signal after it follows the data of every core.
+template <typename T>
+__aicore__ inline void Await(Mover<T>& mv) {
+  EndStage(mv);
+}
+
 // Slot i of a sync area (its int32 word; the rest of the slot's line is padding).
 __aicore__ inline __gm__ int32_t* SyncSlot(__gm__ int32_t* sync, int64_t i) {
   return sync + i * kSyncSlotInts;

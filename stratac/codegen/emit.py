@@ -330,7 +330,9 @@ def _statements(s: ir.Schedule) -> list[dict]:
                 same = bool(body) and body[0]["kind"] == "route" and body[0]["line"] == op.span.line
                 out.append({"kind": "stage", "line": op.span.line, "index": op.index,
                             "engine": op.engine.value, "body": body, "moves": moves,
-                            "mark": moves or not same})
+                            "mark": moves or not same, "handle": op.handle})
+            elif isinstance(op, ir.Await):
+                out.append({"kind": "await", "line": op.span.line, "handle": op.handle})
             elif isinstance(op, ir.Loop) and not is_control(op):
                 # a step loop around stages: every core of the rank runs every step, in step
                 # with the others (each stage ends with all of its cores)

@@ -169,6 +169,8 @@ class _Walk:
                 self._loops.append(op.var)
                 self._top(op.body, inner, deeper)
                 self._loops.pop()
+            elif isinstance(op, ir.Await):
+                continue   # nothing to evaluate
             else:
                 self._sync(op, env, mask)
 
@@ -316,6 +318,8 @@ def _exprs(s: ir.Schedule):
                 yield from (op.index, op.rank)
             elif isinstance(op, ir.Wait):
                 yield op.index
+            elif isinstance(op, ir.Await):
+                continue
             elif isinstance(op, ir.Route):
                 yield from region(op.dst)
                 if op.capacity is not None:

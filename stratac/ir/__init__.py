@@ -29,6 +29,7 @@ from stratac.ir.nodes import (
                              MASK_MAX_WORLD,
                              ROUTE_OPERANDS,
                              Accumulate,
+                             Await,
                              Barrier,
                              Buffer,
                              Contract,
@@ -67,7 +68,7 @@ from stratac.ir.printer import dump
 
 __all__ = ["Bin", "BinKind", "Const", "IExpr", "Var", "add", "bare", "c_source", "log2",
            "nonnegative", "py_source", "Requirement", "unmet_requirement", "MASK_MAX_WORLD", "takes_mask",
-           "simplify", "size_scale", "split_part", "ROUTE_OPERANDS", "Accumulate", "Barrier",
+           "simplify", "size_scale", "split_part", "ROUTE_OPERANDS", "Accumulate", "Await", "Barrier",
            "Buffer", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",
            "KernelPlan", "Loop", "Node", "Op", "OpParam", "Plan", "Reduce", "ReduceOp", "Region",
            "Route", "RouteKind", "Scalar", "ScalarKind", "Schedule", "Signal", "SizeRule", "Stage",

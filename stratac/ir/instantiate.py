@@ -24,11 +24,12 @@ class EventKind(enum.Enum):
     BARRIER = "barrier"
     SIGNAL = "signal"
     WAIT = "wait"
+    AWAIT = "await"    # the asynchronous stages it names are complete
     EXIT = "exit"
 
 
-@dataclass(frozen=True)
-class Access:
+@dataclass(slots=True)   # not frozen: a frozen dataclass's __init__ costs a setattr per field,
+class Access:            # and a step loop at world 384 makes millions of them
     owner: int
     buffer: str
     lo: int
@@ -40,7 +41,7 @@ class Access:
                                     # other accumulates of the same op)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)   # not frozen, like Access
 class Move:
     dst: tuple[int, str, int, int]                # owner, buffer, lo, hi
     srcs: tuple[tuple[int, str, int, int], ...]
@@ -73,14 +74,25 @@ class Event:
     rank: int
     index: int
     span: Span | None
+    # the lists an event of its kind fills are made with it (a stage: accesses, moves, routes; a
+    # signal: signals; a wait: waits); the others stay the shared empty tuple: a step loop makes
+    # about a million events per instance at world 384, and five new lists each cost seconds
     stage: ir.Stage | None = None
-    accesses: list[Access] = field(default_factory=list)
-    moves: list[Move] = field(default_factory=list)
-    signals: list[tuple[int, str, int, Span]] = field(default_factory=list)   # owner, flag, slot
-    waits: list[tuple[str, int, Span]] = field(default_factory=list)          # flag, slot (own)
+    accesses: list[Access] = ()              # type: ignore[assignment]
+    moves: list[Move] = ()                   # type: ignore[assignment]
+    signals: list[tuple[int, str, int, Span]] = ()   # type: ignore[assignment]  # owner, flag, slot
+    waits: list[tuple[str, int, Span]] = ()  # type: ignore[assignment]  # flag, slot (own)
     barrier: int = -1          # the stamp (or, before the passes, the ordinal) ranks meet at
     members: tuple[int, ...] | None = None   # a team barrier: the ranks it joins (None: all)
-    routes: list[RouteInst] = field(default_factory=list)
+    routes: list[RouteInst] = ()             # type: ignore[assignment]
+    # an asynchronous stage's accesses are in flight from this event until the AWAIT event at
+    # index `done` of the same rank; -1: they complete in the event itself
+    done: int = -1
+
+    @property
+    def end(self) -> int:
+        """The index of the event at which this event's accesses are complete."""
+        return self.index if self.done < 0 else self.done
 
 
 @dataclass
@@ -242,6 +254,14 @@ def _ev(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
                                 span)) from None
 
 
+def _truth(cond: ir.IExpr, env: dict, span: Span) -> bool:
+    """Whether a condition holds: the compiled call, or on any evaluation error `_ev`'s report."""
+    try:
+        return bool(_compiled(cond)(env))
+    except ArithmeticError:
+        return bool(_ev(cond, env, span, "a condition"))
+
+
 def evaluate(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
     """e's value under env with the kernel's rules (/ of non-negative operands, floored % by a
     positive number, shifts within int64, log2 of a positive number), or a StrataError at span."""
@@ -315,14 +335,23 @@ class _Builder:
         env = dict(self.base, rank=rank)
         events: list[Event] = [Event(EventKind.ENTRY, rank, 0, None)]
         barriers = 0
+        posted: dict[str, Event] = {}    # asynchronous stages in flight, by handle
 
         def new(kind, span, **kw):
             ev = Event(kind, rank, len(events), span, **kw)
             events.append(ev)
             return ev
 
+        # the hot loop of the verifier (about a million events per instance at world 384):
+        # dispatch on the exact node type, build events positionally, skip empty arms
+        world, flag_sizes, lowered = self.world, self.flag_sizes, self.s.lowered
+        SIGNAL, WAIT, STAGE = EventKind.SIGNAL, EventKind.WAIT, EventKind.STAGE
+        Signal, Wait, If, Loop, Stage, Await, Barrier = (ir.Signal, ir.Wait, ir.If, ir.Loop, ir.Stage,
+                                                         ir.Await, ir.Barrier)
+
         def sync(op, env):
-            if isinstance(op, ir.Loop):
+            t = type(op)
+            if t is Loop:
                 for v in self.values(op, env):
                     inner = dict(env)
                     inner[op.var] = v
@@ -330,28 +359,48 @@ class _Builder:
                         sync(o, inner)
                 return
             last = events[-1]
-            if isinstance(op, ir.Signal):
+            if t is Signal:
                 try:   # the fast path (one compiled call); errors take the checked one
                     owner, slot = _signal_fn(op)(env)
-                    ok = owner in self.live and 0 <= slot < self.flag_sizes[op.flag]
+                    ok = owner in self.live and 0 <= slot < flag_sizes[op.flag]
                 except (ArithmeticError, KeyError):
                     ok = False
                 if not ok:
                     owner = _ev(op.rank, env, op.span, "the signalled rank")
                     self.check_rank(owner, op.span, env)
                     slot = self.flag_slot(op.flag, op.index, env, op.span)
-                ev = last if last.kind is EventKind.SIGNAL else new(EventKind.SIGNAL, op.span)
-                ev.signals.append((owner, op.flag, slot, op.span))
+                if last.kind is SIGNAL:
+                    last.signals.append((owner, op.flag, slot, op.span))
+                else:
+                    events.append(Event(SIGNAL, rank, len(events), op.span,
+                                        signals=[(owner, op.flag, slot, op.span)]))
             else:
-                slot = self.flag_slot(op.flag, op.index, env, op.span)
-                ev = last if last.kind is EventKind.WAIT else new(EventKind.WAIT, op.span)
-                ev.waits.append((op.flag, slot, op.span))
+                try:   # the fast path, as for a signal
+                    slot = _compiled(op.index)(env)
+                    ok = 0 <= slot < flag_sizes[op.flag]
+                except (ArithmeticError, KeyError):
+                    ok = False
+                if not ok:
+                    slot = self.flag_slot(op.flag, op.index, env, op.span)
+                if last.kind is WAIT:
+                    last.waits.append((op.flag, slot, op.span))
+                else:
+                    events.append(Event(WAIT, rank, len(events), op.span,
+                                        waits=[(op.flag, slot, op.span)]))
 
         def top(ops, env):
             nonlocal barriers
             for op in ops:
-                if isinstance(op, ir.Barrier):
-                    meet = (_ev(op.seq, env, op.span, "the barrier's stamp") if self.s.lowered
+                t = type(op)
+                if t is Signal or t is Wait:
+                    if not self.barriers_only:
+                        sync(op, env)
+                elif t is If:
+                    arm = op.then if _truth(op.cond, env, op.span) else op.orelse
+                    if arm:
+                        top(arm, env)
+                elif t is Barrier:
+                    meet = (_ev(op.seq, env, op.span, "the barrier's stamp") if lowered
                             else barriers)
                     members = None
                     if op.team is not None:
@@ -361,17 +410,26 @@ class _Builder:
                         members = tuple(base_ + i * step for i in range(size))
                     new(EventKind.BARRIER, op.span, barrier=meet, members=members)
                     barriers += 1
-                elif isinstance(op, ir.If):
-                    top(op.then if _ev(op.cond, env, op.span, "a condition") else op.orelse, env)
-                elif self.barriers_only and not (isinstance(op, ir.Loop) and op.domain is ir.Domain.RANGE):
+                elif self.barriers_only and not (t is Loop and op.domain is ir.Domain.RANGE):
                     continue   # barriers sit at the top level, under ifs and in step loops (sema)
-                elif isinstance(op, ir.Loop):
-                    for v in self.values(op, env):
-                        top(op.body, {**env, op.var: v})
-                elif isinstance(op, ir.Stage):
-                    ev = new(EventKind.STAGE, op.span, stage=op)
+                elif t is Stage:
+                    ev = Event(STAGE, rank, len(events), op.span, op, [], [])
+                    ev.routes = []
+                    events.append(ev)
                     for inner in op.body:
                         self.moves(inner, env, ev)
+                    if op.handle is not None:
+                        posted[op.handle] = ev
+                elif t is Loop:
+                    for v in self.values(op, env):
+                        inner = dict(env)
+                        inner[op.var] = v
+                        top(op.body, inner)
+                elif t is Await:
+                    ev = new(EventKind.AWAIT, op.span)
+                    stage = posted.pop(op.handle, None)
+                    if stage is not None:   # sema pairs every await with a stage before it
+                        stage.done = ev.index
                 else:
                     sync(op, env)
 
@@ -476,7 +534,7 @@ class _Builder:
                     self.moves(o, inner, ev)
             return
         if isinstance(op, ir.If):
-            for o in (op.then if _ev(op.cond, env, op.span, "a condition") else op.orelse):
+            for o in (op.then if _truth(op.cond, env, op.span) else op.orelse):
                 self.moves(o, env, ev)
             return
         self.instance += 1

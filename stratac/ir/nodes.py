@@ -273,6 +273,17 @@ class Stage:
     span: Span
     index: int
     plan: Plan | None = None
+    # `on sdma async h:` the stage posts its copies and returns; they are in flight until `await h`
+    handle: str | None = None
+
+
+@dataclass(frozen=True)
+class Await:
+    """await h: every core of the rank has completed the SDMA copies of the asynchronous stage h
+    (SHMEM's quiet drains the core's whole queue, so also whatever the core posted before it)."""
+
+    handle: str
+    span: Span
 
 
 @dataclass(frozen=True)
@@ -341,7 +352,7 @@ class Route:
         return f"{self.dst} = {self.kind.value}({', '.join(args)})"
 
 
-Node = Union[Copy, Reduce, Accumulate, Route, If, Loop, Stage, Barrier, Signal, Wait]
+Node = Union[Copy, Reduce, Accumulate, Route, If, Loop, Stage, Await, Barrier, Signal, Wait]
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from stratac.diagnostics import Span
 from stratac.ir.expr import Var, bare
 from stratac.ir.nodes import (
     Accumulate,
+    Await,
     Barrier,
     Copy,
     Domain,
@@ -65,7 +66,8 @@ def _dump_op(op: Node, depth: int, out: list[str]) -> None:
                                           ("aiv-reduce", p.reduces), ("routing", p.routes)) if on]
             plan = f" [{' '.join(used)}" + (f" sdma>={p.sdma_threshold}B]" if p.copies_on_aiv and
                                               p.copies_on_sdma else "]")
-        out.append(f"{pad}stage {op.index} on {op.engine.value}{plan}:{_line(op.span)}")
+        post = f" async {op.handle}" if op.handle else ""
+        out.append(f"{pad}stage {op.index} on {op.engine.value}{post}{plan}:{_line(op.span)}")
         for inner in op.body:
             _dump_op(inner, depth + 1, out)
     elif isinstance(op, Loop):
@@ -98,5 +100,7 @@ def _dump_op(op: Node, depth: int, out: list[str]) -> None:
         out.append(f"{pad}signal {op.flag}[{op.index}]@{op.rank}{_line(op.span)}")
     elif isinstance(op, Wait):
         out.append(f"{pad}wait {op.flag}[{op.index}]{_line(op.span)}")
+    elif isinstance(op, Await):
+        out.append(f"{pad}await {op.handle}{_line(op.span)}")
     else:  # pragma: no cover - the IR has no other node kinds
         raise TypeError(op)

@@ -222,6 +222,17 @@ class Stage:
     engine: str  # aiv | sdma | auto
     body: tuple["Stmt", ...]
     span: Span
+    handle: str | None = None      # `on sdma async h:` posts and returns; `await h` completes it
+    handle_span: Span | None = None
+
+
+@dataclass(frozen=True)
+class Await:
+    """await h: the copies of the asynchronous stage h are complete."""
+
+    handle: str
+    span: Span
+    handle_span: Span
 
 
 @dataclass(frozen=True)
@@ -257,7 +268,7 @@ class Wait:
     span: Span
 
 
-Stmt = Union[Assign, Accum, If, ScratchDecl, Barrier, Stage, For, FlagDecl, Signal, Wait, Let,
+Stmt = Union[Assign, Accum, If, ScratchDecl, Barrier, Stage, Await, For, FlagDecl, Signal, Wait, Let,
              Requires, TeamDecl]
 
 

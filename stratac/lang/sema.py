@@ -54,6 +54,8 @@ class _Lowering:
         self.requires: list[ir.Requirement] = []
         self.teams: dict[str, ir.Team] = {}
         self.loop_bounds: list[tuple[ir.IExpr, ir.IExpr, Span]] = []   # of the step loops around
+        # per open block, the asynchronous stages posted in it and not yet awaited: handle -> span
+        self.pending: list[dict[str, Span]] = []
 
     def taken(self, name: str) -> bool:
         return (name in RESERVED or name in self.params or name in self.views or name in self.flags
@@ -430,12 +432,49 @@ class _Lowering:
     def block(self, stmts, top: bool, loop_vars: tuple[str, ...], engine: ir.Engine | None = None):
         out: list[ir.Node] = []
         outer = dict(self.lets)     # a let is visible to the rest of its block only
+        self.pending.append({})
         for st in stmts:
             op = self.stmt(st, top, loop_vars, engine)
             if op is not None:
                 out.append(op)
         self.lets = outer
+        for handle, span in self.pending.pop().items():
+            self.err(Codes.BAD_REF, f"the asynchronous stage {handle} is never awaited: write "
+                     f"`await {handle}` after it in the same block (its copies must complete before "
+                     "the block ends)", span)
         return out
+
+    def post(self, st: ast.Stage, in_stage: bool) -> bool:
+        """Checks an asynchronous stage `on sdma async h:` and opens its handle; False on an error."""
+        if st.engine != "sdma":
+            self.err(Codes.BAD_ENGINE, f"only `on sdma` stages can be asynchronous (`on {st.engine}` "
+                     "copies run on the vector cores, which finish them before going on)", st.span)
+            if not in_stage:
+                self.pending[-1].setdefault(st.handle, st.handle_span)   # its await is no error
+            return False
+        if in_stage:
+            return True   # reported as a nested stage
+        if any(st.handle in block for block in self.pending) or self.taken(st.handle):
+            self.err(Codes.DUPLICATE_NAME, f"{st.handle!r} is already in flight or names something "
+                     "else: await it first or pick another name", st.handle_span)
+            return False
+        self.pending[-1][st.handle] = st.handle_span
+        return True
+
+    def await_(self, st: ast.Await, in_stage: bool):
+        if in_stage:
+            self.err(Codes.BAD_ENGINE, "await is a statement of its own, outside stages", st.span)
+            return None
+        if st.handle in self.pending[-1]:
+            del self.pending[-1][st.handle]
+            return ir.Await(st.handle, st.span)
+        if any(st.handle in block for block in self.pending):
+            self.err(Codes.BAD_REF, f"await {st.handle} in the block that posted it (so that every "
+                     "path through the block completes it once)", st.handle_span)
+        else:
+            self.err(Codes.UNKNOWN_NAME, f"{st.handle!r} is not an asynchronous stage in flight here "
+                     f"(post one first: `on sdma async {st.handle}: ...`)", st.handle_span)
+        return None
 
     def let(self, st: ast.Let, loop_vars) -> None:
         if st.name in loop_vars or self.taken(st.name) or st.name in self.sizes:
@@ -520,10 +559,14 @@ class _Lowering:
                 self.err(Codes.BAD_ENGINE, "put the loop inside the stage: `on ENGINE: for ...` (stages "
                          "may sit in step loops, `for s in lo .. hi`)", st.span)
                 return None
+            if st.handle is not None and not self.post(st, in_stage):
+                return None
             eng = ir.Engine(st.engine)
             body = self.block(st.body, top=False, loop_vars=loop_vars, engine=eng)
             self.stage_count += 1
-            return ir.Stage(eng, tuple(body), st.span, self.stage_count)
+            return ir.Stage(eng, tuple(body), st.span, self.stage_count, handle=st.handle)
+        if isinstance(st, ast.Await):
+            return self.await_(st, in_stage)
         if isinstance(st, ast.For):
             if st.var in loop_vars or self.taken(st.var) or st.var in self.sizes:
                 self.err(Codes.DUPLICATE_NAME, f"loop variable {st.var!r} shadows another name",

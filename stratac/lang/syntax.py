@@ -190,6 +190,14 @@ class _Builder(Transformer):
     def stage(self, meta, children):
         return ast.Stage(str(children[0]), children[1], self._span(meta))
 
+    def stage_async(self, meta, children):
+        engine, handle, body = children
+        return ast.Stage(str(engine), body, self._span(meta), str(handle),
+                         _tok_span(self.source, handle))
+
+    def await_stmt(self, meta, children):
+        return ast.Await(str(children[0]), self._span(meta), _tok_span(self.source, children[0]))
+
     def for_stmt(self, meta, children):
         var, domain, body = children
         return ast.For(str(var), str(domain), body, self._span(meta), _tok_span(self.source, var))

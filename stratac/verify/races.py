@@ -33,28 +33,34 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
     # the same two such barriers can race: group by (owner, buffer, barrier epoch). A team's
     # barrier (barrier(node)) orders its members only, so it starts no epoch.
     groups: dict[tuple[int, str, int], list[tuple[Access, Event]]] = {}
+    BARRIER, vc = EventKind.BARRIER, ex.vc   # the hot loop: no enum lookups; hb inlined below
     for tl in inst.timelines:
         epoch = 0
         for ev in tl:
-            if ev.kind is EventKind.BARRIER and ev.members is None:
+            if ev.kind is BARRIER and ev.members is None:
                 epoch += 1
             for a in ev.accesses:
-                groups.setdefault((a.owner, a.buffer, epoch), []).append((a, ev))
+                key = (a.owner, a.buffer, epoch)
+                group = groups.get(key)
+                if group is None:
+                    groups[key] = group = []
+                group.append((a, ev))
                 if a.owner != ev.rank:
                     kind = "writes" if a.write else "reads"
-                    if not ex.hb(a.owner, 0, ev.rank, ev.index) and not (a.write and
+                    # ex.hb(a.owner, 0, ev.rank, ev.index): the owner's entry happens before ev
+                    if not vc[ev.rank][ev.index][a.owner] >= 1 and not (a.write and
                                                                           a.buffer in entry_free):
                         diags.append(error(
                             Codes.ENTRY, f"rank {ev.rank} {kind} {a.buffer}[{a.lo}:{a.hi}]@{a.owner} "
                             f"before rank {a.owner} is known to have entered the call ({context(inst)})",
                             a.span, Note("nothing orders this after the peer's entry: add a barrier or "
                                          "wait for a flag the peer signals first")))
-                    elif not ex.hb(ev.rank, ev.index, a.owner, exit_index[a.owner]):
+                    elif not ex.hb(ev.rank, ev.end, a.owner, exit_index[a.owner]):
                         diags.append(error(
                             Codes.EXIT, f"rank {ev.rank} {kind} {a.buffer}[{a.lo}:{a.hi}]@{a.owner}, "
                             f"but rank {a.owner} may return before that completes ({context(inst)})",
                             a.span, Note("nothing orders this before the peer's exit: add a barrier or "
-                                         "a signal the peer waits for after it")))
+                                         "a signal the peer waits for after it"), *_in_flight(inst, ev)))
                     if len(diags) >= MAX_RACES_REPORTED:
                         return diags
     for (owner, buf, _), items in groups.items():
@@ -76,8 +82,10 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
                 for _, _, b, bev in sorted(active[k], key=lambda t: t[1]):   # oldest first
                     if a.instance == b.instance and (a.lo, a.hi) == (b.lo, b.hi):
                         continue  # one elementwise move reading and writing the same elements
-                    if bev is not ev and (ex.hb(bev.rank, bev.index, ev.rank, ev.index)
-                                          or ex.hb(ev.rank, ev.index, bev.rank, bev.index)):
+                    # ordered: one access is complete (its event, or an asynchronous stage's
+                    # await) before the other starts
+                    if bev is not ev and (ex.hb(bev.rank, bev.end, ev.rank, ev.index)
+                                          or ex.hb(ev.rank, ev.end, bev.rank, bev.index)):
                         continue
                     conflict = (b, bev)
                     break
@@ -90,11 +98,21 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
                 diags.append(error(
                     Codes.RACE, f"race on {buf}[{lo}:{hi}]@{owner} ({context(inst)}): rank {ev.rank} "
                     f"{what_a} it here and rank {bev.rank} {what_b} it, unordered", a.span,
-                    Note(f"rank {bev.rank} {what_b} it here", b.span)))
+                    Note(f"rank {bev.rank} {what_b} it here", b.span),
+                    *_in_flight(inst, ev), *_in_flight(inst, bev)))
                 if len(diags) >= MAX_RACES_REPORTED:
                     return diags
             heapq.heappush(active.setdefault(kind, []), (a.hi, seq, a, ev))
     return diags
+
+
+def _in_flight(inst: Instance, ev: Event) -> list[Note]:
+    """For an access of an asynchronous stage: where its copies complete."""
+    if ev.done < 0:
+        return []
+    done = inst.timelines[ev.rank][ev.done]
+    return [Note(f"rank {ev.rank}'s asynchronous stage {ev.stage.handle} is in flight until this "
+                 "await: a signal or wait before it does not order its copies", done.span)]
 
 
 def _verb(a: Access) -> str:

@@ -107,15 +107,20 @@ class Execution:
         # the clock of the signal event that set (owner, flag, slot), its own index + 1, the event
         signaled: dict[tuple[int, str, int], tuple[np.ndarray, int, Event]] = {}
         done = 0
+        BARRIER, WAIT, SIGNAL, STAGE = (EventKind.BARRIER, EventKind.WAIT, EventKind.SIGNAL,
+                                        EventKind.STAGE)   # the hot loop: no enum lookups
+        vc, order, execute = self.vc, self.order, self.values.execute
         while done < W:
             progress = False
             for r in range(W):
                 tl = inst.timelines[r]
+                vcr = vc[r]
                 while pos[r] < len(tl):
                     ev = tl[pos[r]]
-                    if ev.kind is EventKind.BARRIER:
+                    kind = ev.kind
+                    if kind is BARRIER:
                         break
-                    if ev.kind is EventKind.WAIT:
+                    if kind is WAIT:
                         keys = [(r, f, slot) for f, slot, _ in ev.waits]
                         if any(k not in signaled for k in keys):
                             break
@@ -124,8 +129,8 @@ class Execution:
                             cur[r] = np.maximum(cur[r], clock)     # a new array: cur[r] is shared
                             if cur[r][sev.rank] < own:
                                 cur[r][sev.rank] = own
-                    self.vc[r][ev.index] = cur[r]
-                    if ev.kind is EventKind.SIGNAL:
+                    vcr[ev.index] = cur[r]
+                    if kind is SIGNAL:
                         for owner, f, slot, span in ev.signals:
                             key = (owner, f, slot)
                             if key in signaled:
@@ -137,10 +142,10 @@ class Execution:
                                 return diags
                             # every slot of one signal event shares the event's clock
                             signaled[key] = (cur[r], ev.index + 1, ev)
-                    elif ev.kind is EventKind.STAGE:
-                        self.values.execute(ev)   # expands routing constructs into accesses first
+                    elif kind is STAGE:
+                        execute(ev)   # expands routing constructs into accesses first
                         self.access_count += len(ev.accesses)
-                    self.order.append(ev)
+                    order.append(ev)
                     pos[r] += 1
                     progress = True
                     if pos[r] == len(tl):

@@ -425,3 +425,22 @@ def test_team_barriers_join_exactly_the_team(world):
     lowered = passes.pipeline(s, passes.Options())
     stamps = _barrier_stamps(lowered, world, 0)
     assert all(st == [1, 2] for st in stamps)
+
+
+ASYNC_SRC = """\
+schedule fwd(x: sym f32[n], y: sym f32[n]) implements allreduce(x, sum) {
+  on sdma async h: y@((rank + 1) % world) = x
+  await h
+}
+"""
+
+
+def test_dump_async_stage_and_await():
+    s, = frontend.schedules(Source("fwd.strata", ASYNC_SRC))
+    stage, done = s.body
+    assert stage.handle == "h" and isinstance(done, ir.Await) and done.handle == "h"
+    assert ir.dump(s).splitlines()[2:] == [
+        "  stage 1 on sdma async h:  # line 2",
+        "    y[0 +: n]@((rank + 1) % world) = x[0 +: n]  # line 2",
+        "  await h  # line 3",
+    ]

@@ -61,6 +61,8 @@ def _check_template(s: ir.Schedule, world: int) -> None:
                 kinds.append(("signal", [(o, f, slot) for o, f, slot, _ in ev.signals]))
             elif ev.kind is instantiate.EventKind.WAIT:
                 kinds.append(("wait", [(f, slot) for f, slot, _ in ev.waits]))
+            elif ev.kind is instantiate.EventKind.AWAIT:
+                kinds.append(("await", None))
         for kind, arg in t.timelines[r]:
             got_kinds.append((kind, t.stages[arg].stage.index) if kind == "stage" else (kind, arg))
         assert got_kinds == kinds, (world, r)

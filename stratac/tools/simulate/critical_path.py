@@ -97,6 +97,9 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
                         clock[r], parts[r] = when, path
                     clock[r] += m.sync_all_us
                     parts[r] = _add(parts[r], "latency", m.sync_all_us)
+                elif kind == "await":   # the cores' SyncAll after their quiets
+                    clock[r] += m.sync_all_us
+                    parts[r] = _add(parts[r], "latency", m.sync_all_us)
                 elif kind == "barrier":
                     if r not in arrived:
                         arrived[r] = (clock[r], parts[r])

@@ -48,7 +48,7 @@ class Template:
     stages: dict                          # per stage INSTANCE: a stage outside step loops, keyed
                                           # by its index; (index, n): one step of the loops around it
     timelines: list[list[tuple]]          # per rank: ("stage", instance) | ("barrier", k) |
-                                          # ("signal", [(owner, flag, slot)]) | ("wait", [(flag, slot)])
+                                          # ("signal", [(owner, flag, slot)]) | ("wait", [(flag, slot)]) | ("await", None)
     size_dependent: bool                  # a condition, rank or flag slot depends on a size symbol
 
     def moves(self, stage_index, lengths: np.ndarray) -> list[tuple]:
@@ -170,6 +170,11 @@ class _Walker:
                 elif isinstance(op, ir.Loop):   # a loop around stages and sync (step loops)
                     for v in self.values(op, env):
                         top(op.body, {**env, op.var: v}, steps + ((id(op), v),))
+                elif isinstance(op, ir.Await):
+                    # an asynchronous stage is costed as a synchronous one (its overlap with what
+                    # follows until the await is not modelled: an upper bound); the await is the
+                    # cores' SyncAll
+                    events.append(("await", None))
                 else:
                     sync(op, env)
 
