@@ -344,7 +344,7 @@ class _Builder:
 
         # the hot loop of the verifier (about a million events per instance at world 384):
         # dispatch on the exact node type, build events positionally, skip empty arms
-        world, flag_sizes, lowered = self.world, self.flag_sizes, self.s.lowered
+        flag_sizes, lowered, live = self.flag_sizes, self.s.lowered, self.live
         SIGNAL, WAIT, STAGE = EventKind.SIGNAL, EventKind.WAIT, EventKind.STAGE
         Signal, Wait, If, Loop, Stage, Await, Barrier = (ir.Signal, ir.Wait, ir.If, ir.Loop, ir.Stage,
                                                          ir.Await, ir.Barrier)
@@ -362,7 +362,7 @@ class _Builder:
             if t is Signal:
                 try:   # the fast path (one compiled call); errors take the checked one
                     owner, slot = _signal_fn(op)(env)
-                    ok = owner in self.live and 0 <= slot < flag_sizes[op.flag]
+                    ok = owner in live and 0 <= slot < flag_sizes[op.flag]
                 except (ArithmeticError, KeyError):
                     ok = False
                 if not ok:
