@@ -1716,8 +1716,12 @@ STRATA_EXPORT void SyncAllCores(bool aiv_only) {
     return;
   }
   lk.unlock();
-  // polled: the other cores may be fibers of this thread, which run while this one pauses
-  double deadline = Now() + L->timeout;
+  // polled: the other cores may be fibers of this thread, which run while this one pauses.
+  // A quarter of the timeout longer than a flag wait: when a core of this rank is stuck on a
+  // peer's flag (the cause) and the others wait for it here, that core's wait reports first, even
+  // when the thread was descheduled past both deadlines and the fibers poll in any order.
+  const double limit = L->timeout * 1.25;
+  double deadline = Now() + limit;
   CoreWaiter waiter(c->launch);
   while (L->bar_gen.load() == gen) {
     if (L->failed.load()) Unwind();
@@ -1737,7 +1741,7 @@ STRATA_EXPORT void SyncAllCores(bool aiv_only) {
       lk.unlock();
       if (L->bar_gen.load() != gen) break;
       AbortCheck(c, "SyncAll");
-      FailStr(Sprintf("SyncAll timed out after %g s: %u of %u cores arrived", L->timeout, arrived, L->blocks));
+      FailStr(Sprintf("SyncAll timed out after %g s: %u of %u cores arrived", limit, arrived, L->blocks));
     }
     waiter.Pause();
   }
