@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from stratac.host.errors import StrataUsageError
+from stratac.host.schedule import ALL_RANKS
 from stratac.resources import resource_path
 
 # per mode: the file, its dispatch and its combine
@@ -81,15 +82,17 @@ class DispatchHandle:
     is valid until the buffer's next dispatch (combine refuses an older one)."""
 
     __slots__ = ("seq", "tokens", "num_recv_tokens_per_expert_list", "recv_rows_per_expert_and_rank",
-                 "recv_rows", "recv_shape", "rows_from", "rows_to", "rows_local", "stats", "has_weights")
+                 "recv_rows", "recv_shape", "rows_from", "rows_to", "rows_local", "stats", "has_weights",
+                 "active")
 
     def __init__(self, **kw):
         for k, v in kw.items():
             setattr(self, k, v)
 
     def __repr__(self) -> str:
+        live = "" if self.active is None else f", active={self.active}"
         return (f"DispatchHandle(seq={self.seq}, tokens={self.tokens}, recv_rows={self.recv_rows}, "
-                f"per_expert={self.num_recv_tokens_per_expert_list})")
+                f"per_expert={self.num_recv_tokens_per_expert_list}{live})")
 
 
 class Buffer:
@@ -195,13 +198,19 @@ class Buffer:
         return Communicator.from_process_group(heap_bytes=need, timeout=timeout or DEFAULT_TIMEOUT)
 
     # ---- the DeepEP-shaped calls
-    def get_dispatch_layout(self, topk_idx: torch.Tensor):
+    def get_dispatch_layout(self, topk_idx: torch.Tensor, active=None):
         """(num_tokens_per_rank [world], num_tokens_per_expert [num_experts], is_token_in_rank
         [tokens, world] bool) of this rank's routing, computed on the host. Unlike DeepEP, a token
         routed to two experts of one rank is sent twice (one row per (token, expert)), so the rows a
-        rank sends to rank r are num_tokens_per_expert summed over r's experts."""
+        rank sends to rank r are num_tokens_per_expert summed over r's experts. With a mask of
+        active ranks (as dispatch's `active=`), the entries of masked ranks' experts are dropped, as
+        the masked dispatch drops them."""
+        _, live = self._mask(self._dispatch, active)
         ids = self._check_ids(topk_idx, None)
         valid = ids >= 0
+        if live is not None:
+            dead = torch.tensor([not v for v in live])
+            valid &= ~dead[torch.where(valid, ids.long(), 0) // self.num_local_experts]
         per_expert = torch.bincount(ids[valid].long(), minlength=self.num_experts).int()
         owner = torch.where(valid, ids.long() // self.num_local_experts, torch.full_like(ids.long(), -1))
         in_rank = torch.zeros(ids.shape[0], self.world, dtype=torch.bool)
@@ -209,7 +218,8 @@ class Buffer:
             in_rank[:, r] = (owner == r).any(dim=1)
         return in_rank.sum(dim=0).int(), per_expert, in_rank
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor | None = None):
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor | None = None,
+                 *, active=None):
         """Sends each token to the ranks of its top-k experts (collective).
 
         x: [tokens, hidden] of the buffer's dtype, tokens <= max_tokens (may differ between ranks);
@@ -223,8 +233,13 @@ class Buffer:
         StrataRuntimeError on every rank, with nothing written to any window.
         In low-latency mode recv_x is [num_local_experts, world * max_tokens, hidden], as DeepEP's
         low-latency dispatch: rank s's rows for local expert l at recv_x[l, s * max_tokens:][:c],
-        c = handle.recv_rows_per_expert_and_rank[l][s] (the rows between are not data)."""
+        c = handle.recv_rows_per_expert_and_rank[l][s] (the rows between are not data).
+        active: a mask of live ranks, one entry per rank (as a schedule call's `active=`,
+        docs/robustness.md "Masked ranks"): every live rank passes the same one, a masked rank does
+        not call; entries of masked ranks' experts are dropped (not sent, not counted, weight 0 in
+        combine), masked ranks are neither written nor waited for. The handle keeps the mask."""
         self._check_open()
+        bits, live = self._mask(self._dispatch, active)
         n = self._check_x(x, "x", self.max_tokens, "max_tokens")
         ids = self._check_ids(topk_idx, n)
         if topk_weights is not None:
@@ -237,9 +252,11 @@ class Buffer:
         if topk_weights is not None:
             self._weights[:n].copy_(topk_weights)
         self._weights[n:].zero_()
-        us, measured = self._timed(lambda: self._dispatch(self._x, self._ids, self._counts, self._win),
-                                   "dispatch", seq)
+        us, measured = self._timed(lambda: self._dispatch(self._x, self._ids, self._counts, self._win,
+                                                          active=live), "dispatch", seq)
         counts = self._counts.long()
+        if live is not None:      # a masked source's row is not written this call: it sent nothing
+            counts = counts * torch.tensor(live, dtype=torch.long).unsqueeze(1)
         le = self.local_experts
         per_expert = [int(v) for v in counts[:, le.start:le.stop].sum(dim=0)]
         per_source = counts[:, le.start:le.stop].t().tolist()      # [local expert][source rank]
@@ -252,7 +269,8 @@ class Buffer:
         to = owners[self.rank]                                      # rows to each rank
         rows_local = int(to[self.rank])
         rows_to, rows_from = int(to.sum()) - rows_local, int(mine.sum()) - int(mine[self.rank])
-        table = (self.world - 1) * self.num_experts * 4             # my count row to every peer
+        peers = (self.world if live is None else sum(live)) - 1
+        table = peers * self.num_experts * 4                        # my count row to every live peer
         stats = CallStats("dispatch", self.rank, seq, us, n, rows_to, rows_from, rows_local,
                           rows_to * self.row_bytes + table, rows_from * self.row_bytes + table,
                           *measured)
@@ -261,16 +279,18 @@ class Buffer:
         handle = DispatchHandle(seq=seq, tokens=n, num_recv_tokens_per_expert_list=per_expert,
                                 recv_rows_per_expert_and_rank=per_source, recv_rows=sum(per_expert),
                                 recv_shape=tuple(recv_x.shape), rows_from=rows_from, rows_to=rows_to,
-                                rows_local=rows_local, stats=stats, has_weights=topk_weights is not None)
+                                rows_local=rows_local, stats=stats, has_weights=topk_weights is not None,
+                                active=live)
         return recv_x, per_expert, handle
 
     def combine(self, y: torch.Tensor, handle: DispatchHandle,
-                topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+                topk_weights: torch.Tensor | None = None, *, active=None) -> torch.Tensor:
         """Brings the experts' outputs back to their tokens' ranks and sums them (collective):
         returns a new [tokens, hidden] tensor, out[t] = sum_k topk_weights[t, k] * y[row of (t, k)]
         (f32 accumulation), 0 for a token routed nowhere. y: [rows, hidden] in recv_x's layout
         (recv_x itself may be passed, after the experts wrote their outputs into it);
-        topk_weights: the dispatch's unless given here."""
+        topk_weights: the dispatch's unless given here. active: the dispatch's mask (kept in the
+        handle) when None; a mask given here must be that one."""
         self._check_open()
         if not isinstance(handle, DispatchHandle):
             raise StrataUsageError(f"combine: handle must be the DispatchHandle dispatch returned, got "
@@ -282,6 +302,12 @@ class Buffer:
         if handle.seq == self._combined:
             raise StrataUsageError(f"combine: dispatch {handle.seq} was already combined (its window holds "
                                    "the previous outputs); dispatch again")
+        if active is not None:
+            _, live = self._mask(self._combine, active)
+            if live != handle.active:
+                raise StrataUsageError(f"combine: active = {_fmt_mask(live, self.world)} differs from the "
+                                       f"dispatch's mask {_fmt_mask(handle.active, self.world)}: a combine "
+                                       "runs on the ranks of its dispatch (pass the same mask, or none)")
         self._check_y(y, handle.recv_shape)
         if topk_weights is not None:
             self._check_weights(topk_weights, handle.tokens)
@@ -293,7 +319,8 @@ class Buffer:
         if topk_weights is not None:
             self._weights[:handle.tokens].copy_(topk_weights)
         us, measured = self._timed(lambda: self._combine(self._win, self._ids, self._weights, self._counts,
-                                                         self._y), "combine", handle.seq)
+                                                         self._y, active=handle.active), "combine",
+                                   handle.seq)
         self._combined = handle.seq
         stats = CallStats("combine", self.rank, handle.seq, us, handle.tokens, handle.rows_from,
                           handle.rows_to, handle.rows_local, handle.rows_from * self.row_bytes,
@@ -394,6 +421,15 @@ class Buffer:
         return out
 
     # ---- checks
+    def _mask(self, schedule, active) -> tuple[int, list[bool] | None]:
+        """(the kernel's mask bits, one bool per rank or None for every rank) of an `active=`,
+        checked as the schedule call checks it (Schedule.active_bits: length, type, values, this
+        rank live, world <= 64)."""
+        bits = schedule.active_bits(active)
+        if bits == ALL_RANKS:
+            return bits, None
+        return bits, [bool(bits >> r & 1) for r in range(self.world)]
+
     def _check_open(self) -> None:
         if self._closed:
             raise StrataUsageError("the Buffer is closed")
@@ -481,6 +517,10 @@ def _is_process_group(obj) -> bool:
         return isinstance(obj, dist.ProcessGroup)
     except (ImportError, AttributeError):
         return False
+
+
+def _fmt_mask(live: list[bool] | None, world: int) -> str:
+    return "every rank" if live is None else "[" + ", ".join("1" if v else "0" for v in live) + "]"
 
 
 def _remote(comm) -> tuple[int, int]:
