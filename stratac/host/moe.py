@@ -31,18 +31,19 @@ from stratac.host.errors import StrataUsageError
 from stratac.host.schedule import ALL_RANKS
 from stratac.resources import resource_path
 
-# per mode: the file, its dispatch and its combine
+# per mode: the file, its dispatch and its combine (the int8 payload: examples/moe_prefill_int8.strata)
 SCHEDULES = {False: ("moe_prefill_bounded.strata", "moe_prefill_bounded_dispatch", "moe_prefill_bounded_combine"),
-             True: ("moe_decode.strata", "moe_decode_dispatch", "moe_decode_combine")}
+             True: ("moe_decode.strata", "moe_decode_dispatch", "moe_decode_combine"),
+             "int8": ("moe_prefill_int8.strata", "moe_prefill_int8_dispatch", "moe_prefill_int8_combine")}
 _TOKEN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ALLOC_SLACK = 4096          # per heap allocation (alignment) in heap_bytes_needed
 HOST_TID = 999               # the trace track of a whole call as the host saw it (as stratac bench)
 
 
-def default_schedules(low_latency_mode: bool = False) -> Path:
-    """examples/moe_prefill_bounded.strata (moe_decode.strata in low-latency mode) of a checkout,
-    or the copy a wheel ships."""
-    name = SCHEDULES[bool(low_latency_mode)][0]
+def default_schedules(low_latency_mode: bool = False, payload: torch.dtype | None = None) -> Path:
+    """examples/moe_prefill_bounded.strata (moe_decode.strata in low-latency mode,
+    moe_prefill_int8.strata for an int8 payload) of a checkout, or the copy a wheel ships."""
+    name = SCHEDULES["int8" if payload == torch.int8 else bool(low_latency_mode)][0]
     path = resource_path("examples", name)
     if not path.is_file():
         raise StrataUsageError(f"{name} is not in this installation ({path}): pass "
@@ -50,12 +51,23 @@ def default_schedules(low_latency_mode: bool = False) -> Path:
     return path
 
 
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 rows, f32 scales [tokens, 1]) of x, per token as `stratac run` quantises
+    (tools/run/workload.py): scale = max |x| / 127 in f32 (1 for an all-zero row), q = x / scale
+    rounded half to even, clamped to [-127, 127]. Dequantised: q.float() * scale."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=1, keepdim=True) if xf.shape[1] else torch.zeros(xf.shape[0], 1)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    return torch.round(xf / scale).clamp(-127, 127).to(torch.int8), scale
+
+
 @dataclass(frozen=True)
 class CallStats:
     """One rank's view of one dispatch or combine.
 
     bytes_sent / bytes_received: what this rank sent to and received from the other ranks, from the
-    routing the call exchanged (the count table): token rows (hidden x dtype bytes each) and, for a
+    routing the call exchanged (the count table): token rows (hidden x dtype bytes each; an int8
+    dispatch's rows hidden + 4 bytes, the row and its f32 scale) and, for a
     dispatch, this rank's row of the count table (experts x 4 bytes) to each peer. Rows a rank routes
     to its own experts are local copies and not counted. measured_remote_write / _read: the bytes
     this rank's cores wrote to / read from other ranks' memory during the call, as the CPU model
@@ -102,7 +114,8 @@ class Buffer:
 
     def __init__(self, comm=None, *, hidden: int, max_tokens: int, num_experts: int, topk: int,
                  dtype: torch.dtype = torch.bfloat16, max_recv: int | None = None,
-                 low_latency_mode: bool = False, schedules: str | Path | None = None, options=None,
+                 low_latency_mode: bool = False, payload: torch.dtype | None = None,
+                 schedules: str | Path | None = None, options=None,
                  trace: str | Path | None = None, timeout: float | None = None):
         for name, v in (("hidden", hidden), ("max_tokens", max_tokens), ("num_experts", num_experts),
                         ("topk", topk)):
@@ -113,6 +126,16 @@ class Buffer:
                                    f"got {dtype!r}")
         if topk > num_experts:
             raise StrataUsageError(f"Buffer: topk = {topk} is more than num_experts = {num_experts}")
+        if payload == dtype:
+            payload = None
+        if payload not in (None, torch.int8):
+            raise StrataUsageError(f"Buffer: payload must be None (rows travel in dtype) or torch.int8 (rows "
+                                   f"quantised per token, with f32 scales), got {payload!r}")
+        self.quantized = payload == torch.int8
+        if self.quantized and low_latency_mode:
+            raise StrataUsageError("Buffer: payload=torch.int8 is for the packed (prefill) window; the "
+                                   "low-latency int8 schedules (examples/moe_decode_int8.strata) are not "
+                                   "wired into the Buffer")
         self.low_latency_mode = bool(low_latency_mode)
         if self.low_latency_mode and max_recv is not None:
             raise StrataUsageError("Buffer: max_recv is for the packed (prefill) window; the low-latency "
@@ -120,7 +143,7 @@ class Buffer:
         self._owns_comm = False
         if comm is None or _is_process_group(comm):
             comm = self._communicator_for(comm, hidden, max_tokens, num_experts, topk, dtype, max_recv,
-                                          timeout, self.low_latency_mode)
+                                          timeout, self.low_latency_mode, payload)
         self.comm = comm
         self.rank, self.world = comm.rank, comm.world
         if num_experts % self.world:
@@ -138,22 +161,30 @@ class Buffer:
         self.num_local_experts = num_experts // self.world
         self.local_experts = range(self.rank * self.num_local_experts,
                                    (self.rank + 1) * self.num_local_experts)
-        self.row_bytes = hidden * torch.empty(0, dtype=dtype).element_size()
+        self.payload = payload or dtype
+        self.row_bytes = hidden * torch.empty(0, dtype=dtype).element_size()    # combine's rows
+        self.dispatch_row_bytes = hidden + 4 if self.quantized else self.row_bytes
         kw = {"options": options} if options is not None else {}
-        _, dispatch, combine = SCHEDULES[self.low_latency_mode]
+        _, dispatch, combine = SCHEDULES["int8" if self.quantized else self.low_latency_mode]
         self.module = comm.load(Path(schedules) if schedules is not None
-                                else default_schedules(self.low_latency_mode), **kw)
+                                else default_schedules(self.low_latency_mode, payload), **kw)
         for name in (dispatch, combine):
             if name not in self.module.schedules:
                 raise StrataUsageError(f"Buffer: the schedules file has no schedule {name}")
         self._dispatch, self._combine = self.module[dispatch], self.module[combine]
         # the heap tensors, allocated once (collective: same order on every rank)
-        self._x = comm.zeros(max_tokens, hidden, dtype=dtype)
+        self._x = comm.zeros(max_tokens, hidden, dtype=self.payload)
         self._ids = comm.zeros(max_tokens, topk, dtype=torch.int32)
         self._weights = comm.zeros(max_tokens, topk, dtype=torch.float32)
         self._counts = comm.zeros(self.world, num_experts, dtype=torch.int32)
         self._win = comm.zeros(max_recv, hidden, dtype=dtype)
         self._y = comm.zeros(max_tokens, hidden, dtype=dtype)
+        self._extra: tuple = ()
+        if self.quantized:      # the scales, the int8 window and its scales
+            self._xs = comm.zeros(max_tokens, 1, dtype=torch.float32)
+            self._wq = comm.zeros(max_recv, hidden, dtype=torch.int8)
+            self._ws = comm.zeros(max_recv, 1, dtype=torch.float32)
+            self._extra = (self._xs, self._wq, self._ws)
         self._seq = 0
         self._combined = 0               # the seq of the last combined dispatch
         self._last: dict[str, CallStats] = {}
@@ -168,7 +199,7 @@ class Buffer:
     @staticmethod
     def heap_bytes_needed(world: int, *, hidden: int, max_tokens: int, num_experts: int, topk: int,
                           dtype: torch.dtype = torch.bfloat16, max_recv: int | None = None,
-                          low_latency_mode: bool = False) -> int:
+                          low_latency_mode: bool = False, payload: torch.dtype | None = None) -> int:
         """The heap per rank a Buffer of these sizes allocates (plus room for the sync area): for a
         communicator made to hold it (Communicator.from_process_group(heap_bytes=...))."""
         elem = torch.empty(0, dtype=dtype).element_size()
@@ -178,10 +209,13 @@ class Buffer:
             max_recv = world * max_tokens * topk
         parts = [max_tokens * hidden * elem, max_tokens * topk * 4, max_tokens * topk * 4,
                  world * num_experts * 4, max_recv * hidden * elem, max_tokens * hidden * elem]
+        if payload == torch.int8 and dtype != torch.int8:   # int8 rows instead of x; scales; int8 window
+            parts[0] = max_tokens * hidden
+            parts += [max_tokens * 4, max_recv * hidden, max_recv * 4]
         return sum(parts) + _ALLOC_SLACK * len(parts) + (1 << 20)
 
     def _communicator_for(self, group, hidden, max_tokens, num_experts, topk, dtype, max_recv, timeout,
-                          low_latency_mode):
+                          low_latency_mode, payload):
         import torch.distributed as dist
 
         from stratac.host.comm import DEFAULT_TIMEOUT, Communicator
@@ -193,7 +227,7 @@ class Buffer:
                                    "pass None or dist.group.WORLD, or a Communicator")
         need = self.heap_bytes_needed(dist.get_world_size(), hidden=hidden, max_tokens=max_tokens,
                                       num_experts=num_experts, topk=topk, dtype=dtype, max_recv=max_recv,
-                                      low_latency_mode=low_latency_mode)
+                                      low_latency_mode=low_latency_mode, payload=payload)
         self._owns_comm = True
         return Communicator.from_process_group(heap_bytes=need, timeout=timeout or DEFAULT_TIMEOUT)
 
@@ -234,6 +268,9 @@ class Buffer:
         In low-latency mode recv_x is [num_local_experts, world * max_tokens, hidden], as DeepEP's
         low-latency dispatch: rank s's rows for local expert l at recv_x[l, s * max_tokens:][:c],
         c = handle.recv_rows_per_expert_and_rank[l][s] (the rows between are not data).
+        With payload=torch.int8, x (in dtype) is quantised per token (quantize_per_token) and recv_x
+        is (recv_x_q, recv_scales): int8 [rows, hidden] and f32 [rows, 1], row r's scale in row r
+        (dequantised: recv_x_q.float() * recv_scales); combine then takes y in dtype, [rows, hidden].
         active: a mask of live ranks, one entry per rank (as a schedule call's `active=`,
         docs/robustness.md "Masked ranks"): every live rank passes the same one, a masked rank does
         not call; entries of masked ranks' experts are dropped (not sent, not counted, weight 0 in
@@ -246,14 +283,23 @@ class Buffer:
             self._check_weights(topk_weights, n)
         self._seq += 1
         seq = self._seq
-        self._x[:n].copy_(x)
+        if self.quantized:
+            q, scale = quantize_per_token(x)
+            self._x[:n].copy_(q)
+            self._xs[:n].copy_(scale)
+        else:
+            self._x[:n].copy_(x)
         self._ids[:n].copy_(ids)
         self._ids[n:].fill_(-1)
         if topk_weights is not None:
             self._weights[:n].copy_(topk_weights)
         self._weights[n:].zero_()
-        us, measured = self._timed(lambda: self._dispatch(self._x, self._ids, self._counts, self._win,
-                                                          active=live), "dispatch", seq)
+        if self.quantized:
+            call = lambda: self._dispatch(self._x, self._xs, self._ids, self._counts, self._wq, self._ws,  # noqa: E731
+                                          active=live)
+        else:
+            call = lambda: self._dispatch(self._x, self._ids, self._counts, self._win, active=live)  # noqa: E731
+        us, measured = self._timed(call, "dispatch", seq)
         counts = self._counts.long()
         if live is not None:      # a masked source's row is not written this call: it sent nothing
             counts = counts * torch.tensor(live, dtype=torch.long).unsqueeze(1)
@@ -262,6 +308,8 @@ class Buffer:
         per_source = counts[:, le.start:le.stop].t().tolist()      # [local expert][source rank]
         if self.low_latency_mode:
             recv_x = self._win.view(self.num_local_experts, self.world * self.max_tokens, self.hidden)
+        elif self.quantized:
+            recv_x = (self._wq[:sum(per_expert)], self._ws[:sum(per_expert)])
         else:
             recv_x = self._win[:sum(per_expert)]
         mine = counts[:, le.start:le.stop].sum(dim=1)             # rows from each rank
@@ -272,13 +320,14 @@ class Buffer:
         peers = (self.world if live is None else sum(live)) - 1
         table = peers * self.num_experts * 4                        # my count row to every live peer
         stats = CallStats("dispatch", self.rank, seq, us, n, rows_to, rows_from, rows_local,
-                          rows_to * self.row_bytes + table, rows_from * self.row_bytes + table,
+                          rows_to * self.dispatch_row_bytes + table, rows_from * self.dispatch_row_bytes + table,
                           *measured)
         self._last = {"dispatch": stats}
         self._record(stats)
         handle = DispatchHandle(seq=seq, tokens=n, num_recv_tokens_per_expert_list=per_expert,
                                 recv_rows_per_expert_and_rank=per_source, recv_rows=sum(per_expert),
-                                recv_shape=tuple(recv_x.shape), rows_from=rows_from, rows_to=rows_to,
+                                recv_shape=(len(recv_x[0]), self.hidden) if self.quantized else tuple(recv_x.shape),
+                                rows_from=rows_from, rows_to=rows_to,
                                 rows_local=rows_local, stats=stats, has_weights=topk_weights is not None,
                                 active=live)
         return recv_x, per_expert, handle
@@ -499,7 +548,7 @@ class Buffer:
         if self._closed:
             return
         self._closed = True
-        for t in (self._y, self._win, self._counts, self._weights, self._ids, self._x):
+        for t in (*reversed(self._extra), self._y, self._win, self._counts, self._weights, self._ids, self._x):
             self.comm.free(t)
         if self._owns_comm:
             self.comm.close()
@@ -529,4 +578,4 @@ def _remote(comm) -> tuple[int, int]:
     return sum(c["remote_write"] for c in cs), sum(c["remote_read"] for c in cs)
 
 
-__all__ = ["Buffer", "CallStats", "DispatchHandle", "default_schedules"]
+__all__ = ["Buffer", "CallStats", "DispatchHandle", "default_schedules", "quantize_per_token"]
