@@ -28,20 +28,22 @@ from pathlib import Path
 import torch
 
 from stratac.host.errors import StrataUsageError
+from stratac.host.schedule import ALL_RANKS
 from stratac.resources import resource_path
 
-# per mode: the file, its dispatch and its combine
+# per mode: the file, its dispatch and its combine (the int8 payload: examples/moe_prefill_int8.strata)
 SCHEDULES = {False: ("moe_prefill_bounded.strata", "moe_prefill_bounded_dispatch", "moe_prefill_bounded_combine"),
-             True: ("moe_decode.strata", "moe_decode_dispatch", "moe_decode_combine")}
+             True: ("moe_decode.strata", "moe_decode_dispatch", "moe_decode_combine"),
+             "int8": ("moe_prefill_int8.strata", "moe_prefill_int8_dispatch", "moe_prefill_int8_combine")}
 _TOKEN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ALLOC_SLACK = 4096          # per heap allocation (alignment) in heap_bytes_needed
 HOST_TID = 999               # the trace track of a whole call as the host saw it (as stratac bench)
 
 
-def default_schedules(low_latency_mode: bool = False) -> Path:
-    """examples/moe_prefill_bounded.strata (moe_decode.strata in low-latency mode) of a checkout,
-    or the copy a wheel ships."""
-    name = SCHEDULES[bool(low_latency_mode)][0]
+def default_schedules(low_latency_mode: bool = False, payload: torch.dtype | None = None) -> Path:
+    """examples/moe_prefill_bounded.strata (moe_decode.strata in low-latency mode,
+    moe_prefill_int8.strata for an int8 payload) of a checkout, or the copy a wheel ships."""
+    name = SCHEDULES["int8" if payload == torch.int8 else bool(low_latency_mode)][0]
     path = resource_path("examples", name)
     if not path.is_file():
         raise StrataUsageError(f"{name} is not in this installation ({path}): pass "
@@ -49,12 +51,23 @@ def default_schedules(low_latency_mode: bool = False) -> Path:
     return path
 
 
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 rows, f32 scales [tokens, 1]) of x, per token as `stratac run` quantises
+    (tools/run/workload.py): scale = max |x| / 127 in f32 (1 for an all-zero row), q = x / scale
+    rounded half to even, clamped to [-127, 127]. Dequantised: q.float() * scale."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=1, keepdim=True) if xf.shape[1] else torch.zeros(xf.shape[0], 1)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    return torch.round(xf / scale).clamp(-127, 127).to(torch.int8), scale
+
+
 @dataclass(frozen=True)
 class CallStats:
     """One rank's view of one dispatch or combine.
 
     bytes_sent / bytes_received: what this rank sent to and received from the other ranks, from the
-    routing the call exchanged (the count table): token rows (hidden x dtype bytes each) and, for a
+    routing the call exchanged (the count table): token rows (hidden x dtype bytes each; an int8
+    dispatch's rows hidden + 4 bytes, the row and its f32 scale) and, for a
     dispatch, this rank's row of the count table (experts x 4 bytes) to each peer. Rows a rank routes
     to its own experts are local copies and not counted. measured_remote_write / _read: the bytes
     this rank's cores wrote to / read from other ranks' memory during the call, as the CPU model
@@ -81,15 +94,17 @@ class DispatchHandle:
     is valid until the buffer's next dispatch (combine refuses an older one)."""
 
     __slots__ = ("seq", "tokens", "num_recv_tokens_per_expert_list", "recv_rows_per_expert_and_rank",
-                 "recv_rows", "recv_shape", "rows_from", "rows_to", "rows_local", "stats", "has_weights")
+                 "recv_rows", "recv_shape", "rows_from", "rows_to", "rows_local", "stats", "has_weights",
+                 "active")
 
     def __init__(self, **kw):
         for k, v in kw.items():
             setattr(self, k, v)
 
     def __repr__(self) -> str:
+        live = "" if self.active is None else f", active={self.active}"
         return (f"DispatchHandle(seq={self.seq}, tokens={self.tokens}, recv_rows={self.recv_rows}, "
-                f"per_expert={self.num_recv_tokens_per_expert_list})")
+                f"per_expert={self.num_recv_tokens_per_expert_list}{live})")
 
 
 class Buffer:
@@ -99,7 +114,8 @@ class Buffer:
 
     def __init__(self, comm=None, *, hidden: int, max_tokens: int, num_experts: int, topk: int,
                  dtype: torch.dtype = torch.bfloat16, max_recv: int | None = None,
-                 low_latency_mode: bool = False, schedules: str | Path | None = None, options=None,
+                 low_latency_mode: bool = False, payload: torch.dtype | None = None,
+                 schedules: str | Path | None = None, options=None,
                  trace: str | Path | None = None, timeout: float | None = None):
         for name, v in (("hidden", hidden), ("max_tokens", max_tokens), ("num_experts", num_experts),
                         ("topk", topk)):
@@ -110,6 +126,16 @@ class Buffer:
                                    f"got {dtype!r}")
         if topk > num_experts:
             raise StrataUsageError(f"Buffer: topk = {topk} is more than num_experts = {num_experts}")
+        if payload == dtype:
+            payload = None
+        if payload not in (None, torch.int8):
+            raise StrataUsageError(f"Buffer: payload must be None (rows travel in dtype) or torch.int8 (rows "
+                                   f"quantised per token, with f32 scales), got {payload!r}")
+        self.quantized = payload == torch.int8
+        if self.quantized and low_latency_mode:
+            raise StrataUsageError("Buffer: payload=torch.int8 is for the packed (prefill) window; the "
+                                   "low-latency int8 schedules (examples/moe_decode_int8.strata) are not "
+                                   "wired into the Buffer")
         self.low_latency_mode = bool(low_latency_mode)
         if self.low_latency_mode and max_recv is not None:
             raise StrataUsageError("Buffer: max_recv is for the packed (prefill) window; the low-latency "
@@ -117,7 +143,7 @@ class Buffer:
         self._owns_comm = False
         if comm is None or _is_process_group(comm):
             comm = self._communicator_for(comm, hidden, max_tokens, num_experts, topk, dtype, max_recv,
-                                          timeout, self.low_latency_mode)
+                                          timeout, self.low_latency_mode, payload)
         self.comm = comm
         self.rank, self.world = comm.rank, comm.world
         if num_experts % self.world:
@@ -135,22 +161,30 @@ class Buffer:
         self.num_local_experts = num_experts // self.world
         self.local_experts = range(self.rank * self.num_local_experts,
                                    (self.rank + 1) * self.num_local_experts)
-        self.row_bytes = hidden * torch.empty(0, dtype=dtype).element_size()
+        self.payload = payload or dtype
+        self.row_bytes = hidden * torch.empty(0, dtype=dtype).element_size()    # combine's rows
+        self.dispatch_row_bytes = hidden + 4 if self.quantized else self.row_bytes
         kw = {"options": options} if options is not None else {}
-        _, dispatch, combine = SCHEDULES[self.low_latency_mode]
+        _, dispatch, combine = SCHEDULES["int8" if self.quantized else self.low_latency_mode]
         self.module = comm.load(Path(schedules) if schedules is not None
-                                else default_schedules(self.low_latency_mode), **kw)
+                                else default_schedules(self.low_latency_mode, payload), **kw)
         for name in (dispatch, combine):
             if name not in self.module.schedules:
                 raise StrataUsageError(f"Buffer: the schedules file has no schedule {name}")
         self._dispatch, self._combine = self.module[dispatch], self.module[combine]
         # the heap tensors, allocated once (collective: same order on every rank)
-        self._x = comm.zeros(max_tokens, hidden, dtype=dtype)
+        self._x = comm.zeros(max_tokens, hidden, dtype=self.payload)
         self._ids = comm.zeros(max_tokens, topk, dtype=torch.int32)
         self._weights = comm.zeros(max_tokens, topk, dtype=torch.float32)
         self._counts = comm.zeros(self.world, num_experts, dtype=torch.int32)
         self._win = comm.zeros(max_recv, hidden, dtype=dtype)
         self._y = comm.zeros(max_tokens, hidden, dtype=dtype)
+        self._extra: tuple = ()
+        if self.quantized:      # the scales, the int8 window and its scales
+            self._xs = comm.zeros(max_tokens, 1, dtype=torch.float32)
+            self._wq = comm.zeros(max_recv, hidden, dtype=torch.int8)
+            self._ws = comm.zeros(max_recv, 1, dtype=torch.float32)
+            self._extra = (self._xs, self._wq, self._ws)
         self._seq = 0
         self._combined = 0               # the seq of the last combined dispatch
         self._last: dict[str, CallStats] = {}
@@ -165,7 +199,7 @@ class Buffer:
     @staticmethod
     def heap_bytes_needed(world: int, *, hidden: int, max_tokens: int, num_experts: int, topk: int,
                           dtype: torch.dtype = torch.bfloat16, max_recv: int | None = None,
-                          low_latency_mode: bool = False) -> int:
+                          low_latency_mode: bool = False, payload: torch.dtype | None = None) -> int:
         """The heap per rank a Buffer of these sizes allocates (plus room for the sync area): for a
         communicator made to hold it (Communicator.from_process_group(heap_bytes=...))."""
         elem = torch.empty(0, dtype=dtype).element_size()
@@ -175,10 +209,13 @@ class Buffer:
             max_recv = world * max_tokens * topk
         parts = [max_tokens * hidden * elem, max_tokens * topk * 4, max_tokens * topk * 4,
                  world * num_experts * 4, max_recv * hidden * elem, max_tokens * hidden * elem]
+        if payload == torch.int8 and dtype != torch.int8:   # int8 rows instead of x; scales; int8 window
+            parts[0] = max_tokens * hidden
+            parts += [max_tokens * 4, max_recv * hidden, max_recv * 4]
         return sum(parts) + _ALLOC_SLACK * len(parts) + (1 << 20)
 
     def _communicator_for(self, group, hidden, max_tokens, num_experts, topk, dtype, max_recv, timeout,
-                          low_latency_mode):
+                          low_latency_mode, payload):
         import torch.distributed as dist
 
         from stratac.host.comm import DEFAULT_TIMEOUT, Communicator
@@ -190,18 +227,24 @@ class Buffer:
                                    "pass None or dist.group.WORLD, or a Communicator")
         need = self.heap_bytes_needed(dist.get_world_size(), hidden=hidden, max_tokens=max_tokens,
                                       num_experts=num_experts, topk=topk, dtype=dtype, max_recv=max_recv,
-                                      low_latency_mode=low_latency_mode)
+                                      low_latency_mode=low_latency_mode, payload=payload)
         self._owns_comm = True
         return Communicator.from_process_group(heap_bytes=need, timeout=timeout or DEFAULT_TIMEOUT)
 
     # ---- the DeepEP-shaped calls
-    def get_dispatch_layout(self, topk_idx: torch.Tensor):
+    def get_dispatch_layout(self, topk_idx: torch.Tensor, active=None):
         """(num_tokens_per_rank [world], num_tokens_per_expert [num_experts], is_token_in_rank
         [tokens, world] bool) of this rank's routing, computed on the host. Unlike DeepEP, a token
         routed to two experts of one rank is sent twice (one row per (token, expert)), so the rows a
-        rank sends to rank r are num_tokens_per_expert summed over r's experts."""
+        rank sends to rank r are num_tokens_per_expert summed over r's experts. With a mask of
+        active ranks (as dispatch's `active=`), the entries of masked ranks' experts are dropped, as
+        the masked dispatch drops them."""
+        _, live = self._mask(self._dispatch, active)
         ids = self._check_ids(topk_idx, None)
         valid = ids >= 0
+        if live is not None:
+            dead = torch.tensor([not v for v in live])
+            valid &= ~dead[torch.where(valid, ids.long(), 0) // self.num_local_experts]
         per_expert = torch.bincount(ids[valid].long(), minlength=self.num_experts).int()
         owner = torch.where(valid, ids.long() // self.num_local_experts, torch.full_like(ids.long(), -1))
         in_rank = torch.zeros(ids.shape[0], self.world, dtype=torch.bool)
@@ -209,7 +252,8 @@ class Buffer:
             in_rank[:, r] = (owner == r).any(dim=1)
         return in_rank.sum(dim=0).int(), per_expert, in_rank
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor | None = None):
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor | None = None,
+                 *, active=None):
         """Sends each token to the ranks of its top-k experts (collective).
 
         x: [tokens, hidden] of the buffer's dtype, tokens <= max_tokens (may differ between ranks);
@@ -223,28 +267,49 @@ class Buffer:
         StrataRuntimeError on every rank, with nothing written to any window.
         In low-latency mode recv_x is [num_local_experts, world * max_tokens, hidden], as DeepEP's
         low-latency dispatch: rank s's rows for local expert l at recv_x[l, s * max_tokens:][:c],
-        c = handle.recv_rows_per_expert_and_rank[l][s] (the rows between are not data)."""
+        c = handle.recv_rows_per_expert_and_rank[l][s] (the rows between are not data).
+        With payload=torch.int8, x (in dtype) is quantised per token (quantize_per_token) and recv_x
+        is (recv_x_q, recv_scales): int8 [rows, hidden] and f32 [rows, 1], row r's scale in row r
+        (dequantised: recv_x_q.float() * recv_scales); combine then takes y in dtype, [rows, hidden].
+        active: a mask of live ranks, one entry per rank (as a schedule call's `active=`,
+        docs/robustness.md "Masked ranks"): every live rank passes the same one, a masked rank does
+        not call; entries of masked ranks' experts are dropped (not sent, not counted, weight 0 in
+        combine), masked ranks are neither written nor waited for. The handle keeps the mask."""
         self._check_open()
+        bits, live = self._mask(self._dispatch, active)
         n = self._check_x(x, "x", self.max_tokens, "max_tokens")
         ids = self._check_ids(topk_idx, n)
         if topk_weights is not None:
             self._check_weights(topk_weights, n)
         self._seq += 1
         seq = self._seq
-        self._x[:n].copy_(x)
+        if self.quantized:
+            q, scale = quantize_per_token(x)
+            self._x[:n].copy_(q)
+            self._xs[:n].copy_(scale)
+        else:
+            self._x[:n].copy_(x)
         self._ids[:n].copy_(ids)
         self._ids[n:].fill_(-1)
         if topk_weights is not None:
             self._weights[:n].copy_(topk_weights)
         self._weights[n:].zero_()
-        us, measured = self._timed(lambda: self._dispatch(self._x, self._ids, self._counts, self._win),
-                                   "dispatch", seq)
+        if self.quantized:
+            call = lambda: self._dispatch(self._x, self._xs, self._ids, self._counts, self._wq, self._ws,  # noqa: E731
+                                          active=live)
+        else:
+            call = lambda: self._dispatch(self._x, self._ids, self._counts, self._win, active=live)  # noqa: E731
+        us, measured = self._timed(call, "dispatch", seq)
         counts = self._counts.long()
+        if live is not None:      # a masked source's row is not written this call: it sent nothing
+            counts = counts * torch.tensor(live, dtype=torch.long).unsqueeze(1)
         le = self.local_experts
         per_expert = [int(v) for v in counts[:, le.start:le.stop].sum(dim=0)]
         per_source = counts[:, le.start:le.stop].t().tolist()      # [local expert][source rank]
         if self.low_latency_mode:
             recv_x = self._win.view(self.num_local_experts, self.world * self.max_tokens, self.hidden)
+        elif self.quantized:
+            recv_x = (self._wq[:sum(per_expert)], self._ws[:sum(per_expert)])
         else:
             recv_x = self._win[:sum(per_expert)]
         mine = counts[:, le.start:le.stop].sum(dim=1)             # rows from each rank
@@ -252,25 +317,29 @@ class Buffer:
         to = owners[self.rank]                                      # rows to each rank
         rows_local = int(to[self.rank])
         rows_to, rows_from = int(to.sum()) - rows_local, int(mine.sum()) - int(mine[self.rank])
-        table = (self.world - 1) * self.num_experts * 4             # my count row to every peer
+        peers = (self.world if live is None else sum(live)) - 1
+        table = peers * self.num_experts * 4                        # my count row to every live peer
         stats = CallStats("dispatch", self.rank, seq, us, n, rows_to, rows_from, rows_local,
-                          rows_to * self.row_bytes + table, rows_from * self.row_bytes + table,
+                          rows_to * self.dispatch_row_bytes + table, rows_from * self.dispatch_row_bytes + table,
                           *measured)
         self._last = {"dispatch": stats}
         self._record(stats)
         handle = DispatchHandle(seq=seq, tokens=n, num_recv_tokens_per_expert_list=per_expert,
                                 recv_rows_per_expert_and_rank=per_source, recv_rows=sum(per_expert),
-                                recv_shape=tuple(recv_x.shape), rows_from=rows_from, rows_to=rows_to,
-                                rows_local=rows_local, stats=stats, has_weights=topk_weights is not None)
+                                recv_shape=(len(recv_x[0]), self.hidden) if self.quantized else tuple(recv_x.shape),
+                                rows_from=rows_from, rows_to=rows_to,
+                                rows_local=rows_local, stats=stats, has_weights=topk_weights is not None,
+                                active=live)
         return recv_x, per_expert, handle
 
     def combine(self, y: torch.Tensor, handle: DispatchHandle,
-                topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+                topk_weights: torch.Tensor | None = None, *, active=None) -> torch.Tensor:
         """Brings the experts' outputs back to their tokens' ranks and sums them (collective):
         returns a new [tokens, hidden] tensor, out[t] = sum_k topk_weights[t, k] * y[row of (t, k)]
         (f32 accumulation), 0 for a token routed nowhere. y: [rows, hidden] in recv_x's layout
         (recv_x itself may be passed, after the experts wrote their outputs into it);
-        topk_weights: the dispatch's unless given here."""
+        topk_weights: the dispatch's unless given here. active: the dispatch's mask (kept in the
+        handle) when None; a mask given here must be that one."""
         self._check_open()
         if not isinstance(handle, DispatchHandle):
             raise StrataUsageError(f"combine: handle must be the DispatchHandle dispatch returned, got "
@@ -282,6 +351,12 @@ class Buffer:
         if handle.seq == self._combined:
             raise StrataUsageError(f"combine: dispatch {handle.seq} was already combined (its window holds "
                                    "the previous outputs); dispatch again")
+        if active is not None:
+            _, live = self._mask(self._combine, active)
+            if live != handle.active:
+                raise StrataUsageError(f"combine: active = {_fmt_mask(live, self.world)} differs from the "
+                                       f"dispatch's mask {_fmt_mask(handle.active, self.world)}: a combine "
+                                       "runs on the ranks of its dispatch (pass the same mask, or none)")
         self._check_y(y, handle.recv_shape)
         if topk_weights is not None:
             self._check_weights(topk_weights, handle.tokens)
@@ -293,7 +368,8 @@ class Buffer:
         if topk_weights is not None:
             self._weights[:handle.tokens].copy_(topk_weights)
         us, measured = self._timed(lambda: self._combine(self._win, self._ids, self._weights, self._counts,
-                                                         self._y), "combine", handle.seq)
+                                                         self._y, active=handle.active), "combine",
+                                   handle.seq)
         self._combined = handle.seq
         stats = CallStats("combine", self.rank, handle.seq, us, handle.tokens, handle.rows_from,
                           handle.rows_to, handle.rows_local, handle.rows_from * self.row_bytes,
@@ -394,6 +470,15 @@ class Buffer:
         return out
 
     # ---- checks
+    def _mask(self, schedule, active) -> tuple[int, list[bool] | None]:
+        """(the kernel's mask bits, one bool per rank or None for every rank) of an `active=`,
+        checked as the schedule call checks it (Schedule.active_bits: length, type, values, this
+        rank live, world <= 64)."""
+        bits = schedule.active_bits(active)
+        if bits == ALL_RANKS:
+            return bits, None
+        return bits, [bool(bits >> r & 1) for r in range(self.world)]
+
     def _check_open(self) -> None:
         if self._closed:
             raise StrataUsageError("the Buffer is closed")
@@ -463,7 +548,7 @@ class Buffer:
         if self._closed:
             return
         self._closed = True
-        for t in (self._y, self._win, self._counts, self._weights, self._ids, self._x):
+        for t in (*reversed(self._extra), self._y, self._win, self._counts, self._weights, self._ids, self._x):
             self.comm.free(t)
         if self._owns_comm:
             self.comm.close()
@@ -483,10 +568,14 @@ def _is_process_group(obj) -> bool:
         return False
 
 
+def _fmt_mask(live: list[bool] | None, world: int) -> str:
+    return "every rank" if live is None else "[" + ", ".join("1" if v else "0" for v in live) + "]"
+
+
 def _remote(comm) -> tuple[int, int]:
     """(remote_write, remote_read) bytes over this rank's cores since the counters were reset."""
     cs = comm.counters()
     return sum(c["remote_write"] for c in cs), sum(c["remote_read"] for c in cs)
 
 
-__all__ = ["Buffer", "CallStats", "DispatchHandle", "default_schedules"]
+__all__ = ["Buffer", "CallStats", "DispatchHandle", "default_schedules", "quantize_per_token"]

@@ -54,15 +54,19 @@ def routing(world: int, step: int):
     return xs, ids, ws
 
 
-def expected(world: int, rank: int, xs, ids):
+def expected(world: int, rank: int, xs, ids, live=None):
     """What `rank` must receive (its window, expert after expert, source rank after source rank,
-    token order), its rows per local expert, and every rank's rows to each owner."""
+    token order), its rows per local expert, and every rank's rows to each owner. With `live` (one
+    bool per rank), masked ranks send nothing and entries of their experts are dropped."""
     local = E // world
+    live = live or [True] * world
     mine = range(rank * local, (rank + 1) * local)
     rows, per_expert = [], []
     for e in mine:
         c = 0
         for s in range(world):
+            if not (live[s] and live[rank]):
+                continue
             for t in range(ids[s].shape[0]):
                 if e in ids[s][t].tolist():
                     rows.append(xs[s][t])
@@ -71,13 +75,14 @@ def expected(world: int, rank: int, xs, ids):
     sent = torch.zeros(world, world, dtype=torch.int64)   # sent[s, o]: rows from s to owner o
     for s in range(world):
         for e in ids[s][ids[s] >= 0].tolist():
-            sent[s, e // local] += 1
+            if live[s] and live[e // local]:
+                sent[s, e // local] += 1
     win = torch.stack(rows) if rows else torch.zeros(0, H)
     return win, per_expert, sent
 
 
-def want_bytes(world: int, sent, r: int) -> dict:
-    row, table = H * 4, (world - 1) * E * 4
+def want_bytes(world: int, sent, r: int, live_ranks: int | None = None) -> dict:
+    row, table = H * 4, ((live_ranks or world) - 1) * E * 4
     out_rows = int(sent[r].sum() - sent[r, r])
     in_rows = int(sent[:, r].sum() - sent[r, r])
     return {"dispatch": (out_rows, in_rows, out_rows * row + table, in_rows * row + table),
@@ -243,7 +248,136 @@ def low_latency(comm, rank, world):
     buf.close()
 
 
-SCENARIOS = {f.__name__: f for f in (numbers, refusals, overflow, low_latency)}
+def masked(comm, rank, world):
+    """The last rank masked (it creates the buffer, then sits the calls out): the others dispatch and
+    combine with active = every rank but it. Received rows, rows per expert, combined tokens and
+    bytes (routing and the model's counters) against the reference with the masked rank's experts
+    dropped; the masked rank's window is untouched; get_dispatch_layout drops them too; combine
+    refuses a different mask; a bad mask is refused before anything is sent. Run it last: the
+    masked rank does not rejoin (its stamps stay behind the others')."""
+    buf = Buffer(comm, hidden=H, max_tokens=T, num_experts=E, topk=K, dtype=torch.float32)
+    local, gone = E // world, world - 1
+    live = [r != gone for r in range(world)]
+    # first a call of every rank: the count tables then hold the last rank's row of that call,
+    # which the masked calls must ignore
+    xs, ids, ws = routing(world, 4)
+    recv_x, _, handle = buf.dispatch(xs[rank], ids[rank], ws[rank])
+    buf.combine(recv_x, handle)
+    check(bool(buf._counts[gone].any()), "the unmasked call left the last rank's counts")
+    if rank == gone:
+        buf._win.fill_(7.0)
+        buf._counts.fill_(5)
+        comm.barrier()                                 # (1) the live ranks call
+        comm.barrier()                                 # (2) they are done
+        check(bool((buf._win == 7.0).all()), "the masked rank's window was written")
+        check(bool((buf._counts == 5).all()), "the masked rank's count table was written")
+        buf.close()
+        return
+    comm.barrier()                                     # (1)
+    x0, i0 = torch.randn(2, H), torch.zeros(2, K, dtype=torch.int64)
+    expect_error(StrataUsageError, f"active must have one entry per rank ({world}), got {world - 1}",
+                 buf.dispatch, x0, i0, active=live[:-1])
+    expect_error(StrataUsageError, f"active[{rank}] is false on rank {rank} itself", buf.dispatch, x0, i0,
+                 active=[r != rank for r in range(world)])
+    expect_error(StrataUsageError, "active must be a bool or integer tensor", buf.dispatch, x0, i0,
+                 active=torch.ones(world))
+    for step in (1, 2):
+        xs, ids, ws = routing(world, step)
+        x, i, w = xs[rank], ids[rank], ws[rank]
+        win, per_expert, sent = expected(world, rank, xs, ids, live)
+        kept = (i >= 0) & torch.tensor(live)[i.long().clamp(min=0) // local]
+        per_rank, per_e, in_rank = buf.get_dispatch_layout(i, active=torch.tensor(live))
+        want_e = torch.bincount(i[kept].long(), minlength=E)
+        check(torch.equal(per_e.long(), want_e), f"layout per expert {per_e.tolist()}, want {want_e.tolist()}")
+        check(int(per_rank[gone]) == 0 and not bool(in_rank[:, gone].any()), "layout counts a masked rank")
+        recv_x, counts, handle = buf.dispatch(x, i, w, active=live if step == 1 else torch.tensor(live).int())
+        check(handle.active == live, f"handle mask {handle.active}")
+        check(counts == per_expert, f"rank {rank}: rows per local expert {counts}, expected {per_expert}")
+        check(torch.equal(recv_x, win), f"rank {rank}: received rows differ from the masked routing's")
+        nlive = sum(live)
+        check_stats(buf.last_stats()["dispatch"], "dispatch", rank, step + 1,
+                    want_bytes(world, sent, rank, nlive)["dispatch"])
+        row = 0
+        for e, c in zip(range(rank * local, (rank + 1) * local), counts):
+            recv_x[row:row + c] *= e + 1
+            row += c
+        expect_error(StrataUsageError, "differs from the dispatch's mask", buf.combine, recv_x, handle,
+                     active=[True] * world)
+        out = buf.combine(recv_x, handle, active=live if step == 1 else None)   # None: the handle's
+        scale = torch.where(kept, i.long() + 1, torch.zeros_like(i.long())).float()
+        ref = (w * scale).unsqueeze(2).mul(x.unsqueeze(1)).sum(dim=1)
+        check(torch.allclose(out, ref, rtol=1e-5, atol=1e-5),
+              f"rank {rank}: masked combine differs (max {float((out - ref).abs().max())})")
+        check_stats(buf.last_stats()["combine"], "combine", rank, step + 1,
+                    want_bytes(world, sent, rank, nlive)["combine"])
+    comm.barrier()                                     # (2)
+    buf.close()
+
+
+def int8(comm, rank, world):
+    """payload=torch.int8: bf16 tokens quantised per token (scale = max |x| / 127, 1 for a zero row,
+    round half to even, clamp to +-127), dispatched as int8 rows with f32 scales, the experts
+    dequantise, combine in bf16 with f32 accumulation: received rows and scales, rows per expert,
+    combined tokens bit for bit against a torch reference written here, and bytes (hidden + 4 per
+    dispatched row) against the model's counters."""
+    expect_error(StrataUsageError, "payload must be None", Buffer, comm, hidden=H, max_tokens=T, num_experts=E,
+                 topk=K, payload=torch.float16)
+    expect_error(StrataUsageError, "payload=torch.int8 is for the packed (prefill) window", Buffer, comm,
+                 hidden=H, max_tokens=T, num_experts=E, topk=K, payload=torch.int8, low_latency_mode=True)
+    buf = Buffer(comm, hidden=H, max_tokens=T, num_experts=E, topk=K, dtype=torch.bfloat16, payload=torch.int8,
+                 max_recv=world * T * K)
+    local = E // world
+
+    def quant(x):                                   # the reference quantisation, per token
+        xf = x.float()
+        amax = xf.abs().amax(dim=1, keepdim=True)
+        sc = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+        return torch.round(xf / sc).clamp(-127, 127).to(torch.int8), sc
+
+    for step in (5, 6):
+        xs, ids, ws = routing(world, step)
+        xs = [x.bfloat16() for x in xs]
+        xs[0][3] = 0                                 # an all-zero row: scale 1
+        qs = [quant(x) for x in xs]
+        x, i, w = xs[rank], ids[rank], ws[rank]
+        wq, per_expert, sent = expected(world, rank, [q for q, _ in qs], ids)
+        wsc, _, _ = expected(world, rank, [sc for _, sc in qs], ids)
+        (rq, rs), counts, handle = buf.dispatch(x, i, w)
+        check(counts == per_expert, f"rank {rank}: int8 rows per local expert {counts}, expected {per_expert}")
+        check(rq.dtype == torch.int8 and rs.dtype == torch.float32 and rs.shape == (sum(counts), 1),
+              f"int8 recv {rq.dtype} {rs.dtype} {tuple(rs.shape)}")
+        check(torch.equal(rq, wq.reshape(rq.shape)), f"rank {rank}: received int8 rows differ")
+        check(torch.equal(rs, wsc.reshape(rs.shape)), f"rank {rank}: received scales differ")
+        d = buf.last_stats()["dispatch"]
+        out_rows, in_rows = int(sent[rank].sum() - sent[rank, rank]), int(sent[:, rank].sum() - sent[rank, rank])
+        table = (world - 1) * E * 4
+        want = (out_rows, in_rows, out_rows * (H + 4) + table, in_rows * (H + 4) + table)
+        check((d.rows_sent, d.rows_received, d.bytes_sent, d.bytes_received) == want, f"int8 dispatch {d}, {want}")
+        check(d.measured_remote_write == d.bytes_sent, f"int8 dispatch measured {d.measured_remote_write}")
+        y = torch.empty(rq.shape[0], H, dtype=torch.bfloat16)
+        row = 0
+        for e, c in zip(range(rank * local, (rank + 1) * local), counts):
+            y[row:row + c] = (rq[row:row + c].float() * rs[row:row + c] * (e + 1)).bfloat16()
+            row += c
+        out = buf.combine(y, handle)
+        q, sc = qs[rank]
+        acc = torch.zeros(x.shape[0], H)
+        for t in range(x.shape[0]):
+            for k in range(K):
+                e = int(i[t, k])
+                if e >= 0:
+                    acc[t] = acc[t] + (q[t].float() * sc[t] * (e + 1)).bfloat16().float() * w[t, k]
+        ref = acc.bfloat16()
+        check(out.dtype == torch.bfloat16 and torch.equal(out, ref),
+              f"rank {rank}: int8 combine differs from the torch reference bit for bit "
+              f"(max {float((out.float() - ref.float()).abs().max())})")
+        c = buf.last_stats()["combine"]
+        check(c.bytes_received == out_rows * H * 2 and c.measured_remote_read == c.bytes_received,
+              f"int8 combine bytes {c}")
+    buf.close()
+
+
+SCENARIOS = {f.__name__: f for f in (numbers, refusals, overflow, low_latency, int8, masked)}
 
 
 def main(scenario, rank, world, store_path):

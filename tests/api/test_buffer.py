@@ -13,7 +13,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-SCENARIOS = ["numbers", "refusals", "overflow", "low_latency"]
+SCENARIOS = ["numbers", "refusals", "overflow", "low_latency", "int8", "masked"]
 
 
 @pytest.mark.slow   # about 35 s on 2 CPUs: 4 rank processes importing torch and loading the schedules
@@ -21,7 +21,9 @@ def test_buffer_scenarios(tmp_path):
     """In the same 4 rank processes: numbers: received rows, rows per expert, combined tokens, and
     every rank's bytes (routing and the CPU model's counters) against a reference computed from
     every rank's routing; refusals: each bad argument is named; overflow: a routing past max_recv
-    raises on every rank and writes no window; low_latency: numbers for the decode schedules."""
+    raises on every rank and writes no window; low_latency: numbers for the decode schedules; int8:
+    quantised rows and scales, combined tokens bit for bit against torch;
+    masked: numbers with the last rank masked (its experts' entries dropped), run last."""
     world, store = 4, tmp_path / "store"
     procs = [subprocess.Popen([sys.executable, str(HERE / "buffer_ranks.py"), ",".join(SCENARIOS), str(r),
                                str(world),

@@ -165,3 +165,38 @@ def test_a_schedule_that_excludes_the_world_is_skipped_next_to_the_others(tmp_pa
                              "--machine", machine, "--world", "12", "--sizes", "1M"], capsys)
     assert status == 1
     assert "allreduce_halving_doubling does not support world 12: it requires world is pow2" in err
+
+
+def test_max_recv_sizes_the_bounded_window(tmp_path, capsys):
+    """--max-recv R: a bounded window of R rows per rank. The heap per rank grows by exactly
+    hidden x 2 bytes (bf16) per row of R, is the unbounded default's at R = world x tokens x topk,
+    and shows in the header and the JSON; a sample routing past R, and R for a schedule whose
+    window has no bound, are one error line each."""
+    machine = str(ROOT / "machines" / "cloudmatrix384.toml")
+    bounded = str(ROOT / "examples" / "moe_prefill_bounded.strata")
+    W, T, H, K = 4, 64, 256, 4
+
+    def heaps(extra):
+        out_json = tmp_path / "m.json"
+        status, out, err = _run(["simulate", bounded, "--machine", machine, "--world", str(W), "--tokens",
+                                 str(T), "--hidden", str(H), "--topk", str(K), *extra, "--json",
+                                 str(out_json)], capsys)
+        assert status == 0, err
+        data = json.loads(out_json.read_text())
+        return out, data["meta"]["moe"], {r["schedule"]: r["moe"]["heap_bytes"] for r in data["results"]}
+
+    _, meta, default = heaps([])
+    assert meta["max_recv"] is None
+    out, meta, small = heaps(["--max-recv", str(2 * T * K)])
+    assert meta["max_recv"] == 2 * T * K and f"max_recv {2 * T * K} rows" in out
+    _, _, full = heaps(["--max-recv", str(W * T * K)])
+    assert full == default
+    for name in default:
+        assert default[name] - small[name] == (W * T * K - 2 * T * K) * H * 2, name
+    status, out, err = _run(["simulate", bounded, "--machine", machine, "--world", str(W), "--tokens", str(T),
+                             "--hidden", str(H), "--topk", str(K), "--max-recv", "10"], capsys)
+    assert status == 1 and out == ""
+    assert "rows to rank" in err and "more than --max-recv 10: that call would be refused" in err
+    status, out, err = _run(["simulate", str(ROOT / "examples" / "moe_prefill.strata"), "--machine", machine,
+                             "--world", str(W), "--tokens", str(T), "--max-recv", "100"], capsys)
+    assert status == 1 and "moe_prefill_dispatch's window has none" in err

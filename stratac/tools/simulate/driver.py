@@ -47,8 +47,8 @@ def simulate_file(file: str, machine: Machine, world: int, sizes: list[int] | No
     plain = [s for s in scheds if not s.contract.kind.moe]
     if tokens is not None or moe is not None:
         if not routed:
-            raise SimulateError(f"--tokens, --hidden, --topk, --experts, --routing and --seed apply to MoE and "
-                                f"AllToAllV schedules; {file} has none (use --sizes)")
+            raise SimulateError(f"--tokens, --hidden, --topk, --experts, --max-recv, --routing and --seed apply "
+                                f"to MoE and AllToAllV schedules; {file} has none (use --sizes)")
     if sizes is not None and not plain:
         raise SimulateError(f"--sizes applies to collectives; every schedule of {file} is routed (MoE "
                             "or AllToAllV): sweep --tokens instead")
@@ -81,7 +81,7 @@ def simulate_file(file: str, machine: Machine, world: int, sizes: list[int] | No
     if routed:
         meta["moe"] = {"tokens": tokens, "hidden": moe.hidden, "topk": moe.topk,
                        "experts": moe.experts if moe.experts is not None else MOE_EXPERTS_PER_RANK * world,
-                       "routing": moe.routing, "seed": moe.seed,
+                       "routing": moe.routing, "seed": moe.seed, "max_recv": moe.max_recv,
                        "assumptions": {"scalar_call_us": SCALAR_CALL_US,
                                        "scalar_element_us": SCALAR_ELEMENT_US}}
     return SimResult(meta, preds, skipped)

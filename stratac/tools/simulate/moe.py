@@ -41,6 +41,7 @@ class MoeSpec:
     experts: int | None = None      # over the whole world; None: MOE_EXPERTS_PER_RANK per rank
     routing: str = "uniform"
     seed: int = 0
+    max_recv: int | None = None     # rows of a bounded packed window; None: any routing fits
 
     def resolved(self, s: ir.Schedule, world: int) -> tuple[int, int]:
         """(topk, experts) for this schedule: AllToAllV routes each row to one rank (topk 1, one
@@ -56,6 +57,13 @@ class MoeSpec:
             raise SimulateError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTINGS)}")
         if self.hidden < 1 or self.topk < 1:
             raise SimulateError(f"--hidden and --topk must be at least 1, got {self.hidden} and {self.topk}")
+        if self.max_recv is not None:
+            from stratac.verify import moe_roles
+            if self.max_recv < 1:
+                raise SimulateError(f"--max-recv must be at least 1, got {self.max_recv}")
+            if "bound" not in moe_roles(s):
+                raise SimulateError(f"--max-recv applies to a bounded window (rows a size of their own, e.g. "
+                                    f"examples/moe_prefill_bounded.strata); {s.name}'s window has none")
         if s.contract.kind is ir.ContractKind.ALLTOALLV:
             return                  # one destination rank per row: --topk and --experts do not apply
         experts = self.experts if self.experts is not None else MOE_EXPERTS_PER_RANK * world
@@ -103,7 +111,12 @@ def predict_moe(s: ir.Schedule, m: Machine, world: int, tokens: list[int], moe: 
         routed = cache.get(key)
         if routed is None:
             routed = cache[key] = Routed.sample(moe.routing, world, T, topk, experts, moe.seed)
-        wl = MoeWorkload(s, None, world, T, moe.hidden, topk, experts, moe.routing)
+        wl = MoeWorkload(s, None, world, T, moe.hidden, topk, experts, moe.routing, moe.max_recv)
+        if moe.max_recv is not None and int(routed.received.max()) > moe.max_recv:
+            r = int(routed.received.argmax())
+            raise SimulateError(f"{s.name}, {T} tokens: the sample routing ({moe.routing}, seed {moe.seed}) "
+                                f"sends {int(routed.received.max())} rows to rank {r}, more than --max-recv "
+                                f"{moe.max_recv}: that call would be refused")
         env = wl.sizes(s)
         tpl = template(lowered, world, env)
         lens = lengths(tpl, env)
@@ -119,7 +132,7 @@ def predict_moe(s: ir.Schedule, m: Machine, world: int, tokens: list[int], moe: 
         info = {"tokens": T, "hidden": moe.hidden, "topk": topk, "experts": experts,
                 "routing": moe.routing, "seed": moe.seed, "received_rows": rows,
                 "received_rows_max": int(routed.received.max()),
-                "heap_bytes": heap_bytes(s, world, env, elem)}
+                "heap_bytes": heap_bytes(s, world, env, elem), "max_recv": moe.max_recv}
         out.append(Prediction(s.name, s.contract.kind.value, world, size, T, dtype, us, algbw, algbw,
                               max(path, key=path.get), {k: float(path.get(k, 0.0)) for k in CATEGORIES},
                               moe=info))

@@ -39,7 +39,8 @@ def header(res: SimResult) -> list[str]:
         what = []
         if kinds - {"alltoallv"}:
             what.append(f"MoE: hidden {x['hidden']}, topk {x['topk']}, experts {x['experts']} "
-                        f"({x['experts'] // m['world']} per rank)")
+                        f"({x['experts'] // m['world']} per rank)"
+                        + (f", max_recv {x['max_recv']} rows" if x.get("max_recv") else ""))
         if "alltoallv" in kinds:
             what.append(f"AllToAllV: rows of {x['hidden']} elements, one destination rank each")
         lines += [
