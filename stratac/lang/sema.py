@@ -657,7 +657,7 @@ class _Lowering:
                     continue
                 ops[p.name] = op
                 continue
-            if isinstance(a, ast.RedopArg):
+            if isinstance(a, ast.RedopArg) or (a.selector is None and a.name in self.scalars):
                 self.err(Codes.BAD_TYPE, f"{p.name} of {callee.name} is a buffer: pass a region of one "
                          f"(x, part[i], x[lo:hi]), not {a.name}", a.span, note)
                 continue
