@@ -121,6 +121,7 @@ class Codes:
     BAD_REF = "E0106"
     BAD_SIZE = "E0107"
     NOT_SYMMETRIC = "E0108"
+    CALL = "E0109"
     BAD_WORLD = "E0201"
     SHAPE = "E0202"
     RACE = "E0301"

@@ -24,6 +24,7 @@ from stratac.ir.expr import (
                              simplify,
                              size_scale,
                              split_part,
+                             substitute,
 )
 from stratac.ir.nodes import (
                              MASK_MAX_WORLD,
@@ -32,6 +33,7 @@ from stratac.ir.nodes import (
                              Await,
                              Barrier,
                              Buffer,
+                             CallSite,
                              Contract,
                              ContractKind,
                              Copy,
@@ -68,8 +70,8 @@ from stratac.ir.printer import dump
 
 __all__ = ["Bin", "BinKind", "Const", "IExpr", "Var", "add", "bare", "c_source", "log2",
            "nonnegative", "py_source", "Requirement", "unmet_requirement", "MASK_MAX_WORLD", "takes_mask",
-           "simplify", "size_scale", "split_part", "ROUTE_OPERANDS", "Accumulate", "Await", "Barrier",
-           "Buffer", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",
+           "simplify", "size_scale", "split_part", "substitute", "ROUTE_OPERANDS", "Accumulate", "Await", "Barrier",
+           "Buffer", "CallSite", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",
            "KernelPlan", "Loop", "Node", "Op", "OpParam", "Plan", "Reduce", "ReduceOp", "Region",
            "Route", "RouteKind", "Scalar", "ScalarKind", "Schedule", "Signal", "SizeRule", "Stage",
            "Team", "Wait", "size_rules", "dump"]

@@ -232,6 +232,17 @@ def _subst(e: IExpr, name: str, value: IExpr) -> IExpr:
     return e
 
 
+def substitute(e: IExpr, value_of) -> IExpr:
+    """e with every variable v replaced by value_of(v.name) at once (the replacements are not
+    substituted again); value_of returns None to keep v."""
+    if isinstance(e, Var):
+        got = value_of(e.name)
+        return e if got is None else got
+    if isinstance(e, Bin):
+        return Bin(e.kind, substitute(e.lhs, value_of), substitute(e.rhs, value_of))
+    return e
+
+
 def split_part(total: IExpr, parts: IExpr, index: IExpr) -> tuple[IExpr, IExpr]:
     """(offset, length) of part `index` of `total` elements split into `parts` balanced parts:
     the first total % parts parts get one element more."""

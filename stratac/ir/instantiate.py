@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from stratac import ir
-from stratac.diagnostics import Codes, Span, StrataError, error
+from stratac.diagnostics import Codes, Note, Span, StrataError, error
 
 
 class EventKind(enum.Enum):
@@ -311,6 +311,16 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
             raise StrataError(error(Codes.BAD_WORLD, f"team {team.name} = {team.kind}(T) needs T to "
                                     f"divide the world, but T = {t} with world = {world}: state "
                                     "the worlds it needs with `requires`", team.span))
+    for call in s.calls:
+        for r in call.requires:
+            if not r.holds(world):
+                team = next((t for t in s.teams if t.name == call.team), None)
+                on = f"at world {world}" if team is None else (
+                    f"team {team.name} has {_ev(team.size, base, team.span, 'the team size')} "
+                    f"ranks at world {world}")
+                raise StrataError(error(Codes.BAD_WORLD, f"{call}: {call.callee} requires {r.text}, "
+                                        f"but {on}", call.span,
+                                        Note(f"{call.callee} states it here", r.span)))
     shapes = {p.name: tuple(_ev(d, base, p.span, f"the shape of {p.name}") for d in p.dims)
               for p in s.params}
     b = _Builder(s, world, base, buffer_sizes, flag_sizes, barriers_only)

@@ -420,6 +420,28 @@ def unmet_requirement(s: "Schedule", world: int) -> "Requirement | None":
 
 
 @dataclass(frozen=True)
+class CallSite:
+    """`call callee(args) on team`: the callee's body, inlined, is the caller's top-level ops
+    body[start:end] (the passes map the body op by op, so the range holds after them). Its flags,
+    loop variables and asynchronous handles carry `prefix`; its `rank` is the team's rank, its
+    `world` the team's size, its ranks after @ and in signals the team's members. `requires` are
+    the callee's world constraints with world read as the team's size, conditions on the caller's
+    world that every instance checks (E0201)."""
+
+    callee: str
+    team: str | None          # None: `on world`
+    args: str                 # the arguments as written
+    span: Span
+    start: int
+    end: int
+    prefix: str
+    requires: tuple[Requirement, ...] = ()
+
+    def __str__(self) -> str:
+        return f"call {self.callee}({self.args}) on {self.team or 'world'}"
+
+
+@dataclass(frozen=True)
 class Scalar:
     name: str
     kind: ScalarKind
@@ -447,6 +469,7 @@ class Schedule:
     scalars: tuple[Scalar, ...] = ()
     requires: tuple[Requirement, ...] = ()
     teams: tuple[Team, ...] = ()
+    calls: tuple[CallSite, ...] = ()
 
     def stamps(self, env: dict) -> int:
         """The stamps one call uses (how far the epoch advances) at world, sizes and rank

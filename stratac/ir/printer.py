@@ -37,8 +37,19 @@ def dump(s: Schedule) -> str:
                    f"of {bare(tm.size)}")
     for f in s.flags:
         out.append(f"  flag {f.name}[{f.size}] seq={f.seq}")
-    for op in s.body:
-        _dump_op(op, 1, out)
+    starts = {c.start: c for c in s.calls if c.end > c.start}
+    depth = 1
+    for i, op in enumerate(s.body):
+        c = starts.get(i)
+        if c is not None:
+            where = "every rank" if c.team is None else f"the members of {c.team}"
+            out.append(f"  {c}:{_line(c.span)} inlined on {where}, names {c.prefix}*")
+            for r in c.requires:
+                out.append(f"    requires {r.text}  # {bare(r.cond)}, checked per world")
+            depth = 2
+        _dump_op(op, depth, out)
+        if depth == 2 and any(c.end == i + 1 for c in starts.values()):
+            depth = 1
     if s.sync_expr is not None:
         out.append(f"  # {bare(s.sync_expr)} flag stamps per call")
     elif s.sync_ops:

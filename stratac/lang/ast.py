@@ -268,8 +268,30 @@ class Wait:
     span: Span
 
 
+@dataclass(frozen=True)
+class RedopArg:
+    """sum, max or min as an argument of a call."""
+
+    name: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class CallStmt:
+    """call NAME(args) on TEAM: the schedule NAME inlined on the members of TEAM (`world`: every
+    rank); an argument is a region of a buffer (a Ref without @), a redop parameter's name (a Ref
+    without selector) or a RedopArg."""
+
+    callee: str
+    args: tuple["Ref | RedopArg", ...]
+    team: str
+    span: Span
+    callee_span: Span
+    team_span: Span
+
+
 Stmt = Union[Assign, Accum, If, ScratchDecl, Barrier, Stage, Await, For, FlagDecl, Signal, Wait, Let,
-             Requires, TeamDecl]
+             Requires, TeamDecl, CallStmt]
 
 
 # ---- declarations ----

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from stratac import ir
 from stratac.diagnostics import Codes, Diagnostic, Note, Span, StrataError, error
+from stratac.ir.inline import inline as ir_inline
 from stratac.ir.instantiate import evaluate
 from stratac.lang import ast
 
@@ -37,8 +38,11 @@ class _View:
 
 
 class _Lowering:
-    def __init__(self, sched: ast.Schedule, source_name: str):
+    def __init__(self, sched: ast.Schedule, source_name: str, resolve=None):
         self.s = sched
+        # name, span -> (the callee's IR, its syntax tree) or None (reported); None: no calls
+        self.resolve = resolve
+        self.calls: list[ir.CallSite] = []
         self.source_name = source_name
         self.diags: list[Diagnostic] = []
         self.params: dict[str, ir.Buffer] = {}
@@ -256,7 +260,7 @@ class _Lowering:
         return ir.Schedule(s.name, self.source_name, tuple(self.params.values()), tuple(self.sizes),
                            tuple(self.flags.values()), contract, tuple(body), s.span,
                            scalars=tuple(self.scalars.values()), requires=tuple(self.requires),
-                           teams=tuple(self.teams.values()))
+                           teams=tuple(self.teams.values()), calls=tuple(self.calls))
 
     # kind: (takes an op, takes a root, may be in place, may be out of place)
     CONTRACTS = {
@@ -434,6 +438,13 @@ class _Lowering:
         outer = dict(self.lets)     # a let is visible to the rest of its block only
         self.pending.append({})
         for st in stmts:
+            if isinstance(st, ast.CallStmt):
+                start = len(out)
+                out.extend(self.call(st, top, engine))
+                if len(out) > start:
+                    self.calls[-1] = ir.CallSite(**{**vars(self.calls[-1]), "start": start,
+                                                    "end": len(out)})
+                continue
             op = self.stmt(st, top, loop_vars, engine)
             if op is not None:
                 out.append(op)
@@ -598,6 +609,130 @@ class _Lowering:
                 return self.route(st, loop_vars, engine)
             return self.move(st, loop_vars, engine)
         raise TypeError(st)  # pragma: no cover
+
+    # ---- composition
+    def call(self, st: ast.CallStmt, top: bool, engine) -> tuple:
+        """call callee(args) on team: the callee's body inlined (ir.inline), after checking that
+        the callee exists, is not the caller or its caller, fits the inliner and takes these
+        arguments."""
+        if not top or engine is not None:
+            self.err(Codes.CALL, "a call is a statement at the top of a schedule (outside stages, "
+                     "loops and ifs)", st.span)
+            return ()
+        team = None
+        if st.team != "world":
+            team = self.team_of(st.team, st.team_span)
+            if team is None:
+                return ()
+        got = self.resolve(st.callee) if self.resolve else f"{st.callee!r} cannot be called here"
+        if isinstance(got, str):
+            self.err(Codes.CALL, got, st.callee_span)
+            return ()
+        callee, tree = got
+        if not self.callee_fits(callee, st):
+            return ()
+        signature = ", ".join(f"{p.name}: {p.dtype}" + (f"[{', '.join(_text(d.span) for d in p.dims)}]"
+                                                         if p.dims else "") for p in tree.params)
+        note = Note(f"{callee.name}({signature}) is defined here", tree.name_span)
+        if len(st.args) != len(tree.params):
+            self.err(Codes.CALL, f"{callee.name} takes {len(tree.params)} argument(s), "
+                     f"{len(st.args)} given", st.span, note)
+            return ()
+        reported = len(self.diags)
+        bind: dict[str, ir.Region] = {}
+        ops: dict[str, ir.Op] = {}
+        typevar: dict[str, tuple[str, str]] = {}   # the callee's type variable -> (type, argument)
+        for p, a in zip(tree.params, st.args):
+            scalar = next((x for x in callee.scalars if x.name == p.name), None)
+            if scalar is not None:    # a redop (callee_fits refused rank parameters)
+                name = a.name if isinstance(a, ast.RedopArg) else (
+                    a.name if a.selector is None and a.rank is None else None)
+                op = None
+                if name is not None and (isinstance(a, ast.RedopArg) or (
+                        name in self.scalars and self.scalars[name].kind is ir.ScalarKind.REDOP)):
+                    op = self.op(name, a.span)
+                if op is None:
+                    self.err(Codes.BAD_TYPE, f"{p.name} of {callee.name} is a redop: pass sum, max, min "
+                             "or a redop parameter", a.span, note)
+                    continue
+                ops[p.name] = op
+                continue
+            if isinstance(a, ast.RedopArg) or (a.selector is None and a.name in self.scalars):
+                self.err(Codes.BAD_TYPE, f"{p.name} of {callee.name} is a buffer: pass a region of one "
+                         f"(x, part[i], x[lo:hi]), not {a.name}", a.span, note)
+                continue
+            if a.rank is not None:
+                self.err(Codes.CALL, f"pass the running rank's region (drop the @): {callee.name} "
+                         "reaches the other members' own", a.span)
+                continue
+            got = self.region(a, (), "argument")
+            if got is None:
+                continue
+            region, buf = got
+            want = callee.param(p.name)
+            if want.typevar is not None:
+                seen = typevar.setdefault(want.typevar, (buf.type_text, a.name))
+                if seen[0] != buf.type_text and buf.name not in self.bad_types:
+                    self.err(Codes.BAD_TYPE, f"{callee.name} takes {p.name} of its type {want.typevar}, "
+                             f"which {seen[1]} made {seen[0]}, but {buf.name} holds {buf.type_text}",
+                             a.span, note)
+            elif want.type_text != buf.type_text and buf.name not in self.bad_types:
+                self.err(Codes.BAD_TYPE, f"{callee.name} takes {p.name} of {want.type_text}, but "
+                         f"{buf.name} holds {buf.type_text}", a.span, note)
+            if want.symmetric and not buf.symmetric:
+                self.err(Codes.NOT_SYMMETRIC, f"{callee.name} reaches {p.name} on other ranks: "
+                         f"{buf.name} must be symmetric (`{buf.name}: sym ...`)", a.span,
+                         Note(f"{buf.name} is declared here", buf.span))
+            bind[p.name] = region
+        if len(self.diags) > reported:
+            return ()
+        prefix = f"c{len(self.calls) + 1}_"
+        body, flags, requires, self.stage_count = ir_inline(callee, team, bind, ops, prefix,
+                                                            self.stage_count)
+        fixed = {"world", *self.sizes, *(x.name for x in self.rank_params())}
+        for f in flags:
+            if self.taken(f.name):
+                self.err(Codes.DUPLICATE_NAME, f"the flag {f.name} of this call (flag "
+                         f"{f.name[len(prefix):]} of {callee.name}) is already defined: rename yours",
+                         st.span)
+            elif f.size.names() - fixed:
+                self.err(Codes.CALL, f"flag {f.name[len(prefix):]} of {callee.name} would have "
+                         f"{ir.bare(f.size)} slots, which depends on "
+                         f"{', '.join(sorted(f.size.names() - fixed))}: every rank must agree on a "
+                         "flag's size (pass a region whose length is an expression of world and sizes)",
+                         st.span, Note("the flag is declared here", f.span))
+            else:
+                self.flags[f.name] = f
+        args = ", ".join(_text(a.span) for a in st.args)
+        self.calls.append(ir.CallSite(callee.name, None if team is None else team.name, args,
+                                      st.span, 0, 0, prefix, requires))
+        return body
+
+    def rank_params(self):
+        return [x for x in self.scalars.values() if x.kind is ir.ScalarKind.RANK]
+
+    def callee_fits(self, callee: ir.Schedule, st: ast.CallStmt) -> bool:
+        """What the inliner does not handle yet is refused with E0109 (dsl/README.md, Composition)."""
+        why = None
+        if callee.contract.kind.moe:
+            why = f"it is a {callee.contract.kind.value} (routing)"
+        elif callee.teams:
+            why = f"it declares teams ({', '.join(t.name for t in callee.teams)})"
+        elif callee.scratch:
+            why = f"it declares scratch buffers ({', '.join(p.name for p in callee.scratch)})"
+        elif callee.rank_params:
+            why = f"it takes a rank parameter ({callee.rank_params[0].name})"
+        else:
+            syms = [p.size.name for p in callee.tensors if isinstance(p.size, ir.Var) and not p.shape]
+            if len(syms) != len(callee.tensors) or len(set(syms)) != len(syms):
+                why = ("its buffers are not each sized by a size symbol of their own (x: T[n], "
+                       "y: T[m])")
+        if why is None:
+            return True
+        self.err(Codes.CALL, f"{callee.name} cannot be called yet: {why}; calls inline schedules of "
+                 "1-D buffers sized n, redop parameters, flags, barriers, loops and stages",
+                 st.callee_span, Note(f"{callee.name} is defined here", callee.span))
+        return False
 
     def team_loop(self, st: ast.For, loop_vars, engine):
         """for p in node.ranks|peers: a step loop over the members' places i (0 .. node.size), with
@@ -976,7 +1111,6 @@ def check_contract_ops(s: ir.Schedule) -> list[Diagnostic]:
 
 def lower(module: ast.Module) -> list[ir.Schedule]:
     diags: list[Diagnostic] = []
-    out: list[ir.Schedule] = []
     names: dict[str, ast.Schedule] = {}
     for sched in module.schedules:
         if sched.name in names:
@@ -984,16 +1118,41 @@ def lower(module: ast.Module) -> list[ir.Schedule]:
                                sched.name_span, Note("first defined here", names[sched.name].name_span)))
             continue
         names[sched.name] = sched
-        try:
-            lowered = _Lowering(sched, module.source_name).lower()
-        except StrataError as exc:
-            diags.extend(exc.diagnostics)
-            continue
-        more = check_contract_ops(lowered)
-        if more:
-            diags.extend(more)
-            continue
-        out.append(lowered)
+    done: dict[str, ir.Schedule | None] = {}   # lowered (None: with errors, reported)
+    active: list[str] = []                      # the schedules being lowered, callers first
+
+    def get(name: str) -> ir.Schedule | None:
+        if name not in done:
+            active.append(name)
+            try:
+                lowered = _Lowering(names[name], module.source_name, resolve(name)).lower()
+                more = check_contract_ops(lowered)
+                if more:
+                    diags.extend(more)
+                    lowered = None
+            except StrataError as exc:
+                diags.extend(exc.diagnostics)
+                lowered = None
+            active.pop()
+            done[name] = lowered
+        return done[name]
+
+    def resolve(caller: str):
+        def callee(name: str):
+            """(the callee's IR, its syntax tree), or why it cannot be called."""
+            if name not in names:
+                known = ", ".join(n for n in names if n != caller) or "none"
+                return f"no schedule {name!r} in this file (schedules: {known})"
+            if name in active:
+                chain = " -> ".join(active[active.index(name):] + [name])
+                return f"{name} would call itself ({chain}): calls do not recurse"
+            got = get(name)
+            if got is None:
+                return f"{name} has errors of its own (reported with it)"
+            return got, names[name]
+        return callee
+
+    out = [s for s in (get(n) for n in names) if s is not None]
     if diags:
         raise StrataError(diags)
     return out

@@ -195,6 +195,14 @@ class _Builder(Transformer):
         return ast.Stage(str(engine), body, self._span(meta), str(handle),
                          _tok_span(self.source, handle))
 
+    def call_stmt(self, meta, children):
+        name, *args, team = children
+        return ast.CallStmt(str(name), tuple(a for a in args if a is not None), str(team),
+                            self._span(meta), _tok_span(self.source, name), _tok_span(self.source, team))
+
+    def call_redop(self, meta, children):
+        return ast.RedopArg(str(children[0]), self._span(meta))
+
     def await_stmt(self, meta, children):
         return ast.Await(str(children[0]), self._span(meta), _tok_span(self.source, children[0]))
 

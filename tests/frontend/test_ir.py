@@ -444,3 +444,65 @@ def test_dump_async_stage_and_await():
         "    y[0 +: n]@((rank + 1) % world) = x[0 +: n]  # line 2",
         "  await h  # line 3",
     ]
+
+
+CALL_SRC = """\
+schedule hop(x: sym T[n], op: redop) implements allreduce(x, op) {
+  flag got[1]
+  part = split(x, world)
+  barrier
+  on aiv: for p in peers: part[p]@p op= part[p]
+  signal got[0]@((rank + 1) % world)
+  wait got[0]
+  barrier
+}
+
+schedule outer(x: sym f32[n], op: redop) implements allreduce(x, op) {
+  team node = block(2)
+  half = split(x, 2)
+  call hop(half[1], op) on node
+}
+"""
+
+# Read by hand: hop's rank is node.rank (rank % 2), its world node.size (2), its p a place of the
+# node whose rank is node[p] = rank / 2 * 2 + p, its x the second half of x (offset n / 2 +
+# min(1, n % 2), length n / 2 + (1 < n % 2)), split into 2 parts; its flag is c1_got, its barriers
+# the node's; the lines of the inlined ops are hop's.
+CALL_GOLDEN = """\
+schedule outer(x: sym f32[n], op: redop) implements allreduce(x, op)
+  sizes n
+  team node = block(2)  # member i = ((rank / 2) * 2) + i, rank rank % 2 of 2
+  flag c1_got[1] seq=0
+  call hop(half[1], op) on node:  # line 14 inlined on the members of node, names c1_*
+    barrier(node) seq=0  # line 4
+    stage 1 on aiv:  # line 5
+      for c1_p in 0 .. 2:  # line 5
+        if (c1_p != (rank % 2)):  # line 5
+          x[(((n / 2) + min(1, (n % 2))) + ((c1_p * (((n / 2) + (1 < (n % 2))) / 2)) + min(c1_p, (((n / 2) + (1 < (n % 2))) % 2)))) +: ((((n / 2) + (1 < (n % 2))) / 2) + (c1_p < (((n / 2) + (1 < (n % 2))) % 2)))]@(((rank / 2) * 2) + c1_p) op= x[(((n / 2) + min(1, (n % 2))) + ((c1_p * (((n / 2) + (1 < (n % 2))) / 2)) + min(c1_p, (((n / 2) + (1 < (n % 2))) % 2)))) +: ((((n / 2) + (1 < (n % 2))) / 2) + (c1_p < (((n / 2) + (1 < (n % 2))) % 2)))]  # line 5
+    signal c1_got[0]@(((rank / 2) * 2) + (((rank % 2) + 1) % 2))  # line 6
+    wait c1_got[0]  # line 7
+    barrier(node) seq=0  # line 8
+"""
+
+
+def test_dump_call_inlined_on_a_team():
+    _, outer = frontend.schedules(Source("calls.strata", CALL_SRC))
+    assert ir.dump(outer) == CALL_GOLDEN
+    assert [str(c) for c in outer.calls] == ["call hop(half[1], op) on node"]
+
+
+@pytest.mark.parametrize("world", [2, 4, 6])
+def test_call_on_a_team_reaches_its_members_in_the_region(world):
+    """Against the node written out by hand ({r - r % 2, r - r % 2 + 1}) and the second half of
+    x by hand (elements [3, 6) of n = 6; its part 0 is [3, 5), part 1 [5, 6)): the inlined barriers join the
+    node, the signal goes to the other member, the accumulate writes the other member's part of
+    the half only."""
+    _, outer = frontend.schedules(Source("calls.strata", CALL_SRC))
+    inst = instantiate.instantiate(outer, world, {"n": 6})
+    for r, tl in enumerate(inst.timelines):
+        node = (r - r % 2, r - r % 2 + 1)
+        other = node[1 - r % 2]
+        assert [ev.members for ev in tl if ev.kind is instantiate.EventKind.BARRIER] == [node, node]
+        assert [s[:3] for ev in tl for s in ev.signals] == [(other, "c1_got", 0)]
+        part = (3, 5) if other % 2 == 0 else (5, 6)   # 3 elements in 2 parts: 2, then 1
+        assert [m.dst for ev in tl for m in ev.moves] == [(other, "x", *part)]

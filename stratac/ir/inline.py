@@ -1,0 +1,136 @@
+"""Composition: a schedule's body inlined into a caller (`call callee(args) on team`).
+
+In: the callee's IR (before the passes), the team (None: every rank), the caller's regions bound to
+the callee's buffer parameters, the operations bound to its redop parameters, a name prefix.
+Out: the caller's ops and flags. The callee's integers live in the team's places: its `rank` is
+the team's rank, its `world` the team's size, its loop variables are places; a place becomes a
+rank where the callee names one (after @, in a signal) through the team's member(place). Its size
+symbols are the lengths of the bound regions, its offsets are added to theirs. Its flags, loop
+variables and asynchronous handles are renamed with the prefix, its barriers join the team.
+Sema checks the callee fits (no teams, scratch, rank parameters or routing; 1-D buffers sized by
+one symbol each) before it calls `inline`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from stratac.ir.expr import Bin, BinKind, Const, IExpr, Var, add, simplify, substitute
+from stratac.ir.nodes import (
+    Accumulate,
+    Await,
+    Barrier,
+    Copy,
+    Domain,
+    Flag,
+    If,
+    Loop,
+    Node,
+    Op,
+    OpParam,
+    Reduce,
+    Region,
+    Requirement,
+    Schedule,
+    Signal,
+    Stage,
+    Team,
+    Wait,
+)
+
+
+class _Inliner:
+    def __init__(self, callee: Schedule, team: Team | None, bind: dict[str, Region],
+                 ops: dict[str, Op], prefix: str, first_stage: int):
+        self.callee, self.team, self.bind, self.ops, self.prefix = callee, team, bind, ops, prefix
+        self.stage = first_stage
+        self.sizes = {p.size.name: bind[p.name].length for p in callee.tensors
+                      if isinstance(p.size, Var)}
+
+    def value(self, name: str) -> IExpr:
+        if name == "rank":
+            return self.team.index if self.team else Var("rank")
+        if name == "world":
+            return self.team.size if self.team else Var("world")
+        if name in self.sizes:
+            return self.sizes[name]
+        return Var(self.prefix + name)       # a loop or reduction variable of the callee
+
+    def e(self, x: IExpr) -> IExpr:
+        return simplify(substitute(x, self.value))
+
+    def rank(self, place: IExpr) -> IExpr:
+        """The caller's rank of the callee's rank (a place of the team)."""
+        return self.team.member(self.e(place)) if self.team else self.e(place)
+
+    def region(self, r: Region) -> Region:
+        b = self.bind[r.buffer]
+        part = (self.e(r.part[0]), self.e(r.part[1])) if r.part is not None else b.part
+        if r.sub is not None:
+            sub = (r.sub[0], self.e(r.sub[1]), self.e(r.sub[2]), self.e(r.sub[3]))
+        else:
+            sub = b.sub if r.part is None else None
+        return Region(b.buffer, simplify(add(b.lo, self.e(r.lo))), self.e(r.length),
+                      None if r.rank is None else self.rank(r.rank), r.span, part, sub)
+
+    def op(self, o: Op) -> Op:
+        return self.ops[o.name] if isinstance(o, OpParam) else o
+
+    def nodes(self, ops) -> tuple[Node, ...]:
+        return tuple(self.node(op) for op in ops)
+
+    def node(self, op: Node) -> Node:
+        if isinstance(op, Stage):
+            self.stage += 1
+            index = self.stage
+            handle = None if op.handle is None else self.prefix + op.handle
+            return replace(op, body=self.nodes(op.body), index=index, handle=handle)
+        if isinstance(op, Await):
+            return replace(op, handle=self.prefix + op.handle)
+        if isinstance(op, Copy):
+            return replace(op, dst=self.region(op.dst), src=self.region(op.src))
+        if isinstance(op, Accumulate):
+            return replace(op, dst=self.region(op.dst), src=self.region(op.src), op=self.op(op.op))
+        if isinstance(op, Reduce):
+            out = replace(op, dst=self.region(op.dst), src=self.region(op.src), op=self.op(op.op),
+                          var=self.prefix + op.var)
+            if op.count is not None:
+                return replace(out, count=self.e(op.count), skip=self.e(op.skip))
+            if self.team is not None:   # over the team's places, leaving out its rank for peers
+                return replace(out, count=self.team.size, skip=self.team.index)
+            return out
+        if isinstance(op, If):
+            return replace(op, cond=self.e(op.cond), then=self.nodes(op.then),
+                           orelse=self.nodes(op.orelse))
+        if isinstance(op, Loop):
+            var = self.prefix + op.var
+            body = self.nodes(op.body)
+            if op.domain is Domain.RANGE:
+                return replace(op, var=var, body=body, lo=self.e(op.lo), hi=self.e(op.hi))
+            if self.team is None:
+                return replace(op, var=var, body=body)
+            if op.domain is Domain.PEERS:
+                body = (If(Bin(BinKind.NE, Var(var), self.team.index), body, (), op.span),)
+            return Loop(var, Domain.RANGE, body, op.span, Const(0), self.team.size)
+        if isinstance(op, Barrier):
+            return replace(op, team=self.team)
+        if isinstance(op, Signal):
+            return replace(op, flag=self.prefix + op.flag, index=self.e(op.index),
+                           rank=self.rank(op.rank))
+        if isinstance(op, Wait):
+            return replace(op, flag=self.prefix + op.flag, index=self.e(op.index))
+        raise TypeError(f"a {type(op).__name__} cannot be inlined")   # sema refuses such callees
+
+
+def inline(callee: Schedule, team: Team | None, bind: dict[str, Region], ops: dict[str, Op],
+           prefix: str, first_stage: int
+           ) -> tuple[tuple[Node, ...], tuple[Flag, ...], tuple[Requirement, ...], int]:
+    """(the caller's ops, the flags they use, the callee's world constraints read on the caller's
+    world, the last stage index used)."""
+    x = _Inliner(callee, team, bind, ops, prefix, first_stage)
+    body = x.nodes(callee.body)
+    flags = tuple(Flag(prefix + f.name, x.e(f.size), f.span) for f in callee.flags)
+    size = team.size if team else Var("world")
+    requires = tuple(Requirement(simplify(substitute(r.cond, lambda n: size if n == "world" else None)),
+                                 r.text, r.span) for r in callee.requires)
+    return body, flags, requires, x.stage
