@@ -160,6 +160,40 @@ EQUIVALENT = {
         "own part onto itself, its all-gather and barriers have no peer; from world 6 on (nodes of "
         "2) the mutant is rejected (tests/verify/corpus/good_team_two_level.strata has both levels "
         "from world 4)"),
+    ("allreduce_hierarchical_composed.strata",
+     'barrier(node)                                 # my node has entered: its parts may be read', 1): (
+        (3,),
+        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
+        "own part onto itself, its all-gather and barriers have no peer (the ring over the lane does "
+        "the work); from world 6 on (nodes of 2) the mutant is rejected (the same lines of "
+        "allreduce_hierarchical.strata above)"),
+    ("allreduce_hierarchical_composed.strata",
+     'on aiv: part[me] = op(part[me]@p for p in node.ranks)', 1): (
+        (3,),
+        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
+        "own part onto itself, its all-gather and barriers have no peer (the ring over the lane does "
+        "the work); from world 6 on (nodes of 2) the mutant is rejected (the same lines of "
+        "allreduce_hierarchical.strata above)"),
+    ("allreduce_hierarchical_composed.strata",
+     'on sdma: for p in node.peers: part[me]@p = part[me]', 1): (
+        (3,),
+        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
+        "own part onto itself, its all-gather and barriers have no peer (the ring over the lane does "
+        "the work); from world 6 on (nodes of 2) the mutant is rejected (the same lines of "
+        "allreduce_hierarchical.strata above)"),
+    ("allreduce_hierarchical_composed.strata",
+     "barrier(node)                                 # my node's writes into me have landed", 1): (
+        (3,),
+        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
+        "own part onto itself, its all-gather and barriers have no peer (the ring over the lane does "
+        "the work); from world 6 on (nodes of 2) the mutant is rejected (the same lines of "
+        "allreduce_hierarchical.strata above)"),
+    ("allreduce_hierarchical_composed.strata",
+     'call ring_allreduce(part[me], op) on lane     # part me, all-reduced over my lane', 1): (
+        (2, 4),
+        "at worlds 2 and 4 the world is one node (T = world), so a lane has one rank: the ring over "
+        "it has no step (2 * 1 - 2 = 0) and no peer, so the call does nothing; at world 3 (lanes "
+        "of 3) the mutant is rejected"),
     ("broadcast.strata", "barrier", 2): (
         (2,),
         "at world 2 the all-gather step sends nothing from the non-root rank (its only peer is the "
