@@ -28,7 +28,10 @@ def _run(path, world, cases):
     return runner.run(spec, echo=lambda line: None)
 
 
-@pytest.mark.parametrize("world", [3, 4, 5])
+# Worlds 1-4 of every example (these included) run in tests/e2e/test_run.py with 14 cases each (f32,
+# f16, bf16, i32; sum, max, min; 1 to 4099 elements and 3 MiB); here the worlds past that: 5, and 6
+# where the hierarchical schedules have both levels.
+@pytest.mark.parametrize("world", [5])
 def test_step_loop_examples_run_correctly(tmp_path, world):
     files = [EXAMPLES / f"{name}.strata" for name in STEP_LOOPS]
     keep = [p for p in files if _supported(p, world)]
@@ -46,7 +49,7 @@ def test_step_loop_examples_run_correctly(tmp_path, world):
     assert out.exit_code == 0
 
 
-@pytest.mark.parametrize("world", [3, 4, 5])
+@pytest.mark.parametrize("world", [5])
 def test_chunked_and_bruck_examples_run_correctly(tmp_path, world):
     keep = [EXAMPLES / "allgather_ring_pipelined.strata", EXAMPLES / "alltoall_bruck.strata"]
     assert all(_supported(p, world) for p in keep)
@@ -60,7 +63,7 @@ def test_chunked_and_bruck_examples_run_correctly(tmp_path, world):
     assert out.exit_code == 0
 
 
-@pytest.mark.parametrize("world", [3, 4, 5, 6])
+@pytest.mark.parametrize("world", [5, 6])
 def test_hierarchical_allreduce_over_teams_runs_correctly(tmp_path, world):
     """Teams: nodes of min(lowest set bit of world, 8) ranks; world 3 and 5 give nodes of one
     rank (the lane is the world), 4 one node of four (the lane is one rank), 6 three nodes of two
@@ -77,7 +80,7 @@ def test_hierarchical_allreduce_over_teams_runs_correctly(tmp_path, world):
     assert out.exit_code == 0
 
 
-@pytest.mark.parametrize("world", [3, 4, 5, 6])
+@pytest.mark.parametrize("world", [5, 6])
 def test_hierarchical_allreduce_by_composition_runs_correctly(tmp_path, world):
     """Composition: the ring AllReduce called on the lane team over the node's part (world 6:
     nodes of two, lanes of three, the ring on every lane; 4: lanes of one; 3, 5: the lane is the
