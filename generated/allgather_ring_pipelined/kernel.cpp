@@ -11,6 +11,15 @@ constexpr uint32_t kReduceTiles = 0;
 constexpr uint32_t kScratchBytes = 256;
 constexpr int64_t kSdmaThreshold = 262144;
 
+// Part i of `total` elements split into `parts` (`split` in the .strata source) is
+// [PartOffset, PartOffset + PartLength): the first total % parts parts get one element more.
+__aicore__ inline int64_t PartOffset(int64_t total, int64_t parts, int64_t i) {
+  return i * (total / parts) + strata::Min(i, total % parts);
+}
+__aicore__ inline int64_t PartLength(int64_t total, int64_t parts, int64_t i) {
+  return total / parts + (i < total % parts);
+}
+
 template <typename T, strata::Red OP>
 class AllgatherRingPipelined {
  public:
@@ -60,12 +69,12 @@ class AllgatherRingPipelined {
       {  // strata:26 stage 2 on sdma async h0
         STRATA_LINE(26);
         int64_t total = 0;
-        total += n_ / 2 + (0 < n_ % 2);
+        total += PartLength(PartLength(n_ * world, world, strata::Mod(rank - s_, world)), 2, 0);
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
         STRATA_LINE(26);  // strata:26
-        if (cut.Take(n_ / 2 + (0 < n_ % 2), off, len)) {
-          const int64_t lo = strata::Mod(rank - s_, world) * n_ + strata::Min(0, n_ % 2);
+        if (cut.Take(PartLength(PartLength(n_ * world, world, strata::Mod(rank - s_, world)), 2, 0), off, len)) {
+          const int64_t lo = PartOffset(n_ * world, world, strata::Mod(rank - s_, world)) + PartOffset(PartLength(n_ * world, world, strata::Mod(rank - s_, world)), 2, 0);
           mv_.Copy(strata::Via::kSdma, out_ + lo + off, (rank + 1) % world,
                    out_ + lo + off, rank, len, rank, kSdmaThreshold);
         }
@@ -81,12 +90,12 @@ class AllgatherRingPipelined {
       {  // strata:28 stage 3 on sdma async h1
         STRATA_LINE(28);
         int64_t total = 0;
-        total += n_ / 2 + (1 < n_ % 2);
+        total += PartLength(PartLength(n_ * world, world, strata::Mod(rank - s_, world)), 2, 1);
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
         STRATA_LINE(28);  // strata:28
-        if (cut.Take(n_ / 2 + (1 < n_ % 2), off, len)) {
-          const int64_t lo = strata::Mod(rank - s_, world) * n_ + (n_ / 2 + strata::Min(1, n_ % 2));
+        if (cut.Take(PartLength(PartLength(n_ * world, world, strata::Mod(rank - s_, world)), 2, 1), off, len)) {
+          const int64_t lo = PartOffset(n_ * world, world, strata::Mod(rank - s_, world)) + PartOffset(PartLength(n_ * world, world, strata::Mod(rank - s_, world)), 2, 1);
           mv_.Copy(strata::Via::kSdma, out_ + lo + off, (rank + 1) % world,
                    out_ + lo + off, rank, len, rank, kSdmaThreshold);
         }

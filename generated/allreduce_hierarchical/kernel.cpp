@@ -30,26 +30,28 @@ class AllreduceHierarchical {
     n_ = static_cast<int64_t>(n);
     rank = aclshmem_my_pe();
     world = aclshmem_n_pes();
+    node_ = strata::BlockTeam(rank, (((world & (0 - world)) - 1) & 7) + 1);  // strata:16 team node, block
+    lane_ = strata::StrideTeam(rank, world, node_.size);  // strata:17 team lane, stride
     mv_.Init(&pipe_, kTileBytes, kCopyTiles, kReduceTiles, kScratchBytes);
   }
 
   __aicore__ inline void Process() {
     STRATA_LINE(21);  // strata:21
-    strata::TeamBarrier(sync_, epoch_ + 1, (rank / ((((world & (0 - world)) - 1) & 7) + 1)) * ((((world & (0 - world)) - 1) & 7) + 1), 1, (((world & (0 - world)) - 1) & 7) + 1);
+    strata::TeamBarrier(sync_, epoch_ + 1, node_);
     {  // strata:22 stage 1 on aiv
       STRATA_LINE(22);
       int64_t total = 0;
-      total += PartLength(n_, (((world & (0 - world)) - 1) & 7) + 1, rank % ((((world & (0 - world)) - 1) & 7) + 1));
+      total += PartLength(n_, node_.size, node_.rank);
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       STRATA_LINE(22);  // strata:22
-      if (cut.Take(PartLength(n_, (((world & (0 - world)) - 1) & 7) + 1, rank % ((((world & (0 - world)) - 1) & 7) + 1)), off, len)) {
-        const int64_t lo = PartOffset(n_, (((world & (0 - world)) - 1) & 7) + 1, rank % ((((world & (0 - world)) - 1) & 7) + 1));
+      if (cut.Take(PartLength(n_, node_.size, node_.rank), off, len)) {
+        const int64_t lo = PartOffset(n_, node_.size, node_.rank);
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
           const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
           bool first = true;
-          for (int64_t p_ = 0; p_ < (((world & (0 - world)) - 1) & 7) + 1; ++p_) {
-            mv_.template Fold<OP>(strata::At(x_ + lo, off + t, (rank / ((((world & (0 - world)) - 1) & 7) + 1)) * ((((world & (0 - world)) - 1) & 7) + 1) + p_), m, first);
+          for (int64_t p_ = 0; p_ < node_.size; ++p_) {
+            mv_.template Fold<OP>(strata::At(x_ + lo, off + t, node_.base + p_), m, first);
             first = false;
           }
           if (!first) mv_.Store(strata::At(x_ + lo, off + t, rank), m);
@@ -58,21 +60,21 @@ class AllreduceHierarchical {
       strata::EndStage(mv_);
     }
     STRATA_LINE(23);  // strata:23
-    strata::TeamBarrier(sync_, epoch_ + 2, rank % ((((world & (0 - world)) - 1) & 7) + 1), (((world & (0 - world)) - 1) & 7) + 1, world / ((((world & (0 - world)) - 1) & 7) + 1));
+    strata::TeamBarrier(sync_, epoch_ + 2, lane_);
     {  // strata:24 stage 2 on aiv
       STRATA_LINE(24);
       int64_t total = 0;
-      total += (n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1))) / (world / ((((world & (0 - world)) - 1) & 7) + 1)) + (rank / ((((world & (0 - world)) - 1) & 7) + 1) < strata::Mod(n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1)), world / ((((world & (0 - world)) - 1) & 7) + 1)));
+      total += PartLength(PartLength(n_, node_.size, node_.rank), lane_.size, lane_.rank);
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       STRATA_LINE(24);  // strata:24
-      if (cut.Take((n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1))) / (world / ((((world & (0 - world)) - 1) & 7) + 1)) + (rank / ((((world & (0 - world)) - 1) & 7) + 1) < strata::Mod(n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1)), world / ((((world & (0 - world)) - 1) & 7) + 1))), off, len)) {
-        const int64_t lo = (rank % ((((world & (0 - world)) - 1) & 7) + 1)) * (n_ / ((((world & (0 - world)) - 1) & 7) + 1)) + strata::Min(rank % ((((world & (0 - world)) - 1) & 7) + 1), n_ % ((((world & (0 - world)) - 1) & 7) + 1)) + ((rank / ((((world & (0 - world)) - 1) & 7) + 1)) * ((n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1))) / (world / ((((world & (0 - world)) - 1) & 7) + 1))) + strata::Min(rank / ((((world & (0 - world)) - 1) & 7) + 1), strata::Mod(n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1)), world / ((((world & (0 - world)) - 1) & 7) + 1))));
+      if (cut.Take(PartLength(PartLength(n_, node_.size, node_.rank), lane_.size, lane_.rank), off, len)) {
+        const int64_t lo = PartOffset(n_, node_.size, node_.rank) + PartOffset(PartLength(n_, node_.size, node_.rank), lane_.size, lane_.rank);
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
           const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
           bool first = true;
-          for (int64_t p_ = 0; p_ < world / ((((world & (0 - world)) - 1) & 7) + 1); ++p_) {
-            mv_.template Fold<OP>(strata::At(x_ + lo, off + t, rank % ((((world & (0 - world)) - 1) & 7) + 1) + p_ * ((((world & (0 - world)) - 1) & 7) + 1)), m, first);
+          for (int64_t p_ = 0; p_ < lane_.size; ++p_) {
+            mv_.template Fold<OP>(strata::At(x_ + lo, off + t, node_.rank + p_ * node_.size), m, first);
             first = false;
           }
           if (!first) mv_.Store(strata::At(x_ + lo, off + t, rank), m);
@@ -83,19 +85,19 @@ class AllreduceHierarchical {
     {  // strata:25 stage 3 on sdma
       STRATA_LINE(25);
       int64_t total = 0;
-      for (int64_t p_ = 0; p_ < world / ((((world & (0 - world)) - 1) & 7) + 1); ++p_) {
-        if (p_ != rank / ((((world & (0 - world)) - 1) & 7) + 1)) {
-          total += (n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1))) / (world / ((((world & (0 - world)) - 1) & 7) + 1)) + (rank / ((((world & (0 - world)) - 1) & 7) + 1) < strata::Mod(n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1)), world / ((((world & (0 - world)) - 1) & 7) + 1)));
+      for (int64_t p_ = 0; p_ < lane_.size; ++p_) {
+        if (p_ != lane_.rank) {
+          total += PartLength(PartLength(n_, node_.size, node_.rank), lane_.size, lane_.rank);
         }
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      for (int64_t p_ = 0; p_ < world / ((((world & (0 - world)) - 1) & 7) + 1); ++p_) {
-        if (p_ != rank / ((((world & (0 - world)) - 1) & 7) + 1)) {
+      for (int64_t p_ = 0; p_ < lane_.size; ++p_) {
+        if (p_ != lane_.rank) {
           STRATA_LINE(25);  // strata:25
-          if (cut.Take((n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1))) / (world / ((((world & (0 - world)) - 1) & 7) + 1)) + (rank / ((((world & (0 - world)) - 1) & 7) + 1) < strata::Mod(n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1)), world / ((((world & (0 - world)) - 1) & 7) + 1))), off, len)) {
-            const int64_t lo = (rank % ((((world & (0 - world)) - 1) & 7) + 1)) * (n_ / ((((world & (0 - world)) - 1) & 7) + 1)) + strata::Min(rank % ((((world & (0 - world)) - 1) & 7) + 1), n_ % ((((world & (0 - world)) - 1) & 7) + 1)) + ((rank / ((((world & (0 - world)) - 1) & 7) + 1)) * ((n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1))) / (world / ((((world & (0 - world)) - 1) & 7) + 1))) + strata::Min(rank / ((((world & (0 - world)) - 1) & 7) + 1), strata::Mod(n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1)), world / ((((world & (0 - world)) - 1) & 7) + 1))));
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, rank % ((((world & (0 - world)) - 1) & 7) + 1) + p_ * ((((world & (0 - world)) - 1) & 7) + 1),
+          if (cut.Take(PartLength(PartLength(n_, node_.size, node_.rank), lane_.size, lane_.rank), off, len)) {
+            const int64_t lo = PartOffset(n_, node_.size, node_.rank) + PartOffset(PartLength(n_, node_.size, node_.rank), lane_.size, lane_.rank);
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, node_.rank + p_ * node_.size,
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
         }
@@ -103,23 +105,23 @@ class AllreduceHierarchical {
       strata::EndStage(mv_);
     }
     STRATA_LINE(26);  // strata:26
-    strata::TeamBarrier(sync_, epoch_ + 3, rank % ((((world & (0 - world)) - 1) & 7) + 1), (((world & (0 - world)) - 1) & 7) + 1, world / ((((world & (0 - world)) - 1) & 7) + 1));
+    strata::TeamBarrier(sync_, epoch_ + 3, lane_);
     {  // strata:27 stage 4 on sdma
       STRATA_LINE(27);
       int64_t total = 0;
-      for (int64_t p_ = 0; p_ < (((world & (0 - world)) - 1) & 7) + 1; ++p_) {
-        if (p_ != rank % ((((world & (0 - world)) - 1) & 7) + 1)) {
-          total += PartLength(n_, (((world & (0 - world)) - 1) & 7) + 1, rank % ((((world & (0 - world)) - 1) & 7) + 1));
+      for (int64_t p_ = 0; p_ < node_.size; ++p_) {
+        if (p_ != node_.rank) {
+          total += PartLength(n_, node_.size, node_.rank);
         }
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      for (int64_t p_ = 0; p_ < (((world & (0 - world)) - 1) & 7) + 1; ++p_) {
-        if (p_ != rank % ((((world & (0 - world)) - 1) & 7) + 1)) {
+      for (int64_t p_ = 0; p_ < node_.size; ++p_) {
+        if (p_ != node_.rank) {
           STRATA_LINE(27);  // strata:27
-          if (cut.Take(PartLength(n_, (((world & (0 - world)) - 1) & 7) + 1, rank % ((((world & (0 - world)) - 1) & 7) + 1)), off, len)) {
-            const int64_t lo = PartOffset(n_, (((world & (0 - world)) - 1) & 7) + 1, rank % ((((world & (0 - world)) - 1) & 7) + 1));
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, (rank / ((((world & (0 - world)) - 1) & 7) + 1)) * ((((world & (0 - world)) - 1) & 7) + 1) + p_,
+          if (cut.Take(PartLength(n_, node_.size, node_.rank), off, len)) {
+            const int64_t lo = PartOffset(n_, node_.size, node_.rank);
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, node_.base + p_,
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
         }
@@ -127,7 +129,7 @@ class AllreduceHierarchical {
       strata::EndStage(mv_);
     }
     STRATA_LINE(28);  // strata:28
-    strata::TeamBarrier(sync_, epoch_ + 4, (rank / ((((world & (0 - world)) - 1) & 7) + 1)) * ((((world & (0 - world)) - 1) & 7) + 1), 1, (((world & (0 - world)) - 1) & 7) + 1);
+    strata::TeamBarrier(sync_, epoch_ + 4, node_);
   }
 
  private:
@@ -139,6 +141,8 @@ class AllreduceHierarchical {
   int64_t n_ = 0;
   int64_t rank = 0;
   int64_t world = 1;
+  strata::Team node_;
+  strata::Team lane_;
 };
 
 }  // namespace

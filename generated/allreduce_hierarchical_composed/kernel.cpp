@@ -30,26 +30,28 @@ class AllreduceHierarchicalComposed {
     n_ = static_cast<int64_t>(n);
     rank = aclshmem_my_pe();
     world = aclshmem_n_pes();
+    node_ = strata::BlockTeam(rank, (((world & (0 - world)) - 1) & 7) + 1);  // strata:35 team node, block
+    lane_ = strata::StrideTeam(rank, world, node_.size);  // strata:36 team lane, stride
     mv_.Init(&pipe_, kTileBytes, kCopyTiles, kReduceTiles, kScratchBytes);
   }
 
   __aicore__ inline void Process() {
     STRATA_LINE(39);  // strata:39
-    strata::TeamBarrier(sync_, epoch_ + 1, (rank / ((((world & (0 - world)) - 1) & 7) + 1)) * ((((world & (0 - world)) - 1) & 7) + 1), 1, (((world & (0 - world)) - 1) & 7) + 1);
+    strata::TeamBarrier(sync_, epoch_ + 1, node_);
     {  // strata:40 stage 1 on aiv
       STRATA_LINE(40);
       int64_t total = 0;
-      total += PartLength(n_, (((world & (0 - world)) - 1) & 7) + 1, rank % ((((world & (0 - world)) - 1) & 7) + 1));
+      total += PartLength(n_, node_.size, node_.rank);
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       STRATA_LINE(40);  // strata:40
-      if (cut.Take(PartLength(n_, (((world & (0 - world)) - 1) & 7) + 1, rank % ((((world & (0 - world)) - 1) & 7) + 1)), off, len)) {
-        const int64_t lo = PartOffset(n_, (((world & (0 - world)) - 1) & 7) + 1, rank % ((((world & (0 - world)) - 1) & 7) + 1));
+      if (cut.Take(PartLength(n_, node_.size, node_.rank), off, len)) {
+        const int64_t lo = PartOffset(n_, node_.size, node_.rank);
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
           const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
           bool first = true;
-          for (int64_t p_ = 0; p_ < (((world & (0 - world)) - 1) & 7) + 1; ++p_) {
-            mv_.template Fold<OP>(strata::At(x_ + lo, off + t, (rank / ((((world & (0 - world)) - 1) & 7) + 1)) * ((((world & (0 - world)) - 1) & 7) + 1) + p_), m, first);
+          for (int64_t p_ = 0; p_ < node_.size; ++p_) {
+            mv_.template Fold<OP>(strata::At(x_ + lo, off + t, node_.base + p_), m, first);
             first = false;
           }
           if (!first) mv_.Store(strata::At(x_ + lo, off + t, rank), m);
@@ -59,12 +61,12 @@ class AllreduceHierarchicalComposed {
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       STRATA_LINE(12);  // strata:12
-      strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 3, rank % ((((world & (0 - world)) - 1) & 7) + 1) + strata::Mod(rank / ((((world & (0 - world)) - 1) & 7) + 1) - 1, world / ((((world & (0 - world)) - 1) & 7) + 1)) * ((((world & (0 - world)) - 1) & 7) + 1));
+      strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 3, node_.rank + strata::Mod(lane_.rank - 1, lane_.size) * node_.size);
       STRATA_LINE(13);  // strata:13
       strata::WaitFlag(strata::SyncSlot(sync_, world), epoch_ + 3);
     }
     AscendC::SyncAll<true>();
-    for (int64_t c1_s_ = 0; c1_s_ < 2 * (world / ((((world & (0 - world)) - 1) & 7) + 1)) - 2; ++c1_s_) {  // strata:14
+    for (int64_t c1_s_ = 0; c1_s_ < 2 * lane_.size - 2; ++c1_s_) {  // strata:14
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (c1_s_ > 0) {
           STRATA_LINE(16);  // strata:16
@@ -72,17 +74,17 @@ class AllreduceHierarchicalComposed {
         }
       }
       AscendC::SyncAll<true>();
-      if (c1_s_ < world / ((((world & (0 - world)) - 1) & 7) + 1) - 1) {  // strata:17
+      if (c1_s_ < lane_.size - 1) {  // strata:17
         {  // strata:17 stage 2 on aiv
           STRATA_LINE(17);
           int64_t total = 0;
-          total += (n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1))) / (world / ((((world & (0 - world)) - 1) & 7) + 1)) + (strata::Mod(rank / ((((world & (0 - world)) - 1) & 7) + 1) - c1_s_, world / ((((world & (0 - world)) - 1) & 7) + 1)) < strata::Mod(n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1)), world / ((((world & (0 - world)) - 1) & 7) + 1)));
+          total += (n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size + (strata::Mod(lane_.rank - c1_s_, lane_.size) < (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
           STRATA_LINE(17);  // strata:17
-          if (cut.Take((n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1))) / (world / ((((world & (0 - world)) - 1) & 7) + 1)) + (strata::Mod(rank / ((((world & (0 - world)) - 1) & 7) + 1) - c1_s_, world / ((((world & (0 - world)) - 1) & 7) + 1)) < strata::Mod(n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1)), world / ((((world & (0 - world)) - 1) & 7) + 1))), off, len)) {
-            const int64_t lo = (rank % ((((world & (0 - world)) - 1) & 7) + 1)) * (n_ / ((((world & (0 - world)) - 1) & 7) + 1)) + strata::Min(rank % ((((world & (0 - world)) - 1) & 7) + 1), n_ % ((((world & (0 - world)) - 1) & 7) + 1)) + (strata::Mod(rank / ((((world & (0 - world)) - 1) & 7) + 1) - c1_s_, world / ((((world & (0 - world)) - 1) & 7) + 1)) * ((n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1))) / (world / ((((world & (0 - world)) - 1) & 7) + 1))) + strata::Min(strata::Mod(rank / ((((world & (0 - world)) - 1) & 7) + 1) - c1_s_, world / ((((world & (0 - world)) - 1) & 7) + 1)), strata::Mod(n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1)), world / ((((world & (0 - world)) - 1) & 7) + 1))));
-            mv_.template AccumulateInto<OP>(x_ + lo + off, rank % ((((world & (0 - world)) - 1) & 7) + 1) + strata::Mod(rank / ((((world & (0 - world)) - 1) & 7) + 1) + 1, world / ((((world & (0 - world)) - 1) & 7) + 1)) * ((((world & (0 - world)) - 1) & 7) + 1),
+          if (cut.Take((n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size + (strata::Mod(lane_.rank - c1_s_, lane_.size) < (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size), off, len)) {
+            const int64_t lo = node_.rank * (n_ / node_.size) + strata::Min(node_.rank, n_ % node_.size) + (strata::Mod(lane_.rank - c1_s_, lane_.size) * ((n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size) + strata::Min(strata::Mod(lane_.rank - c1_s_, lane_.size), (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size));
+            mv_.template AccumulateInto<OP>(x_ + lo + off, node_.rank + ((lane_.rank + 1) % lane_.size) * node_.size,
                                                    x_ + lo + off, rank, len);
           }
           strata::EndStage(mv_);
@@ -91,13 +93,13 @@ class AllreduceHierarchicalComposed {
         {  // strata:17 stage 3 on sdma
           STRATA_LINE(17);
           int64_t total = 0;
-          total += (n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1))) / (world / ((((world & (0 - world)) - 1) & 7) + 1)) + (strata::Mod(rank / ((((world & (0 - world)) - 1) & 7) + 1) - c1_s_, world / ((((world & (0 - world)) - 1) & 7) + 1)) < strata::Mod(n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1)), world / ((((world & (0 - world)) - 1) & 7) + 1)));
+          total += (n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size + (strata::Mod(lane_.rank - c1_s_, lane_.size) < (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
           STRATA_LINE(17);  // strata:17
-          if (cut.Take((n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1))) / (world / ((((world & (0 - world)) - 1) & 7) + 1)) + (strata::Mod(rank / ((((world & (0 - world)) - 1) & 7) + 1) - c1_s_, world / ((((world & (0 - world)) - 1) & 7) + 1)) < strata::Mod(n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1)), world / ((((world & (0 - world)) - 1) & 7) + 1))), off, len)) {
-            const int64_t lo = (rank % ((((world & (0 - world)) - 1) & 7) + 1)) * (n_ / ((((world & (0 - world)) - 1) & 7) + 1)) + strata::Min(rank % ((((world & (0 - world)) - 1) & 7) + 1), n_ % ((((world & (0 - world)) - 1) & 7) + 1)) + (strata::Mod(rank / ((((world & (0 - world)) - 1) & 7) + 1) - c1_s_, world / ((((world & (0 - world)) - 1) & 7) + 1)) * ((n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1))) / (world / ((((world & (0 - world)) - 1) & 7) + 1))) + strata::Min(strata::Mod(rank / ((((world & (0 - world)) - 1) & 7) + 1) - c1_s_, world / ((((world & (0 - world)) - 1) & 7) + 1)), strata::Mod(n_ / ((((world & (0 - world)) - 1) & 7) + 1) + (rank % ((((world & (0 - world)) - 1) & 7) + 1) < n_ % ((((world & (0 - world)) - 1) & 7) + 1)), world / ((((world & (0 - world)) - 1) & 7) + 1))));
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, rank % ((((world & (0 - world)) - 1) & 7) + 1) + strata::Mod(rank / ((((world & (0 - world)) - 1) & 7) + 1) + 1, world / ((((world & (0 - world)) - 1) & 7) + 1)) * ((((world & (0 - world)) - 1) & 7) + 1),
+          if (cut.Take((n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size + (strata::Mod(lane_.rank - c1_s_, lane_.size) < (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size), off, len)) {
+            const int64_t lo = node_.rank * (n_ / node_.size) + strata::Min(node_.rank, n_ % node_.size) + (strata::Mod(lane_.rank - c1_s_, lane_.size) * ((n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size) + strata::Min(strata::Mod(lane_.rank - c1_s_, lane_.size), (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size));
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, node_.rank + ((lane_.rank + 1) % lane_.size) * node_.size,
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
           strata::EndStage(mv_);
@@ -105,33 +107,33 @@ class AllreduceHierarchicalComposed {
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(18);  // strata:18
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + c1_s_), epoch_ + 4, rank % ((((world & (0 - world)) - 1) & 7) + 1) + strata::Mod(rank / ((((world & (0 - world)) - 1) & 7) + 1) + 1, world / ((((world & (0 - world)) - 1) & 7) + 1)) * ((((world & (0 - world)) - 1) & 7) + 1));
+        strata::Signal(strata::SyncSlot(sync_, world + 1 + c1_s_), epoch_ + 4, node_.rank + ((lane_.rank + 1) % lane_.size) * node_.size);
       }
       AscendC::SyncAll<true>();
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      if (world / ((((world & (0 - world)) - 1) & 7) + 1) > 1) {
+      if (lane_.size > 1) {
         STRATA_LINE(20);  // strata:20
-        strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (2 * (world / ((((world & (0 - world)) - 1) & 7) + 1)) - 3)), epoch_ + 4);
+        strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (2 * lane_.size - 3)), epoch_ + 4);
       }
     }
     AscendC::SyncAll<true>();
     {  // strata:42 stage 4 on sdma
       STRATA_LINE(42);
       int64_t total = 0;
-      for (int64_t p_ = 0; p_ < (((world & (0 - world)) - 1) & 7) + 1; ++p_) {
-        if (p_ != rank % ((((world & (0 - world)) - 1) & 7) + 1)) {
-          total += PartLength(n_, (((world & (0 - world)) - 1) & 7) + 1, rank % ((((world & (0 - world)) - 1) & 7) + 1));
+      for (int64_t p_ = 0; p_ < node_.size; ++p_) {
+        if (p_ != node_.rank) {
+          total += PartLength(n_, node_.size, node_.rank);
         }
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      for (int64_t p_ = 0; p_ < (((world & (0 - world)) - 1) & 7) + 1; ++p_) {
-        if (p_ != rank % ((((world & (0 - world)) - 1) & 7) + 1)) {
+      for (int64_t p_ = 0; p_ < node_.size; ++p_) {
+        if (p_ != node_.rank) {
           STRATA_LINE(42);  // strata:42
-          if (cut.Take(PartLength(n_, (((world & (0 - world)) - 1) & 7) + 1, rank % ((((world & (0 - world)) - 1) & 7) + 1)), off, len)) {
-            const int64_t lo = PartOffset(n_, (((world & (0 - world)) - 1) & 7) + 1, rank % ((((world & (0 - world)) - 1) & 7) + 1));
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, (rank / ((((world & (0 - world)) - 1) & 7) + 1)) * ((((world & (0 - world)) - 1) & 7) + 1) + p_,
+          if (cut.Take(PartLength(n_, node_.size, node_.rank), off, len)) {
+            const int64_t lo = PartOffset(n_, node_.size, node_.rank);
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, node_.base + p_,
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
         }
@@ -139,7 +141,7 @@ class AllreduceHierarchicalComposed {
       strata::EndStage(mv_);
     }
     STRATA_LINE(43);  // strata:43
-    strata::TeamBarrier(sync_, epoch_ + 2, (rank / ((((world & (0 - world)) - 1) & 7) + 1)) * ((((world & (0 - world)) - 1) & 7) + 1), 1, (((world & (0 - world)) - 1) & 7) + 1);
+    strata::TeamBarrier(sync_, epoch_ + 2, node_);
   }
 
  private:
@@ -151,6 +153,8 @@ class AllreduceHierarchicalComposed {
   int64_t n_ = 0;
   int64_t rank = 0;
   int64_t world = 1;
+  strata::Team node_;
+  strata::Team lane_;
 };
 
 }  // namespace

@@ -770,6 +770,25 @@ __aicore__ inline void Barrier(__gm__ int32_t* slots, int32_t stamp) {
   AscendC::SyncAll<true>();
 }
 
+// A team of the .strata source (`team node = block(T)`, `stride(T)`, `across(node)`) as a kernel
+// sees it: member i is base + i * step, and the running rank is member `rank` of `size`. A kernel
+// computes its teams once, in Init, from rank and world (the verifier proved at every instance
+// that T divides world); the source's `node.size`, `node.rank` and `node[i]` read them.
+struct Team {
+  int64_t size = 1;
+  int64_t rank = 0;
+  int64_t base = 0;
+  int64_t step = 1;
+};
+
+// The T consecutive ranks rank / T * T .. rank / T * T + T - 1 (`block(T)`).
+__aicore__ inline Team BlockTeam(int64_t rank, int64_t t) { return Team{t, rank % t, rank / t * t, 1}; }
+
+// The world / T ranks with the same rank % T (`stride(T)`, `across(node)` for a node of T).
+__aicore__ inline Team StrideTeam(int64_t rank, int64_t world, int64_t t) {
+  return Team{world / t, rank / t, rank % t, t};
+}
+
 // Barrier of a team (`barrier(node)` in the .strata source): the `size` ranks base, base + step,
 // ..., base + (size - 1) * step, the running rank among them. The same slots and stamps as Barrier:
 // rank p announces to each member q in q's slot p, and waits for every member's slot in its own
@@ -790,6 +809,11 @@ __aicore__ inline void TeamBarrier(__gm__ int32_t* slots, int32_t stamp, int64_t
     WaitFlag(SyncSlot(slots, p), stamp);
   }
   AscendC::SyncAll<true>();
+}
+
+// The barrier of a team the kernel computed in Init (strata::BlockTeam, strata::StrideTeam).
+__aicore__ inline void TeamBarrier(__gm__ int32_t* slots, int32_t stamp, const Team& team) {
+  TeamBarrier(slots, stamp, team.base, team.step, team.size);
 }
 
 // Barrier over the live ranks of a mask only (Live): a masked rank is neither signalled nor waited

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 from collections import ChainMap
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
@@ -47,9 +48,84 @@ class _Names(dict):
 _C = _Names()
 
 
+# ---- teams: a kernel computes each team once (strata::Team members set in Init), and its
+# expressions read them: `node_.size`, `node_.rank`, `node_.base + p_` rather than the expression
+# of rank and world each stands for, written out wherever it occurs.
+
+@dataclass
+class _Teams:
+    table: dict[ir.IExpr, ir.Var] = field(default_factory=dict)   # a team's value -> its name
+    names: dict[str, str] = field(default_factory=dict)           # that name -> its C++
+    owner: dict[str, str] = field(default_factory=dict)           # that name -> its team
+    used: set[str] = field(default_factory=set)                   # the teams an expression named
+
+
+_TEAMS: ContextVar[_Teams] = ContextVar("teams", default=_Teams())
+
+
+def _named(e: ir.IExpr) -> ir.IExpr:
+    """e (simplified) with every subexpression that is a team's value replaced by its name, bottom
+    up, so that `rank % T` becomes `node.rank` once T has become `node.size`."""
+    teams = _TEAMS.get()
+    if not teams.table:
+        return e
+
+    def walk(x: ir.IExpr) -> ir.IExpr:
+        got = teams.table.get(x)                 # the largest match first: `node.base`, not
+        if got is None and isinstance(x, ir.Bin):    # `lane.rank * node.size`
+            x = ir.Bin(x.kind, walk(x.lhs), walk(x.rhs))
+            got = teams.table.get(x)
+        if got is None:
+            return x
+        teams.used.add(teams.owner[got.name])
+        return got
+
+    return walk(e)
+
+
+def _names() -> ChainMap:
+    return ChainMap(_TEAMS.get().names, _C)
+
+
 def c(e: ir.IExpr) -> str:
-    """An IR expression as C++ (simplified first: constant terms folded, + 0 and * 1 dropped)."""
-    return ir.c_source(ir.simplify(e), _C)
+    """An IR expression as C++ (simplified first: constant terms folded, + 0 and * 1 dropped; a
+    team's size, place, base and step by name)."""
+    return ir.c_source(_named(ir.simplify(e)), _names())
+
+
+def _team_members(s: ir.Schedule) -> list[dict]:
+    """Fills the current _Teams with the schedule's teams, and returns for each team the call of
+    Init that computes it (`block(T)` is strata::BlockTeam(rank, T), `stride(T)`
+    strata::StrideTeam(rank, world, T), T written with the names of the teams before it) and the
+    teams that call names."""
+    teams, members = _TEAMS.get(), []
+    for team in s.teams:
+        before = set(teams.used)
+        t_text = c(team.t)
+        call = (f"strata::BlockTeam(rank, {t_text})" if team.kind == "block"
+                else f"strata::StrideTeam(rank, world, {t_text})")
+        members.append({"name": team.name, "c": _cname(team.name), "call": call,
+                        "line": team.span.line, "kind": team.kind, "deps": teams.used - before})
+        teams.used = before
+        for attr in ("size", "index", "base", "step"):
+            raw = ir.simplify(getattr(team, attr))
+            value = _named(raw)
+            if isinstance(value, (ir.Const, ir.Var)) or value in teams.table:
+                continue       # a literal or a name already reads as itself
+            key = f"\0{team.name}.{attr}"
+            teams.table[value] = teams.table[raw] = ir.Var(key)    # as written, and with names
+            teams.names[key] = f"{_cname(team.name)}.{'rank' if attr == 'index' else attr}"
+            teams.owner[key] = team.name
+    return members
+
+
+def _used_teams(members: list[dict]) -> list[dict]:
+    """The members the kernel's expressions name, and the ones their own calls name."""
+    need = set(_TEAMS.get().used)
+    for m in reversed(members):
+        if m["name"] in need:
+            need |= m["deps"]
+    return [m for m in members if m["name"] in need]
 
 
 def _addends(e: ir.IExpr) -> list[ir.IExpr]:
@@ -75,7 +151,7 @@ def _chain(*terms: str | ir.IExpr) -> str:
     e: ir.IExpr = ir.Const(0)
     for t in flat:
         e = t if e == ir.Const(0) else ir.Bin(ir.BinKind.ADD, e, t)
-    return ir.c_source(e, ChainMap(names, _C))
+    return ir.c_source(_named(e), ChainMap(names, _names()))
 
 
 def _part_helpers() -> dict:
@@ -92,18 +168,26 @@ def _has_min(e: ir.IExpr) -> bool:
 
 
 def _part_calls(r: ir.Region, s: ir.Schedule) -> tuple[str, str] | None:
-    """(offset, length) of a part of a split as PartOffset/PartLength calls, when the split is
-    uneven (an even split, e.g. of n * world elements into world parts, simplifies to rank * n and
-    n, which read better as they are) and the region is exactly that part."""
-    if r.part is None:
+    """(offset, length) of a part of a split, or of a chunk of such a part (`chunk[i][c]` of
+    `chunk = split(part, k)`), as PartOffset/PartLength calls, when the split is uneven (an even
+    split, e.g. of n * world elements into world parts, simplifies to rank * n and n, which read
+    better as they are) and the region is exactly that part or chunk."""
+    if r.part is None or (r.sub is not None and r.sub[0] != "chunk"):
         return None
     index, parts = r.part
     size = s.param(r.buffer).size
     lo, n = ir.split_part(size, parts, index)
+    args = f"{c(size)}, {c(parts)}, {c(index)}"
+    offset, length = f"PartOffset({args})", f"PartLength({args})"
+    if r.sub is not None:
+        _, chunk, chunks, _ = r.sub
+        chunk_lo, n = ir.split_part(n, chunks, chunk)
+        lo = ir.simplify(ir.add(lo, chunk_lo))
+        args = f"{length}, {c(chunks)}, {c(chunk)}"
+        offset, length = f"{offset} + PartOffset({args})", f"PartLength({args})"
     if (lo, n) != (ir.simplify(r.lo), ir.simplify(r.length)) or not _has_min(lo):
         return None
-    args = f"{c(size)}, {c(parts)}, {c(index)}"
-    return f"PartOffset({args})", f"PartLength({args})"
+    return offset, length
 
 
 def _offset(r: ir.Region, s: ir.Schedule) -> str | ir.IExpr:
@@ -123,8 +207,8 @@ def _length(r: ir.Region, s: ir.Schedule) -> str:
     length = ir.simplify(r.length)
     if ratio is None:
         return c(length)
-    return ir.c_source(ir.simplify(ir.Bin(ir.BinKind.MUL, length, ir.Var("\0ratio"))),
-                       ChainMap({"\0ratio": ratio}, _C))
+    return ir.c_source(_named(ir.simplify(ir.Bin(ir.BinKind.MUL, length, ir.Var("\0ratio")))),
+                       ChainMap({"\0ratio": ratio}, _names()))
 
 
 def _compound(off: str | ir.IExpr) -> bool:
@@ -318,8 +402,11 @@ def _statements(s: ir.Schedule) -> list[dict]:
         for op in ops:
             if isinstance(op, ir.Barrier):
                 team = None
-                if op.team is not None:   # strata::TeamBarrier(sync, stamp, base, step, size)
-                    team = {"base": c(op.team.base), "step": c(op.team.step), "size": c(op.team.size)}
+                if op.team is not None and op.team.name in {t.name for t in s.teams}:
+                    team = _cname(op.team.name)              # strata::TeamBarrier(sync, stamp, team)
+                    _TEAMS.get().used.add(op.team.name)
+                elif op.team is not None:                    # (sync, stamp, base, step, size)
+                    team = f"{c(op.team.base)}, {c(op.team.step)}, {c(op.team.size)}"
                 out.append({"kind": "barrier", "line": op.span.line, "stamp": _chain("epoch_", op.seq),
                             "team": team})
             elif isinstance(op, ir.Stage):
@@ -391,6 +478,18 @@ def generate(s: ir.Schedule) -> Output:
     env = _env()
     rs = passes_routes(s)
     src = Path(s.source_name).name
+    token = _TEAMS.set(_Teams())
+    try:
+        teams = _team_members(s)
+        statements = _statements(s)
+        return _render(s, env, rs, src, statements, _used_teams(teams))
+    finally:
+        _TEAMS.reset(token)
+
+
+def _render(s: ir.Schedule, env: jinja2.Environment, rs, src: str, statements: list[dict],
+            teams: list[dict]) -> Output:
+    k = s.kernel
     ctx = {
         "s": s,
         "source": src,
@@ -414,7 +513,8 @@ def generate(s: ir.Schedule) -> Output:
         "gather": any(r.kind is ir.RouteKind.GATHER for r in rs),
         "sizes": [{"name": abi.c_param(s, n), "c": _cname(n)} for n in s.sizes],
         "plan": k,
-        "statements": _statements(s),
+        "statements": statements,
+        "teams": teams,
         "parts": _part_helpers() if any(_part_calls(r, s) for r in _regions(s.body)) else None,
         "sdma_threshold": next((op.plan.sdma_threshold for op in passes_stages(s.body)), 0),
         "contract": str(s.contract),

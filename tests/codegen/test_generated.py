@@ -2,6 +2,7 @@
 compiler or the templates that changes a kernel must show up as a diff there: regenerate with that
 command and review the diff."""
 
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.strata"))
 
 
-def _emitted():
+@cache
+def _emitted() -> dict[str, str]:
+    """Every file the compiler emits for the examples, once per session (every case reads it)."""
     out = {}
     for path in EXAMPLES:
         for s in frontend.schedules(frontend.load_source(path)):
