@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from stratac import ir
 from stratac.diagnostics import Codes, Diagnostic, Note, Span, StrataError, error
+from stratac.ir import passes
 from stratac.ir.inline import inline as ir_inline
 from stratac.ir.instantiate import evaluate
 from stratac.lang import ast
@@ -593,7 +594,7 @@ class _Lowering:
                 body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
                 self.loop_bounds.pop()
                 self.step_vars.discard(st.var)
-                return ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, hi)
+                return self.step_loop(ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, hi))
             if st.team is not None:
                 return self.team_loop(st, loop_vars, engine)
             body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
@@ -752,7 +753,20 @@ class _Lowering:
         body = tuple(body)
         if st.domain == "peers":
             body = (ir.If(ir.Bin(ir.BinKind.NE, index, team.index), body, (), st.span),)
-        return ir.Loop(st.var, ir.Domain.RANGE, body, st.span, ir.Const(0), team.size)
+        return self.step_loop(ir.Loop(st.var, ir.Domain.RANGE, body, st.span, ir.Const(0), team.size))
+
+    def step_loop(self, loop: ir.Loop) -> ir.Loop:
+        """A step loop whose iterations pass barriers: each iteration of each rank passes the same
+        number (the flag stamps count on it, passes.step_barriers), an expression of world, sizes
+        and rank parameters."""
+        per = passes.step_barriers(loop)
+        moving = per.names() - {"world", *self.sizes, *(x.name for x in self.rank_params())}
+        if moving:
+            self.err(Codes.BAD_REF, f"the iterations of this step loop pass {ir.bare(per)} barriers, "
+                     f"which depends on {', '.join(sorted(moving))}: every iteration of every rank "
+                     "must pass the same number (give both arms of an `if` in it the same barriers)",
+                     loop.span)
+        return loop
 
     def view(self, st: ast.Assign, top: bool) -> None:
         t, call = st.target, st.value
