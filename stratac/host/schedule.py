@@ -539,13 +539,12 @@ class Schedule:
         comm = self.comm
         given = self._given(tensors, named)
         op = scalars.get(self.ir.op_param.name, 0) if self.ir.op_param else 0
+        params = self.instance_params(sizes, scalars)
         return _Prepared(
             storages=tuple(given[p.name].untyped_storage()._cdata for p in self.ir.tensors),
             blocks=blocks, routed=self.ir.contract.kind.moe, env={"world": comm.world, **sizes},
-            layout=self._layout,
-            stamps=self.ir.stamps({"world": comm.world, **sizes,
-                                   **{x.name: scalars[x.name] for x in self.ir.rank_params}}),
-            masked=ir.takes_mask(self.ir), params=self.instance_params(sizes, scalars),
+            layout=self._layout, stamps=self.ir.stamps({"world": comm.world, **params}),
+            masked=ir.takes_mask(self.ir), params=params,
             head=(dtype.code, op, blocks, self._ffi.NULL, self._ffi.cast("void*", comm._base + comm._sync)),
             tail=(*ptrs, *(sizes[n] for n in self.ir.sizes), *(scalars[x.name] for x in self.ir.rank_params)))
 
