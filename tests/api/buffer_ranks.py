@@ -8,33 +8,19 @@ each rank must receive, its bytes and its combined tokens: the independent refer
 import math
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: expect.py
+from expect import check, expect_error  # noqa: E402
 
 import stratac
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.host.moe import Buffer, CallStats
 
 H, T, E, K = 32, 12, 8, 3        # hidden, max tokens, experts, top-k (f32 rows of 128 bytes)
-
-
-class Failed(Exception):
-    pass
-
-
-def check(ok, what) -> None:
-    if not ok:
-        raise Failed(what)
-
-
-def expect_error(exc_type, text, fn, *args, **kw):
-    try:
-        fn(*args, **kw)
-    except exc_type as exc:
-        check(text in str(exc), f"{text!r} not in {exc!r}")
-        return
-    raise Failed(f"expected {exc_type.__name__} containing {text!r}")
 
 
 def routing(world: int, step: int):
