@@ -141,6 +141,10 @@ class Buffer:
             raise StrataUsageError("Buffer: max_recv is for the packed (prefill) window; the low-latency "
                                    "window holds max_tokens rows per (expert, source rank)")
         self._owns_comm = False
+        if timeout is not None and not (comm is None or _is_process_group(comm)):
+            raise StrataUsageError("Buffer: timeout is for the communicator the buffer makes from a process "
+                                   "group; a Communicator passed in keeps its own "
+                                   "(Communicator.from_process_group(..., timeout=...))")
         if comm is None or _is_process_group(comm):
             comm = self._communicator_for(comm, hidden, max_tokens, num_experts, topk, dtype, max_recv,
                                           timeout, self.low_latency_mode, payload)
