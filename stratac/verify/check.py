@@ -122,11 +122,11 @@ def verify_masks(s: ir.Schedule, worlds: list[int],
     """Every masked variant of s (ir.takes_mask) at each of `worlds` in MASK_WORLDS: every mask
     (masks) under every sample (default: the MoE samples of `samples.default_samples`; a masked
     call runs only an instance proven with its own mask, so larger worlds are proven at the call).
-    Stops at the first that fails."""
+    Stops at the first that fails. A world listed twice is proven once."""
     results: list[Result] = []
     if not ir.takes_mask(s):
         return results
-    for w in worlds:
+    for w in sorted(set(worlds)):
         if w not in MASK_WORLDS or ir.unmet_requirement(s, w) is not None:
             continue
         for active in masks(w):
