@@ -460,10 +460,14 @@ def live_entries(ids: np.ndarray, experts: int, live) -> np.ndarray:
     return np.where((ids >= 0) & (ids < experts) & live[owner], ids, -1)
 
 
+def live_text(active: tuple[bool, ...]) -> str:
+    """The live ranks of a mask as diagnostics name them: {0, 2}."""
+    return "{" + ", ".join(str(r) for r, v in enumerate(active) if v) + "}"
+
+
 def context(inst: Instance) -> str:
     """The instance as diagnostics name it: world, sizes and routing."""
     sizes = ", ".join(f"{k}={v}" for k, v in sorted(inst.sizes.items()))
     routing = f", routing={inst.routing}" if inst.routing else ""
-    mask = ("" if inst.active is None else
-            ", active ranks {" + ", ".join(str(r) for r, v in enumerate(inst.active) if v) + "}")
+    mask = "" if inst.active is None else f", active ranks {live_text(inst.active)}"
     return f"world={inst.world}" + (f", {sizes}" if sizes else "") + routing + mask
