@@ -148,6 +148,9 @@ class Buffer:
         if comm is None or _is_process_group(comm):
             comm = self._communicator_for(comm, hidden, max_tokens, num_experts, topk, dtype, max_recv,
                                           timeout, self.low_latency_mode, payload)
+        elif not all(hasattr(comm, a) for a in ("rank", "world", "load", "zeros", "barrier")):
+            raise StrataUsageError(f"Buffer: comm must be a Communicator or NpuCommunicator, None or "
+                                   f"dist.group.WORLD (the default group), got {type(comm).__name__}")
         self.comm = comm
         self.rank, self.world = comm.rank, comm.world
         if num_experts % self.world:

@@ -139,6 +139,9 @@ def refusals(comm, rank, world):
                  num_experts=E, topk=K, dtype=torch.int32)
     expect_error(StrataUsageError, "max_tokens must be a positive int", Buffer, comm, hidden=H,
                  max_tokens=0, num_experts=E, topk=K)
+    expect_error(StrataUsageError, "comm must be a Communicator or NpuCommunicator, None or "
+                 "dist.group.WORLD (the default group), got str", Buffer, "comm", hidden=H, max_tokens=T,
+                 num_experts=E, topk=K)
     expect_error(StrataUsageError, "timeout is for the communicator the buffer makes", Buffer, comm,
                  hidden=H, max_tokens=T, num_experts=E, topk=K, dtype=torch.float32, timeout=5.0)
     buf = Buffer(comm, hidden=H, max_tokens=T, num_experts=E, topk=K, dtype=torch.float32)
