@@ -45,10 +45,7 @@ def cmd_check(args) -> int:
         if not results:
             print(f"{s.name}: no world to verify (every world asked for is skipped)")
             continue
-        bad = [r for r in results if not r.ok]
-        if bad:
-            for d in bad[0].diagnostics:
-                print(d.render(), file=sys.stderr)
+        if _first_failure(results):
             status = EXIT_FAIL
             continue
         print(f"{s.name}: verified {s.contract} for world {options.ranges_text(sorted({r.world for r in results}))} "
@@ -57,11 +54,8 @@ def cmd_check(args) -> int:
         if not ir.takes_mask(s):
             continue
         t0 = time.perf_counter()
-        masked = verify.verify_masks(s, [r.world for r in results if not r.skipped])
-        bad = [r for r in masked if not r.ok]
-        if bad:
-            for d in bad[0].diagnostics:
-                print(d.render(), file=sys.stderr)
+        masked = verify.verify_masks(s, [r.world for r in results])
+        if _first_failure(masked):
             status = EXIT_FAIL
             continue
         if masked:
@@ -70,6 +64,14 @@ def cmd_check(args) -> int:
                   f"({len({(r.world, r.active) for r in masked})} masks, {len(masked)} instances, "
                   f"{time.perf_counter() - t0:.2f} s)")
     return status
+
+
+def _first_failure(results) -> bool:
+    """Prints the diagnostics of the first failed result, if any; whether there was one."""
+    bad = next((r for r in results if not r.ok), None)
+    for d in bad.diagnostics if bad else ():
+        print(d.render(), file=sys.stderr)
+    return bad is not None
 
 
 def _output_dir(path: str) -> Path:

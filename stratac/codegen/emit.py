@@ -276,17 +276,9 @@ def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule) -> dict:
     return {"kind": "route", "line": op.span.line, "call": call}
 
 
-def _routes(nodes):
-    for op in nodes:
-        if isinstance(op, ir.Route):
-            yield op
-        for part in ("body", "then", "orelse"):
-            yield from _routes(getattr(op, part, ()))
-
-
 def _window_of(s: ir.Schedule, offs: str) -> str | None:
     """The window the place or gather reading these offsets fills or reads (its rows bound them)."""
-    for op in _routes(s.body):
+    for op in passes_routes(s):
         role = dict(zip(ir.ROUTE_OPERANDS[op.kind], op.operands))
         if role.get("offs") == offs and op.kind in (ir.RouteKind.PLACE, ir.RouteKind.GATHER):
             return op.dst.buffer if op.kind is ir.RouteKind.PLACE else role["win"]
@@ -294,7 +286,7 @@ def _window_of(s: ir.Schedule, offs: str) -> str | None:
 
 
 def _exscanned(s: ir.Schedule, offs: str) -> bool:
-    return any(op.kind is ir.RouteKind.EXSCAN and op.dst.buffer == offs for op in _routes(s.body))
+    return any(op.kind is ir.RouteKind.EXSCAN and op.dst.buffer == offs for op in passes_routes(s))
 
 
 def _red(op: ir.Op) -> str:

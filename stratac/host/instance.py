@@ -33,7 +33,7 @@ from stratac.host.errors import StrataUsageError
 from stratac.targets import verdicts
 from stratac.verify import routing as routing_mod
 from stratac.verify.check import SIM_ELEMENT_LIMIT
-from stratac.verify.samples import SIM_ELEMENT_BUDGET, moe_experts
+from stratac.verify.samples import SIM_ELEMENT_BUDGET, live_text, moe_experts
 
 _ARITH = {ir.BinKind.ADD: np.add, ir.BinKind.SUB: np.subtract, ir.BinKind.MUL: np.multiply}
 # shifts, bitwise operators and log2 (the verifier has checked their operands on the instance it
@@ -448,7 +448,7 @@ def check(s: ir.Schedule, world: int, params: dict[str, int],
     def prove() -> dict:
         proof, routings = _proof(s, world, params, call)
         instance = f"world={world}" + (f", {_text(params)}" if params else "") + (
-            "" if active is None else f", active ranks {_live_text(active)}")
+            "" if active is None else f", active ranks {live_text(active)}")
         on = "" if proof == params else f", checked on its representative ({_text(proof)}),"
         if proof == params and _elements(s, world, params) > SIM_ELEMENT_LIMIT:
             raise StrataUsageError(
@@ -474,6 +474,3 @@ def check(s: ir.Schedule, world: int, params: dict[str, int],
                                                                        enumerate(active) if v)}
     return verdicts.verdict(s, world, key, prove)
 
-
-def _live_text(active: tuple[bool, ...]) -> str:
-    return "{" + ", ".join(str(r) for r, v in enumerate(active) if v) + "}"

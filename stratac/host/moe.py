@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from stratac.host.errors import StrataUsageError
+from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.host.schedule import ALL_RANKS
 from stratac.resources import resource_path
 
@@ -141,18 +141,22 @@ class Buffer:
             raise StrataUsageError("Buffer: max_recv is for the packed (prefill) window; the low-latency "
                                    "window holds max_tokens rows per (expert, source rank)")
         self._owns_comm = False
+        if timeout is not None and not (comm is None or _is_process_group(comm)):
+            raise StrataUsageError("Buffer: timeout is for the communicator the buffer makes from a process "
+                                   "group; a Communicator passed in keeps its own "
+                                   "(Communicator.from_process_group(..., timeout=...))")
         if comm is None or _is_process_group(comm):
             comm = self._communicator_for(comm, hidden, max_tokens, num_experts, topk, dtype, max_recv,
                                           timeout, self.low_latency_mode, payload)
+        elif not all(hasattr(comm, a) for a in ("rank", "world", "load", "zeros", "barrier")):
+            raise StrataUsageError(f"Buffer: comm must be a Communicator or NpuCommunicator, None or "
+                                   f"dist.group.WORLD (the default group), got {type(comm).__name__}")
         self.comm = comm
         self.rank, self.world = comm.rank, comm.world
         if num_experts % self.world:
             raise StrataUsageError(f"Buffer: num_experts = {num_experts} must be a multiple of the world "
                                    f"size {self.world} (every rank holds num_experts / world experts)")
-        if self.low_latency_mode:
-            max_recv = num_experts * max_tokens               # capacity max_tokens per (expert, rank)
-        elif max_recv is None:
-            max_recv = self.world * max_tokens * topk          # any routing fits
+        max_recv = _window_rows(self.world, max_tokens, num_experts, topk, max_recv, self.low_latency_mode)
         if isinstance(max_recv, bool) or not isinstance(max_recv, int) or max_recv < 1:
             raise StrataUsageError(f"Buffer: max_recv must be a positive int (rows a rank may receive), "
                                    f"got {max_recv!r}")
@@ -203,10 +207,7 @@ class Buffer:
         """The heap per rank a Buffer of these sizes allocates (plus room for the sync area): for a
         communicator made to hold it (Communicator.from_process_group(heap_bytes=...))."""
         elem = torch.empty(0, dtype=dtype).element_size()
-        if low_latency_mode:
-            max_recv = num_experts * max_tokens
-        elif max_recv is None:
-            max_recv = world * max_tokens * topk
+        max_recv = _window_rows(world, max_tokens, num_experts, topk, max_recv, low_latency_mode)
         parts = [max_tokens * hidden * elem, max_tokens * topk * 4, max_tokens * topk * 4,
                  world * num_experts * 4, max_recv * hidden * elem, max_tokens * hidden * elem]
         if payload == torch.int8 and dtype != torch.int8:   # int8 rows instead of x; scales; int8 window
@@ -239,7 +240,7 @@ class Buffer:
         rank sends to rank r are num_tokens_per_expert summed over r's experts. With a mask of
         active ranks (as dispatch's `active=`), the entries of masked ranks' experts are dropped, as
         the masked dispatch drops them."""
-        _, live = self._mask(self._dispatch, active)
+        live = self._mask(self._dispatch, active)
         ids = self._check_ids(topk_idx, None)
         valid = ids >= 0
         if live is not None:
@@ -276,8 +277,8 @@ class Buffer:
         not call; entries of masked ranks' experts are dropped (not sent, not counted, weight 0 in
         combine), masked ranks are neither written nor waited for. The handle keeps the mask."""
         self._check_open()
-        bits, live = self._mask(self._dispatch, active)
-        n = self._check_x(x, "x", self.max_tokens, "max_tokens")
+        live = self._mask(self._dispatch, active)
+        n = self._check_x(x)
         ids = self._check_ids(topk_idx, n)
         if topk_weights is not None:
             self._check_weights(topk_weights, n)
@@ -352,10 +353,10 @@ class Buffer:
             raise StrataUsageError(f"combine: dispatch {handle.seq} was already combined (its window holds "
                                    "the previous outputs); dispatch again")
         if active is not None:
-            _, live = self._mask(self._combine, active)
+            live = self._mask(self._combine, active)
             if live != handle.active:
-                raise StrataUsageError(f"combine: active = {_fmt_mask(live, self.world)} differs from the "
-                                       f"dispatch's mask {_fmt_mask(handle.active, self.world)}: a combine "
+                raise StrataUsageError(f"combine: active = {_fmt_mask(live)} differs from the "
+                                       f"dispatch's mask {_fmt_mask(handle.active)}: a combine "
                                        "runs on the ranks of its dispatch (pass the same mask, or none)")
         self._check_y(y, handle.recv_shape)
         if topk_weights is not None:
@@ -420,7 +421,8 @@ class Buffer:
             path = self._trace_dir / f"rank{self.rank}.jsonl"
             if lib.strata_cpu_trace_write(str(path).encode()) != 0:
                 from stratac.host.cpu_model import last_error
-                raise RuntimeError(last_error(lib, self.comm._ffi))
+                raise StrataRuntimeError(f"Buffer: writing the trace {path} on rank {self.rank}: "
+                                         f"{last_error(lib, self.comm._ffi)}")
         self._t = (t0, t1)
         us = (t1 - t0) * 1e6
         if before is None:
@@ -470,14 +472,11 @@ class Buffer:
         return out
 
     # ---- checks
-    def _mask(self, schedule, active) -> tuple[int, list[bool] | None]:
-        """(the kernel's mask bits, one bool per rank or None for every rank) of an `active=`,
-        checked as the schedule call checks it (Schedule.active_bits: length, type, values, this
-        rank live, world <= 64)."""
+    def _mask(self, schedule, active) -> list[bool] | None:
+        """One bool per rank (None: every rank) of an `active=`, checked as the schedule call
+        checks it (Schedule.active_bits: length, type, values, this rank live, world <= 64)."""
         bits = schedule.active_bits(active)
-        if bits == ALL_RANKS:
-            return bits, None
-        return bits, [bool(bits >> r & 1) for r in range(self.world)]
+        return None if bits == ALL_RANKS else [bool(bits >> r & 1) for r in range(self.world)]
 
     def _check_open(self) -> None:
         if self._closed:
@@ -487,19 +486,19 @@ class Buffer:
         if t.device != self._x.device:
             raise StrataUsageError(f"{name} is on {t.device}, but the buffer's heap is on {self._x.device}")
 
-    def _check_x(self, t, name: str, limit: int, limit_name: str) -> int:
-        if not isinstance(t, torch.Tensor):
-            raise StrataUsageError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 2 or t.shape[1] != self.hidden:
-            raise StrataUsageError(f"{name} must have shape [tokens, {self.hidden}] (hidden = {self.hidden}), "
-                                   f"got {list(t.shape)}")
-        if t.dtype != self.dtype:
-            raise StrataUsageError(f"{name} must be {self.dtype} (the buffer's dtype), got {t.dtype}")
-        self._device_check(t, name)
-        if t.shape[0] > limit:
-            raise StrataUsageError(f"{name} has {t.shape[0]} tokens, more than {limit_name} = {limit} "
+    def _check_x(self, x) -> int:
+        if not isinstance(x, torch.Tensor):
+            raise StrataUsageError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 2 or x.shape[1] != self.hidden:
+            raise StrataUsageError(f"x must have shape [tokens, {self.hidden}] (hidden = {self.hidden}), "
+                                   f"got {list(x.shape)}")
+        if x.dtype != self.dtype:
+            raise StrataUsageError(f"x must be {self.dtype} (the buffer's dtype), got {x.dtype}")
+        self._device_check(x, "x")
+        if x.shape[0] > self.max_tokens:
+            raise StrataUsageError(f"x has {x.shape[0]} tokens, more than max_tokens = {self.max_tokens} "
                                    "the buffer was created for")
-        return int(t.shape[0])
+        return int(x.shape[0])
 
     def _check_y(self, y, shape: tuple) -> None:
         if not isinstance(y, torch.Tensor):
@@ -560,6 +559,15 @@ class Buffer:
         self.close()
 
 
+def _window_rows(world: int, max_tokens: int, num_experts: int, topk: int, max_recv: int | None,
+                 low_latency_mode: bool) -> int | None:
+    """The rows of a rank's window: in low-latency mode max_tokens per (expert, source rank);
+    else max_recv, by default the most any routing sends (every rank's every entry)."""
+    if low_latency_mode:
+        return num_experts * max_tokens
+    return world * max_tokens * topk if max_recv is None else max_recv
+
+
 def _is_process_group(obj) -> bool:
     try:
         import torch.distributed as dist
@@ -568,7 +576,7 @@ def _is_process_group(obj) -> bool:
         return False
 
 
-def _fmt_mask(live: list[bool] | None, world: int) -> str:
+def _fmt_mask(live: list[bool] | None) -> str:
     return "every rank" if live is None else "[" + ", ".join("1" if v else "0" for v in live) + "]"
 
 

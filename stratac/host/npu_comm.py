@@ -511,17 +511,16 @@ def npu_schedule_class():
             bound = self.bind(*tensors, **named)
             dtype, sizes, ptrs = bound[:3]
             scalars = bound[3] if len(bound) > 3 else {}
+            params = self.instance_params(sizes, scalars)
             if bits != ALL_RANKS:   # the masked variant of this instance must be proven too
-                self._check_instance(self.instance_params(sizes, scalars), bits)
+                self._check_instance(params, bits)
             # the same decision as the CPU launcher's (stratac.host.cores): cores follow the bytes
             blocks = self.last_cores = self.launch_cores(cores, self.max_cores, sizes, dtype)
             op_param = getattr(self.ir, "op_param", None)
             fixed = {"dtype": dtype.code, "op": scalars.get(op_param.name, 0) if op_param else 0,
                      "blocks": blocks,
                      "sync": self._ffi.cast("void*", self.comm._sync),
-                     "epoch": self.comm.next_epoch(self.ir.stamps(
-                         {"world": self.comm.world, **sizes,
-                          **{x.name: scalars[x.name] for x in self.ir.rank_params}})),
+                     "epoch": self.comm.next_epoch(self.ir.stamps({"world": self.comm.world, **params})),
                      "active": bits,
                      # read last: reading it flushes torch_npu's queue (see stream_handle)
                      "stream": self._ffi.cast("void*", self.comm.stream_handle())}

@@ -126,18 +126,10 @@ def check_world_constraints(s: ir.Schedule, world: int) -> None:
         raise StrataUsageError(f"{s.name} does not support world {world}: it {unmet}")
 
 
-def _routes(nodes):
-    for op in nodes:
-        if isinstance(op, ir.Route):
-            yield op
-        for part in ("body", "then", "orelse"):
-            yield from _routes(getattr(op, part, ()))
-
-
 def _bounded_window(s: ir.Schedule) -> str | None:
     """The window whose rows an exscan's offsets index (the bound the status line reports)."""
-    offs = {op.dst.buffer for op in _routes(s.body) if op.kind is ir.RouteKind.EXSCAN}
-    for op in _routes(s.body):
+    offs = {op.dst.buffer for op in passes.routes(s) if op.kind is ir.RouteKind.EXSCAN}
+    for op in passes.routes(s):
         role = dict(zip(ir.ROUTE_OPERANDS[op.kind], op.operands))
         if role.get("offs") in offs and op.kind in (ir.RouteKind.PLACE, ir.RouteKind.GATHER):
             return op.dst.buffer if op.kind is ir.RouteKind.PLACE else role["win"]
@@ -166,7 +158,7 @@ class Schedule:
         self.cores = s.kernel.cores
         # a packed routing (exscan) checks its window's bound on the device (abi.STATUS_*)
         self._window = _bounded_window(s)
-        self._bounded = any(op.kind is ir.RouteKind.EXSCAN for op in _routes(s.body))
+        self._bounded = any(op.kind is ir.RouteKind.EXSCAN for op in passes.routes(s))
         # the SoC the kernel was lowered for, and its vector (AIV) core count: a launch may not use
         # more blocks (SyncAll hangs on the NPU when numBlocks exceeds the physical AIV count)
         self.soc = s.kernel.soc
@@ -539,13 +531,12 @@ class Schedule:
         comm = self.comm
         given = self._given(tensors, named)
         op = scalars.get(self.ir.op_param.name, 0) if self.ir.op_param else 0
+        params = self.instance_params(sizes, scalars)
         return _Prepared(
             storages=tuple(given[p.name].untyped_storage()._cdata for p in self.ir.tensors),
             blocks=blocks, routed=self.ir.contract.kind.moe, env={"world": comm.world, **sizes},
-            layout=self._layout,
-            stamps=self.ir.stamps({"world": comm.world, **sizes,
-                                   **{x.name: scalars[x.name] for x in self.ir.rank_params}}),
-            masked=ir.takes_mask(self.ir), params=self.instance_params(sizes, scalars),
+            layout=self._layout, stamps=self.ir.stamps({"world": comm.world, **params}),
+            masked=ir.takes_mask(self.ir), params=params,
             head=(dtype.code, op, blocks, self._ffi.NULL, self._ffi.cast("void*", comm._base + comm._sync)),
             tail=(*ptrs, *(sizes[n] for n in self.ir.sizes), *(scalars[x.name] for x in self.ir.rank_params)))
 

@@ -118,21 +118,25 @@ def _stamp_barriers(ops, before: _Count) -> tuple[tuple, _Count, _Count]:
             else:   # an upper bound: both arms
                 most = most.plus(most_a).plus(most_b)
         elif isinstance(op, ir.Loop) and op.domain is ir.Domain.RANGE and _has_barrier(op.body):
-            _, per, _ = _stamp_barriers(op.body, _Count())
-            if per.terms:
-                raise StrataError(error(Codes.BAD_WORLD, "the iterations of this step loop pass "
-                                        "different numbers of barriers (an `if` in it passes one on "
-                                        "some steps only): give both arms the same barriers", op.span))
-            done = ir.Bin(ir.BinKind.MUL, ir.Bin(ir.BinKind.SUB, ir.Var(op.var), op.lo), ir.Const(per.const))
+            per = step_barriers(op)   # the same on every iteration and rank (sema checks it)
+            done = ir.Bin(ir.BinKind.MUL, ir.Bin(ir.BinKind.SUB, ir.Var(op.var), op.lo), per)
             body, _, _ = _stamp_barriers(op.body, before.plus(passed).plus(_Count(0, (ir.simplify(done),))))
             op = replace(op, body=body)
             trips = ir.Bin(ir.BinKind.MUL, ir.Bin(ir.BinKind.SUB, op.hi, op.lo),
                            ir.Bin(ir.BinKind.GT, op.hi, op.lo))
-            n = ir.simplify(ir.Bin(ir.BinKind.MUL, trips, ir.Const(per.const)))
+            n = ir.simplify(ir.Bin(ir.BinKind.MUL, trips, per))
             total = _Count(n.value) if isinstance(n, ir.Const) else _Count(0, (n,))
             passed, most = passed.plus(total), most.plus(total)
         out.append(op)
     return tuple(out), passed, most
+
+
+def step_barriers(loop: ir.Loop) -> ir.IExpr:
+    """The barriers one iteration of a step loop passes. The stamps assume every iteration of
+    every rank passes the same number, so sema refuses a loop where this depends on anything but
+    world, sizes and rank parameters (its loop variable, rank, a let of them)."""
+    _, per, _ = _stamp_barriers(loop.body, _Count())
+    return ir.simplify(per.expr())
 
 
 def _has_barrier(ops) -> bool:

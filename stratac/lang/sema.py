@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from stratac import ir
 from stratac.diagnostics import Codes, Diagnostic, Note, Span, StrataError, error
+from stratac.ir import passes
 from stratac.ir.inline import inline as ir_inline
 from stratac.ir.instantiate import evaluate
 from stratac.lang import ast
@@ -548,7 +549,7 @@ class _Lowering:
                 return None
             # every rank must advance its epoch by the same stamps per call, so the loops around
             # a barrier run as often on every rank: their bounds may not depend on rank
-            fixed = {"world", *self.sizes, *(x.name for x in self.scalars.values())}
+            fixed = self.fixed_names()
             for lo, hi, span in self.loop_bounds:
                 bad = (lo.names() | hi.names()) - fixed
                 if bad:
@@ -593,7 +594,7 @@ class _Lowering:
                 body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
                 self.loop_bounds.pop()
                 self.step_vars.discard(st.var)
-                return ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, hi)
+                return self.step_loop(ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, hi))
             if st.team is not None:
                 return self.team_loop(st, loop_vars, engine)
             body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
@@ -689,7 +690,7 @@ class _Lowering:
         prefix = f"c{len(self.calls) + 1}_"
         body, flags, requires, self.stage_count = ir_inline(callee, team, bind, ops, prefix,
                                                             self.stage_count)
-        fixed = {"world", *self.sizes, *(x.name for x in self.rank_params())}
+        fixed = self.fixed_names()
         for f in flags:
             if self.taken(f.name):
                 self.err(Codes.DUPLICATE_NAME, f"the flag {f.name} of this call (flag "
@@ -708,8 +709,10 @@ class _Lowering:
                                       st.span, 0, 0, prefix, requires))
         return body
 
-    def rank_params(self):
-        return [x for x in self.scalars.values() if x.kind is ir.ScalarKind.RANK]
+    def fixed_names(self) -> set[str]:
+        """What every rank of a call agrees on: world, the sizes and the rank parameters."""
+        ranks = [x.name for x in self.scalars.values() if x.kind is ir.ScalarKind.RANK]
+        return {"world", *self.sizes, *ranks}
 
     def callee_fits(self, callee: ir.Schedule, st: ast.CallStmt) -> bool:
         """What the inliner does not handle yet is refused with E0109 (dsl/README.md, Composition)."""
@@ -752,7 +755,20 @@ class _Lowering:
         body = tuple(body)
         if st.domain == "peers":
             body = (ir.If(ir.Bin(ir.BinKind.NE, index, team.index), body, (), st.span),)
-        return ir.Loop(st.var, ir.Domain.RANGE, body, st.span, ir.Const(0), team.size)
+        return self.step_loop(ir.Loop(st.var, ir.Domain.RANGE, body, st.span, ir.Const(0), team.size))
+
+    def step_loop(self, loop: ir.Loop) -> ir.Loop:
+        """A step loop whose iterations pass barriers: each iteration of each rank passes the same
+        number (the flag stamps count on it, passes.step_barriers), an expression of world, sizes
+        and rank parameters."""
+        per = passes.step_barriers(loop)
+        moving = per.names() - self.fixed_names()
+        if moving:
+            self.err(Codes.BAD_REF, f"the iterations of this step loop pass {ir.bare(per)} barriers, "
+                     f"which depends on {', '.join(sorted(moving))}: every iteration of every rank "
+                     "must pass the same number (give both arms of an `if` in it the same barriers)",
+                     loop.span)
+        return loop
 
     def view(self, st: ast.Assign, top: bool) -> None:
         t, call = st.target, st.value

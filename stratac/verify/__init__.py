@@ -23,5 +23,5 @@ from stratac.verify.check import (
 from stratac.verify.contract import moe_layout
 from stratac.verify.samples import MOE_SAMPLES, Sample, default_samples, moe_roles
 
-__all__ = ["MASK_WORLDS", "masks", "verify_masks", "MOE_SAMPLES", "Result", "Sample", "default_samples", "moe_layout", "moe_roles", "verify",
-           "verify_lowered", "verify_worlds"]
+__all__ = ["MASK_WORLDS", "MOE_SAMPLES", "Result", "Sample", "default_samples", "masks", "moe_layout",
+           "moe_roles", "verify", "verify_lowered", "verify_masks", "verify_worlds"]

@@ -117,20 +117,19 @@ def masks(world: int) -> list[tuple[bool, ...]]:
     return [tuple(bool(m >> r & 1) for r in range(world)) for m in range(1, (1 << world) - 1)]
 
 
-def verify_masks(s: ir.Schedule, worlds: list[int],
-                 samples: list[dict[str, int]] | None = None) -> list[Result]:
+def verify_masks(s: ir.Schedule, worlds: list[int]) -> list[Result]:
     """Every masked variant of s (ir.takes_mask) at each of `worlds` in MASK_WORLDS: every mask
-    (masks) under every sample (default: the MoE samples of `samples.default_samples`; a masked
-    call runs only an instance proven with its own mask, so larger worlds are proven at the call).
-    Stops at the first that fails."""
+    (masks) under every MoE sample of `samples.default_samples` (a masked call runs only an
+    instance proven with its own mask, so larger worlds are proven at the call).
+    Stops at the first that fails. A world listed twice is proven once."""
     results: list[Result] = []
     if not ir.takes_mask(s):
         return results
-    for w in worlds:
+    for w in sorted(set(worlds)):
         if w not in MASK_WORLDS or ir.unmet_requirement(s, w) is not None:
             continue
         for active in masks(w):
-            for sizes in (samples or default_samples(s, w)):
+            for sizes in default_samples(s, w):
                 results.append(verify(s, w, sizes, getattr(sizes, "routing", None), active=active))
                 if not results[-1].ok:
                     return results

@@ -16,7 +16,7 @@ from stratac import ir
 from stratac.diagnostics import Codes, Diagnostic, error
 from stratac.ir.instantiate import Instance
 from stratac.verify.provenance import Values
-from stratac.verify.samples import context
+from stratac.verify.samples import context, live_entries
 
 
 def check_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
@@ -143,8 +143,7 @@ def _moe_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
     if inst.active is not None:
         # a masked call: a masked rank routes nothing, and an entry for an expert of a masked rank
         # is dropped (as if it were -1): no row, no count, weight 0 in the combine
-        ids = [np.where((i >= 0) & (i < E) & np.array(live)[np.clip(i, 0, E - 1) // (E // W)], i, -1)
-               if live[r] else np.full_like(i, -1) for r, i in enumerate(ids)]
+        ids = [live_entries(i, E, live) if live[r] else np.full_like(i, -1) for r, i in enumerate(ids)]
     layout = moe_layout(ids, E, cap)
     matrix = np.stack([np.bincount(i[(i >= 0) & (i < E)], minlength=E)[:E] for i in ids]).reshape(-1)
     expected: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}   # values, mask of checked

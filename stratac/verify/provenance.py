@@ -16,7 +16,7 @@ import numpy as np
 from stratac import ir
 from stratac.diagnostics import Codes, Diagnostic, Note, error
 from stratac.ir.instantiate import Access, Event, Instance
-from stratac.verify.samples import context
+from stratac.verify.samples import context, live_entries
 
 
 def _tags(rank: int, buf_index: int, n: int) -> np.ndarray:
@@ -134,9 +134,9 @@ class Values:
         live = np.array([self.inst.live(q) for q in range(W)])
         if ri.kind is K.HISTOGRAM:
             ids = self._ints(r, b["ids"])
-            ids = ids[(ids >= 0) & (ids < E)]
             if self.inst.active is not None:
-                ids = ids[live[ids // max(1, E // W)]]
+                ids = live_entries(ids, E, live)
+            ids = ids[(ids >= 0) & (ids < E)]
             out[lo:hi] = np.bincount(ids, minlength=E)[:E].astype(np.uint64)
             return
         L = E // W

@@ -442,9 +442,7 @@ def route_sample(inst: Instance, routing: str) -> None:
             # the masked dispatch before it counted only entries of live ranks' experts, and left
             # a masked rank's row as it was (here: counts no routing makes, which the combine must
             # not read)
-            owner_live = np.array(inst.active)
-            counted = [np.where((i >= 0) & owner_live[np.clip(i, 0, E - 1) // max(1, E // inst.world)], i, -1)
-                       for i in ids]
+            counted = [live_entries(i, E, inst.active) for i in ids]
         matrix = np.stack([np.bincount(i[i >= 0], minlength=E)[:E] for i in counted])
         if inst.active is not None:
             for q in range(inst.world):
@@ -454,10 +452,22 @@ def route_sample(inst: Instance, routing: str) -> None:
         inst.data.update({(r, counts): matrix for r in range(inst.world)})
 
 
+def live_entries(ids: np.ndarray, experts: int, live) -> np.ndarray:
+    """ids with -1 for every entry that is not an expert of a live rank (one bool per rank): a
+    masked call drops the entries of masked ranks' experts (docs/robustness.md, "Masked ranks")."""
+    live = np.asarray(live, dtype=bool)
+    owner = np.clip(ids, 0, experts - 1) // max(1, experts // len(live))
+    return np.where((ids >= 0) & (ids < experts) & live[owner], ids, -1)
+
+
+def live_text(active: tuple[bool, ...]) -> str:
+    """The live ranks of a mask as diagnostics name them: {0, 2}."""
+    return "{" + ", ".join(str(r) for r, v in enumerate(active) if v) + "}"
+
+
 def context(inst: Instance) -> str:
     """The instance as diagnostics name it: world, sizes and routing."""
     sizes = ", ".join(f"{k}={v}" for k, v in sorted(inst.sizes.items()))
     routing = f", routing={inst.routing}" if inst.routing else ""
-    mask = ("" if inst.active is None else
-            ", active ranks {" + ", ".join(str(r) for r, v in enumerate(inst.active) if v) + "}")
+    mask = "" if inst.active is None else f", active ranks {live_text(inst.active)}"
     return f"world={inst.world}" + (f", {sizes}" if sizes else "") + routing + mask

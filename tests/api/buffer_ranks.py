@@ -8,33 +8,19 @@ each rank must receive, its bytes and its combined tokens: the independent refer
 import math
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: expect.py
+from expect import check, expect_error  # noqa: E402
 
 import stratac
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.host.moe import Buffer, CallStats
 
 H, T, E, K = 32, 12, 8, 3        # hidden, max tokens, experts, top-k (f32 rows of 128 bytes)
-
-
-class Failed(Exception):
-    pass
-
-
-def check(ok, what) -> None:
-    if not ok:
-        raise Failed(what)
-
-
-def expect_error(exc_type, text, fn, *args, **kw):
-    try:
-        fn(*args, **kw)
-    except exc_type as exc:
-        check(text in str(exc), f"{text!r} not in {exc!r}")
-        return
-    raise Failed(f"expected {exc_type.__name__} containing {text!r}")
 
 
 def routing(world: int, step: int):
@@ -153,6 +139,11 @@ def refusals(comm, rank, world):
                  num_experts=E, topk=K, dtype=torch.int32)
     expect_error(StrataUsageError, "max_tokens must be a positive int", Buffer, comm, hidden=H,
                  max_tokens=0, num_experts=E, topk=K)
+    expect_error(StrataUsageError, "comm must be a Communicator or NpuCommunicator, None or "
+                 "dist.group.WORLD (the default group), got str", Buffer, "comm", hidden=H, max_tokens=T,
+                 num_experts=E, topk=K)
+    expect_error(StrataUsageError, "timeout is for the communicator the buffer makes", Buffer, comm,
+                 hidden=H, max_tokens=T, num_experts=E, topk=K, dtype=torch.float32, timeout=5.0)
     buf = Buffer(comm, hidden=H, max_tokens=T, num_experts=E, topk=K, dtype=torch.float32)
     x = torch.randn(4, H)
     ids = torch.zeros(4, K, dtype=torch.int64)

@@ -10,6 +10,9 @@ import torch
 import torch.distributed as dist
 from call_schedules import EVEN_ONLY, GRAB
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: expect.py
+from expect import Failed, check, expect_error  # noqa: E402
+
 import stratac
 from stratac import codegen
 from stratac.diagnostics import Source
@@ -25,24 +28,6 @@ AG = ROOT / "examples" / "allgather_push.strata"
 PREFILL = ROOT / "examples" / "moe_prefill.strata"
 DECODE = ROOT / "examples" / "moe_decode.strata"
 BOUNDED = ROOT / "examples" / "moe_prefill_bounded.strata"
-
-
-class Failed(Exception):
-    """An expectation of a scenario did not hold (raised, not asserted: python -O drops asserts)."""
-
-
-def check(ok, what) -> None:
-    if not ok:
-        raise Failed(what)
-
-
-def expect_error(exc_type, text, fn, *args, **kw):
-    try:
-        fn(*args, **kw)
-    except exc_type as exc:
-        check(text in str(exc), f"{text!r} not in {exc!r}")
-        return
-    raise Failed(f"expected {exc_type.__name__} containing {text!r}")
 
 
 def inputs(world, n, seed):

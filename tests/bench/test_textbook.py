@@ -47,6 +47,16 @@ def test_sim_tables_give_each_schedule_its_ratio_to_the_direct_one(tmp_path, cap
     assert capsys.readouterr().out.splitlines()[:len(lines)] == lines
 
 
+def test_a_file_that_is_not_a_run_is_named(tmp_path, capsys):
+    (tmp_path / "meta_only.json").write_text('{"meta": {}}')
+    (tmp_path / "broken.json").write_text("{")
+    for name, why in (("meta_only.json", "it needs meta.world and results"), ("missing.json", "No such file"),
+                      ("broken.json", "Expecting property name")):
+        assert main(["sim", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"textbook: {tmp_path / name}: ") and why in err, err
+
+
 def test_bench_tables_ratio_is_the_direct_time_of_the_same_run(tmp_path):
     rec = lambda name, size, t, err=0: {"system": "stratac", "schedule": name, "kind": "broadcast",
                                         "world": 4, "size": size, "time_us": t, "errors": err}

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from stratac import verify
+from stratac.lang import frontend
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,9 +35,12 @@ def test_check_accepts_examples():
 def test_check_proves_every_mask_of_a_moe_schedule():
     p = stratac("check", "examples/moe_decode.strata", "--world", "2,3")
     assert p.returncode == 0, p.stderr
-    # worlds 2 and 3: 2 + 6 proper non-empty masks
-    assert "moe_decode_dispatch: verified every mask of active ranks for world 2,3 (8 masks," in p.stdout
-    assert "moe_decode_combine: verified every mask of active ranks for world 2,3 (8 masks," in p.stdout
+    # worlds 2 and 3: 2 + 6 proper non-empty masks, each under every sample of its world once
+    # (not once per instance of the unmasked check, as it was)
+    for s in frontend.schedules(frontend.load_source(str(ROOT / "examples" / "moe_decode.strata"))):
+        n = sum((2 ** w - 2) * len(verify.default_samples(s, w)) for w in (2, 3))
+        assert f"{s.name}: verified every mask of active ranks for world 2,3 (8 masks, {n} instances," \
+            in p.stdout, p.stdout
 
 
 def test_syntax_error_points_at_line_and_column(tmp_path):

@@ -167,6 +167,42 @@ def test_the_moe_checks_name_a_changed_count_window_row_and_token(file, disp, co
                                  "(1 elements differ)"))
 
 
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_quantised_moe_checks_name_a_count_scale_row_expert_output_and_token(rank):
+    """moe_prefill_int8: what a correct run leaves passes; a count, a row of the scale window, the
+    expert step's output and a combined token, each changed, are named."""
+    wl, rows = _moe("moe_prefill_int8", "moe_prefill_int8_dispatch", "moe_prefill_int8_combine")
+    assert wl.quantized
+    counts = wl.counts(SEED)
+    wq, ws, mask = wl.window_quantized(rank, SEED, torch.bfloat16, rows)
+    cwin = torch.zeros(rows, wl.hidden, dtype=torch.bfloat16)
+    wl.expert_step_quantized(wq, ws, cwin, rank, counts)
+    t = {"counts": counts.clone(), "win": wq, "ws": ws, "cwin": cwin,
+         "y": wl.combined_quantized(rank, SEED, torch.bfloat16)}
+    compare = lambda: worker._compare_moe(wl, t, rank, SEED, torch.bfloat16, rows, wl.counts(SEED))
+    assert compare() == (True, "")
+
+    t["counts"][0, 1] += 1
+    assert compare()[1].startswith(f"counts[0, 1] = {int(counts[0, 1]) + 1} on rank {rank}, expected")
+    t["counts"][0, 1] -= 1
+
+    r = mask.nonzero().flatten().tolist()[0]
+    t["ws"][r, 0] *= 2
+    ok, why = compare()
+    assert not ok and why.startswith(f"scale window row {r} on rank {rank} does not hold the row"), why
+    t["ws"][r, 0] /= 2
+
+    good = t["cwin"].clone()
+    t["cwin"][r, 0] += 1
+    assert compare() == (False, f"the expert step's output on rank {rank} differs from torch's (seed {SEED})")
+    t["cwin"] = good
+
+    t["y"][2, 3] += 64
+    ok, why = compare()
+    assert not ok and why.startswith("y[2, 3] = ") and why.endswith("(1 elements differ)"), why
+
+
 # ---- end to end: `stratac run` and `stratac bench` through the test hook ----
 
 def test_run_says_wrong_names_the_element_and_exits_1(tmp_path):

@@ -8,6 +8,7 @@ once per rank."""
 from pathlib import Path
 
 import pytest
+import runkit
 
 from stratac.tools.run import runner
 
@@ -19,9 +20,7 @@ BELOW, AT = AUTO_MIN // 4 - 8, AUTO_MIN // 4
 
 
 def _run(world, cases):
-    spec = runner.RunSpec(file=str(FILE), world=world, cases=cases, iters=1, warmup=0, cores=world,
-                          timeout=60)
-    out = runner.run(spec, echo=lambda line: None)
+    out = runkit.run(FILE, world, cases, iters=1, cores=world)
     assert out.failures == [] and out.exit_code == 0, out.failures
     wrong = [(r["schedule"], r["rank"], r["count"], r["why"]) for r in out.results if not r["ok"]]
     assert wrong == []

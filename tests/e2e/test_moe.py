@@ -5,6 +5,7 @@ step and combine each checked against torch (stratac.tools.run.workload.MoeWorkl
 from pathlib import Path
 
 import pytest
+import runkit
 from routing_meta import routing_dma
 
 from stratac.lang.frontend import load_source, schedules
@@ -15,10 +16,7 @@ ALL = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.strata")
 MOE = [p for p in ALL if any(s.contract.kind.moe for s in schedules(load_source(str(p))))]
 
 
-def _run(path, world, cases):
-    spec = runner.RunSpec(file=str(path), world=world, cases=cases, iters=2, warmup=0, cores=4,
-                          timeout=60)
-    return runner.run(spec, echo=lambda line: None)
+_run = runkit.run
 
 CASES = [
     runner.Case("f32", tokens=37, hidden=33, topk=2, routing="uniform"),

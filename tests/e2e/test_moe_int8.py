@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import runkit
 import torch
 
 from stratac.lang.frontend import load_source, schedules
@@ -27,10 +28,7 @@ DECODE_INT8 = ROOT / "examples" / "moe_decode_int8.strata"
 BOUNDED = ROOT / "examples" / "moe_prefill_bounded.strata"
 
 
-def _run(path, world, cases, cores=4):
-    spec = runner.RunSpec(file=str(path), world=world, cases=cases, iters=2, warmup=0, cores=cores,
-                          timeout=60)
-    return runner.run(spec, echo=lambda line: None)
+_run = runkit.run
 
 
 @pytest.mark.parametrize("path", [INT8, DECODE_INT8], ids=["prefill", "decode"])

@@ -6,6 +6,7 @@ MiB. All examples run in one job per world size (their sources concatenated) to 
 from pathlib import Path
 
 import pytest
+import runkit
 
 from stratac import ir
 from stratac.lang.frontend import load_source, schedules
@@ -50,9 +51,7 @@ def all_examples(tmp_path_factory):
 
 
 def _run(path, world, cases=CASES, **kw):
-    spec = runner.RunSpec(file=str(path), world=world, cases=cases, iters=2, warmup=0, cores=4,
-                          timeout=60, **kw)
-    return runner.run(spec, echo=lambda line: None)
+    return runkit.run(path, world, cases, **kw)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])

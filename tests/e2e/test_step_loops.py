@@ -8,6 +8,7 @@ constraint and its source line."""
 from pathlib import Path
 
 import pytest
+import runkit
 
 from stratac import ir
 from stratac.ir import passes
@@ -23,9 +24,7 @@ def _supported(path: Path, world: int) -> bool:
 
 
 def _run(path, world, cases):
-    spec = runner.RunSpec(file=str(path), world=world, cases=cases, iters=2, warmup=0, cores=4,
-                          timeout=120)
-    return runner.run(spec, echo=lambda line: None)
+    return runkit.run(path, world, cases, timeout=120)
 
 
 # Worlds 1-4 of every example (these included) run in tests/e2e/test_run.py with 14 cases each (f32,

@@ -111,6 +111,7 @@ def test_alltoallv_takes_one_destination_per_row(capsys):
     ("moe_prefill", ["--experts", "6"], "--experts 6 is not a positive multiple of the world size (4)"),
     ("moe_prefill", ["--topk", "40", "--experts", "32"], "--topk 40 must be at most the number of experts"),
     ("moe_prefill", ["--dtype", "i32"], "moves float tokens"),
+    ("moe_prefill", ["--dtype", "i8"], "moe_prefill_dispatch moves float tokens: --dtype f32, f16 or bf16"),
     ("moe_prefill", ["--sizes", "1M"], "--sizes applies to collectives"),
     ("broadcast", ["--tokens", "16"], "apply to MoE and AllToAllV schedules"),
 ])
@@ -125,6 +126,7 @@ def test_bad_moe_requests_are_one_message(capsys, file, extra, message):
 @pytest.mark.parametrize("extra, message", [
     (["--world", "769"], "world 769 is larger than the machine"),
     (["--world", "4", "--cores", "49"], "--cores must be between 1 and 48"),
+    (["--world", "4", "--dtype", "i8"], "broadcast is not built for i8: int8 is a payload to move"),
 ])
 def test_bad_requests_are_one_message(capsys, extra, message):
     status, out, err = _run(["simulate", str(ROOT / "examples" / "broadcast.strata"), "--machine",

@@ -66,6 +66,26 @@ MAX_RUNS_PER_WORLD = None if "STRATAC_MUTATION_WORLDS" in os.environ else 16
 # mutant computes the same thing there). World 1 is left out: there every peer loop is empty
 # and every barrier meets only itself, so any deleted line about peers or synchronisation is
 # equivalent.
+# the reasons shared by several lines of the two-level AllReduce (allreduce_hierarchical and its
+# composed twin): a team of one rank has no peer, so a line about its peers orders nothing there
+NODE_OF_ONE = (
+    (3,),
+    "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
+    "own part onto itself, its all-gather and barriers have no peer; from world 6 on (nodes of "
+    "2) the mutant is rejected (tests/verify/corpus/good_team_two_level.strata has both levels "
+    "from world 4)")
+LANE_OF_ONE = (
+    (2, 4),
+    "at worlds 2 and 4 the world is one node (T = world), so a lane has one rank: the lane's "
+    "reduce copies the chunk onto itself, its all-gather and barriers have no peer; at world 3 "
+    "(lanes of 3) the mutant is rejected")
+NODE_OF_ONE_COMPOSED = (
+    (3,),
+    "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
+    "own part onto itself, its all-gather and barriers have no peer (the ring over the lane does "
+    "the work); from world 6 on (nodes of 2) the mutant is rejected (the same lines of "
+    "allreduce_hierarchical.strata above)")
+
 EQUIVALENT = {
     ("allgather_ring_pipelined.strata",
      "if s > 0: wait got[(s - 1) * 2]         # chunk 0 of block b came from the previous rank", 1): (
@@ -109,85 +129,32 @@ EQUIVALENT = {
         "the previous call's writes into my out (the peers' pushes of their slices) all landed "
         "before its last barrier"),
     ("allreduce_hierarchical.strata",
-     'barrier(node)                                 # my node has entered: its parts may be read', 1): (
-        (3,),
-        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
-        "own part onto itself, its all-gather and barriers have no peer; from world 6 on (nodes of "
-        "2) the mutant is rejected (tests/verify/corpus/good_team_two_level.strata has both levels "
-        "from world 4)"),
+     'barrier(node)                                 # my node has entered: its parts may be read', 1):
+        NODE_OF_ONE,
     ("allreduce_hierarchical.strata",
-     'on aiv: part[me] = op(part[me]@p for p in node.ranks)', 1): (
-        (3,),
-        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
-        "own part onto itself, its all-gather and barriers have no peer; from world 6 on (nodes of "
-        "2) the mutant is rejected (tests/verify/corpus/good_team_two_level.strata has both levels "
-        "from world 4)"),
+     'on aiv: part[me] = op(part[me]@p for p in node.ranks)', 1): NODE_OF_ONE,
     ("allreduce_hierarchical.strata",
-     'barrier(lane)                                 # my lane has reduced its parts', 1): (
-        (2, 4),
-        "at worlds 2 and 4 the world is one node (T = world), so a lane has one rank: the lane's "
-        "reduce copies the chunk onto itself, its all-gather and barriers have no peer; at world 3 "
-        "(lanes of 3) the mutant is rejected"),
+     'barrier(lane)                                 # my lane has reduced its parts', 1): LANE_OF_ONE,
     ("allreduce_hierarchical.strata",
-     'on aiv: chunk[me][lane.rank] = op(chunk[me][lane.rank]@p for p in lane.ranks)', 1): (
-        (2, 4),
-        "at worlds 2 and 4 the world is one node (T = world), so a lane has one rank: the lane's "
-        "reduce copies the chunk onto itself, its all-gather and barriers have no peer; at world 3 "
-        "(lanes of 3) the mutant is rejected"),
+     'on aiv: chunk[me][lane.rank] = op(chunk[me][lane.rank]@p for p in lane.ranks)', 1): LANE_OF_ONE,
     ("allreduce_hierarchical.strata",
-     'on sdma: for p in lane.peers: chunk[me][lane.rank]@p = chunk[me][lane.rank]', 1): (
-        (2, 4),
-        "at worlds 2 and 4 the world is one node (T = world), so a lane has one rank: the lane's "
-        "reduce copies the chunk onto itself, its all-gather and barriers have no peer; at world 3 "
-        "(lanes of 3) the mutant is rejected"),
+     'on sdma: for p in lane.peers: chunk[me][lane.rank]@p = chunk[me][lane.rank]', 1): LANE_OF_ONE,
     ("allreduce_hierarchical.strata",
-     'barrier(lane)                                 # my part me is complete', 1): (
-        (2, 4),
-        "at worlds 2 and 4 the world is one node (T = world), so a lane has one rank: the lane's "
-        "reduce copies the chunk onto itself, its all-gather and barriers have no peer; at world 3 "
-        "(lanes of 3) the mutant is rejected"),
+     'barrier(lane)                                 # my part me is complete', 1): LANE_OF_ONE,
     ("allreduce_hierarchical.strata",
-     'on sdma: for p in node.peers: part[me]@p = part[me]', 1): (
-        (3,),
-        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
-        "own part onto itself, its all-gather and barriers have no peer; from world 6 on (nodes of "
-        "2) the mutant is rejected (tests/verify/corpus/good_team_two_level.strata has both levels "
-        "from world 4)"),
+     'on sdma: for p in node.peers: part[me]@p = part[me]', 1): NODE_OF_ONE,
     ("allreduce_hierarchical.strata",
-     "barrier(node)                                 # my node's writes into me have landed", 1): (
-        (3,),
-        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
-        "own part onto itself, its all-gather and barriers have no peer; from world 6 on (nodes of "
-        "2) the mutant is rejected (tests/verify/corpus/good_team_two_level.strata has both levels "
-        "from world 4)"),
+     "barrier(node)                                 # my node's writes into me have landed", 1): NODE_OF_ONE,
     ("allreduce_hierarchical_composed.strata",
-     'barrier(node)                                 # my node has entered: its parts may be read', 1): (
-        (3,),
-        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
-        "own part onto itself, its all-gather and barriers have no peer (the ring over the lane does "
-        "the work); from world 6 on (nodes of 2) the mutant is rejected (the same lines of "
-        "allreduce_hierarchical.strata above)"),
+     'barrier(node)                                 # my node has entered: its parts may be read', 1):
+        NODE_OF_ONE_COMPOSED,
     ("allreduce_hierarchical_composed.strata",
-     'on aiv: part[me] = op(part[me]@p for p in node.ranks)', 1): (
-        (3,),
-        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
-        "own part onto itself, its all-gather and barriers have no peer (the ring over the lane does "
-        "the work); from world 6 on (nodes of 2) the mutant is rejected (the same lines of "
-        "allreduce_hierarchical.strata above)"),
+     'on aiv: part[me] = op(part[me]@p for p in node.ranks)', 1): NODE_OF_ONE_COMPOSED,
     ("allreduce_hierarchical_composed.strata",
-     'on sdma: for p in node.peers: part[me]@p = part[me]', 1): (
-        (3,),
-        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
-        "own part onto itself, its all-gather and barriers have no peer (the ring over the lane does "
-        "the work); from world 6 on (nodes of 2) the mutant is rejected (the same lines of "
-        "allreduce_hierarchical.strata above)"),
+     'on sdma: for p in node.peers: part[me]@p = part[me]', 1): NODE_OF_ONE_COMPOSED,
     ("allreduce_hierarchical_composed.strata",
-     "barrier(node)                                 # my node's writes into me have landed", 1): (
-        (3,),
-        "at world 3 the nodes have one rank each (T = 1): the node's reduce is a copy of the rank's "
-        "own part onto itself, its all-gather and barriers have no peer (the ring over the lane does "
-        "the work); from world 6 on (nodes of 2) the mutant is rejected (the same lines of "
-        "allreduce_hierarchical.strata above)"),
+     "barrier(node)                                 # my node's writes into me have landed", 1):
+        NODE_OF_ONE_COMPOSED,
     ("allreduce_hierarchical_composed.strata",
      'call ring_allreduce(part[me], op) on lane     # part me, all-reduced over my lane', 1): (
         (2, 4),

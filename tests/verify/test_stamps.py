@@ -53,7 +53,7 @@ def first_error(results):
 
 
 def test_the_stamps_the_pass_makes_verify_in_full_and_against_the_source():
-    for path in (UNDER_IF, CORPUS / "good_ring_steps_under_if.strata",
+    for path in (UNDER_IF, CORPUS / "good_ring_steps_under_if.strata", CORPUS / "good_nested_step_loops.strata",
                  ROOT / "examples" / "broadcast.strata", ROOT / "examples" / "reduce.strata",
                  ROOT / "examples" / "allreduce_twoshot_flags.strata"):
         worlds = WORLDS[:4] if "ring" in path.name else WORLDS

@@ -34,9 +34,17 @@ PAIRS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 
 
 def _load(paths: list[str]) -> list[tuple[dict, dict]]:
+    """(meta, data) of each file; ValueError naming the file when it is not a run's JSON."""
     out = []
     for p in paths:
-        data = json.loads(Path(p).read_text(encoding="utf-8"))
+        try:
+            data = json.loads(Path(p).read_text(encoding="utf-8"))
+            ok = isinstance(data.get("results"), list) and isinstance(data.get("meta", {}).get("world"), int)
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{p}: {exc}") from None
+        if not ok:
+            raise ValueError(f"{p}: not the JSON of a `stratac simulate --json` or `stratac bench --json` "
+                             "run (it needs meta.world and results)")
         out.append((data["meta"], data))
     return out
 
@@ -137,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("what", choices=("sim", "bench"))
     ap.add_argument("json", nargs="+")
     a = ap.parse_args(argv)
-    lines = sim_tables(a.json) if a.what == "sim" else bench_tables(a.json)
+    try:
+        lines = sim_tables(a.json) if a.what == "sim" else bench_tables(a.json)
+    except ValueError as exc:
+        print(f"textbook: {exc}", file=sys.stderr)
+        return 2
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 

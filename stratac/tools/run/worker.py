@@ -267,12 +267,12 @@ def _compare_moe(wl, t: dict, rank: int, seed: int, tdtype, rows: int, want_coun
     """After dispatch, the expert step and combine: counts, the window's defined rows (the expert
     step applied), and y, each against torch."""
     import torch
-    if wl.quantized:
-        return _compare_moe_quantized(wl, t, rank, seed, tdtype, rows, want_counts)
     if not torch.equal(t["counts"], want_counts):
         bad = (t["counts"] != want_counts).nonzero()[0].tolist()
         return False, (f"counts[{bad[0]}, {bad[1]}] = {int(t['counts'][bad[0], bad[1]])} on rank {rank}, "
                        f"expected {int(want_counts[bad[0], bad[1]])}")
+    if wl.quantized:
+        return _compare_moe_quantized(wl, t, rank, seed, tdtype, rows, want_counts)
     win, mask = wl.window(rank, seed, tdtype, rows)
     if wl.combine is not None:   # the window after the expert step (AllToAllV: as dispatch left it)
         wl.expert_step(win, rank, want_counts)
@@ -283,24 +283,25 @@ def _compare_moe(wl, t: dict, rank: int, seed: int, tdtype, rows: int, want_coun
                        f"(seed {seed}: {t['win'][r][:4].tolist()}..., expected {win[r][:4].tolist()}...)")
     if wl.combine is None:
         return True, ""
-    y = wl.combined(rank, seed, tdtype)
-    if not torch.equal(t["y"], y):
-        bad = (t["y"] != y).nonzero()[0].tolist()
-        return False, (f"y[{bad[0]}, {bad[1]}] = {t['y'][bad[0], bad[1]].item()} on rank {rank}, expected "
-                       f"{y[bad[0], bad[1]].item()} ({int((t['y'] != y).sum())} elements differ)")
+    return _compare_y(t["y"], wl.combined(rank, seed, tdtype), rank)
+
+
+def _compare_y(got, y, rank: int) -> tuple[bool, str]:
+    """The combine's output against torch's."""
+    import torch
+    if not torch.equal(got, y):
+        bad = (got != y).nonzero()[0].tolist()
+        return False, (f"y[{bad[0]}, {bad[1]}] = {got[bad[0], bad[1]].item()} on rank {rank}, expected "
+                       f"{y[bad[0], bad[1]].item()} ({int((got != y).sum())} elements differ)")
     return True, ""
 
 
 def _compare_moe_quantized(wl, t: dict, rank: int, seed: int, tdtype, rows: int,
                            want_counts) -> tuple[bool, str]:
-    """A quantised dispatch (int8 rows, f32 scales), the expert step and the combine: counts, the
-    int8 window and the scales beside it, the combine's window, and y, each against torch bit for
-    bit."""
+    """A quantised dispatch (int8 rows, f32 scales), the expert step and the combine (counts
+    checked): the int8 window and the scales beside it, the combine's window, and y, each against
+    torch bit for bit."""
     import torch
-    if not torch.equal(t["counts"], want_counts):
-        bad = (t["counts"] != want_counts).nonzero()[0].tolist()
-        return False, (f"counts[{bad[0]}, {bad[1]}] = {int(t['counts'][bad[0], bad[1]])} on rank {rank}, "
-                       f"expected {int(want_counts[bad[0], bad[1]])}")
     wq, ws, mask = wl.window_quantized(rank, seed, tdtype, rows)
     for name, got, want in (("window", t["win"], wq), ("scale window", t["ws"], ws)):
         if not torch.equal(got[mask], want[mask]):
@@ -313,12 +314,7 @@ def _compare_moe_quantized(wl, t: dict, rank: int, seed: int, tdtype, rows: int,
     wl.expert_step_quantized(wq, ws, cwin, rank, want_counts)
     if not torch.equal(t["cwin"][mask], cwin[mask]):
         return False, f"the expert step's output on rank {rank} differs from torch's (seed {seed})"
-    y = wl.combined_quantized(rank, seed, tdtype)
-    if not torch.equal(t["y"], y):
-        bad = (t["y"] != y).nonzero()[0].tolist()
-        return False, (f"y[{bad[0]}, {bad[1]}] = {t['y'][bad[0], bad[1]].item()} on rank {rank}, expected "
-                       f"{y[bad[0], bad[1]].item()} ({int((t['y'] != y).sum())} elements differ)")
-    return True, ""
+    return _compare_y(t["y"], wl.combined_quantized(rank, seed, tdtype), rank)
 
 
 def _peer_state(comm) -> str:

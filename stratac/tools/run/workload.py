@@ -317,16 +317,15 @@ class MoeWorkload:
 
     def quantize(self, rank: int, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(int8 rows, f32 scales [tokens, blocks]): per block of hidden / blocks columns (the last
-        block takes the rest), scale = max |x| / 127 (1 for an all-zero block), q = x / scale rounded
-        half to even, clamped to [-127, 127]."""
-        x = self.activations(rank, seed, dtype).float()
-        blocks = self.scale_cols()
+        block takes the rest), each block as the Buffer quantises a token (quantize_per_token: scale
+        = max |x| / 127, 1 for an all-zero block, q = x / scale rounded half to even, clamped to
+        [-127, 127])."""
+        from stratac.host.moe import quantize_per_token  # host.moe loads cffi: only when quantising
+        x = self.activations(rank, seed, dtype)
         q = torch.empty(self.tokens, self.hidden, dtype=torch.int8)
-        s = torch.empty(self.tokens, blocks, dtype=torch.float32)
+        s = torch.empty(self.tokens, self.scale_cols(), dtype=torch.float32)
         for b, (lo, hi) in enumerate(self.scale_blocks()):
-            amax = x[:, lo:hi].abs().amax(dim=1, keepdim=True) if hi > lo else torch.zeros(self.tokens, 1)
-            sc = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
-            q[:, lo:hi] = torch.round(x[:, lo:hi] / sc).clamp(-127, 127).to(torch.int8)
+            q[:, lo:hi], sc = quantize_per_token(x[:, lo:hi])
             s[:, b] = sc[:, 0]
         return q, s
 

@@ -47,8 +47,8 @@ def simulate_file(file: str, machine: Machine, world: int, sizes: list[int] | No
     plain = [s for s in scheds if not s.contract.kind.moe]
     if tokens is not None or moe is not None:
         if not routed:
-            raise SimulateError(f"--tokens, --hidden, --topk, --experts, --max-recv, --routing and --seed apply "
-                                f"to MoE and AllToAllV schedules; {file} has none (use --sizes)")
+            raise SimulateError("--tokens, --hidden, --topk, --experts, --max-recv, --routing and --seed "
+                                f"apply to MoE and AllToAllV schedules; {file} has none (use --sizes)")
     if sizes is not None and not plain:
         raise SimulateError(f"--sizes applies to collectives; every schedule of {file} is routed (MoE "
                             "or AllToAllV): sweep --tokens instead")
@@ -59,8 +59,21 @@ def simulate_file(file: str, machine: Machine, world: int, sizes: list[int] | No
     preds, skipped, cache = [], [], {}
     excluded = []
     with _no_cyclic_gc():
-        _predict_all(scheds, machine, world, sizes, dtype, root, cores, tokens, moe, preds, skipped,
-                     excluded, cache)
+        for s in scheds:
+            why = not_modelled(s)
+            if why:
+                skipped.append({"schedule": s.name, "why": f"not modelled: {why}"})
+                continue
+            unmet = ir.unmet_requirement(s, world)
+            if unmet is not None:   # e.g. halving-doubling at world 384 next to the ring: skip it, say why
+                why = f"does not support world {world}: it {unmet}"
+                skipped.append({"schedule": s.name, "why": why})
+                excluded.append(f"{s.name} {why}")
+                continue
+            if s.contract.kind.moe:
+                preds.extend(predict_moe(s, machine, world, tokens, moe, dtype or MOE_DTYPE, cores, cache))
+            else:
+                preds.extend(predict(s, machine, world, sizes, dtype or "f32", root, cores))
     if excluded and len(excluded) == len(scheds):
         raise SimulateError("; ".join(excluded))
     first: dict[str, str] = {}
@@ -102,21 +115,3 @@ def _no_cyclic_gc():
             gc.enable()
         gc.collect()
 
-
-def _predict_all(scheds, machine, world, sizes, dtype, root, cores, tokens, moe, preds, skipped,
-                 excluded, cache) -> None:
-    for s in scheds:
-        why = not_modelled(s)
-        if why:
-            skipped.append({"schedule": s.name, "why": f"not modelled: {why}"})
-            continue
-        unmet = ir.unmet_requirement(s, world)
-        if unmet is not None:   # e.g. halving-doubling at world 384 next to the ring: skip it, say why
-            why = f"does not support world {world}: it {unmet}"
-            skipped.append({"schedule": s.name, "why": why})
-            excluded.append(f"{s.name} {why}")
-            continue
-        if s.contract.kind.moe:
-            preds.extend(predict_moe(s, machine, world, tokens, moe, dtype or MOE_DTYPE, cores, cache))
-        else:
-            preds.extend(predict(s, machine, world, sizes, dtype or "f32", root, cores))

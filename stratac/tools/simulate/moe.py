@@ -94,8 +94,9 @@ def predict_moe(s: ir.Schedule, m: Machine, world: int, tokens: list[int], moe: 
     from stratac.tools.run.workload import MoeWorkload
     check_world(m, world)
     moe.check(s, world)
-    if dtype == "i32":
-        raise SimulateError(f"{s.name} moves float tokens: --dtype f32, f16 or bf16")
+    if dtype in ("i32", "i8"):   # as `stratac run` refuses them (tools/run/runner.py)
+        raise SimulateError(f"{s.name} moves float tokens: --dtype f32, f16 or bf16 (an int8 dispatch "
+                            "quantises tokens of that dtype itself)")
     elem, C = elem_bytes(dtype), check_cores(m, cores)
     c = s.contract
     payload = s.param(c.inputs[0] if c.kind.dispatch else c.outputs[0]).dtype

@@ -52,6 +52,9 @@ def predict(s: ir.Schedule, m: Machine, world: int, sizes: list[int], dtype: str
     check_world(m, world)
     if s.rank_params and not 0 <= root < world:
         raise SimulateError(f"--root {root} is not a rank of a world of {world}")
+    if dtype == "i8" and s.typevars:   # as `stratac run` refuses it (tools/run/runner.py)
+        raise SimulateError(f"{s.name} is not built for i8: int8 is a payload to move (a quantised MoE "
+                            "dispatch's rows), not a type variable's type")
     elem = elem_bytes(dtype)
     lowered = passes.pipeline(s, passes.Options())
     out: list[Prediction] = []
