@@ -166,7 +166,8 @@ void Notify() {
 // Core waits spin only when every core of every rank has a CPU (launch cores <= threads and
 // world x threads <= CPUs): otherwise the yielding threads take the CPUs from the ranks, cores and
 // SDMA engines they wait for (measured: a 4 KiB one-shot on 4 ranks, 2 CPUs, took 1.3 ms with the
-// spin and 0.13 ms without; two-shot on 2 ranks 17 us with it and 55-65 without).
+// spin and 0.13 ms without, with every rank in a session of its own, see OneSchedGroup; two-shot
+// on 2 ranks 17 us with it and 55-65 without). Oversubscribed waits: OversubSpinSec.
 double SpinSec() {
   static const double s = [] {
     const char* e = getenv("STRATA_CPU_SPIN_US");
@@ -182,14 +183,16 @@ constexpr uint64_t kNotifyCopyBytes = 512;  // UB->GM copies up to this size not
 // scheduled) when its event comes. So after such a yield, waits do not spin for kSpinOffSec.
 constexpr double kYieldLostSec = 20e-6, kSpinOffSec = 0.05;
 std::atomic<double> g_spin_off_until{0};
-// Oversubscribed waits (world x threads > CPUs): a core alone on its thread yields the CPU for up
-// to this long before it sleeps (STRATA_CPU_OVERSUB_SPIN_US; 0 sleeps at once), as Open MPI polls
-// with sched_yield when oversubscribed. A yield lets a peer rank run only when both are in one
-// scheduling group: see OneSchedGroup.
+// Oversubscribed waits (world x threads > CPUs): a core alone on its thread may yield the CPU for
+// up to STRATA_CPU_OVERSUB_SPIN_US before it sleeps, as Open MPI polls with sched_yield when
+// oversubscribed. Default 0, sleep at once: on this 2-CPU VM under other sessions' load (5-8) a
+// 300 us or 2 ms yield phase did not beat the immediate sleep at 4 KiB on 4 ranks, and a pure
+// yield loop had a tail of milliseconds (docs/bench.md, "4 KiB on 4 ranks"). A yield lets a peer
+// rank run only when both are in one scheduling group: see OneSchedGroup.
 double OversubSpinSec() {
   static const double s = [] {
     const char* e = getenv("STRATA_CPU_OVERSUB_SPIN_US");
-    return (e ? std::max(0.0, strtod(e, nullptr)) : 300.0) * 1e-6;
+    return (e ? std::max(0.0, strtod(e, nullptr)) : 0.0) * 1e-6;
   }();
   return s;
 }
