@@ -112,6 +112,7 @@ class Selector:
         self.name = kind.value
         self.last: str | None = None
         self._buffers: dict[tuple, torch.Tensor] = {}
+        self._chosen: dict[tuple, tuple] = {}   # choose() per (table, world, bytes, form)
         self._names = {fn.name for fn in candidates}
         self.__doc__ = (f"{kind.value}(x[, out], ...): picks one of {', '.join(sorted(self._names))} "
                         "by message bytes and world (stratac.host.select)")
@@ -150,7 +151,13 @@ class Selector:
         if not isinstance(x, torch.Tensor) or (out is not None and not isinstance(out, torch.Tensor)):
             raise StrataUsageError(f"{self.name}: x (and out, if given) must be torch.Tensors on the heap")
         nbytes = max(x.numel() * x.element_size(), out.numel() * out.element_size() if out is not None else 0)
-        fn, adapt = self.choose(nbytes, out is None)
+        ck = (id(self.table), self.module.comm.world, nbytes, out is None)
+        hit = self._chosen.get(ck)
+        if hit is None or hit[0] is not self.table:   # the table object too: an id may be reused
+            if len(self._chosen) >= 256:
+                self._chosen.clear()
+            hit = self._chosen[ck] = (self.table, *self.choose(nbytes, out is None))
+        _, fn, adapt = hit
         self.last = fn.name
         if not adapt:
             fn(x, **kw) if out is None else fn(x, out, **kw)

@@ -166,7 +166,8 @@ void Notify() {
 // Core waits spin only when every core of every rank has a CPU (launch cores <= threads and
 // world x threads <= CPUs): otherwise the yielding threads take the CPUs from the ranks, cores and
 // SDMA engines they wait for (measured: a 4 KiB one-shot on 4 ranks, 2 CPUs, took 1.3 ms with the
-// spin and 0.13 ms without; two-shot on 2 ranks 17 us with it and 55-65 without).
+// spin and 0.13 ms without, with every rank in a session of its own, see OneSchedGroup; two-shot
+// on 2 ranks 17 us with it and 55-65 without). Oversubscribed waits: OversubSpinSec.
 double SpinSec() {
   static const double s = [] {
     const char* e = getenv("STRATA_CPU_SPIN_US");
@@ -182,8 +183,22 @@ constexpr uint64_t kNotifyCopyBytes = 512;  // UB->GM copies up to this size not
 // scheduled) when its event comes. So after such a yield, waits do not spin for kSpinOffSec.
 constexpr double kYieldLostSec = 20e-6, kSpinOffSec = 0.05;
 std::atomic<double> g_spin_off_until{0};
+// Oversubscribed waits (world x threads > CPUs): a core alone on its thread may yield the CPU for
+// up to STRATA_CPU_OVERSUB_SPIN_US before it sleeps, as Open MPI polls with sched_yield when
+// oversubscribed. Default 0, sleep at once: on this 2-CPU VM under other sessions' load (5-8) a
+// 300 us or 2 ms yield phase did not beat the immediate sleep at 4 KiB on 4 ranks, and a pure
+// yield loop had a tail of milliseconds (docs/bench.md, "4 KiB on 4 ranks"). A yield lets a peer
+// rank run only when both are in one scheduling group: see OneSchedGroup.
+double OversubSpinSec() {
+  static const double s = [] {
+    const char* e = getenv("STRATA_CPU_OVERSUB_SPIN_US");
+    return (e ? std::max(0.0, strtod(e, nullptr)) : 0.0) * 1e-6;
+  }();
+  return s;
+}
 struct Idler {
   double spin = SpinSec();  // how long to yield before sleeping
+  bool oversub = false;     // yields are expected to lose the CPU (to the peer ranks): no kYieldLostSec
   double spin_until = 0;
   bool armed = false;
   uint32_t epoch = 0;
@@ -197,10 +212,10 @@ struct Idler {
       double t0 = Now();
       if (spin_until == 0) {
         // a recent yield lost the CPU for long: other processes want the CPUs, sleep at once
-        spin_until = t0 + (t0 < g_spin_off_until.load(std::memory_order_relaxed) ? 0.0 : spin);
+        spin_until = t0 + (!oversub && t0 < g_spin_off_until.load(std::memory_order_relaxed) ? 0.0 : spin);
       }
       sched_yield();
-      if (spin > 0 && Now() - t0 > kYieldLostSec) {
+      if (spin > 0 && !oversub && Now() - t0 > kYieldLostSec) {
         g_spin_off_until.store(Now() + kSpinOffSec, std::memory_order_relaxed);
         spin_until = t0;
       }
@@ -410,11 +425,37 @@ int DeadRank(std::string* why, bool force = false, bool masked = false) {
   return -1;
 }
 
+// Whether every rank of the pool runs in this process's session. With the kernel's autogroup
+// scheduling (sched_autogroup_enabled, on by default) each session is a scheduling group of its
+// own and sched_yield never hands the CPU to another group: a rank that yields while a peer of
+// another session waits for the CPU keeps it until the tick (4 ms at HZ=250), so the oversubscribed
+// yield phase is used only when all ranks share the session (`stratac run` and `stratac bench` start
+// them in the runner's, as mpirun does its ranks). Known once every rank has joined; kept per pool.
+int g_one_group = -1;  // -1 not known yet, 0 no, 1 yes (under g_live_mu)
+bool OneSchedGroup() {
+  std::lock_guard<std::mutex> lk(g_live_mu);
+  if (g_one_group >= 0) return g_one_group == 1;
+  if (!g_pool.inited) return false;
+  const pid_t mine = getsid(0);
+  for (int r = 0; r < g_pool.world && r < kMaxWorld; ++r) {
+    if (r == g_pool.rank) continue;
+    if (__atomic_load_n(&g_pool.hdr->ranks[r].state, __ATOMIC_ACQUIRE) != kRankJoined) return false;
+    pid_t pid = __atomic_load_n(&g_pool.hdr->ranks[r].pid, __ATOMIC_ACQUIRE);
+    if (getsid(pid) != mine) {
+      g_one_group = 0;
+      return false;
+    }
+  }
+  g_one_group = 1;
+  return true;
+}
+
 void LiveReset() {
   std::lock_guard<std::mutex> lk(g_live_mu);
   g_live_next = 0;
   g_live_why.clear();
   g_active.store(~0ull);
+  g_one_group = -1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -497,6 +538,7 @@ struct Launch {
   double sdma_sqe_us = kSdmaSqeCostUs;
   uint32_t threads = 1;  // T: the threads its cores run on (see "cores as fibers")
   bool spin = false;     // its waits yield before sleeping (see Idler)
+  bool oversub = false;  // !spin, but each core has a thread and the ranks share a scheduling group
   std::atomic<bool> failed{false};
   std::mutex fail_mu;
   std::string first_failure;
@@ -656,7 +698,10 @@ bool CoreYield(bool waiting) {
 struct CoreWaiter {
   Idler idle;
   explicit CoreWaiter(const Launch* L) {
-    if (!L->spin) idle.spin = 0;
+    if (!L->spin) {
+      idle.oversub = L->oversub;
+      idle.spin = L->oversub ? OversubSpinSec() : 0;
+    }
   }
   void Pause() {
     if (!CoreYield(true)) idle.Idle();
@@ -1270,6 +1315,7 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
   L.blocks = blocks;
   L.threads = uint32_t(T);
   L.spin = int(blocks) <= T && g_pool.world * T <= MachineCpus();
+  L.oversub = !L.spin && int(blocks) <= T && OversubSpinSec() > 0 && OneSchedGroup();
   L.timeout = g_timeout.load();
   if (const char* d = getenv("STRATA_CPU_SDMA_DELAY_US")) L.sdma_delay_us = uint32_t(strtoul(d, nullptr, 10));
   if (const char* d = getenv("STRATA_CPU_SDMA_SQE_US")) L.sdma_sqe_us = std::max(0.0, strtod(d, nullptr));

@@ -183,7 +183,7 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
                     procs.append(subprocess.Popen(
                         [sys.executable, "-m", "stratac.tools.run.worker", json.dumps(wspec)],
                         stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                        start_new_session=True, preexec_fn=_die_with_parent))
+                        preexec_fn=_rank_preexec))
                 stopped = _supervise(procs, time.monotonic() + limit, limit)
         finally:
             _kill_all(procs)
@@ -261,6 +261,16 @@ def _supervise(procs, deadline: float, limit: float) -> dict[int, tuple[float, s
             _kill_all(procs)
             return ended
         time.sleep(0.02)
+
+
+def _rank_preexec() -> None:
+    """In a rank process before exec: a process group of its own (so that _kill_all reaches what it
+    started) but the runner's session, and _die_with_parent. Not a session of its own: with the
+    kernel's autogroup scheduling (sched_autogroup_enabled) every session is a scheduling group of
+    its own, and sched_yield never hands the CPU to another group, so a rank's yield could not let
+    a peer rank run (mpirun's ranks share its session too; docs/bench.md, "4 KiB on 4 ranks")."""
+    os.setpgid(0, 0)
+    _die_with_parent()
 
 
 def _die_with_parent() -> None:
