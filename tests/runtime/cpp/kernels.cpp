@@ -667,3 +667,60 @@ extern "C" __global__ __aicore__ void ub_fresh_kernel(GM_ADDR out, uint32_t carv
 extern "C" int launch_ub_fresh(uint32_t blocks, uint8_t* out, uint32_t carve, uint32_t dirty) {
   return STRATA_CPU_LAUNCH(ub_fresh_kernel, blocks, out, carve, dirty);
 }
+
+// ub_paths: like ub_fresh, but the first `dirty` bytes are written by one path of `how`, each of
+// which the model must see as a UB write (model.cpp g_ub_dirty) for the next launch to refill it:
+// 0 Duplicate, 1 DataCopy GM -> UB (of `zeros`), 2 Add (int32 -1 + -1), 3 SetValue (one element per
+// 64), 4 a raw store through GetPhyAddr of a view at an offset, 5 Cast int32 -> float in place,
+// 6 LocalTensor::operator(), 7 DataCopyPad GM -> UB (with padding), 8 DataCopy UB -> UB.
+extern "C" __global__ __aicore__ void ub_paths_kernel(GM_ADDR out, GM_ADDR zeros, uint32_t carve, uint32_t dirty,
+                                                      uint32_t how) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  TPipe pipe;
+  TBuf<> b;
+  pipe.InitBuffer(b, carve);
+  LocalTensor<int32_t> t = b.Get<int32_t>();
+  GlobalTensor<int32_t> g;
+  g.SetGlobalBuffer(reinterpret_cast<int32_t*>(out) + uint64_t(GetBlockIdx()) * (carve / 4), carve / 4);
+  DataCopy(g, t, carve / 4);
+  SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+  WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+  const uint32_t n = dirty / 4;
+  if (n == 0) return;
+  GlobalTensor<int32_t> z;
+  z.SetGlobalBuffer(reinterpret_cast<int32_t*>(zeros), n);
+  switch (how) {
+    case 0: Duplicate(t, int32_t(0), int32_t(n)); break;
+    case 1: DataCopy(t, z, n); break;
+    case 2: Add(t, t, t, int32_t(n)); break;
+    case 3: for (uint32_t i = 0; i < n; i += 64) t.SetValue(i, 0); break;
+    case 4: {
+      int32_t* p = t[n / 2].GetPhyAddr();
+      for (uint32_t i = 0; i < n - n / 2; ++i) p[i] = 0;
+      break;
+    }
+    case 5: {
+      LocalTensor<float> f = t.ReinterpretCast<float>();
+      Cast(f, t, RoundMode::CAST_NONE, n);
+      break;
+    }
+    case 6: for (uint32_t i = 0; i < n; i += 64) t(i) = 0; break;
+    case 7: {
+      DataCopyExtParams cp{1, n * 4 - 4, 0, 0, 0};
+      DataCopyPadExtParams<int32_t> pad{true, 0, 1, 0};
+      DataCopyPad(t, z, cp, pad);
+      break;
+    }
+    case 8: {
+      Duplicate(t, int32_t(0), 8);  // one 32-byte block of zeros, then copied over the rest
+      for (uint32_t i = 8; i + 8 <= n; i += 8) DataCopy(t[i], t, 8);
+      break;
+    }
+    default: break;
+  }
+}
+
+extern "C" int launch_ub_paths(uint32_t blocks, uint8_t* out, uint8_t* zeros, uint32_t carve, uint32_t dirty,
+                               uint32_t how) {
+  return STRATA_CPU_LAUNCH(ub_paths_kernel, blocks, out, zeros, carve, dirty, how);
+}
