@@ -428,6 +428,7 @@ struct SdmaJob {
   uint64_t bytes;
   int core;
   uint32_t delay_us;  // STRATA_CPU_SDMA_DELAY_US of the launch: makes every copy slow, to expose missing quiets
+  bool wake;          // the engine thread is woken for it (see SdmaPost)
 };
 
 // One core's SDMA queue: a persistent copy engine thread, started the first time the core posts a
@@ -462,7 +463,7 @@ struct SdmaEngine {
     busy = false;
     ++done;
     cv_done.notify_all();
-    if (!queue.empty()) cv_work.notify_one();
+    if (!queue.empty() && queue.front().wake) cv_work.notify_one();
     lk.unlock();
     Notify();  // a quiet polling for this copy
     lk.lock();
@@ -670,12 +671,14 @@ bool CoreYield(bool waiting) {
 
 // A core waiting for an event: other cores of its thread run meanwhile; when it is alone on its
 // thread, the thread idles (yields, then sleeps until a Notify).
+bool SdmaHelp();  // below: the waiting core runs the next copy of its own SDMA queue
 struct CoreWaiter {
   Idler idle;
   explicit CoreWaiter(const Launch* L) {
     if (!L->spin) idle.spin = 0;
   }
   void Pause() {
+    if (SdmaHelp()) return;  // a copy of this core's queue ran: the caller re-checks its condition
     if (!CoreYield(true)) idle.Idle();
   }
 };
@@ -935,6 +938,15 @@ SdmaEngine* Engine(CoreState* c) {
     e = raw;
   }
   return e;
+}
+
+// A core about to pause in a wait (flag, SyncAll, quiet) runs the next copy of its own SDMA queue
+// if the engine has not started it (SdmaEngine::TakeOne); true if it ran one.
+bool SdmaHelp() {
+  CoreState* c = t_core;
+  if (!c) return false;
+  SdmaEngine* e = g_workers->sdma[c->idx];
+  return e && e->TakeOne();
 }
 
 // ---- scalar data cache (see g_dcache) ----
@@ -2037,11 +2049,16 @@ STRATA_EXPORT void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes
     for (uint64_t k = 0; k < sqes; ++k) {
       uint64_t off = k * STRATA_SDMA_SQE_BYTES, n = std::min<uint64_t>(STRATA_SDMA_SQE_BYTES, bytes - off);
       e->queue.push_back(SdmaJob{static_cast<uint8_t*>(d) + off, static_cast<const uint8_t*>(s) + off, n, c->idx,
-                                 c->launch->sdma_delay_us});
+                                 c->launch->sdma_delay_us, c->launch->spin});
       ++e->posted;
     }
   }
-  e->cv_work.notify_one();
+  // With a CPU for every thread of every rank (Launch::spin) the engine thread starts at once and
+  // the copy overlaps what the core does next. Otherwise the CPUs are oversubscribed: waking a
+  // thread per post costs a context switch (and a time slice when it preempts a core), so the
+  // copies wait in the queue for the core's next wait or quiet, which runs them (SdmaHelp): still
+  // after the post, in queue order, before the quiet returns, as an engine may.
+  if (c->launch->spin) e->cv_work.notify_one();
   ++c->sdma_unquieted;
 }
 
