@@ -669,12 +669,13 @@ template <class T> inline T VMin(T a, T b) {
   if constexpr (IsF16<T>::value || IsBf16<T>::value) return static_cast<float>(a) <= static_cast<float>(b) ? a : b;
   else return a <= b ? a : b;
 }
-// The element loops of the vector ops run in blocks of VecBlock<T>::n elements (128 bytes) through
-// local arrays: each block is read whole, computed, then written, a loop of known trip count that
-// g++ -O2 vectorises (it leaves element loops of unknown count and possibly aliasing operands
-// scalar). Only a speed matter: every check stays per call (count, UB bounds of each operand) and
-// the results are those of the element loop, which the ops still use for the tail and for operands
-// that overlap only partially (dst == src, the in-place case, or disjoint ranges take the blocks).
+// The element loops of the vector ops run in blocks of VecBlock<T>::n elements (128 bytes), each
+// block a loop of known trip count without loop-carried dependences (ivdep) that g++ -O2
+// vectorises (it leaves element loops of unknown count and possibly aliasing operands scalar).
+// Only a speed matter: every check stays per call (count, UB bounds of each operand) and the
+// results are those of the element loop, which the ops still use for the tail and for operands
+// that overlap only partially (dst == src, the in-place case, or disjoint ranges take the blocks:
+// element k of dst depends on element k of the sources only).
 template <class T> struct VecBlock {
   static constexpr int32_t n = static_cast<int32_t>(128 / sizeof(T)) > 0 ? static_cast<int32_t>(128 / sizeof(T)) : 1;
 };
@@ -701,11 +702,11 @@ inline void Binary(const LocalTensor<T>& dst, const LocalTensor<T>& s0, const Lo
   int32_t i = 0;
   if (BlockSafe(d, a, count) && BlockSafe(d, b, count)) {
     for (; i + VecBlock<T>::n <= count; i += VecBlock<T>::n) {
-      T x[VecBlock<T>::n], y[VecBlock<T>::n], r[VecBlock<T>::n];
-      for (int32_t k = 0; k < VecBlock<T>::n; ++k) x[k] = a[i + k];
-      for (int32_t k = 0; k < VecBlock<T>::n; ++k) y[k] = b[i + k];
-      for (int32_t k = 0; k < VecBlock<T>::n; ++k) r[k] = f(x[k], y[k]);
-      for (int32_t k = 0; k < VecBlock<T>::n; ++k) d[i + k] = r[k];
+      T* dd = d + i;
+      const T* aa = a + i;
+      const T* bb = b + i;
+#pragma GCC ivdep
+      for (int32_t k = 0; k < VecBlock<T>::n; ++k) dd[k] = f(aa[k], bb[k]);
     }
   }
   for (; i < count; ++i) d[i] = f(a[i], b[i]);
@@ -722,10 +723,10 @@ inline void Scalar(const LocalTensor<T>& dst, const LocalTensor<T>& src, T s, in
   int32_t i = 0;
   if (BlockSafe(d, a, count)) {
     for (; i + VecBlock<T>::n <= count; i += VecBlock<T>::n) {
-      T x[VecBlock<T>::n], r[VecBlock<T>::n];
-      for (int32_t k = 0; k < VecBlock<T>::n; ++k) x[k] = a[i + k];
-      for (int32_t k = 0; k < VecBlock<T>::n; ++k) r[k] = f(x[k], s);
-      for (int32_t k = 0; k < VecBlock<T>::n; ++k) d[i + k] = r[k];
+      T* dd = d + i;
+      const T* aa = a + i;
+#pragma GCC ivdep
+      for (int32_t k = 0; k < VecBlock<T>::n; ++k) dd[k] = f(aa[k], s);
     }
   }
   for (; i < count; ++i) d[i] = f(a[i], s);

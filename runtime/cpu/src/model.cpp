@@ -699,8 +699,13 @@ static_assert(kUbBytes % kUbChunk == 0, "UB chunks");
 uint64_t g_ub_dirty[STRATA_MAX_CORES][kUbChunkWords] = {};
 void UbMark(int idx, uint64_t lo, uint64_t hi) {  // bytes [lo, hi) of the arena, hi <= kUbBytes
   if (hi <= lo) return;
-  for (uint64_t k = lo / kUbChunk, e = (hi + kUbChunk - 1) / kUbChunk; k < e; ++k)
-    g_ub_dirty[idx][k / 64] |= 1ull << (k % 64);
+  uint64_t k = lo / kUbChunk;
+  const uint64_t e = (hi + kUbChunk - 1) / kUbChunk;  // chunks [k, e), a word at a time
+  while (k < e) {
+    const uint64_t w = k / 64, b = k % 64, n = std::min<uint64_t>(64 - b, e - k);
+    g_ub_dirty[idx][w] |= (n == 64 ? ~0ull : ((1ull << n) - 1)) << b;
+    k += n;
+  }
 }
 void UbMarkAll(int idx) { UbMark(idx, 0, kUbBytes); }
 void UbRefill(int idx, uint8_t* ub) {  // every dirty chunk back to 0xff, in runs
