@@ -1759,7 +1759,7 @@ STRATA_EXPORT void PollHint(const char* op) {
   CoreState* c = Cur(op);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   AbortCheck(c, op);
-  if ((++c->poll_calls & 15u) == 0 && !CoreYield(false)) sched_yield();
+  if ((++c->poll_calls & 15u) == 0 && !SdmaHelp() && !CoreYield(false)) sched_yield();  // a poll is a wait too
 }
 
 STRATA_EXPORT void SyncAllCores(bool aiv_only) {
