@@ -830,6 +830,21 @@ def test_a_segment_someone_else_could_have_made_is_refused(lib, mode, uid):
 
 
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("threads", [None, "1"])
+def test_sdma_copies_land_while_the_core_waits(driver, tmp_path, threads):
+    """Rank 0's cores SDMA-put data and then a flag to rank 1 and wait for rank 1's acknowledgement
+    before quieting; rank 1 waits for the flag, copies what arrived, acknowledges. The copies must
+    complete without a quiet, as an engine's would: with 2 cores on 1 thread (STRATA_CPU_THREADS=1,
+    oversubscribed: the posts do not wake the engine thread) the waiting core runs them; by default
+    (a thread per core) the engine or the waiting core does. What rank 1 saw equals rank 0's data."""
+    C, n = 2, 256
+    env = {"STRATA_CPU_THREADS": threads} if threads else {}
+    run_driver(driver, tmp_path, "progress", C, n, env=env)
+    for launch in range(2):   # the second launch finds the engine threads asleep
+        got = np.fromfile(tmp_path / f"progress_got_{launch}.bin", dtype=np.float32)
+        assert np.array_equal(got, np.arange(C * n, dtype=np.float32)), launch
+
+
 # persistent workers: a process keeps its core and SDMA threads from launch to launch
 
 @pytest.mark.parametrize("threads", [None, 1, 3])

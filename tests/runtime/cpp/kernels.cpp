@@ -647,6 +647,52 @@ extern "C" int launch_fail(uint32_t blocks, uint8_t* buf, int32_t which) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// sdma_progress: rank 0's core c SDMA-puts its `n` floats of `src` and then a flag word (a second
+// post, behind the data in the same queue) to rank 1, and waits for rank 1's acknowledgement before
+// its quiet; rank 1's core c waits for that flag, copies what arrived to `got` (MTE, through UB)
+// and acknowledges. The copies must land while rank 0's core waits: nothing quiets them before the
+// acknowledgement, as an SDMA engine would (on oversubscribed CPUs the model runs them in the
+// waiting core's pauses; model.cpp SdmaHelp).
+extern "C" __global__ __aicore__ void sdma_progress_kernel(GM_ADDR src, GM_ADDR dst, GM_ADDR got, GM_ADDR flags,
+                                                           GM_ADDR one, uint32_t n) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  const int64_t c = GetBlockIdx(), C = GetBlockNum();
+  const int me = aclshmem_my_pe();
+  TPipe pipe;
+  TBuf<> data, scratch;
+  pipe.InitBuffer(data, Align32(n * sizeof(float)));
+  pipe.InitBuffer(scratch, 64);
+  LocalTensor<float> s = scratch.Get<float>();
+  int32_t* flag = reinterpret_cast<int32_t*>(flags) + c * 16;      // a line each
+  int32_t* ack = reinterpret_cast<int32_t*>(flags) + (C + c) * 16;
+  float* mine = reinterpret_cast<float*>(src) + c * n;
+  float* there = reinterpret_cast<float*>(dst) + c * n;
+  if (me == 0) {
+    aclshmemx_sdma_put_nbi(there, mine, s.GetPhyAddr(), 64, n, 1, EVENT_ID0);
+    aclshmemx_sdma_put_nbi(reinterpret_cast<float*>(flag), reinterpret_cast<float*>(one), s.GetPhyAddr(), 64, 1, 1,
+                           EVENT_ID0);
+    aclshmem_signal_wait_until(ack, ACLSHMEM_CMP_GE, 1);
+    aclshmemx_sdma_quiet(s.GetPhyAddr(), 64, EVENT_ID0);
+  } else if (me == 1) {
+    aclshmem_signal_wait_until(flag, ACLSHMEM_CMP_GE, 1);  // 1.0f's bits: > 0
+    LocalTensor<float> t = data.Get<float>();
+    GlobalTensor<float> a, b;
+    a.SetGlobalBuffer(there, n);
+    b.SetGlobalBuffer(reinterpret_cast<float*>(got) + c * n, n);
+    DataCopy(t, a, n);
+    SetFlag<HardEvent::MTE2_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE2_MTE3>(EVENT_ID0);
+    DataCopy(b, t, n);
+    aclshmemx_signal_op(ack, 1, ACLSHMEM_SIGNAL_SET, 0);
+  }
+}
+
+extern "C" int launch_sdma_progress(uint32_t blocks, uint8_t* src, uint8_t* dst, uint8_t* got, uint8_t* flags,
+                                    uint8_t* one, uint32_t n) {
+  return STRATA_CPU_LAUNCH(sdma_progress_kernel, blocks, src, dst, got, flags, one, n);
+}
+
+// ---------------------------------------------------------------------------------------------
 // ub_fresh: each core carves `carve` bytes of UB, copies them to its slice of `out` before
 // writing any (what the launch found in UB), then fills the first `dirty` bytes with zeros, so that
 // the next launch on the same cores would see them if UB were not refilled with 0xff.
