@@ -830,6 +830,21 @@ def test_a_segment_someone_else_could_have_made_is_refused(lib, mode, uid):
 
 
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("threads", [None, "1"])
+def test_sdma_copies_land_while_the_core_waits(driver, tmp_path, threads):
+    """Rank 0's cores SDMA-put data and then a flag to rank 1 and wait for rank 1's acknowledgement
+    before quieting; rank 1 waits for the flag, copies what arrived, acknowledges. The copies must
+    complete without a quiet, as an engine's would: with 2 cores on 1 thread (STRATA_CPU_THREADS=1,
+    oversubscribed: the posts do not wake the engine thread) the waiting core runs them; by default
+    (a thread per core) the engine or the waiting core does. What rank 1 saw equals rank 0's data."""
+    C, n = 2, 256
+    env = {"STRATA_CPU_THREADS": threads} if threads else {}
+    run_driver(driver, tmp_path, "progress", C, n, env=env)
+    for launch in range(2):   # the second launch finds the engine threads asleep
+        got = np.fromfile(tmp_path / f"progress_got_{launch}.bin", dtype=np.float32)
+        assert np.array_equal(got, np.arange(C * n, dtype=np.float32)), launch
+
+
 # persistent workers: a process keeps its core and SDMA threads from launch to launch
 
 @pytest.mark.parametrize("threads", [None, 1, 3])
@@ -960,6 +975,50 @@ def test_every_launch_finds_ub_filled_with_0xff(driver, libstratacpu, threads):
     steps = [l for l in proc.stdout.splitlines() if l.startswith("step ")]
     assert len(steps) == 7, proc.stdout
     assert all(" not_ff 0 []" in l for l in steps), steps
+
+
+UB_PATHS_CHILD = """
+import ctypes, os, sys
+model = ctypes.CDLL(sys.argv[1])
+kernels = ctypes.CDLL(sys.argv[2])
+model.strata_cpu_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int]
+model.aclshmem_calloc.restype = ctypes.c_void_p
+model.aclshmem_calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+kernels.launch_ub_paths.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
+                                    ctypes.c_uint32, ctypes.c_uint32]
+assert model.strata_cpu_init(0, 1, sys.argv[3].encode(), 8 << 20, 1) == 0
+how = int(sys.argv[4])
+full = 192 * 1024
+out = model.aclshmem_calloc(4 * full, 1)
+zeros = model.aclshmem_calloc(full, 1)
+# a first launch that writes nothing (the arenas' first fill), one that writes the first 40 KiB of a
+# 64 KiB carve by path `how`, then one that only reads what it finds
+for step, (carve, dirty) in enumerate([(65536, 0), (65536, 40960), (65536, 0)]):
+    ctypes.memset(out, 0, 4 * full)
+    assert kernels.launch_ub_paths(2, out, zeros, carve, dirty, how) == 0, step
+    seen = ctypes.string_at(out, 2 * carve)
+    bad = [i for i, b in enumerate(seen) if b != 0xFF]
+    print("step", step, "not_ff", len(bad), bad[:4], flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", range(9))
+def test_ub_written_by_any_path_is_refilled(driver, libstratacpu, how):
+    """A launch refills only the UB chunks written since the last refill (model.cpp g_ub_dirty), so
+    every way a kernel writes UB must be seen: Duplicate, DataCopy GM -> UB, Add, SetValue, a raw
+    store through GetPhyAddr, Cast, operator(), DataCopyPad, DataCopy UB -> UB. The launch after the
+    one that wrote finds 0xff everywhere."""
+    name = _name(f"ub_paths_{how}")
+    try:
+        proc = subprocess.run([sys.executable, "-c", UB_PATHS_CHILD, str(libstratacpu),
+                               str(driver.parent / "libtestkernels.so"), name.decode(), str(how)],
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        if os.path.exists("/dev/shm" + name.decode()):
+            os.unlink("/dev/shm" + name.decode())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = [l for l in proc.stdout.splitlines() if l.startswith("step ")]
+    assert steps == [f"step {i} not_ff 0 []" for i in range(3)], proc.stdout
 
 
 @pytest.mark.parametrize("how", ["exit", "finalize", "dlclose"])

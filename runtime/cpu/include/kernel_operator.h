@@ -216,10 +216,12 @@ template <class T> class LocalTensor {
   }
   void SetValue(uint32_t offset, T value) const {
     StrataCheck(offset, 1, "LocalTensor::SetValue", "tensor");
+    StrataWrote(offset, 1);
     ptr_[offset] = value;
   }
   T& operator()(uint32_t offset) const {
     StrataCheck(offset, 1, "LocalTensor::operator()", "tensor");
+    StrataWrote(offset, 1);
     return ptr_[offset];
   }
   uint32_t GetSize() const { return size_; }
@@ -236,8 +238,23 @@ template <class T> class LocalTensor {
     r.bad_ = bad_;
     return r;
   }
-  __ubuf__ T* GetPhyAddr() const { return ptr_; }
-  __ubuf__ T* GetPhyAddr(uint32_t offset) const { return ptr_ + offset; }
+  // A raw UB pointer may be written through: the model marks the tensor's whole buffer from here
+  // on as written (the next launch refills it with 0xff; see model.cpp g_ub_dirty).
+  __ubuf__ T* GetPhyAddr() const {
+    StrataWrote(0, cap_);
+    return ptr_;
+  }
+  __ubuf__ T* GetPhyAddr(uint32_t offset) const {
+    if (offset <= cap_) StrataWrote(offset, cap_ - offset);
+    return ptr_ + offset;
+  }
+
+  // Model internals: the address without marking it written (the ops mark what they write).
+  T* StrataPtr() const { return ptr_; }
+  // Model internals: `count` elements from `first` may have been written (UB refill bookkeeping).
+  void StrataWrote(uint64_t first, uint64_t count) const {
+    if (ptr_ != nullptr && count > 0) ::strata_cpu::UbWrote(ptr_ + first, count * sizeof(T));
+  }
 
   // Model internals: `count` elements from `first` lie inside the tensor's buffer.
   void StrataCheck(uint64_t first, uint64_t count, const char* op, const char* role) const {
@@ -297,10 +314,10 @@ class StrataQueBase {
   }
   template <class T> bool EnQue(const LocalTensor<T>& tensor) {
     Ready("TQue::EnQue");
-    int i = IndexOf(tensor.GetPhyAddr(), "TQue::EnQue");
+    int i = IndexOf(tensor.StrataPtr(), "TQue::EnQue");
     if (count_ == kMaxBuffers) ::strata_cpu::Fail("TQue::EnQue: queue overflow");
     uint32_t slot = (head_ + count_) % kMaxBuffers;
-    fifo_ptr_[slot] = reinterpret_cast<uint8_t*>(tensor.GetPhyAddr());
+    fifo_ptr_[slot] = reinterpret_cast<uint8_t*>(tensor.StrataPtr());
     fifo_bytes_[slot] = tensor.GetLength();
     fifo_idx_[slot] = i;
     if (fwd_ev_ >= 0) {
@@ -327,7 +344,7 @@ class StrataQueBase {
   }
   template <class T> void FreeTensor(const LocalTensor<T>& tensor) {
     Ready("TQue::FreeTensor");
-    int i = IndexOf(tensor.GetPhyAddr(), "TQue::FreeTensor");
+    int i = IndexOf(tensor.StrataPtr(), "TQue::FreeTensor");
     if (!allocated_[i]) ::strata_cpu::Fail("TQue::FreeTensor: buffer %d of the queue is not allocated (double free)", i);
     allocated_[i] = false;
     if (rev_ev_ >= 0) {
@@ -540,9 +557,9 @@ template <class T> inline void DataCopy(const LocalTensor<T>& dst, const GlobalT
   detail::CheckCopyLen(bytes, "DataCopy");
   if (count == 0) return;
   dst.StrataCheck(0, count, "DataCopy", "dst");
-  detail::CheckUbAligned(dst.GetPhyAddr(), "DataCopy");
+  detail::CheckUbAligned(dst.StrataPtr(), "DataCopy");
   src.StrataCheck(0, count, "DataCopy");
-  ::strata_cpu::CopyGmToUb(dst.GetPhyAddr(), src.GetPhyAddr(), bytes, "DataCopy");
+  ::strata_cpu::CopyGmToUb(dst.StrataPtr(), src.GetPhyAddr(), bytes, "DataCopy");
 }
 // UB -> GM (MTE3); honours SetAtomicAdd/Max/Min.
 template <class T> inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const uint32_t count) {
@@ -550,9 +567,9 @@ template <class T> inline void DataCopy(const GlobalTensor<T>& dst, const LocalT
   detail::CheckCopyLen(bytes, "DataCopy");
   if (count == 0) return;
   src.StrataCheck(0, count, "DataCopy", "src");
-  detail::CheckUbAligned(src.GetPhyAddr(), "DataCopy");
+  detail::CheckUbAligned(src.StrataPtr(), "DataCopy");
   dst.StrataCheck(0, count, "DataCopy");
-  ::strata_cpu::CopyUbToGm(dst.GetPhyAddr(), src.GetPhyAddr(), bytes, detail::DTypeOf<T>(), "DataCopy");
+  ::strata_cpu::CopyUbToGm(dst.GetPhyAddr(), src.StrataPtr(), bytes, detail::DTypeOf<T>(), "DataCopy");
 }
 // UB -> UB
 template <class T> inline void DataCopy(const LocalTensor<T>& dst, const LocalTensor<T>& src, const uint32_t count) {
@@ -561,9 +578,10 @@ template <class T> inline void DataCopy(const LocalTensor<T>& dst, const LocalTe
   if (count == 0) return;
   dst.StrataCheck(0, count, "DataCopy", "dst");
   src.StrataCheck(0, count, "DataCopy", "src");
-  detail::CheckUbAligned(dst.GetPhyAddr(), "DataCopy");
-  detail::CheckUbAligned(src.GetPhyAddr(), "DataCopy");
-  std::memmove(dst.GetPhyAddr(), src.GetPhyAddr(), bytes);
+  detail::CheckUbAligned(dst.StrataPtr(), "DataCopy");
+  detail::CheckUbAligned(src.StrataPtr(), "DataCopy");
+  dst.StrataWrote(0, count);
+  std::memmove(dst.StrataPtr(), src.StrataPtr(), bytes);
 }
 // Block forms (blockLen in 32-byte blocks); blockCount == 1 only.
 template <class T> inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyParams& p) {
@@ -592,9 +610,10 @@ inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, c
   uint64_t left = pad.leftPadding;
   uint64_t ub_bytes = (left * sizeof(T) + p.blockLen + uint64_t(pad.rightPadding) * sizeof(T) + 31) & ~uint64_t(31);
   dst.StrataCheck(0, ub_bytes / sizeof(T), "DataCopyPad", "dst");
-  detail::CheckUbAligned(dst.GetPhyAddr(), "DataCopyPad");
+  detail::CheckUbAligned(dst.StrataPtr(), "DataCopyPad");
   src.StrataCheck(0, n, "DataCopyPad");
-  T* d = dst.GetPhyAddr();
+  T* d = dst.StrataPtr();
+  dst.StrataWrote(0, ub_bytes / sizeof(T));
   ::strata_cpu::CopyGmToUb(d + left, src.GetPhyAddr(), p.blockLen, "DataCopyPad");
   if (pad.isPad) {
     for (uint64_t i = 0; i < left; ++i) d[i] = pad.paddingValue;
@@ -611,9 +630,9 @@ inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, c
                        (unsigned)sizeof(T));
   uint64_t n = p.blockLen / sizeof(T);
   src.StrataCheck(0, n, "DataCopyPad", "src");
-  detail::CheckUbAligned(src.GetPhyAddr(), "DataCopyPad");
+  detail::CheckUbAligned(src.StrataPtr(), "DataCopyPad");
   dst.StrataCheck(0, n, "DataCopyPad");
-  ::strata_cpu::CopyUbToGm(dst.GetPhyAddr(), src.GetPhyAddr(), p.blockLen, detail::DTypeOf<T>(), "DataCopyPad");
+  ::strata_cpu::CopyUbToGm(dst.GetPhyAddr(), src.StrataPtr(), p.blockLen, detail::DTypeOf<T>(), "DataCopyPad");
 }
 
 // ---- Vector arithmetic ----
@@ -650,6 +669,21 @@ template <class T> inline T VMin(T a, T b) {
   if constexpr (IsF16<T>::value || IsBf16<T>::value) return static_cast<float>(a) <= static_cast<float>(b) ? a : b;
   else return a <= b ? a : b;
 }
+// The element loops of the vector ops run in blocks of VecBlock<T>::n elements (128 bytes), each
+// block a loop of known trip count without loop-carried dependences (ivdep) that g++ -O2
+// vectorises (it leaves element loops of unknown count and possibly aliasing operands scalar).
+// Only a speed matter: every check stays per call (count, UB bounds of each operand) and the
+// results are those of the element loop, which the ops still use for the tail and for operands
+// that overlap only partially (dst == src, the in-place case, or disjoint ranges take the blocks:
+// element k of dst depends on element k of the sources only).
+template <class T> struct VecBlock {
+  static constexpr int32_t n = static_cast<int32_t>(128 / sizeof(T)) > 0 ? static_cast<int32_t>(128 / sizeof(T)) : 1;
+};
+template <class T> inline bool BlockSafe(const T* d, const T* a, int32_t count) {
+  const uintptr_t x = reinterpret_cast<uintptr_t>(d), y = reinterpret_cast<uintptr_t>(a);
+  const uintptr_t bytes = static_cast<uintptr_t>(count) * sizeof(T);
+  return x == y || x + bytes <= y || y + bytes <= x;
+}
 inline void CheckCount(int64_t count, const char* op) {
   if (count < 0) ::strata_cpu::Fail("%s: negative count %lld", op, (long long)count);
 }
@@ -661,10 +695,21 @@ inline void Binary(const LocalTensor<T>& dst, const LocalTensor<T>& s0, const Lo
   dst.StrataCheck(0, count, op, "dst");
   s0.StrataCheck(0, count, op, "src0");
   s1.StrataCheck(0, count, op, "src1");
-  T* d = dst.GetPhyAddr();
-  const T* a = s0.GetPhyAddr();
-  const T* b = s1.GetPhyAddr();
-  for (int32_t i = 0; i < count; ++i) d[i] = f(a[i], b[i]);
+  dst.StrataWrote(0, count);
+  T* d = dst.StrataPtr();
+  const T* a = s0.StrataPtr();
+  const T* b = s1.StrataPtr();
+  int32_t i = 0;
+  if (BlockSafe(d, a, count) && BlockSafe(d, b, count)) {
+    for (; i + VecBlock<T>::n <= count; i += VecBlock<T>::n) {
+      T* dd = d + i;
+      const T* aa = a + i;
+      const T* bb = b + i;
+#pragma GCC ivdep
+      for (int32_t k = 0; k < VecBlock<T>::n; ++k) dd[k] = f(aa[k], bb[k]);
+    }
+  }
+  for (; i < count; ++i) d[i] = f(a[i], b[i]);
 }
 template <class T, class F>
 inline void Scalar(const LocalTensor<T>& dst, const LocalTensor<T>& src, T s, int32_t count, const char* op, F f) {
@@ -672,9 +717,19 @@ inline void Scalar(const LocalTensor<T>& dst, const LocalTensor<T>& src, T s, in
   if (count == 0) return;
   dst.StrataCheck(0, count, op, "dst");
   src.StrataCheck(0, count, op, "src");
-  T* d = dst.GetPhyAddr();
-  const T* a = src.GetPhyAddr();
-  for (int32_t i = 0; i < count; ++i) d[i] = f(a[i], s);
+  dst.StrataWrote(0, count);
+  T* d = dst.StrataPtr();
+  const T* a = src.StrataPtr();
+  int32_t i = 0;
+  if (BlockSafe(d, a, count)) {
+    for (; i + VecBlock<T>::n <= count; i += VecBlock<T>::n) {
+      T* dd = d + i;
+      const T* aa = a + i;
+#pragma GCC ivdep
+      for (int32_t k = 0; k < VecBlock<T>::n; ++k) dd[k] = f(aa[k], s);
+    }
+  }
+  for (; i < count; ++i) d[i] = f(a[i], s);
 }
 }  // namespace detail
 
@@ -699,53 +754,53 @@ template <class T> struct A2Dup : OneOf<T, int16_t, uint16_t, half, bfloat16_t, 
 template <class T>
 inline void Add(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count) {
   STRATA_A2_ARITH_TYPES("Add", T);
-  detail::Binary(dst, src0, src1, count, "Add", detail::VAdd<T>);
+  detail::Binary(dst, src0, src1, count, "Add", [](T x, T y) { return detail::VAdd<T>(x, y); });
 }
 template <class T>
 inline void Sub(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count) {
   STRATA_A2_ARITH_TYPES("Sub", T);
-  detail::Binary(dst, src0, src1, count, "Sub", detail::VSub<T>);
+  detail::Binary(dst, src0, src1, count, "Sub", [](T x, T y) { return detail::VSub<T>(x, y); });
 }
 template <class T>
 inline void Mul(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count) {
   STRATA_A2_ARITH_TYPES("Mul", T);
-  detail::Binary(dst, src0, src1, count, "Mul", detail::VMul<T>);
+  detail::Binary(dst, src0, src1, count, "Mul", [](T x, T y) { return detail::VMul<T>(x, y); });
 }
 template <class T>
 inline void Div(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count) {
   static_assert(detail::A2Div<T>::value,
                 "AscendC::Div on A2/A3 takes half, float only (asc-devkit docs Div.md)");
-  detail::Binary(dst, src0, src1, count, "Div", detail::VDiv<T>);
+  detail::Binary(dst, src0, src1, count, "Div", [](T x, T y) { return detail::VDiv<T>(x, y); });
 }
 template <class T>
 inline void Max(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count) {
   STRATA_A2_ARITH_TYPES("Max", T);
-  detail::Binary(dst, src0, src1, count, "Max", detail::VMax<T>);
+  detail::Binary(dst, src0, src1, count, "Max", [](T x, T y) { return detail::VMax<T>(x, y); });
 }
 template <class T>
 inline void Min(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count) {
   STRATA_A2_ARITH_TYPES("Min", T);
-  detail::Binary(dst, src0, src1, count, "Min", detail::VMin<T>);
+  detail::Binary(dst, src0, src1, count, "Min", [](T x, T y) { return detail::VMin<T>(x, y); });
 }
 template <class T>
 inline void Adds(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue, const int32_t& count) {
   STRATA_A2_ARITH_TYPES("Adds", T);
-  detail::Scalar(dst, src, scalarValue, count, "Adds", detail::VAdd<T>);
+  detail::Scalar(dst, src, scalarValue, count, "Adds", [](T x, T y) { return detail::VAdd<T>(x, y); });
 }
 template <class T>
 inline void Muls(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue, const int32_t& count) {
   STRATA_A2_ARITH_TYPES("Muls", T);
-  detail::Scalar(dst, src, scalarValue, count, "Muls", detail::VMul<T>);
+  detail::Scalar(dst, src, scalarValue, count, "Muls", [](T x, T y) { return detail::VMul<T>(x, y); });
 }
 template <class T>
 inline void Maxs(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue, const int32_t& count) {
   STRATA_A2_ARITH_TYPES("Maxs", T);
-  detail::Scalar(dst, src, scalarValue, count, "Maxs", detail::VMax<T>);
+  detail::Scalar(dst, src, scalarValue, count, "Maxs", [](T x, T y) { return detail::VMax<T>(x, y); });
 }
 template <class T>
 inline void Mins(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue, const int32_t& count) {
   STRATA_A2_ARITH_TYPES("Mins", T);
-  detail::Scalar(dst, src, scalarValue, count, "Mins", detail::VMin<T>);
+  detail::Scalar(dst, src, scalarValue, count, "Mins", [](T x, T y) { return detail::VMin<T>(x, y); });
 }
 #undef STRATA_A2_ARITH_TYPES
 template <class T> inline void Duplicate(const LocalTensor<T>& dst, const T& scalarValue, const int32_t& count) {
@@ -755,7 +810,8 @@ template <class T> inline void Duplicate(const LocalTensor<T>& dst, const T& sca
   detail::CheckCount(count, "Duplicate");
   if (count == 0) return;
   dst.StrataCheck(0, count, "Duplicate", "dst");
-  T* d = dst.GetPhyAddr();
+  dst.StrataWrote(0, count);
+  T* d = dst.StrataPtr();
   for (int32_t i = 0; i < count; ++i) d[i] = scalarValue;
 }
 
@@ -959,8 +1015,8 @@ inline void CastRun(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundM
   if (count == 0) return;
   dst.StrataCheck(0, count, "Cast", "dst");
   src.StrataCheck(0, count, "Cast", "src");
-  D* d = dst.GetPhyAddr();
-  const S* s = src.GetPhyAddr();
+  D* d = dst.StrataPtr();
+  const S* s = src.StrataPtr();
   if constexpr (sizeof(D) > sizeof(S)) {
     const uint8_t* d0 = reinterpret_cast<const uint8_t*>(d);
     const uint8_t* s0 = reinterpret_cast<const uint8_t*>(s);
@@ -972,6 +1028,7 @@ inline void CastRun(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundM
                          (unsigned long long)(uint64_t(count) * sizeof(D)), (long long)::strata_cpu::UbOffset(s),
                          (unsigned long long)(uint64_t(count) * sizeof(S)));
   }
+  dst.StrataWrote(0, count);
   for (uint32_t i = 0; i < count; ++i) d[i] = CastOne<D, S>(s[i], roundMode);
 }
 }  // namespace detail

@@ -129,6 +129,8 @@ int64_t BlockNum();
 void DeclareKernelType(int type);       // KERNEL_TASK_TYPE_DEFAULT
 uint8_t* UbBase();                      // the calling core's UB arena (kUbBytes bytes)
 uint8_t* UbCarve(uint64_t end);         // the same, for buffers within [0, end) of it (TPipe)
+void UbWrote(const void* p, uint64_t bytes);   // bytes from p of the calling core's UB may not be 0xff
+                                               // any more: the next launch refills them
 int64_t UbOffset(const void* p);        // offset of p in the calling core's arena, or -1
 [[noreturn]] void FailUb(const char* op, const char* role, const void* p, uint64_t bytes,
                          uint64_t cap_bytes);

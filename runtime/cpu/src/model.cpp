@@ -469,6 +469,7 @@ struct SdmaJob {
   uint64_t bytes;
   int core;
   uint32_t delay_us;  // STRATA_CPU_SDMA_DELAY_US of the launch: makes every copy slow, to expose missing quiets
+  bool wake;          // the engine thread is woken for it (see SdmaPost)
 };
 
 // One core's SDMA queue: a persistent copy engine thread, started the first time the core posts a
@@ -483,31 +484,48 @@ struct SdmaEngine {
   bool stop = false;
   std::thread worker;
 
+  // Copies the job at the head of the queue (the caller holds lk, the engine is not busy); returns
+  // with lk held. The queue is served in order, one copy at a time, by whoever takes its head: the
+  // engine thread, or the core's quiet (TakeOne), so two copies of one queue never overlap.
+  void CopyHead(std::unique_lock<std::mutex>& lk, bool quiet) {
+    SdmaJob job = queue.front();
+    queue.pop_front();
+    busy = true;
+    lk.unlock();
+    double t0 = Tracing() ? Now() : 0;
+    if (job.delay_us) usleep(job.delay_us);
+    std::memmove(job.dst, job.src, job.bytes);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (t0 > 0)
+      TraceAdd(kSdmaTid + job.core, t0, Now(), quiet ? "sdma copy (run by the quiet)" : "sdma copy", "sdma",
+               Sprintf("\"bytes\": %llu, \"from_rank\": %d, \"to_rank\": %d", (unsigned long long)job.bytes,
+                       OwnerOf(job.src), OwnerOf(job.dst)));
+    lk.lock();
+    busy = false;
+    ++done;
+    cv_done.notify_all();
+    if (!queue.empty() && queue.front().wake) cv_work.notify_one();
+    lk.unlock();
+    Notify();  // a quiet polling for this copy
+    lk.lock();
+  }
   void Run() {
     std::unique_lock<std::mutex> lk(mu);
     for (;;) {
-      cv_work.wait(lk, [&] { return stop || !queue.empty(); });
+      cv_work.wait(lk, [&] { return stop || (!queue.empty() && !busy); });
       if (stop) return;  // only when the process tears its workers down (no launch running)
-      SdmaJob job = queue.front();
-      queue.pop_front();
-      busy = true;
-      lk.unlock();
-      double t0 = Tracing() ? Now() : 0;
-      if (job.delay_us) usleep(job.delay_us);
-      std::memmove(job.dst, job.src, job.bytes);
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (t0 > 0)
-        TraceAdd(kSdmaTid + job.core, t0, Now(), "sdma copy", "sdma",
-                 Sprintf("\"bytes\": %llu, \"from_rank\": %d, \"to_rank\": %d", (unsigned long long)job.bytes,
-                         OwnerOf(job.src), OwnerOf(job.dst)));
-      lk.lock();
-      busy = false;
-      ++done;
-      cv_done.notify_all();
-      lk.unlock();
-      Notify();  // a quiet polling for this copy
-      lk.lock();
+      CopyHead(lk, false);
     }
+  }
+  // A quiet whose copies the engine has not started yet runs the next one itself (on the core's
+  // thread) instead of waiting for the engine thread to be scheduled: the copy still happens after
+  // its post and before the quiet returns, in queue order, never beside another copy of the queue;
+  // only which thread moves the bytes changes. Returns whether it ran one.
+  bool TakeOne() {
+    std::unique_lock<std::mutex> lk(mu);
+    if (busy || queue.empty()) return false;
+    CopyHead(lk, true);
+    return true;
   }
   // End of a launch: drops the copies still queued (their core failed or returned without a
   // quiet), waits for the one in progress and leaves the queue empty with done == posted.
@@ -695,6 +713,7 @@ bool CoreYield(bool waiting) {
 
 // A core waiting for an event: other cores of its thread run meanwhile; when it is alone on its
 // thread, the thread idles (yields, then sleeps until a Notify).
+bool SdmaHelp();  // below: the waiting core runs the next copy of its own SDMA queue
 struct CoreWaiter {
   Idler idle;
   explicit CoreWaiter(const Launch* L) {
@@ -704,17 +723,56 @@ struct CoreWaiter {
     }
   }
   void Pause() {
+    if (SdmaHelp()) return;  // a copy of this core's queue ran: the caller re-checks its condition
     if (!CoreYield(true)) idle.Idle();
   }
 };
 
 std::mutex g_arena_mu;
 uint8_t* g_arenas[STRATA_MAX_CORES] = {};
-// Bytes [0, g_ub_used[i]) of core i's arena may differ from 0xff: what its launches handed out
-// (UbCarve: TPipe's buffers; UbBase: the whole UB). A launch refills only those, so every launch
-// still starts with a UB of 0xff (the arena is filled whole when allocated), at the cost of what
-// the previous launches used rather than 192 KiB every time. Only core i touches it.
-uint64_t g_ub_used[STRATA_MAX_CORES] = {};
+// The 256-byte chunks of core i's arena that may differ from 0xff: those some write reached since
+// the last refill (UbWrote: DataCopy/DataCopyPad into UB, the vector ops' and Cast's dst,
+// LocalTensor::SetValue and operator(); and, since the model cannot see what a kernel does with a
+// raw UB pointer, the whole buffer behind every LocalTensor::GetPhyAddr, and the whole UB after
+// UbBase). A launch refills only those, so every launch still starts with a UB of 0xff (the arena
+// is filled whole when allocated), at the cost of what the previous launches wrote rather than
+// what they carved (a reduction that uses 32 KiB of each 48 KiB tile refills 32 KiB). Only core i
+// touches its bits.
+constexpr uint64_t kUbChunk = 256;
+constexpr int kUbChunkWords = int((kUbBytes / kUbChunk + 63) / 64);
+static_assert(kUbBytes % kUbChunk == 0, "UB chunks");
+uint64_t g_ub_dirty[STRATA_MAX_CORES][kUbChunkWords] = {};
+void UbMark(int idx, uint64_t lo, uint64_t hi) {  // bytes [lo, hi) of the arena, hi <= kUbBytes
+  if (hi <= lo) return;
+  uint64_t k = lo / kUbChunk;
+  const uint64_t e = (hi + kUbChunk - 1) / kUbChunk;  // chunks [k, e), a word at a time
+  while (k < e) {
+    const uint64_t w = k / 64, b = k % 64, n = std::min<uint64_t>(64 - b, e - k);
+    g_ub_dirty[idx][w] |= (n == 64 ? ~0ull : ((1ull << n) - 1)) << b;
+    k += n;
+  }
+}
+void UbMarkAll(int idx) { UbMark(idx, 0, kUbBytes); }
+void UbRefill(int idx, uint8_t* ub) {  // every dirty chunk back to 0xff, in runs
+  uint64_t* w = g_ub_dirty[idx];
+  uint64_t k = 0;
+  const uint64_t n = kUbBytes / kUbChunk;
+  while (k < n) {
+    if (w[k / 64] == 0 && k % 64 == 0) {
+      k += 64;
+      continue;
+    }
+    if (!((w[k / 64] >> (k % 64)) & 1)) {
+      ++k;
+      continue;
+    }
+    uint64_t e = k;
+    while (e < n && ((w[e / 64] >> (e % 64)) & 1)) ++e;
+    std::memset(ub + k * kUbChunk, 0xff, (e - k) * kUbChunk);
+    k = e;
+  }
+  std::memset(w, 0, sizeof(g_ub_dirty[idx]));
+}
 
 // ---- the scalar data cache of each vector core ----
 // GlobalTensor::GetValue/SetValue go through a private, non-coherent, write-back cache of 64-byte
@@ -932,6 +990,15 @@ SdmaEngine* Engine(CoreState* c) {
   return e;
 }
 
+// A core about to pause in a wait (flag, SyncAll, quiet) runs the next copy of its own SDMA queue
+// if the engine has not started it (SdmaEngine::TakeOne); true if it ran one.
+bool SdmaHelp() {
+  CoreState* c = t_core;
+  if (!c) return false;
+  SdmaEngine* e = g_workers->sdma[c->idx];
+  return e && e->TakeOne();
+}
+
 // ---- scalar data cache (see g_dcache) ----
 void LineRead(uintptr_t line, uint8_t* out) {  // tearing-free per 8 bytes (lines are 64-aligned)
   const uint64_t* src = reinterpret_cast<const uint64_t*>(line);
@@ -1012,9 +1079,8 @@ void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
   cs.launch = L;
   cs.idx = idx;
   cs.ub = g_arenas[idx];
-  // UB starts as garbage: NaN for floats, -1 for integers (see g_ub_used)
-  std::memset(cs.ub, 0xff, g_ub_used[idx]);
-  g_ub_used[idx] = 0;
+  // UB starts as garbage: NaN for floats, -1 for integers (see g_ub_dirty)
+  UbRefill(idx, cs.ub);
   t_core = &cs;
   bool normal = false;
   bool traced = Tracing();
@@ -1302,7 +1368,7 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
       if (!g_arenas[i]) {
         g_arenas[i] = static_cast<uint8_t*>(aligned_alloc(64, kUbBytes));
         if (!g_arenas[i]) return Error("LaunchBlocks: out of memory for UB arenas");
-        g_ub_used[i] = kUbBytes;  // filled by its first launch
+        UbMarkAll(int(i));  // filled by its first launch
       }
     }
     if (int(blocks) > T) {
@@ -1378,13 +1444,21 @@ STRATA_EXPORT void DeclareKernelType(int type) {
 
 STRATA_EXPORT uint8_t* UbBase() {
   CoreState* c = Cur("UB access");
-  g_ub_used[c->idx] = kUbBytes;  // any byte may be written
+  UbMarkAll(c->idx);  // any byte may be written
   return c->ub;
 }
 STRATA_EXPORT uint8_t* UbCarve(uint64_t end) {
   CoreState* c = Cur("TPipe::InitBuffer");
-  g_ub_used[c->idx] = std::max<uint64_t>(g_ub_used[c->idx], std::min<uint64_t>(end, kUbBytes));
+  (void)end;  // carving writes nothing: the writes into its buffers are marked (UbWrote)
   return c->ub;
+}
+STRATA_EXPORT void UbWrote(const void* p, uint64_t bytes) {
+  CoreState* c = t_core;
+  if (!c || !c->ub) return;
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  if (b < c->ub || b >= c->ub + kUbBytes) return;  // not this core's arena (a bounds check fails it)
+  const uint64_t lo = uint64_t(b - c->ub);
+  UbMark(c->idx, lo, lo + std::min<uint64_t>(bytes, kUbBytes - lo));
 }
 
 STRATA_EXPORT int64_t UbOffset(const void* p) {
@@ -1412,6 +1486,7 @@ STRATA_EXPORT void CopyGmToUb(void* ub, const void* gm, uint64_t bytes, const ch
   CoreState* c = Cur(op);
   AbortCheck(c, op);
   CheckGmImpl(gm, bytes, op);
+  UbWrote(ub, bytes);
   std::memcpy(ub, gm, bytes);
   Count(c->idx, STRATA_CTR_MTE_IN, bytes);
   if (OwnerOf(gm) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_READ, bytes);
@@ -1730,7 +1805,7 @@ STRATA_EXPORT void PollHint(const char* op) {
   CoreState* c = Cur(op);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   AbortCheck(c, op);
-  if ((++c->poll_calls & 15u) == 0 && !CoreYield(false)) sched_yield();
+  if ((++c->poll_calls & 15u) == 0 && !SdmaHelp() && !CoreYield(false)) sched_yield();  // a poll is a wait too
 }
 
 STRATA_EXPORT void SyncAllCores(bool aiv_only) {
@@ -2025,11 +2100,16 @@ STRATA_EXPORT void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes
     for (uint64_t k = 0; k < sqes; ++k) {
       uint64_t off = k * STRATA_SDMA_SQE_BYTES, n = std::min<uint64_t>(STRATA_SDMA_SQE_BYTES, bytes - off);
       e->queue.push_back(SdmaJob{static_cast<uint8_t*>(d) + off, static_cast<const uint8_t*>(s) + off, n, c->idx,
-                                 c->launch->sdma_delay_us});
+                                 c->launch->sdma_delay_us, c->launch->spin});
       ++e->posted;
     }
   }
-  e->cv_work.notify_one();
+  // With a CPU for every thread of every rank (Launch::spin) the engine thread starts at once and
+  // the copy overlaps what the core does next. Otherwise the CPUs are oversubscribed: waking a
+  // thread per post costs a context switch (and a time slice when it preempts a core), so the
+  // copies wait in the queue for the core's next wait or quiet, which runs them (SdmaHelp): still
+  // after the post, in queue order, before the quiet returns, as an engine may.
+  if (c->launch->spin) e->cv_work.notify_one();
   ++c->sdma_unquieted;
 }
 
@@ -2072,6 +2152,7 @@ STRATA_EXPORT void SdmaQuiet(const void* ub_buf, uint32_t ub_size, const char* o
       }
       if (left == 0) break;
       AbortCheck(c, op);
+      if (e->TakeOne()) continue;  // the engine had not started it: the quiet runs it
       double now = Now();
       if (deadline < 0) deadline = now + c->launch->timeout;
       if (now > deadline)

@@ -7,6 +7,9 @@ the public API (Communicator.from_store, comm.load) and, per schedule, after war
 
 * times `iters` back-to-back calls (perf_counter around the whole call) and, inside each, the
   launcher's cffi call (the generated `strata_launch_*`, wrapped): python = call - launch;
+  and the rank process's CPU time over those calls (time.process_time: every thread of it, the
+  core workers and SDMA engine threads included), per call: what a call costs the machine's CPUs
+  whatever the load, where the wall times move with other processes;
 * profiles the Python side with cProfile over the same number of calls (the top functions by own
   time), so that the argument checks, the proof lookup and the cffi argument conversion show;
 * traces `traced` more calls with the CPU model's trace (CLOCK_MONOTONIC, like time.monotonic)
@@ -106,10 +109,12 @@ def rank_main(spec: dict) -> None:
         comm.barrier()
         launch_times.clear()
         calls = []
+        cpu0 = time.process_time()   # every thread of the rank: caller, core workers, SDMA engines
         for _ in range(spec["iters"]):
             t0 = time.monotonic()
             fn(**args, **kw)
             calls.append(time.monotonic() - t0)
+        cpu_per_call = (time.process_time() - cpu0) / max(1, spec["iters"])
         launches = [b - a for a, b in launch_times]
         comm.barrier()
         # cProfile of the same calls (its own overhead inflates them: read the split, not the sum)
@@ -140,6 +145,7 @@ def rank_main(spec: dict) -> None:
         tb = {k: _median([t[k] for t in traces]) for k in keys}
         out.append({"schedule": name, "rank": rank, "count": count,
                     "call_us": _median(calls) * 1e6, "launch_us": _median(launches) * 1e6,
+                    "cpu_us": cpu_per_call * 1e6,
                     "python_us": _median([c - lt for c, lt in zip(calls, launches)]) * 1e6,
                     "trace": tb,
                     "cprofile": [{"own_s_per_call": t / spec["iters"], "func": f, "calls_per_call":
@@ -204,7 +210,8 @@ def main(argv=None) -> int:
         t = r["trace"]
         print(f"# {r['schedule']} rank {r['rank']}: world {a.world}, {a.size} B {a.dtype}, "
               f"cores {t.get('cores')}, median of {a.iters} calls ({a.traced} traced)")
-        print(f"  call {r['call_us']:9.1f} us = python {r['python_us']:8.1f} + launch {r['launch_us']:8.1f}")
+        print(f"  call {r['call_us']:9.1f} us = python {r['python_us']:8.1f} + launch {r['launch_us']:8.1f}"
+              f"  (CPU time of the rank process per call, all its threads: {r['cpu_us']:.1f} us)")
         if t:
             print(f"  launch (traced): handoff {t['handoff_us']:8.1f} (last core starts at "
                   f"{t['last_start_us']:.1f})  first core start->last core end "

@@ -6,7 +6,7 @@
 //   driver syncall OUT_DIR C ROUNDS      driver numeric OUT_DIR N   (reads OUT_DIR/numeric_in.bin)
 //   driver fail OUT_DIR CASE W C TIMEOUT
 //   driver reuse OUT_DIR W N             driver relaunch OUT_DIR
-//   driver stale_host OUT_DIR
+//   driver stale_host OUT_DIR          driver progress OUT_DIR C N
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +29,7 @@ int launch_atomic(uint32_t, uint8_t*, uint8_t*, uint8_t*, uint32_t, uint32_t);
 int launch_syncall(uint32_t, uint8_t*, uint8_t*, uint32_t);
 int launch_numeric(uint8_t*, uint8_t*, uint32_t);
 int launch_fail(uint32_t, uint8_t*, int32_t);
+int launch_sdma_progress(uint32_t, uint8_t*, uint8_t*, uint8_t*, uint8_t*, uint8_t*, uint32_t);
 }
 
 static std::string g_out;
@@ -129,6 +130,31 @@ static int Exchange(int W, int C, uint32_t n) {
     Dump(std::string("exchange_flags_") + std::to_string(r) + ".bin", flags, C * 64);
     printf("rank %d: heap_used %llu\n", r, (unsigned long long)strata_cpu_heap_used());
     PrintCounters(r);
+    return 0;
+  });
+}
+
+static int Progress(int C, uint32_t n) {
+  return RunRanks(2, kHeap, 10.0, [&](int r) {
+    uint8_t* src = Alloc(r, C * n * 4);
+    uint8_t* dst = Alloc(r, C * n * 4);
+    uint8_t* got = Alloc(r, C * n * 4);
+    uint8_t* flags = Alloc(r, 2 * C * 64);
+    uint8_t* one = Alloc(r, 64);
+    float* s = reinterpret_cast<float*>(src);
+    for (uint32_t i = 0; i < C * n; ++i) s[i] = float(r * 1000000 + int(i));
+    *reinterpret_cast<float*>(one) = 1.0f;
+    // twice: the first launch starts the SDMA engine threads (one finds its copy queued already);
+    // the second finds them asleep
+    for (int round = 0; round < 2; ++round) {
+      memset(dst, 0, C * n * 4);
+      memset(got, 0, C * n * 4);
+      memset(flags, 0, 2 * C * 64);
+      if (strata_cpu_barrier() != 0) Die(r, "barrier");
+      if (launch_sdma_progress(C, src, dst, got, flags, one, n) != 0) Die(r, "launch_sdma_progress");
+      if (strata_cpu_barrier() != 0) Die(r, "barrier");
+      if (r == 1) Dump("progress_got_" + std::to_string(round) + ".bin", got, C * n * 4);
+    }
     return 0;
   });
 }
@@ -348,6 +374,7 @@ int main(int argc, char** argv) {
   if (what == "reuse") return Reuse(int(arg(3)), uint32_t(arg(4)));
   if (what == "relaunch") return Relaunch();
   if (what == "stale_host") return StaleHost();
+  if (what == "progress") return Progress(int(arg(3)), uint32_t(arg(4)));
   fprintf(stderr, "unknown scenario %s\n", what.c_str());
   return 1;
 }

@@ -647,6 +647,52 @@ extern "C" int launch_fail(uint32_t blocks, uint8_t* buf, int32_t which) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// sdma_progress: rank 0's core c SDMA-puts its `n` floats of `src` and then a flag word (a second
+// post, behind the data in the same queue) to rank 1, and waits for rank 1's acknowledgement before
+// its quiet; rank 1's core c waits for that flag, copies what arrived to `got` (MTE, through UB)
+// and acknowledges. The copies must land while rank 0's core waits: nothing quiets them before the
+// acknowledgement, as an SDMA engine would (on oversubscribed CPUs the model runs them in the
+// waiting core's pauses; model.cpp SdmaHelp).
+extern "C" __global__ __aicore__ void sdma_progress_kernel(GM_ADDR src, GM_ADDR dst, GM_ADDR got, GM_ADDR flags,
+                                                           GM_ADDR one, uint32_t n) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  const int64_t c = GetBlockIdx(), C = GetBlockNum();
+  const int me = aclshmem_my_pe();
+  TPipe pipe;
+  TBuf<> data, scratch;
+  pipe.InitBuffer(data, Align32(n * sizeof(float)));
+  pipe.InitBuffer(scratch, 64);
+  LocalTensor<float> s = scratch.Get<float>();
+  int32_t* flag = reinterpret_cast<int32_t*>(flags) + c * 16;      // a line each
+  int32_t* ack = reinterpret_cast<int32_t*>(flags) + (C + c) * 16;
+  float* mine = reinterpret_cast<float*>(src) + c * n;
+  float* there = reinterpret_cast<float*>(dst) + c * n;
+  if (me == 0) {
+    aclshmemx_sdma_put_nbi(there, mine, s.GetPhyAddr(), 64, n, 1, EVENT_ID0);
+    aclshmemx_sdma_put_nbi(reinterpret_cast<float*>(flag), reinterpret_cast<float*>(one), s.GetPhyAddr(), 64, 1, 1,
+                           EVENT_ID0);
+    aclshmem_signal_wait_until(ack, ACLSHMEM_CMP_GE, 1);
+    aclshmemx_sdma_quiet(s.GetPhyAddr(), 64, EVENT_ID0);
+  } else if (me == 1) {
+    aclshmem_signal_wait_until(flag, ACLSHMEM_CMP_GE, 1);  // 1.0f's bits: > 0
+    LocalTensor<float> t = data.Get<float>();
+    GlobalTensor<float> a, b;
+    a.SetGlobalBuffer(there, n);
+    b.SetGlobalBuffer(reinterpret_cast<float*>(got) + c * n, n);
+    DataCopy(t, a, n);
+    SetFlag<HardEvent::MTE2_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE2_MTE3>(EVENT_ID0);
+    DataCopy(b, t, n);
+    aclshmemx_signal_op(ack, 1, ACLSHMEM_SIGNAL_SET, 0);
+  }
+}
+
+extern "C" int launch_sdma_progress(uint32_t blocks, uint8_t* src, uint8_t* dst, uint8_t* got, uint8_t* flags,
+                                    uint8_t* one, uint32_t n) {
+  return STRATA_CPU_LAUNCH(sdma_progress_kernel, blocks, src, dst, got, flags, one, n);
+}
+
+// ---------------------------------------------------------------------------------------------
 // ub_fresh: each core carves `carve` bytes of UB, copies them to its slice of `out` before
 // writing any (what the launch found in UB), then fills the first `dirty` bytes with zeros, so that
 // the next launch on the same cores would see them if UB were not refilled with 0xff.
@@ -666,4 +712,61 @@ extern "C" __global__ __aicore__ void ub_fresh_kernel(GM_ADDR out, uint32_t carv
 
 extern "C" int launch_ub_fresh(uint32_t blocks, uint8_t* out, uint32_t carve, uint32_t dirty) {
   return STRATA_CPU_LAUNCH(ub_fresh_kernel, blocks, out, carve, dirty);
+}
+
+// ub_paths: like ub_fresh, but the first `dirty` bytes are written by one path of `how`, each of
+// which the model must see as a UB write (model.cpp g_ub_dirty) for the next launch to refill it:
+// 0 Duplicate, 1 DataCopy GM -> UB (of `zeros`), 2 Add (int32 -1 + -1), 3 SetValue (one element per
+// 64), 4 a raw store through GetPhyAddr of a view at an offset, 5 Cast int32 -> float in place,
+// 6 LocalTensor::operator(), 7 DataCopyPad GM -> UB (with padding), 8 DataCopy UB -> UB.
+extern "C" __global__ __aicore__ void ub_paths_kernel(GM_ADDR out, GM_ADDR zeros, uint32_t carve, uint32_t dirty,
+                                                      uint32_t how) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  TPipe pipe;
+  TBuf<> b;
+  pipe.InitBuffer(b, carve);
+  LocalTensor<int32_t> t = b.Get<int32_t>();
+  GlobalTensor<int32_t> g;
+  g.SetGlobalBuffer(reinterpret_cast<int32_t*>(out) + uint64_t(GetBlockIdx()) * (carve / 4), carve / 4);
+  DataCopy(g, t, carve / 4);
+  SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+  WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+  const uint32_t n = dirty / 4;
+  if (n == 0) return;
+  GlobalTensor<int32_t> z;
+  z.SetGlobalBuffer(reinterpret_cast<int32_t*>(zeros), n);
+  switch (how) {
+    case 0: Duplicate(t, int32_t(0), int32_t(n)); break;
+    case 1: DataCopy(t, z, n); break;
+    case 2: Add(t, t, t, int32_t(n)); break;
+    case 3: for (uint32_t i = 0; i < n; i += 64) t.SetValue(i, 0); break;
+    case 4: {
+      int32_t* p = t[n / 2].GetPhyAddr();
+      for (uint32_t i = 0; i < n - n / 2; ++i) p[i] = 0;
+      break;
+    }
+    case 5: {
+      LocalTensor<float> f = t.ReinterpretCast<float>();
+      Cast(f, t, RoundMode::CAST_NONE, n);
+      break;
+    }
+    case 6: for (uint32_t i = 0; i < n; i += 64) t(i) = 0; break;
+    case 7: {
+      DataCopyExtParams cp{1, n * 4 - 4, 0, 0, 0};
+      DataCopyPadExtParams<int32_t> pad{true, 0, 1, 0};
+      DataCopyPad(t, z, cp, pad);
+      break;
+    }
+    case 8: {
+      Duplicate(t, int32_t(0), 8);  // one 32-byte block of zeros, then copied over the rest
+      for (uint32_t i = 8; i + 8 <= n; i += 8) DataCopy(t[i], t, 8);
+      break;
+    }
+    default: break;
+  }
+}
+
+extern "C" int launch_ub_paths(uint32_t blocks, uint8_t* out, uint8_t* zeros, uint32_t carve, uint32_t dirty,
+                               uint32_t how) {
+  return STRATA_CPU_LAUNCH(ub_paths_kernel, blocks, out, zeros, carve, dirty, how);
 }
