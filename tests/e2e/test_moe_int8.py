@@ -111,7 +111,7 @@ def test_int8_dispatch_moves_about_half_the_bytes_of_bf16():
     case = runner.Case("bf16", tokens=tokens, hidden=hidden, topk=topk, routing="skewed")
     written = {}
     for path in (BOUNDED, INT8):
-        out = _run(path, world, [case], cores)
+        out = _run(path, world, [case], cores=cores)
         assert out.exit_code == 0 and all(r["ok"] for r in out.results), out.failures
         for r in out.results:
             if r["moe"]["phase"] == "dispatch":
