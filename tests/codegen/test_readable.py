@@ -7,9 +7,11 @@ pointing at a real line of the .strata source; and the kernel compiles without a
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -235,14 +237,16 @@ def test_kernels_compile_without_warnings(tmp_path):
     -Wall -Wextra -Werror (no unused locals, no parentheses g++ would ask for). Compiled to object
     code at -O2, as stratac builds, so that the model's A2/A3 dtype and Cast tables (static_asserts,
     and the RoundMode check that needs the optimiser to see a constant mode) are applied."""
-    failed = []
-    for name in NAMES:
+    def build(name: str) -> str | None:
         src = tmp_path / (name.replace("/", "_") + ".cpp")
         src.write_text(KERNELS[name][0])
         run = subprocess.run(["g++", "-std=c++17", "-O2", "-c", "-o", str(src.with_suffix(".o")),
                               "-Wall", "-Wextra", "-Werror",
                               "-DSTRATA_CPU_MODEL", f"-I{CPU / 'cpu' / 'include'}",
                               f"-I{CPU / 'device'}", str(src)], capture_output=True, text=True)
-        if run.returncode != 0:
-            failed.append(f"{name}:\n{run.stderr[:2000]}")
+        return None if run.returncode == 0 else f"{name}:\n{run.stderr[:2000]}"
+
+    # one g++ per CPU at a time
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        failed = [f for f in pool.map(build, NAMES) if f is not None]
     assert failed == [], "\n".join(failed)
