@@ -899,13 +899,20 @@ def test_a_launch_after_a_failed_launch_works(driver, tmp_path):
         assert field(out, f"case {which} then exchange bad") == "0"
 
 
-EXIT_CHILD = """
-import ctypes, os, sys, time
+# the start of a child process that loads the model and the test kernels (argv: the two libraries,
+# then the pool name)
+CHILD_HEAD = """
+import ctypes, os, sys
 model = ctypes.CDLL(sys.argv[1])
 kernels = ctypes.CDLL(sys.argv[2])
 model.strata_cpu_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int]
 model.aclshmem_calloc.restype = ctypes.c_void_p
 model.aclshmem_calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+"""
+
+
+EXIT_CHILD = CHILD_HEAD + """
+import time
 kernels.launch_syncall.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32]
 assert model.strata_cpu_init(0, 1, sys.argv[3].encode(), 1 << 20, 1) == 0
 slots = model.aclshmem_calloc(8, 4)
@@ -933,22 +940,18 @@ elif how == "dlclose":
 """
 
 
-UB_FRESH_CHILD = """
-import ctypes, os, sys
-model = ctypes.CDLL(sys.argv[1])
-kernels = ctypes.CDLL(sys.argv[2])
-model.strata_cpu_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int]
-model.aclshmem_calloc.restype = ctypes.c_void_p
-model.aclshmem_calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
-kernels.launch_ub_fresh.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32]
+UB_FRESH_CHILD = CHILD_HEAD + """
+kernels.launch_ub_paths.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
+                                    ctypes.c_uint32, ctypes.c_uint32]
 assert model.strata_cpu_init(0, 1, sys.argv[3].encode(), 8 << 20, 1) == 0
 full = 192 * 1024
 out = model.aclshmem_calloc(4 * full, 1)
+zeros = model.aclshmem_calloc(full, 1)
 # (cores, carve, dirty): small and large carves, fewer and more cores than before, the whole UB
 for step, (cores, carve, dirty) in enumerate([(2, 4096, 4096), (3, 65536, 32768), (1, full, full),
                                               (4, 1024, 1024), (4, full, 0), (2, 8192, 8192), (2, 65536, 0)]):
     ctypes.memset(out, 0, 4 * full)
-    assert kernels.launch_ub_fresh(cores, out, carve, dirty) == 0, step
+    assert kernels.launch_ub_paths(cores, out, zeros, carve, dirty, 0) == 0, step   # 0: Duplicate
     seen = ctypes.string_at(out, cores * carve)
     bad = [i for i, b in enumerate(seen) if b != 0xFF]
     print("step", step, "cores", cores, "carve", carve, "not_ff", len(bad), bad[:4], flush=True)
@@ -977,13 +980,7 @@ def test_every_launch_finds_ub_filled_with_0xff(driver, libstratacpu, threads):
     assert all(" not_ff 0 []" in l for l in steps), steps
 
 
-UB_PATHS_CHILD = """
-import ctypes, os, sys
-model = ctypes.CDLL(sys.argv[1])
-kernels = ctypes.CDLL(sys.argv[2])
-model.strata_cpu_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int]
-model.aclshmem_calloc.restype = ctypes.c_void_p
-model.aclshmem_calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+UB_PATHS_CHILD = CHILD_HEAD + """
 kernels.launch_ub_paths.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
                                     ctypes.c_uint32, ctypes.c_uint32]
 assert model.strata_cpu_init(0, 1, sys.argv[3].encode(), 8 << 20, 1) == 0

@@ -693,29 +693,10 @@ extern "C" int launch_sdma_progress(uint32_t blocks, uint8_t* src, uint8_t* dst,
 }
 
 // ---------------------------------------------------------------------------------------------
-// ub_fresh: each core carves `carve` bytes of UB, copies them to its slice of `out` before
-// writing any (what the launch found in UB), then fills the first `dirty` bytes with zeros, so that
-// the next launch on the same cores would see them if UB were not refilled with 0xff.
-extern "C" __global__ __aicore__ void ub_fresh_kernel(GM_ADDR out, uint32_t carve, uint32_t dirty) {
-  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
-  TPipe pipe;
-  TBuf<> b;
-  pipe.InitBuffer(b, carve);
-  LocalTensor<int32_t> t = b.Get<int32_t>();
-  GlobalTensor<int32_t> g;
-  g.SetGlobalBuffer(reinterpret_cast<int32_t*>(out) + uint64_t(GetBlockIdx()) * (carve / 4), carve / 4);
-  DataCopy(g, t, carve / 4);
-  SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
-  WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
-  if (dirty > 0) Duplicate(t, int32_t(0), int32_t(dirty / 4));
-}
-
-extern "C" int launch_ub_fresh(uint32_t blocks, uint8_t* out, uint32_t carve, uint32_t dirty) {
-  return STRATA_CPU_LAUNCH(ub_fresh_kernel, blocks, out, carve, dirty);
-}
-
-// ub_paths: like ub_fresh, but the first `dirty` bytes are written by one path of `how`, each of
-// which the model must see as a UB write (model.cpp g_ub_dirty) for the next launch to refill it:
+// ub_paths: each core carves `carve` bytes of UB, copies them to its slice of `out` before writing
+// any (what the launch found in UB), then writes the first `dirty` bytes by one path of `how`, so
+// that the next launch on the same cores would see them if UB were not refilled with 0xff. Each
+// path the model must see as a UB write (model.cpp g_ub_dirty) for the next launch to refill it:
 // 0 Duplicate, 1 DataCopy GM -> UB (of `zeros`), 2 Add (int32 -1 + -1), 3 SetValue (one element per
 // 64), 4 a raw store through GetPhyAddr of a view at an offset, 5 Cast int32 -> float in place,
 // 6 LocalTensor::operator(), 7 DataCopyPad GM -> UB (with padding), 8 DataCopy UB -> UB.
