@@ -331,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "$STRATAC_CACHE_DIR/selection.json, which the Python API and run/bench read)")
     t.add_argument("--machine", metavar="TOML", help="predict with stratac simulate's model of this machine "
                    "description instead of measuring")
-    t.add_argument("--iters", type=options.positive_int, default=20, help="timed calls per size (default 20)")
+    t.add_argument("--iters", type=options.positive_int, default=20, help="timed calls per size (default 20; "
+                   "sizes up to 256K take 10x as many, and 10x the warm-up calls)")
     t.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
     t.add_argument("--timeout", type=options.seconds, default=120.0, help="seconds any wait may take")
     t.set_defaults(fn=cmd_tune)

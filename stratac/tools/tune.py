@@ -42,22 +42,33 @@ def this_machine() -> str:
     return f"{platform.node()}: {os.cpu_count()} CPUs, {_cpu_model()}, CPU build of stratac (the CPU model)"
 
 
+# Sizes up to SMALL take SMALL_FACTOR times the calls: a call there costs microseconds, so the
+# median needs many of them to rise above the machine's noise (a few descheduled calls), and they
+# cost little.
+SMALL, SMALL_FACTOR = 256 << 10, 10
+
+
 def measure(file: str, world: int, sizes: list[int], dtype: str, iters: int, warmup: int,
             timeout: float, echo) -> dict[str, dict[str, dict[int, float]]]:
-    """kind -> schedule -> size -> median time (us), measured by the bench's sweep (no peers)."""
+    """kind -> schedule -> size -> median time (us), measured by the bench's sweep (no peers): one
+    sweep of the sizes up to SMALL with SMALL_FACTOR x iters and warmup calls, one of the others."""
     from stratac.tools.bench import benchspec, sweep
-    spec = benchspec.BenchSpec(file=file, world=world, sizes=sizes, dtype=dtype, iters=iters,
-                               warmup=warmup, timeout=timeout, ceiling=False)
-    try:
-        res = sweep.run(spec, echo=echo)
-    except benchspec.BenchError as exc:
-        raise TuneError(str(exc)) from None
-    if res.failures or res.exit_code:
-        raise TuneError("the measurement failed: " + "; ".join(res.failures or ["a result was wrong"]))
     out: dict = {}
-    for r in res.records:
-        if r["system"] == "stratac" and r["time_us"] is not None:
-            out.setdefault(r["kind"], {}).setdefault(r["schedule"], {})[r["size"]] = r["time_us"]
+    small = [s for s in sizes if s <= SMALL]
+    for group, factor in ((small, SMALL_FACTOR), ([s for s in sizes if s > SMALL], 1)):
+        if not group:
+            continue
+        spec = benchspec.BenchSpec(file=file, world=world, sizes=group, dtype=dtype, iters=iters * factor,
+                                   warmup=warmup * factor, timeout=timeout, ceiling=False)
+        try:
+            res = sweep.run(spec, echo=echo)
+        except benchspec.BenchError as exc:
+            raise TuneError(str(exc)) from None
+        if res.failures or res.exit_code:
+            raise TuneError("the measurement failed: " + "; ".join(res.failures or ["a result was wrong"]))
+        for r in res.records:
+            if r["system"] == "stratac" and r["time_us"] is not None:
+                out.setdefault(r["kind"], {}).setdefault(r["schedule"], {})[r["size"]] = r["time_us"]
     return out
 
 

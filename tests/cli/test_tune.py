@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from stratac import cli
+from stratac.tools.bench import sweep
 from stratac.tools.simulate.driver import simulate_file
 from stratac.tools.simulate.machine import load_machine
 
@@ -35,19 +36,28 @@ def _check_entry(e: dict) -> None:
     assert [[*c["between"], c["from"], c["to"]] for c in e["crossovers"]] == want
 
 
-def test_tune_measures_and_writes_the_table(tmp_path, capsys):
+def test_tune_measures_and_writes_the_table(tmp_path, capsys, monkeypatch):
     f, out = _allreduce_file(tmp_path), tmp_path / "sel.json"
-    rc = cli.main(["tune", str(f), "--world", "2", "--sizes", "4K,256K", "--dtype", "f32", "--iters", "3",
+    sweeps, real = [], sweep.run
+
+    def recorded(spec, echo):      # the real sweep, its sizes and calls noted
+        sweeps.append((spec.sizes, spec.iters, spec.warmup))
+        return real(spec, echo=echo)
+
+    monkeypatch.setattr(sweep, "run", recorded)
+    rc = cli.main(["tune", str(f), "--world", "2", "--sizes", "4K,1M", "--dtype", "f32", "--iters", "3",
                    "--warmup", "1", "--timeout", "60", "--out", str(out)])
     printed = capsys.readouterr()
     assert rc == 0, printed.err
+    # sizes up to 256K are timed over 10x the calls (and warm-up calls), in a sweep of their own
+    assert sweeps == [([4096], 30, 10), ([1 << 20], 3, 1)]
     table = json.loads(out.read_text())
     assert table["stratac_selection"] == 1
     e, = table["entries"]
-    assert (e["kind"], e["world"], e["dtype"], e["sizes"]) == ("allreduce", 2, "f32", [4096, 256 << 10])
+    assert (e["kind"], e["world"], e["dtype"], e["sizes"]) == ("allreduce", 2, "f32", [4096, 1 << 20])
     assert e["method"].startswith("measured on the CPU build")
     prov = table["provenance"]
-    assert prov["command"] == (f"stratac tune {f} --world 2 --sizes 4K,256K --dtype f32 --iters 3 --warmup 1 "
+    assert prov["command"] == (f"stratac tune {f} --world 2 --sizes 4K,1M --dtype f32 --iters 3 --warmup 1 "
                                f"--timeout 60 --out {out}")
     assert prov["world"] == 2 and "CPUs" in prov["machine"] and prov["date"][:2] == "20"
     assert set(e["time_us"]) == {"allreduce_twoshot", "allreduce_oneshot"}
