@@ -382,9 +382,13 @@ def test_the_accepted_mutants_are_the_known_equivalent_ones():
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    """The mutants' builds stay out of the user's cache, and are shared by the worlds."""
-    return tmp_path_factory.mktemp("mutant-cache")
+def cache_dir() -> Path:
+    """The mutants' builds stay out of the user's cache, in a cache of their own that outlives the
+    run (builds are keyed by everything that goes into them, so a kept one is only ever the same
+    kernel): the mutants are the same from one run of the suite to the next, and building them,
+    about 4 s each, was most of this test's time. STRATAC_TEST_MUTANT_CACHE moves it."""
+    return Path(os.environ.get("STRATAC_TEST_MUTANT_CACHE",
+                               Path.home() / ".cache" / "stratac-test-mutants"))
 
 
 def _runs_at(world: int) -> list[Mutant]:
