@@ -59,7 +59,9 @@ def _worlds(spec: str) -> list[int]:
 RUN_WORLDS = _worlds(os.environ.get("STRATAC_MUTATION_WORLDS", "2-4"))
 # A verifier that stopped rejecting would otherwise turn CI into hours of builds and runs: past this
 # many accepted mutants at one world the test fails at once, naming them (not when asked for worlds).
-MAX_RUNS_PER_WORLD = None if "STRATAC_MUTATION_WORLDS" in os.environ else 16
+# Asked for worlds, every accepted mutant runs at every one of them that accepts it (_runs_at).
+EVERY_WORLD = "STRATAC_MUTATION_WORLDS" in os.environ
+MAX_RUNS_PER_WORLD = None if EVERY_WORLD else 16
 
 # (file, the deleted line's text, which occurrence of that text among the file's mutated lines)
 # -> (the worlds of VERIFY_WORLDS above 1 at which the verifier accepts the mutant, why the
@@ -401,7 +403,8 @@ def _runs_at(world: int) -> list[Mutant]:
     accepted = [m for m in _all_mutants() if any(verdicts(m)[w].accepted for w in RUN_WORLDS)]
     for i, m in enumerate(accepted):
         worlds = [w for w in RUN_WORLDS if verdicts(m)[w].accepted]
-        if world in worlds if MAX_RUNS_PER_WORLD is None else worlds[i % len(worlds)] == world:
+        mine = world in worlds if EVERY_WORLD else worlds[i % len(worlds)] == world
+        if mine:
             todo.append(m)
     return todo
 
