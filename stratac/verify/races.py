@@ -31,20 +31,29 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
     entry_free = set(c.outputs) | {w for _, w in c.side} if c.kind.dispatch and c.capacity else set()
     # Accesses separated by a barrier of every rank are ordered by it, so only accesses between
     # the same two such barriers can race: group by (owner, buffer, barrier epoch). A team's
-    # barrier (barrier(node)) orders its members only, so it starts no epoch.
-    groups: dict[tuple[int, str, int], list[tuple[Access, Event]]] = {}
+    # barrier (barrier(node)) orders its members only, so it starts no epoch. An asynchronous
+    # stage's accesses are in flight until its await, and a barrier does not complete them
+    # (strata::Barrier does not quiet the SDMA queues): they belong to every epoch from the post's
+    # to the await's, as they stay open across a team's barrier. In the epochs after its first an
+    # access is `carried`; two carried accesses met in an earlier epoch already, so they are
+    # compared only there (each pair once).
+    groups: dict[tuple[int, str, int], list[tuple[Access, Event, bool]]] = {}
     BARRIER, vc = EventKind.BARRIER, ex.vc   # the hot loop: no enum lookups; hb inlined below
     for tl in inst.timelines:
         epoch = 0
         for ev in tl:
             if ev.kind is BARRIER and ev.members is None:
                 epoch += 1
+            last = epoch
+            if ev.done >= 0 and ev.accesses:
+                last += sum(1 for e in tl[ev.index + 1:ev.done] if e.kind is BARRIER and e.members is None)
             for a in ev.accesses:
-                key = (a.owner, a.buffer, epoch)
-                group = groups.get(key)
-                if group is None:
-                    groups[key] = group = []
-                group.append((a, ev))
+                for e in range(epoch, last + 1):
+                    key = (a.owner, a.buffer, e)
+                    group = groups.get(key)
+                    if group is None:
+                        groups[key] = group = []
+                    group.append((a, ev, e > epoch))
                 if a.owner != ev.rank:
                     kind = "writes" if a.write else "reads"
                     # ex.hb(a.owner, 0, ev.rank, ev.index): the owner's entry happens before ev
@@ -69,7 +78,7 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
         # writes, and one per accumulate operation (accumulates of one op never conflict, so a
         # world of accumulates into one slice costs no pairwise checks)
         active: dict[str, list] = {"w": [], "r": []}
-        for seq, (a, ev) in enumerate(items):
+        for seq, (a, ev, carried) in enumerate(items):
             for heap in active.values():
                 while heap and heap[0][0] <= a.lo:
                     heapq.heappop(heap)
@@ -79,9 +88,11 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
                 against = [k for k in against if k != kind]
             conflict = None
             for k in against:
-                for _, _, b, bev in sorted(active[k], key=lambda t: t[1]):   # oldest first
+                for _, _, b, bev, b_carried in sorted(active[k], key=lambda t: t[1]):   # oldest first
                     if a.instance == b.instance and (a.lo, a.hi) == (b.lo, b.hi):
                         continue  # one elementwise move reading and writing the same elements
+                    if carried and b_carried:
+                        continue  # compared in the epoch where the later of the two was posted
                     # ordered: one access is complete (its event, or an asynchronous stage's
                     # await) before the other starts
                     if bev is not ev and (ex.hb(bev.rank, bev.end, ev.rank, ev.index)
@@ -102,7 +113,7 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
                     *_in_flight(inst, ev), *_in_flight(inst, bev)))
                 if len(diags) >= MAX_RACES_REPORTED:
                     return diags
-            heapq.heappush(active.setdefault(kind, []), (a.hi, seq, a, ev))
+            heapq.heappush(active.setdefault(kind, []), (a.hi, seq, a, ev, carried))
     return diags
 
 
