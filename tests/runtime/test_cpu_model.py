@@ -53,12 +53,16 @@ def ceil512(n: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # data movement across ranks: MTE through aclshmem_ptr, SDMA put/get, signals, counters
 
-@pytest.mark.parametrize("world,cores,n,sdma_delay_us", [(1, 2, 256, 0), (3, 4, 1001, 0), (3, 2, 64, 20000)])
-def test_exchange(driver, tmp_path, world, cores, n, sdma_delay_us):
-    # With a slow SDMA engine, data checked right after each quiet (in the kernel) and flags
-    # raised after it show whether quiet really waits for the copies.
-    out = run_driver(driver, tmp_path, "exchange", world, cores, n,
-                     env={"STRATA_CPU_SDMA_DELAY_US": str(sdma_delay_us)})
+@pytest.mark.parametrize("world,cores,n,sdma_delay_us,seed", [(1, 2, 256, 0, None), (3, 4, 1001, 0, None),
+                                                               (3, 2, 64, 20000, None), (3, 4, 1001, 5000, 7)])
+def test_exchange(driver, tmp_path, world, cores, n, sdma_delay_us, seed):
+    # With a slow SDMA engine (every copy 20 ms, or each its own latency in [0, 5] ms), data checked
+    # right after each quiet (in the kernel) and flags raised after it show whether quiet really
+    # waits for the copies.
+    env = {"STRATA_CPU_SDMA_DELAY_US": str(sdma_delay_us)}
+    if seed is not None:
+        env["STRATA_CPU_SDMA_DELAY_SEED"] = str(seed)
+    out = run_driver(driver, tmp_path, "exchange", world, cores, n, env=env)
     assert sorted(out) == list(range(world))
     chunk = 4 * n
     sizes = [cores * chunk, world * cores * chunk, world * cores * chunk, cores * chunk, cores * 64]

@@ -468,9 +468,23 @@ struct SdmaJob {
   const void* src;
   uint64_t bytes;
   int core;
-  uint32_t delay_us;  // STRATA_CPU_SDMA_DELAY_US of the launch: makes every copy slow, to expose missing quiets
-  bool wake;          // the engine thread is woken for it (see SdmaPost)
+  double due;  // Now() before which the copy does not land (0: at once); see SdmaDelayUs
+  bool wake;   // the engine thread is woken for it (see SdmaPost)
 };
+
+// A copy's latency in the model (none by default). STRATA_CPU_SDMA_DELAY_US=D delays every copy by
+// D us, which exposes a signal raised before the quiet of the copy it announces. With
+// STRATA_CPU_SDMA_DELAY_SEED=S as well, each copy's delay is drawn from [0, D] us by a hash of S,
+// the rank, the core and the copy's index in the core's queue (reproducible for one S): copies of
+// different cores and ranks then land in an order other than their posts', and a copy still in
+// flight when a later access overtakes it (a barrier does not quiet the SDMA queue) is seen as a
+// wrong result. On the NPU an SDMA copy's latency varies with size, engine load and links.
+uint64_t Mix64(uint64_t x) {  // splitmix64's finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
 
 // One core's SDMA queue: a persistent copy engine thread, started the first time the core posts a
 // copy and reused by later launches (see WorkerPool). At the end of every launch the queue is
@@ -493,7 +507,10 @@ struct SdmaEngine {
     busy = true;
     lk.unlock();
     double t0 = Tracing() ? Now() : 0;
-    if (job.delay_us) usleep(job.delay_us);
+    if (job.due > 0) {
+      const double left = job.due - Now();
+      if (left > 0) usleep(useconds_t(left * 1e6) + 1);
+    }
     std::memmove(job.dst, job.src, job.bytes);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (t0 > 0)
@@ -520,10 +537,11 @@ struct SdmaEngine {
   // A quiet whose copies the engine has not started yet runs the next one itself (on the core's
   // thread) instead of waiting for the engine thread to be scheduled: the copy still happens after
   // its post and before the quiet returns, in queue order, never beside another copy of the queue;
-  // only which thread moves the bytes changes. Returns whether it ran one.
+  // only which thread moves the bytes changes. A delayed copy is taken only once it is due (the
+  // waiter polls again meanwhile), so that a wait does not land it early. Returns whether it ran one.
   bool TakeOne() {
     std::unique_lock<std::mutex> lk(mu);
-    if (busy || queue.empty()) return false;
+    if (busy || queue.empty() || (queue.front().due > 0 && Now() < queue.front().due)) return false;
     CopyHead(lk, true);
     return true;
   }
@@ -552,7 +570,9 @@ struct Launch {
   const char* kernel = "?";
   uint32_t blocks = 0;
   double timeout = 60.0;
-  uint32_t sdma_delay_us = 0;
+  uint32_t sdma_delay_us = 0;    // STRATA_CPU_SDMA_DELAY_US (see Mix64)
+  bool sdma_delay_seeded = false;  // STRATA_CPU_SDMA_DELAY_SEED set: each delay drawn from [0, D]
+  uint64_t sdma_delay_seed = 0;
   double sdma_sqe_us = kSdmaSqeCostUs;
   uint32_t threads = 1;  // T: the threads its cores run on (see "cores as fibers")
   bool spin = false;     // its waits yield before sleeping (see Idler)
@@ -1384,6 +1404,10 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
   L.oversub = !L.spin && int(blocks) <= T && OversubSpinSec() > 0 && OneSchedGroup();
   L.timeout = g_timeout.load();
   if (const char* d = getenv("STRATA_CPU_SDMA_DELAY_US")) L.sdma_delay_us = uint32_t(strtoul(d, nullptr, 10));
+  if (const char* d = getenv("STRATA_CPU_SDMA_DELAY_SEED")) {
+    L.sdma_delay_seeded = true;
+    L.sdma_delay_seed = strtoull(d, nullptr, 10);
+  }
   if (const char* d = getenv("STRATA_CPU_SDMA_SQE_US")) L.sdma_sqe_us = std::max(0.0, strtod(d, nullptr));
   std::string spawn_error = GrowWorkers(pool, uint32_t(T - 1));
   if (!spawn_error.empty()) return Error(Sprintf("LaunchBlocks(%s): %s", L.kernel, spawn_error.c_str()));
@@ -2097,10 +2121,20 @@ STRATA_EXPORT void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes
   std::atomic_thread_fence(std::memory_order_seq_cst);
   {
     std::lock_guard<std::mutex> lk(e->mu);
+    const Launch* L = c->launch;
+    const double now = L->sdma_delay_us ? Now() : 0;
     for (uint64_t k = 0; k < sqes; ++k) {
       uint64_t off = k * STRATA_SDMA_SQE_BYTES, n = std::min<uint64_t>(STRATA_SDMA_SQE_BYTES, bytes - off);
+      double due = 0;
+      if (L->sdma_delay_us) {
+        uint64_t us = L->sdma_delay_us;
+        if (L->sdma_delay_seeded)  // the copy's index in this core's queue over the process's launches
+          us = Mix64(L->sdma_delay_seed ^ Mix64((uint64_t(g_pool.rank) << 40) ^ (uint64_t(c->idx) << 32) ^
+                                                e->posted)) % (us + 1);
+        due = now + double(us) * 1e-6;
+      }
       e->queue.push_back(SdmaJob{static_cast<uint8_t*>(d) + off, static_cast<const uint8_t*>(s) + off, n, c->idx,
-                                 c->launch->sdma_delay_us, c->launch->spin});
+                                 due, L->spin});
       ++e->posted;
     }
   }

@@ -1,0 +1,81 @@
+"""An asynchronous copy in flight across a barrier races on the CPU model too (issue 23).
+
+The ring AllGather whose steps overlap (tests/verify/corpus/race_async_allgather_ring_overlap.strata:
+each step's forward awaited after the step's barrier; the verifier refuses it) is built and run
+WITHOUT the verifier (tests/verify/unverified_worker.py, as tests/verify/test_mutations.py's
+oracle runs do) at world 3, with the model's SDMA copies given seeded latencies of their own
+(STRATA_CPU_SDMA_DELAY_US, STRATA_CPU_SDMA_DELAY_SEED; runtime/README.md, "SDMA latency"): the
+next step's forward, itself an SDMA copy, reads the block while the previous rank's copy into it is
+still in flight, and the run is WRONG against torch. The corrected schedule (the await before the
+barrier, good_async_allgather_ring.strata), verified, runs OK in the same run. Without the delays,
+or with one latency for every copy (the consumer's copy then waits as long as the producer's), the
+racy schedule runs OK: that is what the seeded latencies add (measured when this test was written).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from stratac import verify
+from stratac.diagnostics import Source
+from stratac.lang import frontend
+from stratac.tools.run import runner
+
+HERE = Path(__file__).resolve().parent
+CORPUS = HERE / "corpus"
+# each copy lands 0..3 ms after its post; the seed fixes which copy gets which latency
+DELAYS = {"STRATA_CPU_SDMA_DELAY_US": "3000", "STRATA_CPU_SDMA_DELAY_SEED": "23"}
+
+
+@cache
+def _mutations():
+    """tests/verify/test_mutations.py's run helpers (run_mutant, the unverified ranks)."""
+    spec = importlib.util.spec_from_file_location("_async_run_mutations", HERE / "test_mutations.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod   # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _cache() -> Path:   # the mutants' build cache (test_mutations.cache_dir)
+    return Path(os.environ.get("STRATAC_TEST_MUTANT_CACHE", Path.home() / ".cache" / "stratac-test-mutants"))
+
+
+@pytest.mark.slow
+def test_an_async_copy_awaited_after_the_barrier_runs_wrong(tmp_path, monkeypatch):
+    """One run of both schedules (one build, one set of rank processes): every call of the corrected
+    one is OK, and some call of the racy one is WRONG."""
+    m = _mutations()
+    monkeypatch.setenv("STRATAC_CACHE_DIR", str(_cache()))
+    for k, v in DELAYS.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(runner, "compile_schedules", m._unverified_worker().compile_unverified)
+    monkeypatch.setattr(runner, "subprocess", m._UnverifiedRanks())
+    racy = (CORPUS / "race_async_allgather_ring_overlap.strata").read_text()
+    good = (CORPUS / "good_async_allgather_ring.strata").read_text()
+    good = good.replace("schedule allgather_ring(", "schedule allgather_ring_awaited(")
+    source = racy + "\n" + good
+    (s_racy, s_good) = frontend.schedules(Source("both.strata", source))
+    assert not all(r.ok for r in verify.verify_worlds(s_racy, [3]))
+    assert all(r.ok for r in verify.verify_worlds(s_good, [3]))
+
+    path = tmp_path / "race_async_allgather_ring_overlap-both.strata"
+    path.write_text(source, encoding="utf-8")
+    world, cases = 3, m.collective_cases(3)
+    out = runner.run(runner.RunSpec(file=str(path), world=world, cases=cases, iters=1, warmup=0, cores=4,
+                                    timeout=10), echo=lambda line: None)
+    assert not out.failures, out.failures
+    by = {name: [r for r in out.results if r["schedule"] == name]
+          for name in ("allgather_ring", "allgather_ring_awaited")}
+    assert all(len(rs) == world * len(cases) for rs in by.values()), out.results
+    assert all(r["ok"] for r in by["allgather_ring_awaited"]), [r for r in by["allgather_ring_awaited"]
+                                                              if not r["ok"]]
+    wrong = [r for r in by["allgather_ring"] if not r["ok"]]
+    assert wrong, "the racy schedule ran OK under the seeded SDMA delays"
+    assert all("expected" in r["why"] for r in wrong), wrong
