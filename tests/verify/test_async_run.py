@@ -29,8 +29,9 @@ from stratac.tools.run import runner
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus"
-# each copy lands 0..3 ms after its post; the seed fixes which copy gets which latency
-DELAYS = {"STRATA_CPU_SDMA_DELAY_US": "3000", "STRATA_CPU_SDMA_DELAY_SEED": "23"}
+# each copy lands 0..20 ms after its post (ample against a barrier's latency on a loaded machine;
+# each step's await costs at most that); the seed fixes which copy gets which latency
+DELAYS = {"STRATA_CPU_SDMA_DELAY_US": "20000", "STRATA_CPU_SDMA_DELAY_SEED": "23"}
 
 
 @cache
