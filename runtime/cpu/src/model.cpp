@@ -468,7 +468,7 @@ struct SdmaJob {
   const void* src;
   uint64_t bytes;
   int core;
-  double due;  // Now() before which the copy does not land (0: at once); see SdmaDelayUs
+  double due;  // Now() before which the copy does not land (0: at once); see Mix64
   bool wake;   // the engine thread is woken for it (see SdmaPost)
 };
 
