@@ -122,6 +122,16 @@ MUTATIONS: tuple[Mutation, ...] = (
          "tests/verify/test_corpus.py::test_corpus_file[verify/race_within_stage]"),
         "the verifier never reports a race (entry/exit checks stay)"),
     Mutation(
+        "async-closed-at-barrier", "stratac/verify/races.py",
+        "                for e in range(epoch, last + 1):\n",
+        "                for e in range(epoch, epoch + 1):  # mutant\n",
+        ("tests/verify/test_corpus.py::test_corpus_file[verify/race_async_allreduce_out_of_place]",
+         "tests/verify/test_corpus.py::test_corpus_file[verify/race_async_allgather_ring_overlap]",
+         "tests/verify/test_corpus.py::test_corpus_file[verify/race_async_fetch_one_rank]",
+         "tests/verify/test_corpus.py::test_corpus_file[verify/race_async_moe_counts]",
+         "tests/verify/test_async_races.py::test_masked_moe_variants_race_with_two_live_ranks"),
+        "a world barrier completes the asynchronous copies in flight across it (issue 23's bug)"),
+    Mutation(
         "barriers-under-if-unstamped", "stratac/ir/passes.py",
         "            op = replace(op, then=then, orelse=orelse)\n",
         # the arms keep the stamp 0 the front end gives every barrier (the old bug that
