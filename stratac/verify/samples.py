@@ -2,7 +2,8 @@
 
 In: a schedule and a world size. Out: the samples to check, derived from the schedule itself: a
 base set of sizes (every size symbol independent, both parities), the values on both sides of
-every condition the program tests, every rank parameter value up to world 16 (the boundaries of
+every condition the program tests, the sizes at which a step loop's trip count reaches 1, 2
+and 3, every rank parameter value up to world 16 (the boundaries of
 its conditions above), for MoE and AllToAllV token counts, capacities and expert counts chosen the
 same way, each with a sample routing from `routing`; each kept while the provenance simulation
 stays within budget. For an instantiated MoE sample, the routed inputs (every rank's expert ids,
@@ -98,10 +99,8 @@ def default_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
     base = base_sizes(s, world)
     mid = _middle(base)
     sizes = list(base)
-    for cond in conditions(s):
-        for sym in [x for x in s.sizes if x in cond.names()]:
-            for v in sorted(boundaries(cond, sym, world, mid, lo=0)):
-                sizes.append({**mid, sym: v})
+    for sym, v in size_boundaries(s, world, mid):
+        sizes.append({**mid, sym: v})
     return _keep(s, world, [{**sz, **rs} for sz in _unique(sizes) for rs in rank_samples(s, world)])
 
 
@@ -158,6 +157,66 @@ def rank_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
     if len(params) > 1:
         out += [{p: v for p in params} for v in values]
     return _unique(out)
+
+
+def size_boundaries(s: ir.Schedule, world: int, mid: dict[str, int]) -> list[tuple[str, int]]:
+    """(size symbol, value) pairs to check besides the base sizes, in program order: both sides of
+    every condition on a size (`boundaries`), then the sizes at which a step loop's trip count
+    changes (`trip_changes`)."""
+    out = []
+    for cond in conditions(s):
+        for sym in [x for x in s.sizes if x in cond.names()]:
+            out += [(sym, v) for v in sorted(boundaries(cond, sym, world, mid, lo=0))]
+    for loop in size_loops(s):
+        for sym in [x for x in s.sizes if x in loop.lo.names() | loop.hi.names()]:
+            out += [(sym, v) for v in sorted(trip_changes(loop, sym, world, mid))]
+    return out
+
+
+# the trip counts a step loop whose bounds depend on a size is checked at: one chunk, two (the
+# first whose offsets are not 0) and three (a chunk between two others)
+TRIPS = (1, 2, 3)
+
+
+def size_loops(s: ir.Schedule) -> list[ir.Loop]:
+    """Every step loop (`for c in lo .. hi`) whose bounds mention a size symbol, in program order."""
+    out: list[ir.Loop] = []
+    sizes = set(s.sizes)
+
+    def walk(nodes) -> None:
+        for op in nodes:
+            if isinstance(op, ir.If):
+                walk(op.then)
+                walk(op.orelse)
+            elif isinstance(op, (ir.Stage, ir.Loop)):
+                if isinstance(op, ir.Loop) and op.domain is ir.Domain.RANGE \
+                        and (op.lo.names() | op.hi.names()) & sizes:
+                    out.append(op)
+                walk(op.body)
+
+    walk(s.body)
+    return out
+
+
+def trip_changes(loop: ir.Loop, name: str, world: int, fixed: dict[str, int]) -> set[int]:
+    """Values of the size `name` around every place where the loop's trip count (hi - lo) reaches
+    1, 2 or 3 as `name` grows: for a change between v - 1 and v, the last value below (v - 1), the
+    first at the count (v) and the next (v + 1), those >= 0. `for c in 0 .. 1 + n / 4096` adds
+    4095, 4096, 4097 (two chunks) and 8191, 8192, 8193 (three). Each count is the condition
+    `hi - lo >= k`, solved or scanned as `boundaries` does, with the same values for the other
+    names."""
+    others = sorted((loop.lo.names() | loop.hi.names()) - {name, "world"} - fixed.keys())
+    ranks = sorted({r for r in (0, 1, world // 2, world - 1) if 0 <= r < world})
+    trips = ir.Bin(ir.BinKind.SUB, loop.hi, loop.lo)
+    out: set[int] = set()
+    for k in TRIPS:
+        cond = ir.Bin(ir.BinKind.GE, trips, ir.Const(k))
+        for combo in itertools.islice(itertools.product(ranks, repeat=len(others)), 64):
+            env = {"world": world, **fixed, **dict(zip(others, combo))}
+            env.pop(name, None)
+            for v in _changes(cond, name, env):
+                out.update(x for x in (v - 1, v, v + 1) if x >= 0)
+    return out
 
 
 def conditions(s: ir.Schedule) -> list[ir.IExpr]:
@@ -297,32 +356,30 @@ def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
                 if v >= 0:
                     samples.append(_moe_sample(s, world, role_of, routing, tokens=t, bound=v))
     experts = moe_experts(world)
-    for cond in conditions(s):
-        for sym in [x for x in s.sizes if x in cond.names()]:
-            role = role_of.get(sym)
-            for v in sorted(boundaries(cond, sym, world, dict(mid), lo=0)):
-                if role == "tokens":
-                    samples.append(_moe_sample(s, world, role_of, "uniform", tokens=v))
-                elif role == "topk" and 1 <= v <= experts:
-                    samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, topk=v))
-                elif role == "hidden" and v >= 1:
-                    samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, hidden=v))
-                elif role == "experts":
-                    # a multiple of the world size, at least topk: the nearest on each side of v
-                    for e in {v // world * world, -(-v // world) * world}:
-                        if e >= max(world, MOE_TOPK):
-                            samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5,
-                                                       experts=e))
-                elif role == "bound" and v >= 0:
-                    samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, bound=v))
-                elif role == "capacity":
-                    # a capacity below what the routing needs is refused at the call
-                    if v >= _need(s, world, mid, "uniform"):
-                        samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, capacity=v))
-                else:
-                    extra = Sample({**mid, sym: v})
-                    extra.routing = "uniform"
-                    samples.append(extra)
+    for sym, v in size_boundaries(s, world, dict(mid)):
+        role = role_of.get(sym)
+        if role == "tokens":
+            samples.append(_moe_sample(s, world, role_of, "uniform", tokens=v))
+        elif role == "topk" and 1 <= v <= experts:
+            samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, topk=v))
+        elif role == "hidden" and v >= 1:
+            samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, hidden=v))
+        elif role == "experts":
+            # a multiple of the world size, at least topk: the nearest on each side of v
+            for e in {v // world * world, -(-v // world) * world}:
+                if e >= max(world, MOE_TOPK):
+                    samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5,
+                                               experts=e))
+        elif role == "bound" and v >= 0:
+            samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, bound=v))
+        elif role == "capacity":
+            # a capacity below what the routing needs is refused at the call
+            if v >= _need(s, world, mid, "uniform"):
+                samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, capacity=v))
+        else:
+            extra = Sample({**mid, sym: v})
+            extra.routing = "uniform"
+            samples.append(extra)
     out: list[Sample] = []
     seen = set()
     ranks = rank_samples(s, world)
