@@ -53,6 +53,9 @@ MOE_SAMPLES = ((1, "uniform"), (5, "uniform"), (5, "single"), (5, "empty"), (5, 
 # (tokens, routing) under which a packed window's bound (its own size symbol) is checked at exactly
 # what the routing needs and one row less
 MOE_BOUND_SAMPLES = ((5, "skewed"), (5, "uniform"))
+# tokens of the sample under routing.FULL (slotted layouts only), with the least capacity that
+# holds all its entries
+MOE_FULL_TOKENS = 5
 
 # a condition that is not linear in the symbol is scanned from 0 up to 2 (M + 1)^2 (M: the largest
 # magnitude of its parts that do not involve the symbol), at most this far
@@ -347,6 +350,10 @@ def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
     role_of = {sym: role for role, sym in roles.items()}
     samples = [_moe_sample(s, world, role_of, routing, tokens=t) for t, routing in MOE_SAMPLES]
     mid = samples[1]
+    if "capacity" in roles:
+        # every slot of some (expert, source) pairs in use: the capacity exactly what the routing
+        # needs, the least that holds all of its entries
+        samples.append(_moe_sample(s, world, role_of, routing_mod.FULL, tokens=MOE_FULL_TOKENS))
     if "bound" in roles:
         # the bound exactly what the routing needs (within it) and one row less (over it: reported,
         # nothing placed), under a skewed and a uniform routing
@@ -401,9 +408,13 @@ def _moe_sample(s: ir.Schedule, world: int, role_of: dict[str, str], routing: st
                 capacity: int | None = None, bound: int | None = None) -> Sample:
     """One MoE sample. The capacity, unless given: the least that holds the routing (the most
     entries one rank sends one expert) when that is below the token count, else tokens + 2, so
-    that it never equals the token count and lies on either side of it."""
+    that it never equals the token count and lies on either side of it; under routing.FULL the
+    least that holds all of a rank's entries, ceil(tokens x topk / experts), which it fills."""
+    experts = experts or moe_experts(world)
+    if capacity is None and routing == routing_mod.FULL:
+        capacity = max(1, -(-tokens * topk // experts))
     value = {"tokens": tokens, "topk": topk, "hidden": hidden,
-             "experts": experts or moe_experts(world),
+             "experts": experts,
              "capacity": tokens + 2 if capacity is None else capacity,
              "bound": world * tokens * topk if bound is None else bound}
     sample = Sample({sym: value.get(role_of.get(sym, ""), world * tokens * topk) for sym in s.sizes})
@@ -426,12 +437,18 @@ def _received(s: ir.Schedule, world: int, sample: dict[str, int], routing: str) 
         L = E // world
         recv = np.zeros(world, dtype=np.int64)
         for r in range(world):
-            ids = routing_mod.expert_ids(routing, r, T, K, E)
+            ids = routing_mod.expert_ids(routing, r, T, K, E, capacity=capacity_of(s, env))
             picked = ids[ids >= 0]
             recv += np.bincount(picked // L, minlength=world)[:world]
         return int(recv.max())
     except (ZeroDivisionError, ValueError):
         return 0
+
+
+def capacity_of(s: ir.Schedule, env: dict[str, int]) -> int | None:
+    """A slotted layout's capacity in an instance (what routing.FULL fills), else None."""
+    cap = s.contract.capacity
+    return env.get(cap) if cap else None
 
 
 def _need(s: ir.Schedule, world: int, sample: dict[str, int], routing: str) -> int:
@@ -443,7 +460,7 @@ def _need(s: ir.Schedule, world: int, sample: dict[str, int], routing: str) -> i
         E = s.param(c.outputs[1] if c.kind.dispatch else c.inputs[3]).dims[-1].eval(env)
         worst = 0
         for r in range(world):
-            ids = routing_mod.expert_ids(routing, r, T, K, E)
+            ids = routing_mod.expert_ids(routing, r, T, K, E, capacity=capacity_of(s, env))
             picked = ids[ids >= 0]
             if picked.size:
                 worst = max(worst, int(np.bincount(picked).max()))
@@ -490,7 +507,8 @@ def route_sample(inst: Instance, routing: str) -> None:
     if K > E:
         raise StrataError(error(Codes.SHAPE, f"topk ({K}) exceeds the number of experts ({E}) "
                                 f"({context(inst)})", s.param(ids_name).span))
-    ids = [routing_mod.expert_ids(routing, r, T, K, E) for r in range(inst.world)]
+    cap = capacity_of(s, {"world": inst.world, **inst.sizes})
+    ids = [routing_mod.expert_ids(routing, r, T, K, E, capacity=cap) for r in range(inst.world)]
     inst.routing = routing
     inst.data = {(r, ids_name): ids[r] for r in range(inst.world)}
     if c.kind is ir.ContractKind.MOE_COMBINE:

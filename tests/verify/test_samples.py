@@ -232,11 +232,11 @@ def test_samples_are_dropped_over_budget_but_never_all(monkeypatch):
 
 # ---- MoE ----
 
-def _ids_need(routing, world, tokens, topk, experts):
+def _ids_need(routing, world, tokens, topk, experts, capacity=None):
     """The most entries one rank routes to one expert, counted here from the sample routing."""
     worst = 0
     for r in range(world):
-        ids = expert_ids(routing, r, tokens, topk, experts)
+        ids = expert_ids(routing, r, tokens, topk, experts, capacity=capacity)
         for e in range(experts):
             worst = max(worst, int((ids == e).sum()))
     return worst
@@ -246,12 +246,16 @@ def test_moe_capacity_is_never_the_token_count():
     dispatch, combine = example("moe_decode.strata")
     for world in (1, 2, 3, 8):
         got = verify.default_samples(dispatch, world)
-        assert [(x["tokens"], x.routing) for x in got] == list(samples.MOE_SAMPLES)
+        assert [(x["tokens"], x.routing) for x in got] == list(samples.MOE_SAMPLES) + [(5, "full")]
+        full = got.pop()
+        assert full["capacity"] == -(-5 * 2 // (2 * world))    # the least that holds 10 entries
+        # and the full routing fills it: some (expert, source) pair uses every slot
+        assert _ids_need("full", world, 5, 2, 2 * world, full["capacity"]) == full["capacity"]
         for x in got:
             need = _ids_need(x.routing, world, x["tokens"], x["topk"], x["experts"])
             assert x["capacity"] != x["tokens"] and x["capacity"] >= need, (world, dict(x), need)
             assert x["capacity"] == (need if 0 < need < x["tokens"] else x["tokens"] + 2)
-        assert verify.default_samples(combine, world) == got
+        assert verify.default_samples(combine, world) == got + [full]
     # by hand: one token, or every token to expert 0 (single), needs as many slots as tokens
     by = {(x["tokens"], x.routing): x["capacity"] for x in verify.default_samples(dispatch, 4)}
     assert by[(1, "uniform")] == 3 and by[(5, "single")] == 7
