@@ -19,6 +19,8 @@ import atexit
 import math
 import os
 import secrets
+import signal
+import sys
 import time
 import weakref
 from pathlib import Path
@@ -275,6 +277,21 @@ class Communicator:
     def synchronize(self) -> None:
         """Waits until every launched schedule has finished. CPU launches are synchronous, so
         there is nothing to wait for; the NPU twin waits for its stream."""
+
+    def end_on_signal(self, sig: int, what: str) -> None:
+        """A SIGINT or SIGTERM whose action was the default arrived while `what` ran: the model
+        stopped the launch's waits (the pool is aborted: every rank's call fails, naming the signal)
+        and held the signal back, so that the process does not die inside the kernel. Ends as the
+        default would have, but cleanly: SIGINT raises KeyboardInterrupt; SIGTERM says so on stderr
+        and raises SystemExit(128 + SIGTERM), so that finally blocks and atexit (this rank leaves
+        the pool) still run. docs/robustness.md, "Signals"."""
+        name = signal.Signals(sig).name
+        msg = (f"stratac: rank {self.rank}: {name} while {what} ran: the call was abandoned (its waits "
+               "stopped; the pool is aborted, so every rank's call fails)")
+        if sig == signal.SIGINT:
+            raise KeyboardInterrupt(msg)
+        print(msg + "; exiting", file=sys.stderr, flush=True)
+        raise SystemExit(128 + sig)
 
     def dead_rank(self) -> tuple[int, str] | None:
         """(rank, what happened) for the lowest rank whose process died without leaving the heap
