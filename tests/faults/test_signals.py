@@ -1,7 +1,7 @@
 """SIGINT and SIGTERM to a rank blocked in a kernel wait (a peer that never arrives): the wait
 stops at its next poll, not at its timeout (60 s here), the rank ends as the signal says, the peer
 stops too, naming the signal, and no shared-memory segment is left (runtime/cpu/src/model.cpp
-SignalWatch; docs/robustness.md, "Signals"). Real processes (tests/faults/ranks.py `signalled`):
+OnHostSignal; docs/robustness.md, "Signals"). Real processes (tests/faults/ranks.py `signalled`):
 the test sends the signal once rank 1 has seen rank 0 announce its arrival at the kernel's first
 barrier, so the signal lands inside the launch, in the wait."""
 
@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
+import pytest
 from faultkit import leftover_segments
 
 # seconds from the signal to the end of rank 0 (its wait polls every few ms; a SIGTERM exit also
@@ -77,3 +80,37 @@ def test_sigterm_reaches_the_programs_own_handler_promptly(ranks):
     assert line.split(" ", 1)[1] == f"signal {int(signal.SIGTERM)}", line
     assert r0.proc.returncode == 3, (r0.proc.returncode, r0.err)
     _peer_names_the_signal(job, "SIGTERM")
+
+
+IDLE = """
+import sys, time
+from stratac.host.comm import Communicator, _segment_name, unlink_segment
+name = _segment_name()
+comm = Communicator(0, 1, segment=name, create=True, heap_bytes=1 << 20)
+unlink_segment(name)        # as the bootstrap does: the kernel frees it with the last mapping
+print("READY", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_outside_a_launch_a_signal_does_what_it_did(sig, tmp_path):
+    """The model's handler stays on for the communicator's lifetime; outside a launch it only hands
+    the signal on: an idle rank still dies of SIGTERM at once (the default action, re-raised) and
+    still ends in Python's KeyboardInterrupt on SIGINT (the interpreter then re-raises SIGINT)."""
+    p = subprocess.Popen([sys.executable, "-c", IDLE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        assert p.stdout.readline().strip() == "READY", p.stderr.read()
+        sent = time.monotonic()
+        p.send_signal(sig)
+        p.wait(timeout=30)
+        assert time.monotonic() - sent < PROMPT
+        err = p.stderr.read()
+        assert p.returncode == -sig, (p.returncode, err)
+        assert ("KeyboardInterrupt" in err) == (sig == signal.SIGINT), err
+        assert "stratac:" not in err, err
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
