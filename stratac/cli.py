@@ -130,7 +130,7 @@ def cmd_run(args) -> int:
                        size=args.size if args.size is not None else (None if args.count else 1 << 20),
                        op=args.op, root=args.root, tokens=args.tokens, hidden=args.hidden,
                        topk=args.topk, experts=args.experts, routing=args.routing,
-                       max_recv=args.max_recv)
+                       max_recv=args.max_recv, capacity=args.capacity)
     spec = runner.RunSpec(file=args.file, world=args.world, cases=[case], iters=args.iters,
                           timeout=args.timeout, check=args.check, seed=args.seed, soc=args.soc,
                           cores=args.cores, target=args.target, selected=args.selected,
@@ -166,7 +166,8 @@ def cmd_bench(args) -> int:
                                    soc=args.soc, progress=progress, trace=args.trace,
                                    tokens=args.tokens, hidden=args.hidden, topk=args.topk,
                                    experts=args.experts, routings=args.routing,
-                                   max_recv=args.max_recv, selected=args.selected,
+                                   max_recv=args.max_recv, capacity=args.capacity,
+                                   selected=args.selected,
                                    selection=args.selection)
         res = sweep.run(spec, echo=echo)
         for line in report.table(res):
@@ -265,7 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
     moe.add_argument("--max-recv", type=options.positive_int, help="rows per rank of a bounded "
                      "window (a schedule whose window's rows are a size of their own, e.g. "
                      "examples/moe_prefill_bounded.strata; default world x tokens x topk, any routing); "
-                     "a routing past it is reported on every rank")
+                     "a routing past it is reported on every rank; refused for a file without one")
+    moe.add_argument("--capacity", type=options.positive_int, help="slots per (expert, source rank) of "
+                     "a slotted layout (a contract with a capacity, e.g. examples/moe_decode.strata; "
+                     "default --tokens, any routing); a routing past it is refused before anything is "
+                     "written; refused for a file without one")
     moe.add_argument("--routing", choices=list(ROUTINGS), default="uniform",
                      help="; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()))
     r.add_argument("--iters", type=options.positive_int, default=5)
@@ -311,7 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     bm.add_argument("--experts", type=options.positive_int, help="experts in all, a multiple of --world "
                     "(default 4 per rank)")
     bm.add_argument("--max-recv", type=options.positive_int, help="rows per rank of a bounded window "
-                    "(default world x tokens x topk)")
+                    "(default world x tokens x topk; refused for a file without one)")
+    bm.add_argument("--capacity", type=options.positive_int, help="slots per (expert, source rank) of a "
+                    "slotted layout (default: the tokens of each sweep point; refused for a file "
+                    "without one)")
     bm.add_argument("--routing", type=options.routing_list, metavar="ROUTINGS",
                     help="a routing, a comma list, or all (default uniform): "
                     + "; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()))

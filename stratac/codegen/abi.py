@@ -214,6 +214,8 @@ int strata_cpu_set_aiv_cores(int n);
 void strata_cpu_reset_counters(void);
 int strata_cpu_read_counters(uint64_t* out, int max_cores);
 int strata_cpu_aborted(void);
+int strata_cpu_take_signal(void);
+void strata_cpu_watch_signals(int on);
 const char* strata_cpu_abort_message(void);
 void strata_cpu_trace_enable(int on);
 int strata_cpu_trace_write(const char* path);

@@ -19,6 +19,8 @@ import atexit
 import math
 import os
 import secrets
+import signal
+import sys
 import time
 import weakref
 from pathlib import Path
@@ -35,6 +37,11 @@ from stratac.lang import frontend
 DEFAULT_HEAP_BYTES = 256 << 20
 DEFAULT_TIMEOUT = 60.0
 
+
+
+def _handlers() -> tuple:
+    """Python's handlers of SIGINT and SIGTERM (what signal.signal last set)."""
+    return signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
 
 
 def _segment_name() -> str:
@@ -105,6 +112,10 @@ class Communicator:
         atexit.register(self._leave)
         self._lib.strata_cpu_set_timeout(float(timeout))
         self.timeout = timeout
+        # SIGINT and SIGTERM stop a launch's waits (model.cpp: strata_cpu_watch_signals); watched
+        # again at a launch once the program has set another handler (signal.signal replaces ours)
+        self._lib.strata_cpu_watch_signals(1)
+        self._signals = _handlers()
         base = self._lib.strata_cpu_heap_base()
         self._base = int(self._ffi.cast("uintptr_t", base))
         self._buffer = self._ffi.buffer(base, heap_bytes)
@@ -276,6 +287,29 @@ class Communicator:
         """Waits until every launched schedule has finished. CPU launches are synchronous, so
         there is nothing to wait for; the NPU twin waits for its stream."""
 
+    def watch_signals(self) -> None:
+        """Before a launch: if the program set a SIGINT or SIGTERM handler since the last look, which
+        replaced the model's, put the model's back in front of it (it hands signals on to it)."""
+        seen = _handlers()
+        if seen != self._signals:
+            self._lib.strata_cpu_watch_signals(1)
+            self._signals = seen
+
+    def end_on_signal(self, sig: int, what: str) -> None:
+        """A SIGINT or SIGTERM whose action was the default arrived while `what` ran: the model
+        stopped the launch's waits (the pool is aborted: every rank's call fails, naming the signal)
+        and held the signal back, so that the process does not die inside the kernel. Ends as the
+        default would have, but cleanly: SIGINT raises KeyboardInterrupt; SIGTERM says so on stderr
+        and raises SystemExit(128 + SIGTERM), so that finally blocks and atexit (this rank leaves
+        the pool) still run. docs/robustness.md, "Signals"."""
+        name = signal.Signals(sig).name
+        msg = (f"stratac: rank {self.rank}: {name} while {what} ran: the call was abandoned (its waits "
+               "stopped; the pool is aborted, so every rank's call fails)")
+        if sig == signal.SIGINT:
+            raise KeyboardInterrupt(msg)
+        print(msg + "; exiting", file=sys.stderr, flush=True)
+        raise SystemExit(128 + sig)
+
     def dead_rank(self) -> tuple[int, str] | None:
         """(rank, what happened) for the lowest rank whose process died without leaving the heap
         (killed, crashed), or None. Waits check this themselves; this is for host-side code."""
@@ -308,6 +342,7 @@ class Communicator:
         self._live.clear()
         if unlink:
             unlink_segment(self.segment)
+        self._lib.strata_cpu_watch_signals(0)
         self._lib.strata_cpu_finalize(0)
 
     def __enter__(self):

@@ -385,15 +385,29 @@ def _reduced(s: ir.Schedule, world: int, params: dict[str, int], floor: int,
 
 def _routings(s: ir.Schedule, world: int, params: dict[str, int]) -> list[str]:
     """The sample routings a MoE instance is proven under: those whose entries for one expert from
-    one rank fit its capacity (the call refuses any routing that does not); only the first when
-    the instance is over the sample budget, as the verifier's own samples do at large worlds."""
+    one rank fit its capacity (the call refuses any routing that does not), and for a slotted
+    layout routing.FULL, which fills the call's capacity exactly (a call whose routing needs every
+    slot is proven with every slot in use); only the first that fits when the instance is over the
+    sample budget, as the verifier's own samples do at large worlds."""
     if not s.contract.kind.moe:
         return []
     names = list(dict.fromkeys(r for _, r in verify.MOE_SAMPLES))
     cap = s.contract.capacity
     if cap:
-        names = [n for n in names if _need(s, world, params, n) <= params[cap]]
+        names = [n for n in names + [routing_mod.FULL] if _need(s, world, params, n) <= params[cap]]
     return names[:1] if _elements(s, world, params) > SIM_ELEMENT_BUDGET else names
+
+
+def least_capacity(s: ir.Schedule, world: int, params: dict[str, int]) -> int | None:
+    """The least capacity at which some sample routing fits, with the instance's other sizes (what
+    a refusal for want of a provable routing names); None when none does up to the token count."""
+    cap = s.contract.capacity
+    env = {"world": world, **params}
+    tokens = int(s.param(s.contract.inputs[1]).dims[0].eval(env))
+    for c in range(0, tokens + 1):
+        if _routings(s, world, {**params, cap: c}):
+            return c
+    return None
 
 
 def _need(s: ir.Schedule, world: int, params: dict[str, int], routing: str) -> int:
@@ -403,7 +417,8 @@ def _need(s: ir.Schedule, world: int, params: dict[str, int], routing: str) -> i
     experts = int(s.param(c.outputs[1] if c.kind.dispatch else c.inputs[3]).dims[-1].eval(env))
     need = 0
     for r in range(world):
-        ids = routing_mod.expert_ids(routing, r, tokens, topk, experts)
+        ids = routing_mod.expert_ids(routing, r, tokens, topk, experts,
+                                     capacity=params.get(c.capacity) if c.capacity else None)
         if (ids >= 0).any():
             need = max(need, int(np.bincount(ids[ids >= 0]).max()))
     return need
@@ -458,9 +473,12 @@ def check(s: ir.Schedule, world: int, params: dict[str, int],
                 "comparison or the order of its regions differs); it cannot be proven, so it was "
                 "refused before anything was written")
         if s.contract.kind.moe and not routings:
+            least = least_capacity(s, world, params)
             raise StrataUsageError(f"{s.name}: this call's instance ({instance}) cannot be proven: "
                                    "none of the verifier's sample routings fits its capacity "
-                                   f"({params[s.contract.capacity]}); nothing was written")
+                                   f"({params[s.contract.capacity]})"
+                                   + (f"; the least capacity the verifier can prove at these sizes is "
+                                      f"{least}" if least is not None else "") + "; nothing was written")
         for routing in routings or [None]:
             res = verify.verify(s, world, proof, routing, active=active)
             if not res.ok:

@@ -487,7 +487,13 @@ class Schedule:
             comm._lib.strata_cpu_set_active_ranks(bits)
             comm._active = bits
         mask = (bits,) if prep.masked else ()
+        comm.watch_signals()
         rc = self._launch(*prep.head, comm.next_epoch(prep.stamps), *mask, *prep.tail)
+        # a SIGINT or SIGTERM during the launch stopped its waits (model.cpp OnHostSignal); Python's
+        # own handler has run by now (KeyboardInterrupt), unless the signal's action was the default
+        held = comm._lib.strata_cpu_take_signal()
+        if held:
+            comm.end_on_signal(held, self.name)
         if rc != 0:
             raise StrataRuntimeError(f"{self.name} failed on rank {comm.rank}: "
                                      f"{last_error(comm._lib, comm._ffi)}")

@@ -19,13 +19,23 @@ DESCRIPTIONS = {
 }
 
 
+# A routing of the verifier's only (not one to run or bench with): it is built from the call's
+# capacity, so that a slotted layout is checked with every slot of some (expert, source) pair in use.
+FULL = "full"
+FULL_DESCRIPTION = ("the entries fill the capacity's slots of one expert after another: every "
+                    "(expert, source) pair but the last holds exactly `capacity` tokens")
+
+
 def expert_ids(routing: str, rank: int, tokens: int, topk: int, experts: int,
-               seed: int = 0) -> np.ndarray:
-    """int32 [tokens, topk] expert ids of one rank's tokens."""
-    if routing not in ROUTINGS:
+               seed: int = 0, capacity: int | None = None) -> np.ndarray:
+    """int32 [tokens, topk] expert ids of one rank's tokens. `capacity`: the slots per (expert,
+    source rank) the FULL routing fills (None: tokens); the other routings ignore it."""
+    if routing not in ROUTINGS and routing != FULL:
         raise ValueError(f"unknown routing {routing!r}; known: {', '.join(ROUTINGS)}")
     if topk > experts:
         raise ValueError(f"topk ({topk}) cannot exceed the number of experts ({experts})")
+    if routing == FULL:
+        return full_ids(rank, tokens, topk, experts, tokens if capacity is None else capacity)
     rng = np.random.default_rng([seed, rank, ROUTINGS.index(routing)])
     ids = np.full((tokens, topk), -1, dtype=np.int32)
     if routing == "single":
@@ -46,3 +56,15 @@ def expert_ids(routing: str, rank: int, tokens: int, topk: int, experts: int,
         if tokens:
             ids[0] = -1
     return ids
+
+
+def full_ids(rank: int, tokens: int, topk: int, experts: int, capacity: int) -> np.ndarray:
+    """The FULL routing: entry (t, k) is the (k * tokens + t)-th, and the i-th entry goes to block
+    i // c (c = capacity, at most tokens, at least 1) of experts counted from expert `rank`: every
+    expert but the last used receives exactly c of this rank's entries. A token's entries lie at
+    least tokens >= c apart, so it never picks an expert twice. Entries past what the experts'
+    capacity holds (topk * tokens > c * experts) are -1 (none)."""
+    c = max(1, min(capacity, tokens))
+    i = np.arange(topk)[None, :] * tokens + np.arange(tokens)[:, None]
+    block = i // c
+    return np.where(block < experts, (block + rank) % max(1, experts), -1).astype(np.int32)

@@ -2,7 +2,8 @@
 
 In: a schedule and a world size. Out: the samples to check, derived from the schedule itself: a
 base set of sizes (every size symbol independent, both parities), the values on both sides of
-every condition the program tests, every rank parameter value up to world 16 (the boundaries of
+every condition the program tests, the sizes at which a step loop's trip count reaches 1, 2
+and 3, every rank parameter value up to world 16 (the boundaries of
 its conditions above), for MoE and AllToAllV token counts, capacities and expert counts chosen the
 same way, each with a sample routing from `routing`; each kept while the provenance simulation
 stays within budget. For an instantiated MoE sample, the routed inputs (every rank's expert ids,
@@ -52,6 +53,9 @@ MOE_SAMPLES = ((1, "uniform"), (5, "uniform"), (5, "single"), (5, "empty"), (5, 
 # (tokens, routing) under which a packed window's bound (its own size symbol) is checked at exactly
 # what the routing needs and one row less
 MOE_BOUND_SAMPLES = ((5, "skewed"), (5, "uniform"))
+# tokens of the sample under routing.FULL (slotted layouts only), with the least capacity that
+# holds all its entries
+MOE_FULL_TOKENS = 5
 
 # a condition that is not linear in the symbol is scanned from 0 up to 2 (M + 1)^2 (M: the largest
 # magnitude of its parts that do not involve the symbol), at most this far
@@ -98,10 +102,8 @@ def default_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
     base = base_sizes(s, world)
     mid = _middle(base)
     sizes = list(base)
-    for cond in conditions(s):
-        for sym in [x for x in s.sizes if x in cond.names()]:
-            for v in sorted(boundaries(cond, sym, world, mid, lo=0)):
-                sizes.append({**mid, sym: v})
+    for sym, v in size_boundaries(s, world, mid):
+        sizes.append({**mid, sym: v})
     return _keep(s, world, [{**sz, **rs} for sz in _unique(sizes) for rs in rank_samples(s, world)])
 
 
@@ -158,6 +160,66 @@ def rank_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
     if len(params) > 1:
         out += [{p: v for p in params} for v in values]
     return _unique(out)
+
+
+def size_boundaries(s: ir.Schedule, world: int, mid: dict[str, int]) -> list[tuple[str, int]]:
+    """(size symbol, value) pairs to check besides the base sizes, in program order: both sides of
+    every condition on a size (`boundaries`), then the sizes at which a step loop's trip count
+    changes (`trip_changes`)."""
+    out = []
+    for cond in conditions(s):
+        for sym in [x for x in s.sizes if x in cond.names()]:
+            out += [(sym, v) for v in sorted(boundaries(cond, sym, world, mid, lo=0))]
+    for loop in size_loops(s):
+        for sym in [x for x in s.sizes if x in loop.lo.names() | loop.hi.names()]:
+            out += [(sym, v) for v in sorted(trip_changes(loop, sym, world, mid))]
+    return out
+
+
+# the trip counts a step loop whose bounds depend on a size is checked at: one chunk, two (the
+# first whose offsets are not 0) and three (a chunk between two others)
+TRIPS = (1, 2, 3)
+
+
+def size_loops(s: ir.Schedule) -> list[ir.Loop]:
+    """Every step loop (`for c in lo .. hi`) whose bounds mention a size symbol, in program order."""
+    out: list[ir.Loop] = []
+    sizes = set(s.sizes)
+
+    def walk(nodes) -> None:
+        for op in nodes:
+            if isinstance(op, ir.If):
+                walk(op.then)
+                walk(op.orelse)
+            elif isinstance(op, (ir.Stage, ir.Loop)):
+                if isinstance(op, ir.Loop) and op.domain is ir.Domain.RANGE \
+                        and (op.lo.names() | op.hi.names()) & sizes:
+                    out.append(op)
+                walk(op.body)
+
+    walk(s.body)
+    return out
+
+
+def trip_changes(loop: ir.Loop, name: str, world: int, fixed: dict[str, int]) -> set[int]:
+    """Values of the size `name` around every place where the loop's trip count (hi - lo) reaches
+    1, 2 or 3 as `name` grows: for a change between v - 1 and v, the last value below (v - 1), the
+    first at the count (v) and the next (v + 1), those >= 0. `for c in 0 .. 1 + n / 4096` adds
+    4095, 4096, 4097 (two chunks) and 8191, 8192, 8193 (three). Each count is the condition
+    `hi - lo >= k`, solved or scanned as `boundaries` does, with the same values for the other
+    names."""
+    others = sorted((loop.lo.names() | loop.hi.names()) - {name, "world"} - fixed.keys())
+    ranks = sorted({r for r in (0, 1, world // 2, world - 1) if 0 <= r < world})
+    trips = ir.Bin(ir.BinKind.SUB, loop.hi, loop.lo)
+    out: set[int] = set()
+    for k in TRIPS:
+        cond = ir.Bin(ir.BinKind.GE, trips, ir.Const(k))
+        for combo in itertools.islice(itertools.product(ranks, repeat=len(others)), 64):
+            env = {"world": world, **fixed, **dict(zip(others, combo))}
+            env.pop(name, None)
+            for v in _changes(cond, name, env):
+                out.update(x for x in (v - 1, v, v + 1) if x >= 0)
+    return out
 
 
 def conditions(s: ir.Schedule) -> list[ir.IExpr]:
@@ -288,6 +350,10 @@ def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
     role_of = {sym: role for role, sym in roles.items()}
     samples = [_moe_sample(s, world, role_of, routing, tokens=t) for t, routing in MOE_SAMPLES]
     mid = samples[1]
+    if "capacity" in roles:
+        # every slot of some (expert, source) pairs in use: the capacity exactly what the routing
+        # needs, the least that holds all of its entries
+        samples.append(_moe_sample(s, world, role_of, routing_mod.FULL, tokens=MOE_FULL_TOKENS))
     if "bound" in roles:
         # the bound exactly what the routing needs (within it) and one row less (over it: reported,
         # nothing placed), under a skewed and a uniform routing
@@ -297,32 +363,30 @@ def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
                 if v >= 0:
                     samples.append(_moe_sample(s, world, role_of, routing, tokens=t, bound=v))
     experts = moe_experts(world)
-    for cond in conditions(s):
-        for sym in [x for x in s.sizes if x in cond.names()]:
-            role = role_of.get(sym)
-            for v in sorted(boundaries(cond, sym, world, dict(mid), lo=0)):
-                if role == "tokens":
-                    samples.append(_moe_sample(s, world, role_of, "uniform", tokens=v))
-                elif role == "topk" and 1 <= v <= experts:
-                    samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, topk=v))
-                elif role == "hidden" and v >= 1:
-                    samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, hidden=v))
-                elif role == "experts":
-                    # a multiple of the world size, at least topk: the nearest on each side of v
-                    for e in {v // world * world, -(-v // world) * world}:
-                        if e >= max(world, MOE_TOPK):
-                            samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5,
-                                                       experts=e))
-                elif role == "bound" and v >= 0:
-                    samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, bound=v))
-                elif role == "capacity":
-                    # a capacity below what the routing needs is refused at the call
-                    if v >= _need(s, world, mid, "uniform"):
-                        samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, capacity=v))
-                else:
-                    extra = Sample({**mid, sym: v})
-                    extra.routing = "uniform"
-                    samples.append(extra)
+    for sym, v in size_boundaries(s, world, dict(mid)):
+        role = role_of.get(sym)
+        if role == "tokens":
+            samples.append(_moe_sample(s, world, role_of, "uniform", tokens=v))
+        elif role == "topk" and 1 <= v <= experts:
+            samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, topk=v))
+        elif role == "hidden" and v >= 1:
+            samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, hidden=v))
+        elif role == "experts":
+            # a multiple of the world size, at least topk: the nearest on each side of v
+            for e in {v // world * world, -(-v // world) * world}:
+                if e >= max(world, MOE_TOPK):
+                    samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5,
+                                               experts=e))
+        elif role == "bound" and v >= 0:
+            samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, bound=v))
+        elif role == "capacity":
+            # a capacity below what the routing needs is refused at the call
+            if v >= _need(s, world, mid, "uniform"):
+                samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, capacity=v))
+        else:
+            extra = Sample({**mid, sym: v})
+            extra.routing = "uniform"
+            samples.append(extra)
     out: list[Sample] = []
     seen = set()
     ranks = rank_samples(s, world)
@@ -344,9 +408,13 @@ def _moe_sample(s: ir.Schedule, world: int, role_of: dict[str, str], routing: st
                 capacity: int | None = None, bound: int | None = None) -> Sample:
     """One MoE sample. The capacity, unless given: the least that holds the routing (the most
     entries one rank sends one expert) when that is below the token count, else tokens + 2, so
-    that it never equals the token count and lies on either side of it."""
+    that it never equals the token count and lies on either side of it; under routing.FULL the
+    least that holds all of a rank's entries, ceil(tokens x topk / experts), which it fills."""
+    experts = experts or moe_experts(world)
+    if capacity is None and routing == routing_mod.FULL:
+        capacity = max(1, -(-tokens * topk // experts))
     value = {"tokens": tokens, "topk": topk, "hidden": hidden,
-             "experts": experts or moe_experts(world),
+             "experts": experts,
              "capacity": tokens + 2 if capacity is None else capacity,
              "bound": world * tokens * topk if bound is None else bound}
     sample = Sample({sym: value.get(role_of.get(sym, ""), world * tokens * topk) for sym in s.sizes})
@@ -369,12 +437,18 @@ def _received(s: ir.Schedule, world: int, sample: dict[str, int], routing: str) 
         L = E // world
         recv = np.zeros(world, dtype=np.int64)
         for r in range(world):
-            ids = routing_mod.expert_ids(routing, r, T, K, E)
+            ids = routing_mod.expert_ids(routing, r, T, K, E, capacity=capacity_of(s, env))
             picked = ids[ids >= 0]
             recv += np.bincount(picked // L, minlength=world)[:world]
         return int(recv.max())
     except (ZeroDivisionError, ValueError):
         return 0
+
+
+def capacity_of(s: ir.Schedule, env: dict[str, int]) -> int | None:
+    """A slotted layout's capacity in an instance (what routing.FULL fills), else None."""
+    cap = s.contract.capacity
+    return env.get(cap) if cap else None
 
 
 def _need(s: ir.Schedule, world: int, sample: dict[str, int], routing: str) -> int:
@@ -386,7 +460,7 @@ def _need(s: ir.Schedule, world: int, sample: dict[str, int], routing: str) -> i
         E = s.param(c.outputs[1] if c.kind.dispatch else c.inputs[3]).dims[-1].eval(env)
         worst = 0
         for r in range(world):
-            ids = routing_mod.expert_ids(routing, r, T, K, E)
+            ids = routing_mod.expert_ids(routing, r, T, K, E, capacity=capacity_of(s, env))
             picked = ids[ids >= 0]
             if picked.size:
                 worst = max(worst, int(np.bincount(picked).max()))
@@ -433,7 +507,8 @@ def route_sample(inst: Instance, routing: str) -> None:
     if K > E:
         raise StrataError(error(Codes.SHAPE, f"topk ({K}) exceeds the number of experts ({E}) "
                                 f"({context(inst)})", s.param(ids_name).span))
-    ids = [routing_mod.expert_ids(routing, r, T, K, E) for r in range(inst.world)]
+    cap = capacity_of(s, {"world": inst.world, **inst.sizes})
+    ids = [routing_mod.expert_ids(routing, r, T, K, E, capacity=cap) for r in range(inst.world)]
     inst.routing = routing
     inst.data = {(r, ids_name): ids[r] for r in range(inst.world)}
     if c.kind is ir.ContractKind.MOE_COMBINE:

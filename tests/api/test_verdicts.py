@@ -96,3 +96,28 @@ def test_a_verdict_is_believed_only_when_it_is_intact_own_and_about_this_instanc
     with pytest.raises(StrataUsageError):      # a refusal is not stored
         verdicts.verdict(s, 2, {"n": 5}, lambda: (_ for _ in ()).throw(StrataUsageError("no")))
     assert not verdicts.verdict_path(s, 2, {"n": 5}).exists()
+
+
+DECODE = Path(__file__).resolve().parents[2] / "examples" / "moe_decode.strata"
+# 10 tokens, topk 2, 4 experts at world 2: under the seed-0 sample routings a rank sends one expert
+# up to 8 (uniform, sparse), 10 (single, empty) entries
+DECODE_SIZES = {"tokens": 10, "hidden": 32, "topk": 2, "experts": 4}
+
+
+def test_a_decode_capacity_the_routing_fills_exactly_is_proven_with_every_slot_in_use():
+    """A call's capacity of 7, which its own routing may fill exactly, is below what every random
+    sample routing needs (8): it is proven under routing.FULL, whose entries fill 7 slots of one
+    expert after another (it used to be refused as unprovable, while 8 passed)."""
+    s = lowered(frontend.load_source(DECODE))
+    assert instance.check(s, 2, {**DECODE_SIZES, "capacity": 7}).proof["routings"] == ["full"]
+    assert instance.check(s, 2, {**DECODE_SIZES, "capacity": 8}).proof["routings"] == [
+        "uniform", "sparse", "full"]
+
+
+def test_a_capacity_no_sample_routing_fits_names_the_least_provable_one():
+    s = lowered(frontend.load_source(DECODE))
+    with pytest.raises(StrataUsageError, match=r"^moe_decode_dispatch: this call's instance \(world=2, "
+                       r"capacity=0, experts=4, hidden=32, tokens=10, topk=2\) cannot be proven: none of "
+                       r"the verifier's sample routings fits its capacity \(0\); the least capacity the "
+                       r"verifier can prove at these sizes is 1; nothing was written$"):
+        instance.check(s, 2, {**DECODE_SIZES, "capacity": 0})

@@ -164,6 +164,70 @@ def test_run_max_recv_bounds_the_window_and_an_overflow_is_an_error(spy, capsys)
     assert "more than the 4 rows of its window win (max_recv = 4)" in text and "Traceback" not in text
 
 
+DECODE = EX / "moe_decode.strata"
+# tokens 10, topk 2, 4 experts at world 2 under uniform, seeds 3 and 4 (the run checks --seed and
+# --seed + 1): the most tokens one rank sends one expert is 7 (counted by hand from
+# expert_ids("uniform", r, 10, 2, 4, seed) for r = 0, 1); every seed-0 sample routing the verifier
+# had needs 8, so before routing.FULL a capacity of 7 was refused as unprovable
+DECODE_RUN = [str(DECODE), "--world", "2", "--tokens", "10", "--hidden", "32", "--topk", "2",
+              "--experts", "4", "--seed", "3", "--iters", "1", "--cores", "2"]
+
+
+def test_run_capacity_an_exact_fit_runs_and_one_slot_less_is_refused(spy, capsys):
+    """`stratac run --capacity C` of the decode layout: C = 7, exactly what the routing needs, is
+    proven and runs OK with a window of experts x 7 rows; C = 6 is refused at the call, before
+    anything is written, naming the rank, the expert and the capacity."""
+    rc = cli.main(["run", *DECODE_RUN, "--capacity", "7"])
+    out = capsys.readouterr()
+    assert rc == 0, out.out + out.err
+    assert spy[-1].cases[0].capacity == 7
+    assert "window 28 rows, capacity 7 slots per (expert, source)" in out.out
+    assert "OK" in out.out and "WRONG" not in out.out and "cannot be proven" not in out.err
+    rc = cli.main(["run", *DECODE_RUN, "--capacity", "6"])
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert rc == 1, text
+    assert "more than the capacity of 6 slots per (expert, source rank); nothing was written" in text
+    assert "Traceback" not in text
+
+
+def test_bench_capacity_reaches_the_sweep(spy, tmp_path, capsys):
+    """`stratac bench --capacity C` sweeps the slotted schedules with C slots per (expert, source)."""
+    out = tmp_path / "b.json"
+    rc = cli.main(["bench", str(DECODE), "--world", "2", "--tokens", "10", "--hidden", "32", "--topk", "2",
+                   "--experts", "4", "--seed", "3", "--capacity", "7", "--iters", "1", "--warmup", "0",
+                   "--cores", "2", "--no-progress", "--json", str(out)])
+    text = capsys.readouterr()
+    assert rc == 0, text.err
+    assert spy[0].capacity == 7 and all(c.capacity == 7 for s in spy[1:] for c in s.cases)
+    recs = json.loads(out.read_text())["results"]
+    assert recs and all(r["capacity"] == 7 and r["window_rows"] == 28 and r["errors"] == 0 for r in recs)
+
+
+@pytest.mark.parametrize("argv, want", [
+    # a slotted layout has no bound to size, a packed one no slots, a collective neither
+    (["run", str(DECODE), "--world", "2", "--max-recv", "4"],
+     "--max-recv 4 applies to a MoE dispatch/combine whose packed window's rows are a size of their "
+     "own (e.g. examples/moe_prefill_bounded.strata), and none of this file's schedules "
+     "(moe_decode_dispatch, moe_decode_combine) has one; a slotted layout takes --capacity"),
+    (["run", str(EX / "moe_prefill.strata"), "--world", "2", "--capacity", "4"],
+     "--capacity 4 applies to a MoE dispatch/combine with slots per (expert, source rank)"),
+    (["run", str(EX / "allreduce_oneshot.strata"), "--world", "2", "--capacity", "4"],
+     "none of this file's schedules (allreduce_oneshot) has one"),
+    (["bench", str(DECODE), "--world", "2", "--max-recv", "4", "--no-progress"],
+     "--max-recv 4 applies to a MoE dispatch/combine whose packed window's rows"),
+    (["bench", str(BOUNDED), "--world", "2", "--capacity", "4", "--no-progress"],
+     "; a bounded packed window takes --max-recv: drop --capacity"),
+])
+def test_max_recv_and_capacity_are_refused_where_they_do_not_apply(spy, capsys, argv, want):
+    """--max-recv and --capacity each size one kind of window; a file without one is refused with
+    the option and the schedules named, before any rank starts (they used to be ignored)."""
+    rc = cli.main(argv)
+    out = capsys.readouterr()
+    assert rc != 0 and want in out.err, out.out + out.err
+    assert "Traceback" not in out.err and "[rank " not in out.err and out.out == ""
+
+
 def test_bench_max_recv_reaches_the_sweep(spy, tmp_path, capsys):
     """`stratac bench --max-recv R` sweeps the bounded schedules with R window rows per rank."""
     out = tmp_path / "b.json"

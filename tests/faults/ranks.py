@@ -10,6 +10,8 @@ a slow rank on a busy machine cannot end the scenario at another deadline first.
 Lines on stdout the tests read (SCEN: the scenario's name):
   ENTER SCEN <t>              about to call the schedule (t: time.time())
   READY SCEN <t>              (a victim) alive and not calling
+  INTERRUPTED SCEN <s> <msg>  (signalled) the call raised KeyboardInterrupt, s seconds after it began
+  TERMINATED SCEN <s> <msg>   (signalled) the call raised the program's own SIGTERM handler's exception
   ERROR SCEN <elapsed> <msg>  the call (or what followed) raised; msg on one line
   STATS SCEN <json>           measurements (soak, oversubscription)
   PASS SCEN                   everything this rank checked held
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 import sys
 import time
@@ -140,6 +143,53 @@ def victim(comm, rank, world, arg):
     try:
         say("ENTER", time.time())
         ar.allreduce_twoshot(x, op="sum", cores=2)
+    except Exception as exc:  # noqa: BLE001
+        report(t0, exc)
+        raise Failed from exc
+
+
+# ---- a signal to a rank blocked in a kernel wait ---------------------------------------------
+
+class Terminated(Exception):
+    """Raised by the SIGTERM handler a program may install (like a launcher's): arg "handler"."""
+
+
+def signalled(comm, rank, world, arg):
+    """Rank 0 calls the two-shot AllReduce and blocks in its first barrier (rank 1 never calls);
+    rank 1 says READY once rank 0 announced its arrival there (as in `victim`), so that the test's
+    signal to rank 0 lands in the kernel wait, then waits in a host barrier that ends when the pool
+    is aborted. Rank 0 says INTERRUPTED (seconds since its call began) on a KeyboardInterrupt and
+    TERMINATED on its own SIGTERM handler's exception (installed when arg is "handler"); under
+    the default SIGTERM action the communicator ends the process (SystemExit, a line on stderr)."""
+    if arg == "handler" and rank == 0:
+        def on_term(signum, frame):
+            raise Terminated(f"signal {signum}")
+        signal.signal(signal.SIGTERM, on_term)
+    ar = comm.load(AR)
+    x = comm.empty(4096, dtype=torch.float32)
+    comm.barrier()
+    t0 = time.monotonic()
+    if rank == 0:
+        say("ENTER", time.time())
+        try:
+            ar.allreduce_twoshot(x, op="sum", cores=2)
+        except KeyboardInterrupt as exc:
+            say("INTERRUPTED", f"{time.monotonic() - t0:.3f}", str(exc).replace("\n", " | "))
+            raise Failed from exc
+        except Terminated as exc:
+            say("TERMINATED", f"{time.monotonic() - t0:.3f}", str(exc))
+            raise Failed from exc
+        say("RETURNED")
+        return
+    try:
+        deadline = time.monotonic() + HOST_WAIT
+        at = comm._sync   # slot 0 of this rank's sync area: rank 0's barrier arrivals
+        while not struct.unpack_from("i", comm._buffer, at)[0]:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"rank 0 did not reach the barrier within {HOST_WAIT} s")
+            time.sleep(0.005)
+        say("READY", time.time())
+        host_barrier(comm, "after")   # ends when rank 0's interrupted call aborts the pool
     except Exception as exc:  # noqa: BLE001
         report(t0, exc)
         raise Failed from exc
@@ -401,7 +451,8 @@ def oversubscribed(comm, rank, world, arg):
     say("STATS", json.dumps(stats))
 
 
-SCENARIOS = {f.__name__: f for f in (skip_call, hang_flag, victim, soak, oversubscribed, masked_moe)}
+SCENARIOS = {f.__name__: f for f in (skip_call, hang_flag, victim, soak, oversubscribed, masked_moe,
+                                      signalled)}
 
 
 def host_barrier(comm, what: str) -> None:

@@ -202,3 +202,39 @@ def test_max_recv_sizes_the_bounded_window(tmp_path, capsys):
     status, out, err = _run(["simulate", str(ROOT / "examples" / "moe_prefill.strata"), "--machine", machine,
                              "--world", str(W), "--tokens", str(T), "--max-recv", "100"], capsys)
     assert status == 1 and "moe_prefill_dispatch's window has none" in err
+
+
+def test_capacity_sizes_the_slots(tmp_path, capsys):
+    """--capacity C: a slotted (decode) window of experts x C rows per rank. The heap per rank of
+    each schedule (its window is a parameter of both) is the default's at C = tokens and smaller by
+    exactly experts x (tokens - C) x hidden x 2 bytes (bf16) below it, and C shows in the JSON; a
+    sample routing past C, and C for a packed window, are one error line each."""
+    machine = str(ROOT / "machines" / "cloudmatrix384.toml")
+    decode = str(ROOT / "examples" / "moe_decode.strata")
+    W, T, H, K, E = 4, 64, 256, 4, 64
+
+    def heaps(extra):
+        out_json = tmp_path / "c.json"
+        status, out, err = _run(["simulate", decode, "--machine", machine, "--world", str(W), "--tokens",
+                                 str(T), "--hidden", str(H), "--topk", str(K), "--experts", str(E), *extra,
+                                 "--json", str(out_json)], capsys)
+        assert status == 0, err
+        data = json.loads(out_json.read_text())
+        return data["meta"]["moe"], {r["schedule"]: r["moe"]["heap_bytes"] for r in data["results"]}
+
+    meta, default = heaps([])
+    assert meta["capacity"] is None
+    _, full = heaps(["--capacity", str(T)])
+    assert full == default
+    meta, small = heaps(["--capacity", "20"])
+    assert meta["capacity"] == 20
+    for name in default:
+        assert default[name] - small[name] == E * (T - 20) * H * 2, name
+    status, out, err = _run(["simulate", decode, "--machine", machine, "--world", str(W), "--tokens", str(T),
+                             "--hidden", str(H), "--topk", str(K), "--experts", str(E), "--capacity", "2"],
+                            capsys)
+    assert status == 1 and out == ""
+    assert "more than --capacity 2: that call would be refused" in err
+    status, out, err = _run(["simulate", str(ROOT / "examples" / "moe_prefill.strata"), "--machine", machine,
+                             "--world", str(W), "--tokens", str(T), "--capacity", "8"], capsys)
+    assert status == 1 and "moe_prefill_dispatch's window has none" in err

@@ -7,7 +7,7 @@ import pytest
 from stratac import verify
 from stratac.diagnostics import Source
 from stratac.lang.frontend import schedules
-from stratac.verify.routing import ROUTINGS, expert_ids
+from stratac.verify.routing import FULL, ROUTINGS, expert_ids
 
 
 @pytest.mark.parametrize("routing", ROUTINGS)
@@ -31,6 +31,23 @@ def test_what_each_routing_means():
     assert (skewed == 0).any(axis=1).mean() > 0.8        # most tokens go to expert 0
     sparse = expert_ids("sparse", 0, 50, 4, 8)
     assert (sparse[0] == -1).all() and 0 < (sparse == -1).mean() < 0.6
+
+
+def test_the_full_routing_by_hand():
+    """routing.FULL fills `capacity` slots of one expert after another, from expert `rank` on:
+    entry (t, k) is the (k * tokens + t)-th and goes to block (k * tokens + t) // capacity."""
+    ids = expert_ids(FULL, 0, 5, 2, 4, capacity=3)
+    assert ids.tolist() == [[0, 1], [0, 2], [0, 2], [1, 2], [1, 3]]   # experts 0, 1, 2 hold 3 each
+    assert expert_ids(FULL, 1, 5, 2, 4, capacity=3).tolist() == [[1, 2], [1, 3], [1, 3], [2, 3], [2, 0]]
+    # more entries than the experts' slots hold: the rest are -1
+    assert expert_ids(FULL, 0, 5, 2, 2, capacity=1).tolist() == [[0, -1], [1, -1]] + [[-1, -1]] * 3
+    # a capacity above the token count fills `tokens` slots; none given: tokens too
+    assert (expert_ids(FULL, 0, 4, 2, 8, capacity=9) == expert_ids(FULL, 0, 4, 2, 8)).all()
+    assert expert_ids(FULL, 0, 4, 2, 8).tolist() == [[0, 1]] * 4
+    for cap in range(1, 9):      # every token's experts distinct, at most `cap` entries per expert
+        ids = expert_ids(FULL, 2, 8, 3, 8, capacity=cap)
+        assert all(len(set(r[r >= 0].tolist())) == len(r[r >= 0]) for r in ids)
+        assert np.bincount(ids[ids >= 0], minlength=8).max() == cap
 
 
 def test_reference_layout_by_hand():

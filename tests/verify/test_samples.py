@@ -95,6 +95,47 @@ def test_boundaries_survive_a_division_by_zero():
     assert samples.boundaries(cond, "n", 3, {}) == {4, 5, 6, 7}  # n / 2 > 2 from n = 6 on
 
 
+# ---- the trip counts of a step loop ----
+
+def _loop(lo: ir.IExpr, hi: ir.IExpr) -> ir.Loop:
+    return ir.Loop("c", ir.Domain.RANGE, (), None, lo, hi)
+
+
+@pytest.mark.parametrize("lo, hi, world, want", [
+    # 1 + n / 4096: one chunk up to 4095, two from 4096, three from 8192
+    (C(0), ir.Bin(B.ADD, C(1), ir.Bin(B.DIV, V("n"), C(4096))), 4,
+     {4095, 4096, 4097, 8191, 8192, 8193}),
+    # n / 4096: none below 4096, then one, two (8192) and three (12288)
+    (C(0), ir.Bin(B.DIV, V("n"), C(4096)), 4,
+     {4095, 4096, 4097, 8191, 8192, 8193, 12287, 12288, 12289}),
+    # 1 .. n: n - 1 trips, one from n = 2, two from 3, three from 4
+    (C(1), V("n"), 4, {1, 2, 3, 4, 5}),
+    # (n + world - 1) / world at world 4: one trip from n = 1, two from 5, three from 9
+    (C(0), ir.Bin(B.DIV, ir.Bin(B.ADD, V("n"), ir.Bin(B.SUB, V("world"), C(1))), V("world")), 4,
+     {0, 1, 2, 4, 5, 6, 8, 9, 10}),
+    # a bound that falls as n grows: 0 .. 3 - n has 3 trips at n = 0, 2 at 1, 1 at 2, none from 3;
+    # each change between v - 1 and v adds v - 1, v and v + 1
+    (C(0), ir.Bin(B.SUB, C(3), V("n")), 4, {0, 1, 2, 3, 4}),
+])
+def test_trip_changes(lo, hi, world, want):
+    assert samples.trip_changes(_loop(lo, hi), "n", world, {}) == want
+
+
+def test_samples_of_a_chunk_loop():
+    s = one("""schedule s(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {
+  blk = split(out, world)
+  barrier
+  for c in 0 .. 1 + n / 4096 {
+    on sdma: for p in ranks: blk[rank][c:c + 1]@p = x[c:c + 1]
+  }
+  barrier
+}""")
+    assert [lp.head for lp in samples.size_loops(s)] == ["c in 0 .. 1 + (n / 4096)"]
+    # base 1, 5, 6, 9 at world 2, then one chunk's last size and 2 and 3 chunks' first two
+    assert verify.default_samples(s, 2) == [{"n": n} for n in (1, 5, 6, 9, 4095, 4096, 4097, 8191,
+                                                                8192, 8193)]
+
+
 def test_conditions_are_collected_everywhere_once():
     s = one("""schedule s(x: sym T[n], root: rank) implements broadcast(x, root) {
   if n > 4 { on aiv: for p in peers: if p != root: x[0:0] = x[0:0] }
@@ -191,11 +232,11 @@ def test_samples_are_dropped_over_budget_but_never_all(monkeypatch):
 
 # ---- MoE ----
 
-def _ids_need(routing, world, tokens, topk, experts):
+def _ids_need(routing, world, tokens, topk, experts, capacity=None):
     """The most entries one rank routes to one expert, counted here from the sample routing."""
     worst = 0
     for r in range(world):
-        ids = expert_ids(routing, r, tokens, topk, experts)
+        ids = expert_ids(routing, r, tokens, topk, experts, capacity=capacity)
         for e in range(experts):
             worst = max(worst, int((ids == e).sum()))
     return worst
@@ -205,12 +246,16 @@ def test_moe_capacity_is_never_the_token_count():
     dispatch, combine = example("moe_decode.strata")
     for world in (1, 2, 3, 8):
         got = verify.default_samples(dispatch, world)
-        assert [(x["tokens"], x.routing) for x in got] == list(samples.MOE_SAMPLES)
+        assert [(x["tokens"], x.routing) for x in got] == list(samples.MOE_SAMPLES) + [(5, "full")]
+        full = got.pop()
+        assert full["capacity"] == -(-5 * 2 // (2 * world))    # the least that holds 10 entries
+        # and the full routing fills it: some (expert, source) pair uses every slot
+        assert _ids_need("full", world, 5, 2, 2 * world, full["capacity"]) == full["capacity"]
         for x in got:
             need = _ids_need(x.routing, world, x["tokens"], x["topk"], x["experts"])
             assert x["capacity"] != x["tokens"] and x["capacity"] >= need, (world, dict(x), need)
             assert x["capacity"] == (need if 0 < need < x["tokens"] else x["tokens"] + 2)
-        assert verify.default_samples(combine, world) == got
+        assert verify.default_samples(combine, world) == got + [full]
     # by hand: one token, or every token to expert 0 (single), needs as many slots as tokens
     by = {(x["tokens"], x.routing): x["capacity"] for x in verify.default_samples(dispatch, 4)}
     assert by[(1, "uniform")] == 3 and by[(5, "single")] == 7

@@ -67,6 +67,15 @@ int strata_cpu_read_counters(uint64_t* out, int max_cores);
 // Abort state of the pool: nonzero once any rank failed; its message is returned by
 // strata_cpu_abort_message().
 int strata_cpu_aborted(void);
+// SIGINT and SIGTERM: while watched (on = 1; on = 0 puts the replaced handlers back; idempotent,
+// and a signal the process ignores is not watched), a signal during a launch makes its waits fail at
+// their next poll (the pool is aborted), and goes on to the handler it would have reached
+// (Python's); one whose action is the default (SIGTERM, unless the host set a handler) is held back
+// instead, so that the process does not die inside the launch. Outside a launch the signal goes on
+// unchanged (the default action included). Call watch again after the host set another handler.
+void strata_cpu_watch_signals(int on);
+// The held-back signal of the last launch, once (0 if none), for the host to end the process cleanly.
+int strata_cpu_take_signal(void);
 // Trace: while enabled, every core's kernel, stages (strata: lines), flag waits, SyncAll and SDMA
 // quiets, and every SDMA copy are recorded as spans (CLOCK_MONOTONIC). trace_write appends them to
 // `path` as Chrome trace events, one JSON object per line (pid = rank; tid = core, or 1000 + core

@@ -58,6 +58,7 @@ class BenchSpec:
     experts: int | None = None
     routings: list[str] | None = None   # default ["uniform"]
     max_recv: int | None = None         # a bounded window's rows (default world x tokens x topk)
+    capacity: int | None = None         # a slotted layout's slots per (expert, source) (default tokens)
 
 
 @dataclass

@@ -39,7 +39,8 @@ from stratac.tools.run import runner, workload
 from stratac.verify.routing import expert_ids
 
 _MOE_OPTIONS = (("tokens", "--tokens"), ("hidden", "--hidden"), ("topk", "--topk"),
-                ("experts", "--experts"), ("routings", "--routing"), ("max_recv", "--max-recv"))
+                ("experts", "--experts"), ("routings", "--routing"), ("max_recv", "--max-recv"),
+                ("capacity", "--capacity"))
 PER_PEER_SOURCE = "computed from the routing (stratac.verify.routing.expert_ids), not measured"
 
 
@@ -69,6 +70,9 @@ def moe_file(spec: BenchSpec) -> list[tuple[str, str | None]] | None:
     if spec.sizes is not None and spec.sizes != parse_sizes(DEFAULT_SIZES):
         raise BenchUsageError(f"--sizes sweeps the bytes of a collective, and {spec.file} holds MoE "
                               "schedules: sweep --tokens (with --hidden, --topk, --experts, --routing)")
+    problem = workload.layout_options_problem(scheds, spec.max_recv, spec.capacity)
+    if problem:
+        raise BenchUsageError(f"{spec.file}: {problem}")
     return moe_pairs(scheds)
 
 
@@ -93,7 +97,8 @@ def _moe_cases(spec: BenchSpec) -> list[runner.Case]:
             raise BenchUsageError(f"{flag} must be at least 1, got {v}")
     tokens = spec.tokens or parse_counts(MOE_TOKENS)
     return [runner.Case(dtype=spec.dtype, tokens=t, hidden=spec.hidden, topk=spec.topk,
-                        experts=spec.experts, routing=r, max_recv=spec.max_recv)
+                        experts=spec.experts, routing=r, max_recv=spec.max_recv,
+                        capacity=spec.capacity)
             for r in (spec.routings or ["uniform"]) for t in tokens]
 
 

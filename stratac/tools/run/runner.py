@@ -46,6 +46,7 @@ class Case:
     experts: int | None = None
     routing: str = "uniform"
     max_recv: int | None = None   # rows of a bounded packed window (None: world x tokens x topk)
+    capacity: int | None = None   # slots per (expert, source rank) of a slotted layout (None: tokens)
 
 
 @dataclass
@@ -110,7 +111,7 @@ def moe_workloads(spec: RunSpec, case: Case, schedules) -> list:
     except PairingError as exc:
         raise StrataError(error(Codes.BAD_CONTRACT, str(exc))) from None
     return [MoeWorkload.make(disp, comb, spec.world, case.tokens, case.hidden, case.topk, case.experts,
-                             case.routing, case.max_recv) for disp, comb in pairs]
+                             case.routing, case.max_recv, case.capacity) for disp, comb in pairs]
 
 
 def _check_moe_case(spec: RunSpec, case: Case) -> None:
@@ -137,6 +138,11 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
     opts.check()
     compiled = compile_schedules(source, opts, [spec.world])
     routed = [c.schedule.name for c in compiled if c.schedule.contract.kind.moe]
+    from stratac.tools.run.workload import layout_options_problem
+    for case in spec.cases:
+        problem = layout_options_problem([c.schedule for c in compiled], case.max_recv, case.capacity)
+        if problem:
+            raise StrataError(error(Codes.BAD_CONTRACT, f"{spec.file}: {problem}; nothing was run"))
     for case in spec.cases:
         if routed and case.dtype in ("i32", "i8"):
             raise StrataError(error(Codes.BAD_TYPE, f"{routed[0]} moves float tokens: --dtype f32, f16 "

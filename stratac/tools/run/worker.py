@@ -155,7 +155,7 @@ def _run_moe(comm, disp, comb, case: dict, spec: dict, rank: int, world: int) ->
     v = d.kind is ContractKind.ALLTOALLV
     wl = MoeWorkload.make(disp.ir, comb.ir if comb else None, world, case.get("tokens"), case.get("hidden"),
                           case.get("topk"), case.get("experts"), case.get("routing") or "uniform",
-                          case.get("max_recv"))
+                          case.get("max_recv"), case.get("capacity"))
     heap_before = comm.heap_used
     q = wl.quantized   # int8 rows and f32 scales dispatched; the combine's window in the activation dtype
     role_dtype = {"x": torch.int8 if q else tdtype, "win": torch.int8 if q else tdtype, "y": tdtype,

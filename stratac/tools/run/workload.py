@@ -159,6 +159,30 @@ def moe_pairs(scheds: list[ir.Schedule]) -> list:
 MOE_DEFAULTS = {"tokens": 64, "hidden": 512, "topk": 4, "experts_per_rank": 4}
 
 
+def layout_options_problem(schedules, max_recv: int | None, capacity: int | None) -> str | None:
+    """What is wrong with giving --max-recv or --capacity to these schedules, or None: each sizes
+    one kind of window, and a file none of whose schedules has that window is refused (the option
+    would be ignored). --max-recv: a packed window whose rows are a size of their own (a bound);
+    --capacity: a slotted layout (a contract with a capacity)."""
+    from stratac.verify import moe_roles
+    moe = [s for s in schedules if s.contract.kind.moe]
+    names = ", ".join(s.name for s in schedules) or "no schedule"
+    if max_recv is not None and not any("bound" in moe_roles(s) for s in moe):
+        return (f"--max-recv {max_recv} applies to a MoE dispatch/combine whose packed window's rows "
+                "are a size of their own (e.g. examples/moe_prefill_bounded.strata), and none of "
+                f"this file's schedules ({names}) has one"
+                + ("; a slotted layout takes --capacity" if any(s.contract.capacity for s in moe) else "")
+                + ": drop --max-recv")
+    if capacity is not None and not any(s.contract.capacity for s in moe):
+        return (f"--capacity {capacity} applies to a MoE dispatch/combine with slots per (expert, "
+                "source rank) (a contract with a capacity, e.g. examples/moe_decode.strata), and none "
+                f"of this file's schedules ({names}) has one"
+                + ("; a bounded packed window takes --max-recv" if any("bound" in moe_roles(s)
+                                                                       for s in moe) else "")
+                + ": drop --capacity")
+    return None
+
+
 def moe_options_problem(world: int, topk: int | None, experts: int | None,
                         routing: str = "uniform") -> str | None:
     """What is wrong with a run's MoE options (None meaning MOE_DEFAULTS), or None."""
@@ -193,23 +217,25 @@ class MoeWorkload:
     experts: int
     routing: str = "uniform"
     max_recv: int | None = None    # a bounded window's rows (its own size symbol); None: any routing
+    slots: int | None = None       # a slotted layout's capacity (--capacity); None: tokens
 
     @staticmethod
     def make(dispatch: ir.Schedule, combine: ir.Schedule | None, world: int, tokens=None, hidden=None,
-             topk=None, experts=None, routing: str = "uniform", max_recv=None) -> "MoeWorkload":
+             topk=None, experts=None, routing: str = "uniform", max_recv=None,
+             capacity=None) -> "MoeWorkload":
         """The workload of a run's options, None meaning MOE_DEFAULTS; AllToAllV routes each row to
         one rank (topk 1, one "expert" per rank)."""
         v = dispatch.contract.kind is K.ALLTOALLV
         return MoeWorkload(dispatch, combine, world, tokens or MOE_DEFAULTS["tokens"],
                            hidden or MOE_DEFAULTS["hidden"], 1 if v else topk or MOE_DEFAULTS["topk"],
                            world if v else experts or MOE_DEFAULTS["experts_per_rank"] * world, routing,
-                           max_recv)
+                           max_recv, capacity)
 
     @property
     def capacity(self) -> int:
-        """Slots per (expert, source rank) of a slotted layout: a token never picks an expert twice,
-        so `tokens` slots hold any routing."""
-        return max(1, self.tokens)
+        """Slots per (expert, source rank) of a slotted layout: --capacity, else `tokens` (a token
+        never picks an expert twice, so `tokens` slots hold any routing)."""
+        return self.slots if self.slots is not None else max(1, self.tokens)
 
     @property
     def slotted(self) -> bool:

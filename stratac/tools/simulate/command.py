@@ -31,13 +31,13 @@ def _routings() -> tuple[str, ...]:
 def cmd_simulate(args) -> int:
     try:
         machine = load_machine(args.machine)
-        given = [v for v in (args.hidden, args.topk, args.experts, args.routing, args.max_recv)
-                 if v is not None]
+        given = [v for v in (args.hidden, args.topk, args.experts, args.routing, args.max_recv,
+                             args.capacity) if v is not None]
         moe = None
         if given:
             moe = MoeSpec(hidden=args.hidden or MOE_HIDDEN, topk=args.topk or MOE_TOPK,
                           experts=args.experts, routing=args.routing or "uniform", seed=args.seed,
-                          max_recv=args.max_recv)
+                          max_recv=args.max_recv, capacity=args.capacity)
         elif args.seed:
             moe = MoeSpec(seed=args.seed)
         res = simulate_file(args.file, machine, args.world, args.sizes, args.dtype, args.root,
@@ -79,6 +79,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-recv", type=options.positive_int, default=None, metavar="ROWS",
                    help="MoE: rows per rank of a bounded window (e.g. examples/moe_prefill_bounded.strata; "
                    "default world x tokens x topk, any routing); a sample routing past it is an error")
+    p.add_argument("--capacity", type=options.positive_int, default=None, metavar="SLOTS",
+                   help="MoE: slots per (expert, source rank) of a slotted layout (e.g. "
+                   "examples/moe_decode.strata; default the token count); a sample routing past it is "
+                   "an error")
     p.add_argument("--routing", choices=_routings(), default=None,
                    help="MoE/AllToAllV: the sample routing (default uniform)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sample routing (default 0)")

@@ -47,7 +47,8 @@ def simulate_file(file: str, machine: Machine, world: int, sizes: list[int] | No
     plain = [s for s in scheds if not s.contract.kind.moe]
     if tokens is not None or moe is not None:
         if not routed:
-            raise SimulateError("--tokens, --hidden, --topk, --experts, --max-recv, --routing and --seed "
+            raise SimulateError("--tokens, --hidden, --topk, --experts, --max-recv, --capacity, --routing and "
+                                "--seed "
                                 f"apply to MoE and AllToAllV schedules; {file} has none (use --sizes)")
     if sizes is not None and not plain:
         raise SimulateError(f"--sizes applies to collectives; every schedule of {file} is routed (MoE "
@@ -95,6 +96,7 @@ def simulate_file(file: str, machine: Machine, world: int, sizes: list[int] | No
         meta["moe"] = {"tokens": tokens, "hidden": moe.hidden, "topk": moe.topk,
                        "experts": moe.experts if moe.experts is not None else MOE_EXPERTS_PER_RANK * world,
                        "routing": moe.routing, "seed": moe.seed, "max_recv": moe.max_recv,
+                       "capacity": moe.capacity,
                        "assumptions": {"scalar_call_us": SCALAR_CALL_US,
                                        "scalar_element_us": SCALAR_ELEMENT_US}}
     return SimResult(meta, preds, skipped)

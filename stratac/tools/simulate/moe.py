@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from stratac import ir
 from stratac.ir import passes
 from stratac.tools.simulate.critical_path import call_time
@@ -42,6 +44,7 @@ class MoeSpec:
     routing: str = "uniform"
     seed: int = 0
     max_recv: int | None = None     # rows of a bounded packed window; None: any routing fits
+    capacity: int | None = None     # slots per (expert, source rank) of a slotted layout; None: tokens
 
     def resolved(self, s: ir.Schedule, world: int) -> tuple[int, int]:
         """(topk, experts) for this schedule: AllToAllV routes each row to one rank (topk 1, one
@@ -64,6 +67,12 @@ class MoeSpec:
             if "bound" not in moe_roles(s):
                 raise SimulateError(f"--max-recv applies to a bounded window (rows a size of their own, e.g. "
                                     f"examples/moe_prefill_bounded.strata); {s.name}'s window has none")
+        if self.capacity is not None:
+            if self.capacity < 1:
+                raise SimulateError(f"--capacity must be at least 1, got {self.capacity}")
+            if s.contract.capacity is None:
+                raise SimulateError(f"--capacity applies to a slotted layout (a contract with a capacity, "
+                                    f"e.g. examples/moe_decode.strata); {s.name}'s window has none")
         if s.contract.kind is ir.ContractKind.ALLTOALLV:
             return                  # one destination rank per row: --topk and --experts do not apply
         experts = self.experts if self.experts is not None else MOE_EXPERTS_PER_RANK * world
@@ -112,7 +121,18 @@ def predict_moe(s: ir.Schedule, m: Machine, world: int, tokens: list[int], moe: 
         routed = cache.get(key)
         if routed is None:
             routed = cache[key] = Routed.sample(moe.routing, world, T, topk, experts, moe.seed)
-        wl = MoeWorkload(s, None, world, T, moe.hidden, topk, experts, moe.routing, moe.max_recv)
+        wl = MoeWorkload(s, None, world, T, moe.hidden, topk, experts, moe.routing, moe.max_recv,
+                         moe.capacity)
+        if moe.capacity is not None:
+            from stratac.verify.routing import expert_ids
+            for r in range(world):
+                ids = expert_ids(moe.routing, r, T, topk, experts, moe.seed)
+                per = np.bincount(ids[ids >= 0], minlength=experts)
+                if per.size and int(per.max()) > moe.capacity:
+                    raise SimulateError(f"{s.name}, {T} tokens: the sample routing ({moe.routing}, seed "
+                                        f"{moe.seed}) sends {int(per.max())} tokens of rank {r} to expert "
+                                        f"{int(per.argmax())}, more than --capacity {moe.capacity}: that "
+                                        "call would be refused")
         if moe.max_recv is not None and int(routed.received.max()) > moe.max_recv:
             r = int(routed.received.argmax())
             raise SimulateError(f"{s.name}, {T} tokens: the sample routing ({moe.routing}, seed {moe.seed}) "
