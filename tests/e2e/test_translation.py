@@ -45,6 +45,7 @@ def validate(world: int, paths: list[Path], tmp_path: Path) -> tuple[list[str], 
     plan; the seconds the whole took)."""
     t0 = time.perf_counter()
     plan = tvkit.plan(world, paths)
+    plan.seconds = time.perf_counter() - t0
     plan_path = tmp_path / "plan.pkl"
     tvkit.write(plan, plan_path)
     store = tmp_path / "store"
@@ -89,7 +90,8 @@ def _paths(world: int) -> list[Path]:
 
 def _report(plan: tvkit.Plan, seconds: float) -> None:
     line = (f"translation validation: world {plan.world}: {len(plan.instances)} instances of "
-            f"{sum(len(c) for _, c in plan.files)} schedules in {seconds:.1f} s; {len(plan.empty)} "
+            f"{sum(len(c) for _, c in plan.files)} schedules in {seconds:.1f} s (proofs, builds and "
+            f"simulation {plan.seconds:.1f} s); {len(plan.empty)} "
             "instances with an empty tensor not run")
     print(line)
     log = os.environ.get("STRATAC_TV_LOG")   # the instance counts, for a report

@@ -88,6 +88,7 @@ class Plan:
     # boundary): a call cannot be made with one, since torch gives an empty tensor no address
     # (data_ptr() is 0), so comm.empty's tensor is refused as off the heap. Counted, not run.
     empty: list[str] = field(default_factory=list)
+    seconds: float = 0.0   # how long making the plan took
 
 
 def accepted(path: Path, world: int, options: passes.Options) -> list:
