@@ -91,10 +91,11 @@ class Plan:
     seconds: float = 0.0   # how long making the plan took
 
 
-def accepted(path: Path, world: int, options: passes.Options) -> list:
-    """The schedules of a file the verifier accepts at `world` (every sample, every mask), each
-    compiled (proven before and after the passes, generated) and built; [] if the file does not
-    parse. A schedule whose `requires` excludes the world is left out."""
+def accepted(path: Path, world: int, options: passes.Options, masks: bool = True) -> list:
+    """The schedules of a file the verifier accepts at `world` (every sample, and every mask
+    unless `masks` is false), each compiled (proven before and after the passes, generated) and
+    built; [] if the file does not parse. A schedule whose `requires` excludes the world is left
+    out."""
     try:
         scheds = frontend.schedules(frontend.path_or_text(str(path), str(path)))
     except StrataError:
@@ -107,18 +108,20 @@ def accepted(path: Path, world: int, options: passes.Options) -> list:
             (c,) = compile_schedules([s], options, [world])
         except StrataError:
             continue
-        if not all(r.ok for r in verify.verify_masks(s, [world])):
+        if masks and not all(r.ok for r in verify.verify_masks(s, [world])):
             continue
         build.build_cpu(c.output)   # the ranks then load without building
         out.append((s, c))
     return out
 
 
-def samples(s: ir.Schedule, world: int) -> list[tuple[dict, tuple[bool, ...] | None]]:
+def samples(s: ir.Schedule, world: int,
+            masked: bool | None = None) -> list[tuple[dict, tuple[bool, ...] | None]]:
     """The instances the verifier checks at `world` (verify_worlds, then verify_masks): every
-    default sample, then every mask under every sample."""
-    out = [(sz, None) for sz in verify.default_samples(s, world)]
-    if ir.takes_mask(s) and world in verify.MASK_WORLDS:
+    default sample, then every mask under every sample; masked False: the first part only, True:
+    the second only."""
+    out = [(sz, None) for sz in verify.default_samples(s, world)] if masked is not True else []
+    if ir.takes_mask(s) and world in verify.MASK_WORLDS and masked is not False:
         out += [(sz, m) for m in verify.masks(world) for sz in verify.default_samples(s, world)]
     return out
 
@@ -209,21 +212,24 @@ def simulate(s: ir.Schedule, world: int, sizes: dict, active, op: str, seed: int
     return inst, init, after, bool(vals.overflow)
 
 
-def plan(world: int, paths: list[Path], options: passes.Options | None = None) -> Plan:
-    """Every accepted schedule of `paths` at `world`, compiled and built, and all its instances."""
+def plan(world: int, paths: list[Path], options: passes.Options | None = None,
+         masked: bool | None = None) -> Plan:
+    """Every accepted schedule of `paths` at `world`, compiled and built, and all its instances
+    (`masked`: as `samples` takes it)."""
     options = options or passes.Options()
     out = Plan(world)
     for path in paths:
-        found = accepted(path, world, options)
+        found = accepted(path, world, options, masks=masked is not False)
         if not found:
             continue
         fi = len(out.files)
         out.files.append((path.name, [c for _, c in found]))
         for s, _ in found:
-            for j, (sizes, active) in enumerate(samples(s, world)):
+            for j, (sizes, active) in enumerate(samples(s, world, masked)):
                 op = "sum"
                 inst, init, after, over = simulate(s, world, sizes, active, op,
-                                                   seed=zlib.crc32(f"{path.name}/{s.name}/{world}/{j}".encode()))
+                                                   seed=zlib.crc32(f"{path.name}/{s.name}/{world}/"
+                                                                   f"{active}/{j}".encode()))
                 if any(inst.buffer_sizes[p.name] == 0 for p in s.tensors):
                     out.empty.append(f"{path.name}: {s.name} ({context(inst)})")
                     continue
