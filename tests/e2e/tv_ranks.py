@@ -1,0 +1,108 @@
+"""One rank of the translation validation (test_translation.py): `python tv_ranks.py PLAN RANK STORE OUT`.
+
+Loads every compiled schedule of the plan (tvkit.Plan) once, then runs every instance in turn on
+the same communicator: allocates its tensors on the heap, fills every buffer (the scratch too)
+with this rank's numbered tags, calls the schedule through the public API (its checks and the
+proof of the call's instance included), and compares every buffer with the verifier's simulated
+memory. Writes one JSON line per instance to OUT: `ok`, or each buffer that differs (its first
+wrong index, the value expected and the value got, how many elements are wrong), or the error the
+call raised.
+"""
+
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tvkit  # noqa: E402
+
+from stratac.host.comm import Communicator  # noqa: E402
+from stratac.host.errors import StrataRuntimeError, StrataUsageError  # noqa: E402
+from stratac.host.schedule import Module  # noqa: E402
+
+TIMEOUT = 20.0   # a kernel wait that never comes (a broken kernel) ends the job, not the test run
+
+
+def one(comm, rank, fn, inst):
+    """Runs one instance on this rank; (the call's error or None, the buffers that differ)."""
+    s = fn.ir
+    tensors = {}
+    for p in s.tensors:
+        t = comm.empty(*inst.shapes[p.name], dtype=getattr(torch, inst.dtypes[p.name]))
+        t.view(-1).copy_(torch.from_numpy(inst.init[rank][p.name]))
+        tensors[p.name] = t
+    env = {"world": comm.world, **inst.sizes}
+    scratch = dict(zip((p.name for p in s.scratch), fn._scratch_for(tvkit.ir.DType.F32, env)))
+    for name, t in scratch.items():
+        t.view(-1)[:inst.init[rank][name].size].copy_(torch.from_numpy(inst.init[rank][name]))
+    comm.barrier()   # every rank's inputs are in place before any kernel starts
+    error = None
+    if inst.active is None or inst.active[rank]:   # a masked rank does not call
+        try:
+            fn(**tensors, **inst.scalars,
+               **({"active": list(inst.active)} if inst.active is not None else {}))
+            if inst.overflow:
+                error = "the call did not report the window's bound exceeded"
+        except StrataRuntimeError as exc:
+            if not (inst.overflow and "more than the" in str(exc)):
+                error = f"{type(exc).__name__}: {exc}"
+        except StrataUsageError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    else:
+        # the live ranks' calls took stamps from their communicators' epochs; a masked rank is
+        # meant to stay out for good (docs/robustness.md), but here it takes part in the next
+        # instance, so its epoch moves on as theirs did (comm.next_epoch, as a call does)
+        params = {**inst.sizes, **{x.name: inst.scalars[x.name] for x in s.rank_params}}
+        comm.next_epoch(s.stamps({"world": comm.world, **params}))
+    comm.barrier()   # every kernel of the instance is done
+    wrong = []
+    for name, want in inst.expect[rank].items():
+        t = tensors[name] if name in tensors else scratch[name].view(-1)[:want.size]
+        got = t.reshape(-1).to(torch.float64).numpy()   # exact: every number is below 2^24
+        bad = np.nonzero(got != want.astype(np.float64))[0]
+        if bad.size:
+            i = int(bad[0])
+            wrong.append({"buffer": name, "index": i, "expected": want[i].item(), "got": got[i].item(),
+                          "count": int(bad.size), "scratch": name in scratch})
+    for t in reversed(list(tensors.values())):
+        comm.free(t)
+    return error, wrong
+
+
+def run(plan, rank, comm, out):
+    mods = [Module(comm, compiled, selection=False) for _, compiled in plan.files]
+    for m in mods:
+        comm._modules.append(m)   # unloaded by comm.close, as comm.load's are
+    for k, inst in enumerate(plan.instances):
+        try:
+            error, wrong = one(comm, rank, mods[inst.file][inst.schedule], inst)
+        except (StrataRuntimeError, StrataUsageError) as exc:   # allocating, filling, freeing
+            error, wrong = f"{type(exc).__name__}: {exc}", []
+        out.write(json.dumps({"k": k, "error": error, "wrong": wrong}) + "\n")
+        out.flush()
+        if error and "failed on rank" in error:
+            return   # the pool is aborted: nothing more can run
+    for m in mods:
+        for fn in m.schedules.values():
+            fn.release_scratch()
+
+
+def main(plan_path, rank, store, out_path):
+    torch.set_num_threads(1)
+    plan = tvkit.read(Path(plan_path))
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=plan.world,
+                            timeout=timedelta(seconds=120))
+    comm = Communicator.from_process_group(heap_bytes=64 << 20, timeout=TIMEOUT)
+    with open(out_path, "w") as out:
+        run(plan, rank, comm, out)
+    comm.close()
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])

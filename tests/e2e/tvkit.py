@@ -1,0 +1,260 @@
+"""Translation validation (issue 23): the generated kernel against the verifier's own simulation.
+
+In: .strata files and a world size. Out: a plan for the rank processes of `tv_ranks.py` (every
+schedule the verifier accepts at that world, compiled, and every instance it samples there: its
+sizes, rank parameters, MoE sample routing and mask, and, per rank, what every buffer holds before
+the call and what the verifier's simulated memory says it holds after it), and the comparison of
+what the ranks saw with that.
+
+The inputs are the verifier's tags, given numbers. The verifier's simulation
+(stratac.verify.timeline.Execution driving stratac.verify.provenance.Values) starts every element
+of every rank's every buffer as a distinct tag and moves and adds tags; its expert ids and a
+combine's counts are data it chose (its sample routing), kept as they are. Here each tag is
+replaced by a number, and the same simulation, over the same instance and in the same order, is
+evaluated on those numbers: what it leaves in memory is what the kernel must leave.
+The numbers (`encode`):
+
+* an element of a float or int32 buffer: a distinct positive integer, different from every other
+  element of that type in every buffer of every rank of the instance. So a copy from a wrong index,
+  rank or buffer gives a different number; a sum missing a contribution is smaller, one that
+  counts one twice is larger, and one taking a contribution from a wrong index differs by the
+  difference of two distinct numbers. Every sum of up to SUMMANDS of them, and every product with a
+  weight, stays below what the type holds exactly (EXACT: 2^24 for float32), whatever order the
+  kernel adds in; under a fixed max or min, below EXACT itself.
+* a MoE combine's weights: integers in [1, WEIGHT_MAX], the topk weights of one token distinct
+  (a token's rows taken with each other's weights differ).
+* an int8 buffer (a quantised payload, only ever moved): integers in [-127, 127].
+
+A reduction's op is evaluated as the op (max, min) where the schedule fixes it; a schedule taking a
+redop runs with op=sum, where the verifier's sums of tags are the kernel's sums. A type variable
+runs as float32 (f16 and bf16 hold too few integers exactly for distinct numbers with sums).
+"""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from stratac import ir, verify
+from stratac.codegen.pipeline import compile_schedules
+from stratac.diagnostics import StrataError
+from stratac.ir import passes
+from stratac.ir.instantiate import instantiate
+from stratac.lang import frontend
+from stratac.targets import cpu as build
+from stratac.verify import provenance
+from stratac.verify.samples import context, route_sample
+from stratac.verify.timeline import Execution
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.strata"))
+CORPUS = sorted((ROOT / "tests" / "verify" / "corpus").glob("*.strata"))
+HERE = Path(__file__).resolve().parent
+
+WEIGHT_MAX = 16
+SUMMANDS = 16          # contributions one element may receive (world <= 9 ranks, topk weights)
+# the integers each element type holds exactly (int32 up to 2^24 too: results compare as floats)
+EXACT = {ir.DType.F32: 1 << 24, ir.DType.I32: 1 << 24, ir.DType.F16: 1 << 11, ir.DType.BF16: 1 << 8}
+
+
+
+@dataclass
+class Instance:
+    """One sampled instance of one schedule at one world, as the ranks run it."""
+    key: str                     # how the failure message names it (stratac.verify.samples.context)
+    file: int                    # index into Plan.files
+    schedule: str
+    sizes: dict[str, int]
+    scalars: dict[str, object]   # rank parameters, the op
+    active: tuple[bool, ...] | None
+    overflow: bool               # a packed window's bound exceeded: the call must report it
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, str]       # torch dtype names, by buffer (tensors and scratch)
+    init: list[dict[str, np.ndarray]]      # per rank, int64
+    expect: list[dict[str, np.ndarray]]    # per rank, int64: the simulated memory after the call
+
+
+@dataclass
+class Plan:
+    world: int
+    files: list[tuple[str, list]] = field(default_factory=list)   # (name, [Compiled])
+    instances: list[Instance] = field(default_factory=list)
+    # instances with a tensor of no elements (a size 0 the verifier samples at a condition's
+    # boundary): a call cannot be made with one, since torch gives an empty tensor no address
+    # (data_ptr() is 0), so comm.empty's tensor is refused as off the heap. Counted, not run.
+    empty: list[str] = field(default_factory=list)
+    seconds: float = 0.0   # how long making the plan took
+
+
+def accepted(path: Path, world: int, options: passes.Options, masks: bool = True) -> list:
+    """The schedules of a file the verifier accepts at `world` (every sample, and every mask
+    unless `masks` is false), each compiled (proven before and after the passes, generated) and
+    built; [] if the file does not parse. A schedule whose `requires` excludes the world is left
+    out."""
+    try:
+        scheds = frontend.schedules(frontend.path_or_text(str(path), str(path)))
+    except StrataError:
+        return []
+    out = []
+    for s in scheds:
+        if ir.unmet_requirement(s, world) is not None:
+            continue
+        try:
+            (c,) = compile_schedules([s], options, [world])
+        except StrataError:
+            continue
+        if masks and not all(r.ok for r in verify.verify_masks(s, [world])):
+            continue
+        build.build_cpu(c.output)   # the ranks then load without building
+        out.append((s, c))
+    return out
+
+
+def samples(s: ir.Schedule, world: int,
+            masked: bool | None = None) -> list[tuple[dict, tuple[bool, ...] | None]]:
+    """The instances the verifier checks at `world` (verify_worlds, then verify_masks): every
+    default sample, then every mask under every sample; masked False: the first part only, True:
+    the second only."""
+    out = [(sz, None) for sz in verify.default_samples(s, world)] if masked is not True else []
+    if ir.takes_mask(s) and world in verify.MASK_WORLDS and masked is not False:
+        out += [(sz, m) for m in verify.masks(world) for sz in verify.default_samples(s, world)]
+    return out
+
+
+class _OpValues(provenance.Values):
+    """The verifier's simulated memory, with a reduction's op evaluated as that op: the verifier
+    adds tags for max and min too (it holds them to exactly-once); on numbers, max is max."""
+
+    def __init__(self, inst, op: str):
+        super().__init__(inst)
+        self.op = op
+
+    def execute(self, ev) -> None:
+        for ri in ev.routes:
+            self._route(ri, ev)
+        f = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+        for mv in ev.moves:
+            owner, buf, lo, hi = mv.dst
+            if hi <= lo:
+                continue
+            vals = [self.cur[(o, b)][l:h].astype(np.int64) for o, b, l, h in mv.srcs]
+            op = self.op if isinstance(mv.op, ir.OpParam) else (mv.op.value if mv.op else None)
+            if mv.accumulate:
+                out = f[op](self.cur[(owner, buf)][lo:hi].astype(np.int64), vals[0])
+            elif op is None:
+                out = vals[0].copy()
+            else:
+                out = vals[0].copy()
+                for v in vals[1:]:
+                    out = f[op](out, v)
+            self.cur[(owner, buf)][lo:hi] = out.astype(np.uint64)
+
+
+def encode(inst, rng: np.random.Generator) -> dict[tuple[int, str], np.ndarray]:
+    """The number of every tag of the instance (see the module's docstring), as int64."""
+    s, c = inst.schedule, inst.schedule.contract
+    weights = c.inputs[2] if c.kind is ir.ContractKind.MOE_COMBINE else None
+    keys = [(r, p.name) for r in range(inst.world) for p in s.params if (r, p.name) not in inst.data]
+    out: dict[tuple[int, str], np.ndarray] = {}
+    groups: dict[ir.DType, list] = {}   # distinct numbers within each element type
+    for r, b in keys:
+        n, d = inst.buffer_sizes[b], s.param(b).dtype or ir.DType.F32
+        if b == weights:
+            T, K = inst.buffer_shapes[b][0], (inst.buffer_shapes[b] + (1,))[1]
+            w = np.stack([rng.permutation(np.arange(1, WEIGHT_MAX + 1))[:K] for _ in range(T)])
+            out[(r, b)] = w.reshape(-1)[:n].astype(np.int64)
+        elif d is ir.DType.I8:
+            out[(r, b)] = rng.integers(-127, 128, n).astype(np.int64)
+        else:
+            groups.setdefault(d, []).append((r, b))
+    # a fixed max or min only picks numbers: each needs only to be exact, not its sums
+    picks = isinstance(c.op, ir.ReduceOp) and c.op is not ir.ReduceOp.SUM
+    for d, ks in groups.items():
+        limit = EXACT[d] // (1 if picks else SUMMANDS * WEIGHT_MAX)
+        total = sum(inst.buffer_sizes[b] for _, b in ks)
+        if total >= limit:
+            raise AssertionError(f"{s.name} ({context(inst)}): {total} {d.short} elements need distinct "
+                                 f"numbers, more than the {limit - 1} that {d.short} holds exactly "
+                                 "with every sum")
+        numbers = rng.permutation(np.arange(1, limit, dtype=np.int64))[:total]
+        at = 0
+        for r, b in ks:
+            n = inst.buffer_sizes[b]
+            out[(r, b)] = numbers[at:at + n]
+            at += n
+    return out
+
+
+def simulate(s: ir.Schedule, world: int, sizes: dict, active, op: str, seed: int):
+    """The verifier's execution of one instance on numbered tags: (instance, initial numbers,
+    memory after), every (rank, buffer) as int64."""
+    inst = instantiate(s, world, dict(sizes), active=active)
+    if s.contract.kind.moe:
+        route_sample(inst, getattr(sizes, "routing", None) or "uniform")
+    ex = Execution(inst)
+    vals = ex.values = _OpValues(inst, op)
+    nums = encode(inst, np.random.default_rng(seed))
+    for key, arr in nums.items():
+        vals.init[key] = arr.astype(np.uint64)
+        vals.cur[key] = arr.astype(np.uint64)
+    diags = ex.run()
+    if diags:
+        raise AssertionError(f"{s.name}: the verifier's execution failed on numbers: {diags[0].message}")
+    if vals.faults:
+        raise AssertionError(f"{s.name}: routing outside its window: {vals.faults[0].message}")
+    init = {k: vals.init[k].astype(np.int64) for k in vals.cur}
+    after = {k: v.astype(np.int64) for k, v in vals.cur.items()}
+    return inst, init, after, bool(vals.overflow)
+
+
+def plan(world: int, paths: list[Path], options: passes.Options | None = None,
+         masked: bool | None = None) -> Plan:
+    """Every accepted schedule of `paths` at `world`, compiled and built, and all its instances
+    (`masked`: as `samples` takes it)."""
+    options = options or passes.Options()
+    out = Plan(world)
+    for path in paths:
+        found = accepted(path, world, options, masks=masked is not False)
+        if not found:
+            continue
+        fi = len(out.files)
+        out.files.append((path.name, [c for _, c in found]))
+        for s, _ in found:
+            for j, (sizes, active) in enumerate(samples(s, world, masked)):
+                op = "sum"
+                inst, init, after, over = simulate(s, world, sizes, active, op,
+                                                   seed=zlib.crc32(f"{path.name}/{s.name}/{world}/"
+                                                                   f"{active}/{j}".encode()))
+                if any(inst.buffer_sizes[p.name] == 0 for p in s.tensors):
+                    out.empty.append(f"{path.name}: {s.name} ({context(inst)})")
+                    continue
+                dtypes = {p.name: (p.dtype or ir.DType.F32).torch_name for p in s.params}
+                scalars = {x.name: sizes[x.name] for x in s.rank_params}
+                if s.op_param:
+                    scalars[s.op_param.name] = op
+                out.instances.append(Instance(
+                    key=context(inst), file=fi, schedule=s.name,
+                    sizes={k: sizes[k] for k in s.sizes}, scalars=scalars, active=active,
+                    overflow=over,
+                    shapes={p.name: tuple(inst.buffer_shapes.get(p.name) or (inst.buffer_sizes[p.name],))
+                            for p in s.params},
+                    dtypes=dtypes,
+                    init=[{b: init[(r, b)] for b in dtypes} for r in range(world)],
+                    expect=[{b: after[(r, b)] for b in dtypes} for r in range(world)]))
+    return out
+
+
+def write(p: Plan, path: Path) -> None:
+    with open(path, "wb") as f:
+        pickle.dump(p, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def read(path: Path) -> Plan:
+    sys.path.insert(0, str(HERE))
+    with open(path, "rb") as f:
+        return pickle.load(f)
