@@ -96,6 +96,24 @@ def check_topology(soc: str | None, world: int, allow_unverified: bool = False) 
             "reach across servers is UNVERIFIED (allow_unverified_topology=True)")
 
 
+def check_engines(s: ir.Schedule, engines: tuple[str, ...]) -> None:
+    """Refuses a schedule with an `on sdma` or `on auto` stage on a communicator whose SHMEM was
+    initialised without the SDMA engine (StrataUsageError). SHMEM then leaves the SDMA workspace
+    null (src/host/init/shmem_init.cpp:71) and the device's SDMA post dereferences it unchecked
+    (shmem_device_sdma.hpp:613-619): a device fault or stray GM writes, not an error."""
+    if "sdma" in engines:
+        return
+    for st in passes.stages(s.body):
+        if st.engine in (ir.Engine.SDMA, ir.Engine.AUTO):
+            raise StrataUsageError(
+                f"schedule {s.name}: stage {st.index} at {st.span} runs `on {st.engine.value}` "
+                f"(SDMA copies), but this NpuCommunicator was created with engines="
+                f"{tuple(engines)!r}: SHMEM was initialised without ACLSHMEM_DATA_OP_SDMA, so the "
+                "kernel would post to a null SDMA workspace. Create the communicator with 'sdma' "
+                "in engines (the default is ('mte', 'sdma')), or use a schedule without SDMA "
+                "stages; nothing was built or loaded")
+
+
 SHMEM_ERRORS = {-1: "invalid parameter", -2: "invalid value", -3: "SMEM error",
                 -4: "internal error", -5: "not initialised", -6: "bootstrap error", -7: "timeout"}
 
@@ -164,6 +182,7 @@ class NpuCommunicator:
             raise StrataUsageError(f"unknown SHMEM data engine(s) {bad}; known: "
                                    f"{', '.join(DATA_OP)}")
         self.rank, self.world = rank, world
+        self.engines = tuple(engines)
         self._barrier = barrier or (lambda: None)
         self._npu = self._torch_npu.npu      # what torch.npu aliases once torch_npu is imported
         if device is None:
@@ -388,6 +407,8 @@ class NpuCommunicator:
                                    f"{options.soc}: load them with Options(soc={here!r})")
         source = frontend.path_or_text(path_or_source, name)
         compiled = compile_schedules(source, options, [self.world])
+        for c in compiled:
+            check_engines(c.schedule, self.engines)
         mod = NpuModule(self, [(c.schedule, build(c.output, options.soc, toolchain=self.toolchain))
                                for c in compiled])
         self._modules.append(mod)

@@ -230,3 +230,31 @@ def test_worlds_beyond_one_hccs_domain(rt):
         rt.torch_npu.device_name = "Ascend910B3"
         comm, _ = make(rt, world=8)
         comm.close()
+
+
+def test_an_sdma_schedule_is_refused_on_a_communicator_without_the_sdma_engine(rt, tmp_path):
+    """engines=("mte",) initialises SHMEM without ACLSHMEM_DATA_OP_SDMA: its SDMA workspace is
+    null, and an SDMA post would dereference it on the device. load refuses a schedule with an
+    `on sdma` (or `on auto`) stage there, naming the schedule, the stage and the engines, before
+    anything is built; an AIV-only schedule still loads."""
+    comm, _ = make(rt, engines=("mte",))
+    assert "init_attr flags=8 engines=1 " in rt.log()
+    cache = tmp_path / "cache"
+    for path, example, engine in ((ROOT / "examples" / "allgather_push.strata", "allgather_push", "sdma"),
+                                  (ROOT / "examples" / "allreduce_twoshot.strata", "allreduce_twoshot", "sdma"),
+                                  (ROOT / "tests" / "verify" / "corpus" / "good_pull_and_max.strata",
+                                   "allgather_pull", "auto")):
+        with pytest.raises(StrataUsageError) as exc:
+            comm.load(str(path))
+        text = str(exc.value)
+        assert text.startswith(f"schedule {example}: stage "), text
+        assert f".strata:" in text and f"runs `on {engine}`" in text
+        assert "engines=('mte',)" in text and "ACLSHMEM_DATA_OP_SDMA" in text
+        assert "nothing was built or loaded" in text
+    assert not cache.exists() or [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []
+    mod = comm.load(str(ROOT / "examples" / "allreduce_oneshot.strata"))     # AIV only: loads
+    assert list(mod.schedules) == ["allreduce_oneshot"]
+    comm.close()
+    comm, _ = make(rt)                                                       # mte + sdma: loads
+    comm.load(str(ROOT / "examples" / "allgather_push.strata"))
+    comm.close()
