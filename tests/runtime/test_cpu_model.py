@@ -502,6 +502,13 @@ FAIL_CASES = {
                                           "SHMEM's MTE UB region [0, 16384) but TPipe has carved UB [0, 4096)"]),
     "event_ids_exhausted": (38, 4, 10, [PREFIX + "TPipe::AllocEventID<HardEvent::MTE3_MTE2>: no free event id "
                                         "(0: a TQue (EnQue'd or freed buffer) (set), 1: AllocEventID, "]),
+    # operand alignment (asc-devkit 通用说明和约束.md 表2; DataCopy GM<->UB doc)
+    "vector_operand_unaligned": (39, 4, 10, [PREFIX + "Add: src0 operand at UB offset 4 is not 32-byte aligned: "
+                                             "vector and Cast operands must start on a 32-byte boundary of UB"]),
+    "muls_dst_unaligned": (40, 4, 10, [PREFIX + "Muls: dst operand at UB offset 16 is not 32-byte aligned"]),
+    "duplicate_unaligned": (41, 4, 10, [PREFIX + "Duplicate: dst operand at UB offset 4 is not 32-byte aligned"]),
+    "cast_operand_unaligned": (42, 4, 10, [PREFIX + "Cast: dst operand at UB offset 1030 is not 32-byte aligned"]),
+    "gm_datacopy_unaligned": (43, 4, 10, [PREFIX + "DataCopy: GM address", "is not aligned to its 4-byte element"]),
 }
 
 

@@ -539,6 +539,22 @@ inline void CheckUbAligned(const void* p, const char* op) {
     ::strata_cpu::Fail("%s: UB address (UB offset %lld) is not 32-byte aligned", op,
                        (long long)::strata_cpu::UbOffset(p));
 }
+// The start of every vector-op and Cast operand in UB is 32-byte aligned (asc-devkit docs
+// SIMD-API/通用说明和约束.md, 表2: "Unified Buffer | 32Byte对齐"); the NPU does not check it.
+inline void CheckVecAligned(const void* p, const char* op, const char* role) {
+  if (reinterpret_cast<uintptr_t>(p) % 32 != 0)
+    ::strata_cpu::Fail("%s: %s operand at UB offset %lld is not 32-byte aligned: vector and Cast operands must "
+                       "start on a 32-byte boundary of UB (asc-devkit docs 通用说明和约束.md)",
+                       op, role, (long long)::strata_cpu::UbOffset(p));
+}
+// The GM side of a DataCopy is aligned to the element size (asc-devkit docs DataCopy（GM与UB连续数据搬运）.md:
+// "位于Global Memory的地址必须按照对应数据类型所占字节数对齐").
+template <class T> inline void CheckGmElemAligned(const void* p, const char* op) {
+  if (reinterpret_cast<uintptr_t>(p) % sizeof(T) != 0)
+    ::strata_cpu::Fail("%s: GM address %p is not aligned to its %u-byte element (asc-devkit docs DataCopy "
+                       "GM<->UB: the GM address must be aligned to sizeof(T))",
+                       op, p, (unsigned)sizeof(T));
+}
 inline void CheckCopyLen(uint64_t bytes, const char* op) {
   if (bytes % 32 != 0)
     ::strata_cpu::Fail("%s of %llu bytes is not a multiple of 32 bytes (use DataCopyPad)", op,
@@ -559,6 +575,7 @@ template <class T> inline void DataCopy(const LocalTensor<T>& dst, const GlobalT
   dst.StrataCheck(0, count, "DataCopy", "dst");
   detail::CheckUbAligned(dst.StrataPtr(), "DataCopy");
   src.StrataCheck(0, count, "DataCopy");
+  detail::CheckGmElemAligned<T>(src.GetPhyAddr(), "DataCopy");
   ::strata_cpu::CopyGmToUb(dst.StrataPtr(), src.GetPhyAddr(), bytes, "DataCopy");
 }
 // UB -> GM (MTE3); honours SetAtomicAdd/Max/Min.
@@ -569,6 +586,7 @@ template <class T> inline void DataCopy(const GlobalTensor<T>& dst, const LocalT
   src.StrataCheck(0, count, "DataCopy", "src");
   detail::CheckUbAligned(src.StrataPtr(), "DataCopy");
   dst.StrataCheck(0, count, "DataCopy");
+  detail::CheckGmElemAligned<T>(dst.GetPhyAddr(), "DataCopy");
   ::strata_cpu::CopyUbToGm(dst.GetPhyAddr(), src.StrataPtr(), bytes, detail::DTypeOf<T>(), "DataCopy");
 }
 // UB -> UB
@@ -695,6 +713,9 @@ inline void Binary(const LocalTensor<T>& dst, const LocalTensor<T>& s0, const Lo
   dst.StrataCheck(0, count, op, "dst");
   s0.StrataCheck(0, count, op, "src0");
   s1.StrataCheck(0, count, op, "src1");
+  CheckVecAligned(dst.StrataPtr(), op, "dst");
+  CheckVecAligned(s0.StrataPtr(), op, "src0");
+  CheckVecAligned(s1.StrataPtr(), op, "src1");
   dst.StrataWrote(0, count);
   T* d = dst.StrataPtr();
   const T* a = s0.StrataPtr();
@@ -717,6 +738,8 @@ inline void Scalar(const LocalTensor<T>& dst, const LocalTensor<T>& src, T s, in
   if (count == 0) return;
   dst.StrataCheck(0, count, op, "dst");
   src.StrataCheck(0, count, op, "src");
+  CheckVecAligned(dst.StrataPtr(), op, "dst");
+  CheckVecAligned(src.StrataPtr(), op, "src");
   dst.StrataWrote(0, count);
   T* d = dst.StrataPtr();
   const T* a = src.StrataPtr();
@@ -810,6 +833,7 @@ template <class T> inline void Duplicate(const LocalTensor<T>& dst, const T& sca
   detail::CheckCount(count, "Duplicate");
   if (count == 0) return;
   dst.StrataCheck(0, count, "Duplicate", "dst");
+  detail::CheckVecAligned(dst.StrataPtr(), "Duplicate", "dst");
   dst.StrataWrote(0, count);
   T* d = dst.StrataPtr();
   for (int32_t i = 0; i < count; ++i) d[i] = scalarValue;
@@ -1015,6 +1039,8 @@ inline void CastRun(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundM
   if (count == 0) return;
   dst.StrataCheck(0, count, "Cast", "dst");
   src.StrataCheck(0, count, "Cast", "src");
+  CheckVecAligned(dst.StrataPtr(), "Cast", "dst");
+  CheckVecAligned(src.StrataPtr(), "Cast", "src");
   D* d = dst.StrataPtr();
   const S* s = src.StrataPtr();
   if constexpr (sizeof(D) > sizeof(S)) {

@@ -290,6 +290,8 @@ enum FailCase {
   // SDMA queue, event ids, SHMEM's UB (model.cpp)
   kSdmaRowPosts, kSdmaBigPost, kEventSetSet, kEventQueueCollision,
   kSignalAddDefaultUb, kEventAllocAvoidsQueue,
+  // UB 32-byte alignment of vector / Cast operands, GM element alignment of DataCopy (kernel_operator.h)
+  kAddUnaligned, kMulsUnaligned, kDupUnaligned, kCastUnaligned, kGmElemUnaligned,
 };
 
 extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
@@ -631,6 +633,31 @@ extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
       }
       break;
     }
+    case kAddUnaligned:  // src0 one float (4 bytes) past a 32-byte boundary
+      if (actor) Add(t, t[1], t[64], 8);
+      break;
+    case kMulsUnaligned:  // dst 16 bytes past a 32-byte boundary
+      if (actor) Muls(t[4], t[64], 2.0f, 8);
+      break;
+    case kDupUnaligned:  // the mutant of the audit: Duplicate on a 4-byte-misaligned status-line view
+      if (actor) {
+        LocalTensor<int32_t> line = t.ReinterpretCast<int32_t>();
+        Duplicate(line[1], 0, 15);
+      }
+      break;
+    case kCastUnaligned:  // float -> half into a half view 6 bytes past a 32-byte boundary
+      if (actor) {
+        LocalTensor<half> h = t.ReinterpretCast<half>()[512 + 3];
+        Cast(h, t, RoundMode::CAST_RINT, 16);
+      }
+      break;
+    case kGmElemUnaligned:  // DataCopy<float> from a GM address 2 bytes into a float
+      if (actor) {
+        GlobalTensor<float> odd;
+        odd.SetGlobalBuffer(reinterpret_cast<float*>(buf + 2), 64);
+        DataCopy(t, odd, 8);
+      }
+      break;
     default:
       break;
   }
