@@ -941,8 +941,17 @@ template <class D, class S> inline D CastOne(S v, RoundMode mode) {
     return RoundToFloat<FmtF16>(x, mode);
   } else if constexpr (IsBf16<D>::value) {
     return RoundToFloat<FmtBf16>(x, mode);
+  } else if constexpr (std::is_same<D, int8_t>::value) {
+    // half -> int8_t: rounded by the mode. What an out-of-range or NaN half gives is not documented
+    // for A2/A3 (Cast.md), so the model refuses it rather than guess (stratac's kernels never cast
+    // to int8: the host quantises)
+    double r = RoundToIntegral(x, mode);
+    if (std::isnan(x) || r > 127.0 || r < -128.0)
+      ::strata_cpu::Fail("Cast half->int8_t of %g: the value rounds outside [-128, 127]; what A2/A3 give for it is "
+                         "not documented (asc-devkit docs Cast.md), so the model refuses it", x);
+    return static_cast<int8_t>(r);
   } else {
-    static_assert(std::is_same<D, int32_t>::value, "Cast: destination must be float, half, bfloat16_t or int32_t");
+    static_assert(std::is_same<D, int32_t>::value, "Cast: destination must be float, half, bfloat16_t, int32_t or int8_t");
     if (std::isnan(x)) return 0;
     double r = RoundToIntegral(x, mode);
     if (r >= 2147483647.0) return std::numeric_limits<int32_t>::max();   // saturate
@@ -972,6 +981,8 @@ template <class D, class S> constexpr unsigned CastModes() {
   if (is_same<S, float>::value && is_same<D, bfloat16_t>::value) return kModesDirected;
   if (is_same<S, float>::value && is_same<D, int32_t>::value) return kModesDirected;
   if (is_same<S, float>::value && is_same<D, float>::value) return kModesDirected;
+  if (is_same<S, int8_t>::value && is_same<D, half>::value) return kModeNone;
+  if (is_same<S, half>::value && is_same<D, int8_t>::value) return kModeNone | kModesDirected;
   return 0;
 }
 constexpr unsigned ModeBit(RoundMode m) {
@@ -985,7 +996,7 @@ inline const char* ModeName(RoundMode m) {
 }
 template <class T> constexpr const char* TypeName() {
   return IsF16<T>::value ? "half" : IsBf16<T>::value ? "bfloat16_t" : std::is_same<T, float>::value ? "float"
-       : std::is_same<T, int32_t>::value ? "int32_t" : "?";
+       : std::is_same<T, int32_t>::value ? "int32_t" : std::is_same<T, int8_t>::value ? "int8_t" : "?";
 }
 inline const char* ModesText(unsigned modes) {
   if (modes == kModeNone) return "CAST_NONE";
@@ -1012,6 +1023,9 @@ STRATA_CAST_MODE_ERROR(CastModeErrorFloatToBf16, "float->bfloat16_t",
                        "CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC");
 STRATA_CAST_MODE_ERROR(CastModeErrorFloatToInt32, "float->int32_t", "CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC");
 STRATA_CAST_MODE_ERROR(CastModeErrorFloatToFloat, "float->float", "CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC");
+STRATA_CAST_MODE_ERROR(CastModeErrorInt8ToHalf, "int8_t->half", "CAST_NONE");
+STRATA_CAST_MODE_ERROR(CastModeErrorHalfToInt8, "half->int8_t",
+                       "CAST_NONE/CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC");
 STRATA_CAST_MODE_ERROR(CastModeErrorFloatToHalf, "float->half", "CAST_NONE/CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC/CAST_ODD");
 #undef STRATA_CAST_MODE_ERROR
 
@@ -1027,6 +1041,8 @@ template <class D, class S> __attribute__((always_inline)) inline void CastModeC
     else if constexpr (is_same<S, float>::value && is_same<D, int32_t>::value) CastModeErrorFloatToInt32();
     else if constexpr (is_same<S, float>::value && is_same<D, float>::value) CastModeErrorFloatToFloat();
     else if constexpr (is_same<S, float>::value && is_same<D, half>::value) CastModeErrorFloatToHalf();
+    else if constexpr (is_same<S, int8_t>::value && is_same<D, half>::value) CastModeErrorInt8ToHalf();
+    else if constexpr (is_same<S, half>::value && is_same<D, int8_t>::value) CastModeErrorHalfToInt8();
   }
 }
 
@@ -1074,7 +1090,8 @@ __attribute__((always_inline)) inline void Cast(const LocalTensor<D>& dst, const
                     (std::is_same<D, half>::value && std::is_same<S, bfloat16_t>::value) ||
                     (std::is_same<D, bfloat16_t>::value && std::is_same<S, half>::value),
                 "AscendC::Cast: this (src, dst) pair is not in the A2/A3 table (asc-devkit docs Cast.md) among the "
-                "types the model implements (float, half, bfloat16_t, int32_t)");
+                "types the model implements (float, half, bfloat16_t, int32_t; int8_t<->half only: float<->int8_t "
+                "goes through half)");
   detail::CastModeConstantCheck<D, S>(roundMode);
   detail::CastRun(dst, src, roundMode, count);
 }

@@ -292,6 +292,8 @@ enum FailCase {
   kSignalAddDefaultUb, kEventAllocAvoidsQueue,
   // UB 32-byte alignment of vector / Cast operands, GM element alignment of DataCopy (kernel_operator.h)
   kAddUnaligned, kMulsUnaligned, kDupUnaligned, kCastUnaligned, kGmElemUnaligned,
+  // int8 <-> half Cast (the legal A2/A3 pairs), then an out-of-range half refused
+  kCastInt8,
 };
 
 extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
@@ -656,6 +658,35 @@ extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
         GlobalTensor<float> odd;
         odd.SetGlobalBuffer(reinterpret_cast<float*>(buf + 2), 64);
         DataCopy(t, odd, 8);
+      }
+      break;
+    case kCastInt8:
+      if (actor) {
+        // int8_t -> half (CAST_NONE) is exact for all 256 values; half -> int8_t rounds by mode
+        LocalTensor<int8_t> q = t.ReinterpretCast<int8_t>();            // UB [0, 256)
+        LocalTensor<half> h = t.ReinterpretCast<half>()[256];           // UB [512, 1024)
+        LocalTensor<int8_t> back = t.ReinterpretCast<int8_t>()[1024];  // UB [1024, 1280)
+        for (int k = 0; k < 256; ++k) q.SetValue(k, static_cast<int8_t>(k - 128));
+        Cast(h, q, RoundMode::CAST_NONE, 256);
+        Cast(back, h, RoundMode::CAST_TRUNC, 256);
+        for (int k = 0; k < 256; ++k)
+          if (static_cast<float>(h.GetValue(k)) != float(k - 128) || back.GetValue(k) != k - 128)
+            strata_cpu::Fail("int8 round trip: %d -> %g -> %d", k - 128, static_cast<float>(h.GetValue(k)),
+                             back.GetValue(k));
+        // 2.5 and -2.5 under each mode (asc-devkit Cast.md RoundMode: rint ties to even, round away from 0)
+        const RoundMode modes[] = {RoundMode::CAST_NONE, RoundMode::CAST_RINT, RoundMode::CAST_FLOOR,
+                                   RoundMode::CAST_CEIL, RoundMode::CAST_ROUND, RoundMode::CAST_TRUNC};
+        const int want_pos[] = {2, 2, 2, 3, 3, 2}, want_neg[] = {-2, -2, -3, -2, -3, -2};
+        for (int m = 0; m < 6; ++m) {
+          h.SetValue(0, half(2.5f));
+          h.SetValue(1, half(-2.5f));
+          Cast(back, h, modes[m], 2);
+          if (back.GetValue(0) != want_pos[m] || back.GetValue(1) != want_neg[m])
+            strata_cpu::Fail("half->int8 mode %d: got %d %d", m, back.GetValue(0), back.GetValue(1));
+        }
+        strata_cpu::SetLine(77);
+        h.SetValue(0, half(200.0f));
+        Cast(back, h, RoundMode::CAST_RINT, 1);
       }
       break;
     default:
