@@ -83,10 +83,15 @@ def test_bootstrap_allocate_free_barrier_synchronize_close(rt):
     assert log[0] == f"get_uniqueid version={(1 << 16) + 136}"
     assert log[1] == f"set_attr pe=0 n=1 heap={4 << 20} uid={0x5a}"      # rounded up to 2 MiB pages
     assert log[2] == f"init_attr flags=8 engines=3 timeout=120 version={(1 << 16) + 24}"
-    assert log[3].startswith("calloc 1 ")                                  # the sync area, zeroed
+    # the sync area: aclshmem_align(512, ...) (aclshmem_malloc guarantees 16 bytes only), zeroed on
+    # the device; every allocation is 512-byte aligned (the kernels' 64-byte signal lines need 64)
+    assert log[3] == f"align 512 {abi.sync_area_bytes(1)}"
+    assert ("zero_", comm._sync, abi.sync_area_bytes(1)) in rt.torch_npu.calls
+    assert comm._sync % 512 == 0
     assert ("set_device", 0) in rt.torch_npu.calls and comm.heap_bytes == 4 << 20
 
     x = comm.empty(64, dtype=torch.float16)
+    assert rt.log().splitlines()[-1] == "align 512 128" and x.data_ptr() % 512 == 0
     assert isinstance(x, torch.Tensor) and x.device.type == "npu" and x.dtype == torch.float16
     assert x.numel() == 64 and comm.offset_of(x, "x") > 0
     assert comm.heap_used >= 128 + abi.sync_area_bytes(1)

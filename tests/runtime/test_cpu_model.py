@@ -637,6 +637,8 @@ def lib(libstratacpu):
     so.aclshmem_malloc.argtypes = [ctypes.c_size_t]
     so.aclshmem_calloc.restype = ctypes.c_void_p
     so.aclshmem_calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+    so.aclshmem_align.restype = ctypes.c_void_p
+    so.aclshmem_align.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
     so.aclshmem_free.argtypes = [ctypes.c_void_p]
     yield so
     so.strata_cpu_finalize(1)  # harmless when the test already finalised
@@ -647,33 +649,34 @@ def _name(tag: str) -> bytes:
 
 
 def test_allocator_first_fit_coalescing_and_exhaustion(lib):
+    # aclshmem_align(512, n), as stratac's hosts allocate: 512-byte aligned, n rounded up to 512
     assert lib.strata_cpu_init(0, 1, _name("alloc"), 65536, 1) == 0
     base = lib.strata_cpu_heap_base()
     off = lambda p: p - base
-    a = lib.aclshmem_malloc(100)
-    b = lib.aclshmem_malloc(600)
-    c = lib.aclshmem_malloc(1)
+    a = lib.aclshmem_align(512, 100)
+    b = lib.aclshmem_align(512, 600)
+    c = lib.aclshmem_align(512, 1)
     assert [off(a), off(b), off(c)] == [0, 512, 1536]
     lib.aclshmem_free(b)
-    d = lib.aclshmem_malloc(512)
-    e = lib.aclshmem_malloc(1000)
+    d = lib.aclshmem_align(512, 512)
+    e = lib.aclshmem_align(512, 1000)
     assert [off(d), off(e)] == [512, 2048]   # first fit: the hole, then past it
     lib.aclshmem_free(d)
-    f = lib.aclshmem_malloc(1024)
+    f = lib.aclshmem_align(512, 1024)
     assert off(f) == 512                     # freed block coalesced with the 512-byte remainder
     assert lib.strata_cpu_heap_used() == 512 + 1024 + 512 + 1024
     for p in (a, c, e, f):
         lib.aclshmem_free(p)
     assert lib.strata_cpu_heap_used() == 0
-    whole = lib.aclshmem_malloc(65536)       # everything coalesced back into one block
+    whole = lib.aclshmem_align(512, 65536)       # everything coalesced back into one block
     assert off(whole) == 0
-    assert lib.aclshmem_malloc(1) is None
+    assert lib.aclshmem_align(512, 1) is None
     msg = lib.strata_cpu_last_error().decode()
-    assert "aclshmem_malloc(1)" in msg and "0 bytes free" in msg
+    assert "aclshmem_align(1)" in msg and "0 bytes free" in msg
     lib.aclshmem_free(whole)
-    assert lib.aclshmem_malloc(70000) is None
+    assert lib.aclshmem_align(512, 70000) is None
     msg = lib.strata_cpu_last_error().decode()
-    assert "aclshmem_malloc(70000)" in msg and "65536 bytes free" in msg
+    assert "aclshmem_align(70000)" in msg and "65536 bytes free" in msg
     lib.aclshmem_free(ctypes.c_void_p(base + 4))
     assert "not a live allocation" in lib.strata_cpu_last_error().decode()
     # calloc zeroes; the same calls on a fresh pool give the same offsets
@@ -682,8 +685,26 @@ def test_allocator_first_fit_coalescing_and_exhaustion(lib):
     assert lib.strata_cpu_finalize(1) == 0
     assert lib.strata_cpu_init(0, 1, _name("alloc2"), 65536, 1) == 0
     base2 = lib.strata_cpu_heap_base()
-    got = [lib.aclshmem_malloc(s) - base2 for s in (100, 600, 1)]
+    got = [lib.aclshmem_align(512, s) - base2 for s in (100, 600, 1)]
     assert got == [0, 512, 1536]
+    assert lib.strata_cpu_finalize(1) == 0
+
+
+def test_malloc_aligns_to_16_bytes_only_as_shmem_does(lib):
+    """SHMEM's aclshmem_malloc aligns to 16 bytes (src/host/mem/shmem_mgr.cpp:241-245, audit 2 #11), so
+    the model's does too: a host that needs a 64-byte signal line or a 32-byte DMA block must ask
+    aclshmem_align, whose skipped bytes stay free."""
+    assert lib.strata_cpu_init(0, 1, _name("malloc16"), 65536, 1) == 0
+    base = lib.strata_cpu_heap_base()
+    got = [lib.aclshmem_malloc(s) - base for s in (100, 600, 1)]
+    assert got == [0, 112, 720]                       # 100 -> 112, 600 -> 608, 1 -> 16: 16-byte steps
+    assert lib.aclshmem_align(64, 10) - base == 768   # 736 is not 64-byte aligned: skipped, still free
+    assert lib.aclshmem_malloc(16) - base == 736
+    assert lib.aclshmem_calloc(1, 8) - base == 752    # the rest of the skipped bytes (first fit)
+    assert lib.aclshmem_malloc(16) - base == 832      # after the 64-aligned block of 64 bytes
+    assert lib.aclshmem_align(48, 64) is None
+    assert "must be a power of two no larger than 512" in lib.strata_cpu_last_error().decode()
+    assert lib.aclshmem_align(1024, 64) is None
     assert lib.strata_cpu_finalize(1) == 0
 
 
@@ -926,8 +947,8 @@ EXIT_CHILD = CHILD_HEAD + """
 import time
 kernels.launch_syncall.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32]
 assert model.strata_cpu_init(0, 1, sys.argv[3].encode(), 1 << 20, 1) == 0
-slots = model.aclshmem_calloc(8, 4)
-sums = model.aclshmem_calloc(8 * 10, 4)
+slots = model.aclshmem_calloc(8 * 16, 4)   # one 64-byte line per core (syncall_kernel)
+sums = model.aclshmem_calloc(8 * 16, 4)    # per core: rounds padded to 16 int32
 for cores in (8, 3, 8):
     assert kernels.launch_syncall(cores, slots, sums, 10) == 0
 threads = lambda: len(os.listdir("/proc/self/task"))

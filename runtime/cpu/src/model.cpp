@@ -270,6 +270,44 @@ void AllocReset() {
   if (g_pool.heap_bytes) g_free[0] = g_pool.heap_bytes;
 }
 
+constexpr uint64_t kMallocAlign = 16;  // SHMEM aclshmem_malloc: shmem_mgr.cpp:241-245 (align_size = 16)
+
+// First fit of `size` bytes (rounded up to `align`) at an offset that is a multiple of `align`; the
+// bytes skipped before it stay free. Deterministic: equal calls give equal offsets on every rank.
+void* AllocAligned(uint64_t align, size_t size, const char* api) {
+  if (!g_pool.inited) {
+    Error(Sprintf("%s: not initialised", api));
+    return nullptr;
+  }
+  if (size == 0) {
+    Error(Sprintf("%s(0): zero-byte request", api));
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lk(g_alloc_mu);
+  uint64_t need = (uint64_t(size) + align - 1) / align * align;
+  for (auto it = g_free.begin(); it != g_free.end(); ++it) {
+    uint64_t off = it->first, sz = it->second;
+    uint64_t at = (off + align - 1) / align * align;
+    if (at - off > sz || sz - (at - off) < need) continue;
+    g_free.erase(it);
+    if (at > off) g_free[off] = at - off;
+    if (off + sz > at + need) g_free[at + need] = off + sz - (at + need);
+    g_used[at] = need;
+    g_used_bytes += need;
+    return HeapOf(g_pool.rank) + at;
+  }
+  uint64_t free_bytes = 0, largest = 0;
+  for (auto& f : g_free) {
+    free_bytes += f.second;
+    largest = std::max(largest, f.second);
+  }
+  Error(Sprintf("%s(%llu): symmetric heap exhausted: request of %llu bytes (%llu-byte aligned), %llu bytes free "
+                "(largest free block %llu) of %llu",
+                api, (unsigned long long)size, (unsigned long long)need, (unsigned long long)align,
+                (unsigned long long)free_bytes, (unsigned long long)largest, (unsigned long long)g_pool.heap_bytes));
+  return nullptr;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Counters, timeout
 
@@ -2449,36 +2487,18 @@ STRATA_EXPORT void strata_cpu_describe_sync(const void* sync, int64_t barrier_sl
   g_sync = std::move(d);
 }
 
-STRATA_EXPORT void* aclshmem_malloc(size_t size) {
-  if (!g_pool.inited) {
-    Error("aclshmem_malloc: not initialised");
+// SHMEM's aclshmem_malloc aligns only to 16 bytes (src/host/mem/shmem_mgr.cpp:241-245,
+// `align_size = 16UL`); so does the model's, so that a host which needs more (a 64-byte signal
+// line, a 32-byte DMA block) and forgets aclshmem_align fails here as it would on the NPU.
+STRATA_EXPORT void* aclshmem_malloc(size_t size) { return AllocAligned(kMallocAlign, size, "aclshmem_malloc"); }
+
+STRATA_EXPORT void* aclshmem_align(size_t alignment, size_t size) {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > kAlign) {
+    Error(Sprintf("aclshmem_align(%zu, %zu): the alignment must be a power of two no larger than %llu", alignment,
+                  size, (unsigned long long)kAlign));
     return nullptr;
   }
-  if (size == 0) {
-    Error("aclshmem_malloc(0): zero-byte request");
-    return nullptr;
-  }
-  std::lock_guard<std::mutex> lk(g_alloc_mu);
-  uint64_t need = (uint64_t(size) + kAlign - 1) / kAlign * kAlign;
-  for (auto it = g_free.begin(); it != g_free.end(); ++it) {
-    if (it->second < need) continue;
-    uint64_t off = it->first, sz = it->second;
-    g_free.erase(it);
-    if (sz > need) g_free[off + need] = sz - need;
-    g_used[off] = need;
-    g_used_bytes += need;
-    return HeapOf(g_pool.rank) + off;
-  }
-  uint64_t free_bytes = 0, largest = 0;
-  for (auto& f : g_free) {
-    free_bytes += f.second;
-    largest = std::max(largest, f.second);
-  }
-  Error(Sprintf("aclshmem_malloc(%llu): symmetric heap exhausted: request of %llu bytes (512-byte aligned), %llu "
-                "bytes free (largest free block %llu) of %llu",
-                (unsigned long long)size, (unsigned long long)need, (unsigned long long)free_bytes,
-                (unsigned long long)largest, (unsigned long long)g_pool.heap_bytes));
-  return nullptr;
+  return AllocAligned(std::max<uint64_t>(alignment, kMallocAlign), size, "aclshmem_align");
 }
 
 STRATA_EXPORT void* aclshmem_calloc(size_t count, size_t size) {
