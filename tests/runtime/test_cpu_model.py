@@ -563,6 +563,25 @@ def test_stale_read_of_gm_another_rank_wrote(driver, tmp_path, flushed):
         "GlobalTensor/GetValue.md); element at rank 0 heap offset 3072 (0xc00), bytes 0-1 (2 bytes differ) of its 64-byte line changed"), message
 
 
+@pytest.mark.parametrize("case,refused", [(45, True), (46, False), (47, False)])
+def test_a_flag_raised_before_the_quiet_of_the_sdma_copy_it_announces(driver, tmp_path, case, refused):
+    """Cases 45-47, world 2: rank 0 SDMA-puts 64 floats to rank 1 and signals rank 1, which waits
+    and reads them by DataCopy. 45: the signal before the quiet: rank 1's read is refused, whatever
+    the timing (SHMEM orders nothing between an SDMA copy and a later signal). 46: quiet, then
+    signal: passes. 47: a signal while the copy is posted (as a barrier inside an async stage),
+    then the quiet and a second signal, which rank 1 waits for: passes."""
+    out = run_driver(driver, tmp_path, "fail", case, 2, 1, 10)
+    if not refused:
+        assert field(out[0], "LAUNCH_OK") is not None and field(out[1], "LAUNCH_OK") is not None
+        return
+    message = field(out[1], "LAUNCH_FAILED").split(" ", 1)[1]
+    assert message.startswith(
+        "rank 1 core 0 strata:88 kernel fail_kernel: DataCopy: reads rank 1 heap offset 0 (0x0), which an SDMA "
+        "copy of rank 0 core 0 writes, and the newest signal this rank has seen from rank 0 (its signal 1) was "
+        "raised before that copy's aclshmemx_sdma_quiet: a flag raised before the quiet of the SDMA copy it "
+        "announces"), message
+
+
 def test_each_core_writing_its_own_lines_and_flushing_passes(driver, tmp_path):
     """Case 26: as case 25 (two cores, one line), but core 1 writes a line of its own; core 0 reads
     both values back after invalidating."""

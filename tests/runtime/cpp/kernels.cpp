@@ -294,6 +294,10 @@ enum FailCase {
   kAddUnaligned, kMulsUnaligned, kDupUnaligned, kCastUnaligned, kGmElemUnaligned,
   // int8 <-> half Cast (the legal A2/A3 pairs), then an out-of-range half refused
   kCastInt8,
+  // world 2: rank 0 SDMA-puts 64 floats to rank 1 and signals it; rank 1 waits and reads them
+  // (model.cpp, "The SDMA ledger"): signal before the quiet (refused), quiet then signal, and an
+  // unrelated signal while the copy is posted followed by quiet and a second signal (both pass)
+  kSdmaFlagBeforeQuiet, kSdmaQuietThenFlag, kSdmaAnnouncedThenQuieted,
 };
 
 extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
@@ -687,6 +691,27 @@ extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
         strata_cpu::SetLine(77);
         h.SetValue(0, half(200.0f));
         Cast(back, h, RoundMode::CAST_RINT, 1);
+      }
+      break;
+    case kSdmaFlagBeforeQuiet:
+    case kSdmaQuietThenFlag:
+    case kSdmaAnnouncedThenQuieted:
+      if (actor) {
+        float* data = reinterpret_cast<float*>(buf);         // [0, 256): the copy's destination on rank 1
+        int32_t* flag = reinterpret_cast<int32_t*>(buf) + 256;  // heap offset 1024: its own line
+        if (aclshmem_my_pe() == 0) {
+          aclshmemx_sdma_put_nbi(data, data + 512, t.GetPhyAddr(), 64, 64, 1, EVENT_ID0);
+          if (which == kSdmaQuietThenFlag) aclshmemx_sdma_quiet(t.GetPhyAddr(), 64, EVENT_ID0);
+          aclshmemx_signal_op(flag, 1, ACLSHMEM_SIGNAL_SET, 1);
+          if (which != kSdmaQuietThenFlag) aclshmemx_sdma_quiet(t.GetPhyAddr(), 64, EVENT_ID0);
+          if (which == kSdmaAnnouncedThenQuieted) aclshmemx_signal_op(flag, 2, ACLSHMEM_SIGNAL_SET, 1);
+        } else if (aclshmem_my_pe() == 1) {
+          aclshmem_signal_wait_until(flag, ACLSHMEM_CMP_GE, which == kSdmaAnnouncedThenQuieted ? 2 : 1);
+          strata_cpu::SetLine(88);
+          GlobalTensor<float> d;
+          d.SetGlobalBuffer(data, 64);
+          DataCopy(t, d, 64);
+        }
       }
       break;
     default:
