@@ -201,6 +201,15 @@ MUTATIONS: tuple[Mutation, ...] = (
          BALANCE + "test_call_balance_is_the_ideal_one[bf16-1001]"),
         "the Mover stores a 16-bit reduction with Cast(CAST_NONE): float -> bfloat16_t has no "
         "CAST_NONE on A2/A3 (Cast.md)"),
+    Mutation(
+        "await-h0-without-quiet", "templates/kernel.cpp.j2",
+        "{{ pad }}strata::Await(mv_);\n",
+        '{% if st.handle == "h0" %}{{ pad }}AscendC::SyncAll<true>();  // mutant: no quiet\n'
+        "{% else %}{{ pad }}strata::Await(mv_);\n{% endif %}",
+        ("tests/e2e/test_run.py::test_every_example_runs_correctly[3]",),
+        "`await h0` no longer quiets (`await h1` still does): the ring's flag for h0's chunk is raised "
+        "before the quiet of the SDMA copy it announces; the model's SDMA ledger refuses the next rank's "
+        "SDMA read of it (audit 2 #7: this mutant survived a uniform SDMA delay)"),
 )
 
 

@@ -225,8 +225,15 @@ void strata_cpu_leave(void);
 void strata_cpu_describe_sync(const void* sync, int64_t barrier_slots, const char* layout);
 void* aclshmem_malloc(size_t size);
 void* aclshmem_calloc(size_t count, size_t size);
+void* aclshmem_align(size_t alignment, size_t size);
 void aclshmem_free(void* ptr);
 """
+
+# The alignment of every symmetric allocation stratac makes, on the CPU model and on the NPU
+# (aclshmem_align): the kernels assume it (64-byte signal lines in the sync area, 32-byte DMA blocks),
+# and aclshmem_malloc guarantees only 16 bytes (SHMEM src/host/mem/shmem_mgr.cpp:241-245). As
+# runtime/cpu/include/strata_cpu.h STRATA_HEAP_ALIGN.
+HEAP_ALIGN = 512
 
 # per core, in the order of strata_cpu.h's STRATA_CTR_*: bytes per engine, remote bytes, and the
 # SDMA posts and the 1 MiB SQEs they were split into

@@ -181,7 +181,9 @@ class Communicator:
     # ---- heap
     def _alloc(self, nbytes: int, zero: bool = False) -> int:
         self._check_open()
-        ptr = self._lib.aclshmem_calloc(1, nbytes) if zero else self._lib.aclshmem_malloc(nbytes)
+        ptr = self._lib.aclshmem_align(abi.HEAP_ALIGN, nbytes)     # aclshmem_malloc: 16 B only
+        if ptr != self._ffi.NULL and zero:
+            self._ffi.memmove(ptr, bytes(nbytes), nbytes)
         if ptr == self._ffi.NULL:
             raise StrataRuntimeError(f"symmetric heap exhausted: {last_error(self._lib, self._ffi)} "
                                      f"(heap of {self.heap_bytes} bytes per rank; create the "

@@ -2,7 +2,7 @@
 
 What stratac.host.comm.Communicator does on the CPU model, on the NPU. SHMEM is initialised from a
 unique id that rank 0 creates and the job shares (torch.distributed or a Store); heap tensors are
-aclshmem_malloc memory wrapped as torch_npu tensors; schedules launch through the generated
+aclshmem_align(512, n) memory wrapped as torch_npu tensors; schedules launch through the generated
 launcher on torch_npu's current stream (the kernels' FFTS address is set by the wrapper that
 CANN's ascendc_library generates, not passed by stratac); close() synchronises and calls aclshmem_finalize. The kernels come from stratac.targets.npu.build.
 
@@ -52,8 +52,7 @@ int aclshmemx_set_attr_uniqueid_args(int my_pe, int n_pes, int64_t local_mem_siz
 int aclshmemx_init_attr(unsigned int bootstrap_flags, aclshmemx_init_attr_t* attr);
 int aclshmemx_init_status(void);
 int aclshmem_finalize(void);
-void* aclshmem_malloc(size_t size);
-void* aclshmem_calloc(size_t nmemb, size_t size);
+void* aclshmem_align(size_t alignment, size_t size);
 void aclshmem_free(void* ptr);
 void aclshmem_info_get_version(int* major, int* minor);
 """
@@ -96,6 +95,24 @@ def check_topology(soc: str | None, world: int, allow_unverified: bool = False) 
             "reach across servers is UNVERIFIED (allow_unverified_topology=True)")
 
 
+def check_engines(s: ir.Schedule, engines: tuple[str, ...]) -> None:
+    """Refuses a schedule with an `on sdma` or `on auto` stage on a communicator whose SHMEM was
+    initialised without the SDMA engine (StrataUsageError). SHMEM then leaves the SDMA workspace
+    null (src/host/init/shmem_init.cpp:71) and the device's SDMA post dereferences it unchecked
+    (shmem_device_sdma.hpp:613-619): a device fault or stray GM writes, not an error."""
+    if "sdma" in engines:
+        return
+    for st in passes.stages(s.body):
+        if st.engine in (ir.Engine.SDMA, ir.Engine.AUTO):
+            raise StrataUsageError(
+                f"schedule {s.name}: stage {st.index} at {st.span} runs `on {st.engine.value}` "
+                f"(SDMA copies), but this NpuCommunicator was created with engines="
+                f"{tuple(engines)!r}: SHMEM was initialised without ACLSHMEM_DATA_OP_SDMA, so the "
+                "kernel would post to a null SDMA workspace. Create the communicator with 'sdma' "
+                "in engines (the default is ('mte', 'sdma')), or use a schedule without SDMA "
+                "stages; nothing was built or loaded")
+
+
 SHMEM_ERRORS = {-1: "invalid parameter", -2: "invalid value", -3: "SMEM error",
                 -4: "internal error", -5: "not initialised", -6: "bootstrap error", -7: "timeout"}
 
@@ -131,7 +148,7 @@ class NpuCommunicator:
         dist.init_process_group("gloo")                  # bootstraps the unique id exchange
         comm = stratac.NpuCommunicator.from_process_group(heap_bytes=1 << 30)
         mod = comm.load("examples/allreduce_twoshot.strata")
-        x = comm.empty(1 << 20, dtype=torch.float32)     # aclshmem_malloc, as a torch_npu tensor
+        x = comm.empty(1 << 20, dtype=torch.float32)     # aclshmem_align, as a torch_npu tensor
         x.copy_(data); mod.allreduce_twoshot(x)          # launched on torch.npu.current_stream()
         comm.close()
 
@@ -164,6 +181,7 @@ class NpuCommunicator:
             raise StrataUsageError(f"unknown SHMEM data engine(s) {bad}; known: "
                                    f"{', '.join(DATA_OP)}")
         self.rank, self.world = rank, world
+        self.engines = tuple(engines)
         self._barrier = barrier or (lambda: None)
         self._npu = self._torch_npu.npu      # what torch.npu aliases once torch_npu is imported
         if device is None:
@@ -273,7 +291,11 @@ class NpuCommunicator:
     def _alloc(self, nbytes: int, zero: bool = False) -> int:
         self._check_open()
         n = max(int(nbytes), 1)
-        p = self._lib.aclshmem_calloc(1, n) if zero else self._lib.aclshmem_malloc(n)
+        # aclshmem_malloc/calloc align to 16 bytes only (SHMEM src/host/mem/shmem_mgr.cpp:241-245); the
+        # kernels assume 512 (64-byte signal lines, 32-byte DMA blocks), as the CPU model's allocations
+        p = self._lib.aclshmem_align(abi.HEAP_ALIGN, n)
+        if p != self._ffi.NULL and zero:
+            self._zero(int(self._ffi.cast("uintptr_t", p)), n)
         if p == self._ffi.NULL:
             raise StrataRuntimeError(f"symmetric heap exhausted: {n} more bytes do not fit in the "
                                      f"{self.heap_bytes}-byte heap per rank (create the "
@@ -281,6 +303,13 @@ class NpuCommunicator:
         ptr = int(self._ffi.cast("uintptr_t", p))
         self._allocs[ptr] = n
         return ptr
+
+    def _zero(self, ptr: int, n: int) -> None:
+        """Zeroes n bytes of device memory at ptr (aclshmem_align does not; calloc has no aligned
+        form) and waits, so that no kernel sees them before."""
+        import torch
+        self._wrap(ptr, (n,), torch.uint8).zero_()
+        self._npu.current_stream(self.device).synchronize()
 
     def status_line(self) -> list[int]:
         """The 16 int32 of this rank's status line (abi.status_offset) after the calls queued so
@@ -315,7 +344,7 @@ class NpuCommunicator:
 
     def empty(self, *shape, dtype=None):
         """A tensor on the symmetric heap. Every rank must allocate the same shapes in the same
-        order (aclshmem_malloc is collective and symmetric)."""
+        order (aclshmem_align is collective and symmetric)."""
         import torch
         dtype = torch.float32 if dtype is None else dtype
         if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
@@ -388,6 +417,8 @@ class NpuCommunicator:
                                    f"{options.soc}: load them with Options(soc={here!r})")
         source = frontend.path_or_text(path_or_source, name)
         compiled = compile_schedules(source, options, [self.world])
+        for c in compiled:
+            check_engines(c.schedule, self.engines)
         mod = NpuModule(self, [(c.schedule, build(c.output, options.soc, toolchain=self.toolchain))
                                for c in compiled])
         self._modules.append(mod)

@@ -83,10 +83,15 @@ def test_bootstrap_allocate_free_barrier_synchronize_close(rt):
     assert log[0] == f"get_uniqueid version={(1 << 16) + 136}"
     assert log[1] == f"set_attr pe=0 n=1 heap={4 << 20} uid={0x5a}"      # rounded up to 2 MiB pages
     assert log[2] == f"init_attr flags=8 engines=3 timeout=120 version={(1 << 16) + 24}"
-    assert log[3].startswith("calloc 1 ")                                  # the sync area, zeroed
+    # the sync area: aclshmem_align(512, ...) (aclshmem_malloc guarantees 16 bytes only), zeroed on
+    # the device; every allocation is 512-byte aligned (the kernels' 64-byte signal lines need 64)
+    assert log[3] == f"align 512 {abi.sync_area_bytes(1)}"
+    assert ("zero_", comm._sync, abi.sync_area_bytes(1)) in rt.torch_npu.calls
+    assert comm._sync % 512 == 0
     assert ("set_device", 0) in rt.torch_npu.calls and comm.heap_bytes == 4 << 20
 
     x = comm.empty(64, dtype=torch.float16)
+    assert rt.log().splitlines()[-1] == "align 512 128" and x.data_ptr() % 512 == 0
     assert isinstance(x, torch.Tensor) and x.device.type == "npu" and x.dtype == torch.float16
     assert x.numel() == 64 and comm.offset_of(x, "x") > 0
     assert comm.heap_used >= 128 + abi.sync_area_bytes(1)
@@ -230,3 +235,31 @@ def test_worlds_beyond_one_hccs_domain(rt):
         rt.torch_npu.device_name = "Ascend910B3"
         comm, _ = make(rt, world=8)
         comm.close()
+
+
+def test_an_sdma_schedule_is_refused_on_a_communicator_without_the_sdma_engine(rt, tmp_path):
+    """engines=("mte",) initialises SHMEM without ACLSHMEM_DATA_OP_SDMA: its SDMA workspace is
+    null, and an SDMA post would dereference it on the device. load refuses a schedule with an
+    `on sdma` (or `on auto`) stage there, naming the schedule, the stage and the engines, before
+    anything is built; an AIV-only schedule still loads."""
+    comm, _ = make(rt, engines=("mte",))
+    assert "init_attr flags=8 engines=1 " in rt.log()
+    cache = tmp_path / "cache"
+    for path, example, engine in ((ROOT / "examples" / "allgather_push.strata", "allgather_push", "sdma"),
+                                  (ROOT / "examples" / "allreduce_twoshot.strata", "allreduce_twoshot", "sdma"),
+                                  (ROOT / "tests" / "verify" / "corpus" / "good_pull_and_max.strata",
+                                   "allgather_pull", "auto")):
+        with pytest.raises(StrataUsageError) as exc:
+            comm.load(str(path))
+        text = str(exc.value)
+        assert text.startswith(f"schedule {example}: stage "), text
+        assert f".strata:" in text and f"runs `on {engine}`" in text
+        assert "engines=('mte',)" in text and "ACLSHMEM_DATA_OP_SDMA" in text
+        assert "nothing was built or loaded" in text
+    assert not cache.exists() or [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []
+    mod = comm.load(str(ROOT / "examples" / "allreduce_oneshot.strata"))     # AIV only: loads
+    assert list(mod.schedules) == ["allreduce_oneshot"]
+    comm.close()
+    comm, _ = make(rt)                                                       # mte + sdma: loads
+    comm.load(str(ROOT / "examples" / "allgather_push.strata"))
+    comm.close()

@@ -28,7 +28,8 @@ extern "C" __global__ __aicore__ void k(GM_ADDR) {
   LocalTensor<half> h = b.GetWithOffset<half>(256, 2048);
   LocalTensor<bfloat16_t> bf = b.GetWithOffset<bfloat16_t>(256, 4096);
   LocalTensor<int32_t> i = b.GetWithOffset<int32_t>(256, 6144);
-  (void)f; (void)h; (void)bf; (void)i;
+  LocalTensor<int8_t> i8 = b.GetWithOffset<int8_t>(256, 7168);
+  (void)f; (void)h; (void)bf; (void)i; (void)i8;
   %s;
 }
 """
@@ -80,6 +81,21 @@ CASES = {
     "cast_i32_half": ("Cast(h, i, RoundMode::CAST_NONE, 64)",
                       ["AscendC::Cast int32_t->half on A2/A3 needs SetDeqScale (asc-devkit docs Cast.md)"],
                       "Cast(f, i, RoundMode::CAST_NONE, 64)"),
+    # int8: only int8_t->half (CAST_NONE) and half->int8_t (NONE/RINT/FLOOR/CEIL/ROUND/TRUNC) are in
+    # the A2/A3 table; float<->int8_t goes through half (audit 2 #28)
+    "cast_f32_i8": ("Cast(i8, f, RoundMode::CAST_RINT, 64)",
+                    ["AscendC::Cast: this (src, dst) pair is not in the A2/A3 table", "float<->int8_t goes through half"],
+                    "Cast(i8, h, RoundMode::CAST_RINT, 64)"),
+    "cast_i8_f32": ("Cast(f, i8, RoundMode::CAST_NONE, 64)",
+                    ["AscendC::Cast: this (src, dst) pair is not in the A2/A3 table"],
+                    "Cast(h, i8, RoundMode::CAST_NONE, 64)"),
+    "cast_i8_half_rint": ("Cast(h, i8, RoundMode::CAST_RINT, 64)",
+                          ["AscendC::Cast int8_t->half on A2/A3 takes CAST_NONE only (asc-devkit docs Cast.md)"],
+                          "Cast(h, i8, RoundMode::CAST_NONE, 64)"),
+    "cast_half_i8_odd": ("Cast(i8, h, RoundMode::CAST_ODD, 64)",
+                         ["AscendC::Cast half->int8_t on A2/A3 takes CAST_NONE/CAST_RINT/CAST_FLOOR/CAST_CEIL/"
+                          "CAST_ROUND/CAST_TRUNC only"],
+                         "Cast(i8, h, RoundMode::CAST_TRUNC, 64)"),
     "cast_half_half": ("Cast(h, h, RoundMode::CAST_NONE, 64)",
                        ["AscendC::Cast: this (src, dst) pair is not in the A2/A3 table (asc-devkit docs Cast.md)"],
                        "Cast(h, f, RoundMode::CAST_ODD, 64)"),

@@ -506,6 +506,17 @@ FAIL_CASES = {
                                           "SHMEM's MTE UB region [0, 16384) but TPipe has carved UB [0, 4096)"]),
     "event_ids_exhausted": (38, 4, 10, [PREFIX + "TPipe::AllocEventID<HardEvent::MTE3_MTE2>: no free event id "
                                         "(0: a TQue (EnQue'd or freed buffer) (set), 1: AllocEventID, "]),
+    # operand alignment (asc-devkit 通用说明和约束.md 表2; DataCopy GM<->UB doc)
+    "vector_operand_unaligned": (39, 4, 10, [PREFIX + "Add: src0 operand at UB offset 4 is not 32-byte aligned: "
+                                             "vector and Cast operands must start on a 32-byte boundary of UB"]),
+    "muls_dst_unaligned": (40, 4, 10, [PREFIX + "Muls: dst operand at UB offset 16 is not 32-byte aligned"]),
+    "duplicate_unaligned": (41, 4, 10, [PREFIX + "Duplicate: dst operand at UB offset 4 is not 32-byte aligned"]),
+    "cast_operand_unaligned": (42, 4, 10, [PREFIX + "Cast: dst operand at UB offset 1030 is not 32-byte aligned"]),
+    # the legal int8 <-> half casts round-trip and round by mode; then an out-of-range half is refused
+    "cast_half_int8_out_of_range": (44, 4, 10, ["rank 0 core 3 strata:77 kernel fail_kernel: Cast half->int8_t of "
+                                                "200: the value rounds outside [-128, 127]; what A2/A3 give for it "
+                                                "is not documented"]),
+    "gm_datacopy_unaligned": (43, 4, 10, [PREFIX + "DataCopy: GM address", "is not aligned to its 4-byte element"]),
 }
 
 
@@ -554,6 +565,25 @@ def test_stale_read_of_gm_another_rank_wrote(driver, tmp_path, flushed):
         "rank 0 core 0 strata:62 kernel fail_kernel: GlobalTensor::GetValue: stale read: GetValue of GM written "
         "by another agent since this core cached the line: call DataCacheCleanAndInvalid first (asc-devkit "
         "GlobalTensor/GetValue.md); element at rank 0 heap offset 3072 (0xc00), bytes 0-1 (2 bytes differ) of its 64-byte line changed"), message
+
+
+@pytest.mark.parametrize("case,refused", [(45, True), (46, False), (47, False)])
+def test_a_flag_raised_before_the_quiet_of_the_sdma_copy_it_announces(driver, tmp_path, case, refused):
+    """Cases 45-47, world 2: rank 0 SDMA-puts 64 floats to rank 1 and signals rank 1, which waits
+    and reads them by DataCopy. 45: the signal before the quiet: rank 1's read is refused, whatever
+    the timing (SHMEM orders nothing between an SDMA copy and a later signal). 46: quiet, then
+    signal: passes. 47: a signal while the copy is posted (as a barrier inside an async stage),
+    then the quiet and a second signal, which rank 1 waits for: passes."""
+    out = run_driver(driver, tmp_path, "fail", case, 2, 1, 10)
+    if not refused:
+        assert field(out[0], "LAUNCH_OK") is not None and field(out[1], "LAUNCH_OK") is not None
+        return
+    message = field(out[1], "LAUNCH_FAILED").split(" ", 1)[1]
+    assert message.startswith(
+        "rank 1 core 0 strata:88 kernel fail_kernel: DataCopy: reads rank 1 heap offset 0 (0x0), which an SDMA "
+        "copy of rank 0 core 0 writes, and the newest signal this rank has seen from rank 0 (its signal 1) was "
+        "raised before that copy's aclshmemx_sdma_quiet: a flag raised before the quiet of the SDMA copy it "
+        "announces"), message
 
 
 def test_each_core_writing_its_own_lines_and_flushing_passes(driver, tmp_path):
@@ -630,6 +660,8 @@ def lib(libstratacpu):
     so.aclshmem_malloc.argtypes = [ctypes.c_size_t]
     so.aclshmem_calloc.restype = ctypes.c_void_p
     so.aclshmem_calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+    so.aclshmem_align.restype = ctypes.c_void_p
+    so.aclshmem_align.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
     so.aclshmem_free.argtypes = [ctypes.c_void_p]
     yield so
     so.strata_cpu_finalize(1)  # harmless when the test already finalised
@@ -640,33 +672,34 @@ def _name(tag: str) -> bytes:
 
 
 def test_allocator_first_fit_coalescing_and_exhaustion(lib):
+    # aclshmem_align(512, n), as stratac's hosts allocate: 512-byte aligned, n rounded up to 512
     assert lib.strata_cpu_init(0, 1, _name("alloc"), 65536, 1) == 0
     base = lib.strata_cpu_heap_base()
     off = lambda p: p - base
-    a = lib.aclshmem_malloc(100)
-    b = lib.aclshmem_malloc(600)
-    c = lib.aclshmem_malloc(1)
+    a = lib.aclshmem_align(512, 100)
+    b = lib.aclshmem_align(512, 600)
+    c = lib.aclshmem_align(512, 1)
     assert [off(a), off(b), off(c)] == [0, 512, 1536]
     lib.aclshmem_free(b)
-    d = lib.aclshmem_malloc(512)
-    e = lib.aclshmem_malloc(1000)
+    d = lib.aclshmem_align(512, 512)
+    e = lib.aclshmem_align(512, 1000)
     assert [off(d), off(e)] == [512, 2048]   # first fit: the hole, then past it
     lib.aclshmem_free(d)
-    f = lib.aclshmem_malloc(1024)
+    f = lib.aclshmem_align(512, 1024)
     assert off(f) == 512                     # freed block coalesced with the 512-byte remainder
     assert lib.strata_cpu_heap_used() == 512 + 1024 + 512 + 1024
     for p in (a, c, e, f):
         lib.aclshmem_free(p)
     assert lib.strata_cpu_heap_used() == 0
-    whole = lib.aclshmem_malloc(65536)       # everything coalesced back into one block
+    whole = lib.aclshmem_align(512, 65536)       # everything coalesced back into one block
     assert off(whole) == 0
-    assert lib.aclshmem_malloc(1) is None
+    assert lib.aclshmem_align(512, 1) is None
     msg = lib.strata_cpu_last_error().decode()
-    assert "aclshmem_malloc(1)" in msg and "0 bytes free" in msg
+    assert "aclshmem_align(1)" in msg and "0 bytes free" in msg
     lib.aclshmem_free(whole)
-    assert lib.aclshmem_malloc(70000) is None
+    assert lib.aclshmem_align(512, 70000) is None
     msg = lib.strata_cpu_last_error().decode()
-    assert "aclshmem_malloc(70000)" in msg and "65536 bytes free" in msg
+    assert "aclshmem_align(70000)" in msg and "65536 bytes free" in msg
     lib.aclshmem_free(ctypes.c_void_p(base + 4))
     assert "not a live allocation" in lib.strata_cpu_last_error().decode()
     # calloc zeroes; the same calls on a fresh pool give the same offsets
@@ -675,8 +708,26 @@ def test_allocator_first_fit_coalescing_and_exhaustion(lib):
     assert lib.strata_cpu_finalize(1) == 0
     assert lib.strata_cpu_init(0, 1, _name("alloc2"), 65536, 1) == 0
     base2 = lib.strata_cpu_heap_base()
-    got = [lib.aclshmem_malloc(s) - base2 for s in (100, 600, 1)]
+    got = [lib.aclshmem_align(512, s) - base2 for s in (100, 600, 1)]
     assert got == [0, 512, 1536]
+    assert lib.strata_cpu_finalize(1) == 0
+
+
+def test_malloc_aligns_to_16_bytes_only_as_shmem_does(lib):
+    """SHMEM's aclshmem_malloc aligns to 16 bytes (src/host/mem/shmem_mgr.cpp:241-245, audit 2 #11), so
+    the model's does too: a host that needs a 64-byte signal line or a 32-byte DMA block must ask
+    aclshmem_align, whose skipped bytes stay free."""
+    assert lib.strata_cpu_init(0, 1, _name("malloc16"), 65536, 1) == 0
+    base = lib.strata_cpu_heap_base()
+    got = [lib.aclshmem_malloc(s) - base for s in (100, 600, 1)]
+    assert got == [0, 112, 720]                       # 100 -> 112, 600 -> 608, 1 -> 16: 16-byte steps
+    assert lib.aclshmem_align(64, 10) - base == 768   # 736 is not 64-byte aligned: skipped, still free
+    assert lib.aclshmem_malloc(16) - base == 736
+    assert lib.aclshmem_calloc(1, 8) - base == 752    # the rest of the skipped bytes (first fit)
+    assert lib.aclshmem_malloc(16) - base == 832      # after the 64-aligned block of 64 bytes
+    assert lib.aclshmem_align(48, 64) is None
+    assert "must be a power of two no larger than 512" in lib.strata_cpu_last_error().decode()
+    assert lib.aclshmem_align(1024, 64) is None
     assert lib.strata_cpu_finalize(1) == 0
 
 
@@ -919,8 +970,8 @@ EXIT_CHILD = CHILD_HEAD + """
 import time
 kernels.launch_syncall.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32]
 assert model.strata_cpu_init(0, 1, sys.argv[3].encode(), 1 << 20, 1) == 0
-slots = model.aclshmem_calloc(8, 4)
-sums = model.aclshmem_calloc(8 * 10, 4)
+slots = model.aclshmem_calloc(8 * 16, 4)   # one 64-byte line per core (syncall_kernel)
+sums = model.aclshmem_calloc(8 * 16, 4)    # per core: rounds padded to 16 int32
 for cores in (8, 3, 8):
     assert kernels.launch_syncall(cores, slots, sums, 10) == 0
 threads = lambda: len(os.listdir("/proc/self/task"))

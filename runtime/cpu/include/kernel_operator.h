@@ -539,6 +539,22 @@ inline void CheckUbAligned(const void* p, const char* op) {
     ::strata_cpu::Fail("%s: UB address (UB offset %lld) is not 32-byte aligned", op,
                        (long long)::strata_cpu::UbOffset(p));
 }
+// The start of every vector-op and Cast operand in UB is 32-byte aligned (asc-devkit docs
+// SIMD-API/通用说明和约束.md, 表2: "Unified Buffer | 32Byte对齐"); the NPU does not check it.
+inline void CheckVecAligned(const void* p, const char* op, const char* role) {
+  if (reinterpret_cast<uintptr_t>(p) % 32 != 0)
+    ::strata_cpu::Fail("%s: %s operand at UB offset %lld is not 32-byte aligned: vector and Cast operands must "
+                       "start on a 32-byte boundary of UB (asc-devkit docs 通用说明和约束.md)",
+                       op, role, (long long)::strata_cpu::UbOffset(p));
+}
+// The GM side of a DataCopy is aligned to the element size (asc-devkit docs DataCopy（GM与UB连续数据搬运）.md:
+// "位于Global Memory的地址必须按照对应数据类型所占字节数对齐").
+template <class T> inline void CheckGmElemAligned(const void* p, const char* op) {
+  if (reinterpret_cast<uintptr_t>(p) % sizeof(T) != 0)
+    ::strata_cpu::Fail("%s: GM address %p is not aligned to its %u-byte element (asc-devkit docs DataCopy "
+                       "GM<->UB: the GM address must be aligned to sizeof(T))",
+                       op, p, (unsigned)sizeof(T));
+}
 inline void CheckCopyLen(uint64_t bytes, const char* op) {
   if (bytes % 32 != 0)
     ::strata_cpu::Fail("%s of %llu bytes is not a multiple of 32 bytes (use DataCopyPad)", op,
@@ -559,6 +575,7 @@ template <class T> inline void DataCopy(const LocalTensor<T>& dst, const GlobalT
   dst.StrataCheck(0, count, "DataCopy", "dst");
   detail::CheckUbAligned(dst.StrataPtr(), "DataCopy");
   src.StrataCheck(0, count, "DataCopy");
+  detail::CheckGmElemAligned<T>(src.GetPhyAddr(), "DataCopy");
   ::strata_cpu::CopyGmToUb(dst.StrataPtr(), src.GetPhyAddr(), bytes, "DataCopy");
 }
 // UB -> GM (MTE3); honours SetAtomicAdd/Max/Min.
@@ -569,6 +586,7 @@ template <class T> inline void DataCopy(const GlobalTensor<T>& dst, const LocalT
   src.StrataCheck(0, count, "DataCopy", "src");
   detail::CheckUbAligned(src.StrataPtr(), "DataCopy");
   dst.StrataCheck(0, count, "DataCopy");
+  detail::CheckGmElemAligned<T>(dst.GetPhyAddr(), "DataCopy");
   ::strata_cpu::CopyUbToGm(dst.GetPhyAddr(), src.StrataPtr(), bytes, detail::DTypeOf<T>(), "DataCopy");
 }
 // UB -> UB
@@ -695,6 +713,9 @@ inline void Binary(const LocalTensor<T>& dst, const LocalTensor<T>& s0, const Lo
   dst.StrataCheck(0, count, op, "dst");
   s0.StrataCheck(0, count, op, "src0");
   s1.StrataCheck(0, count, op, "src1");
+  CheckVecAligned(dst.StrataPtr(), op, "dst");
+  CheckVecAligned(s0.StrataPtr(), op, "src0");
+  CheckVecAligned(s1.StrataPtr(), op, "src1");
   dst.StrataWrote(0, count);
   T* d = dst.StrataPtr();
   const T* a = s0.StrataPtr();
@@ -717,6 +738,8 @@ inline void Scalar(const LocalTensor<T>& dst, const LocalTensor<T>& src, T s, in
   if (count == 0) return;
   dst.StrataCheck(0, count, op, "dst");
   src.StrataCheck(0, count, op, "src");
+  CheckVecAligned(dst.StrataPtr(), op, "dst");
+  CheckVecAligned(src.StrataPtr(), op, "src");
   dst.StrataWrote(0, count);
   T* d = dst.StrataPtr();
   const T* a = src.StrataPtr();
@@ -810,6 +833,7 @@ template <class T> inline void Duplicate(const LocalTensor<T>& dst, const T& sca
   detail::CheckCount(count, "Duplicate");
   if (count == 0) return;
   dst.StrataCheck(0, count, "Duplicate", "dst");
+  detail::CheckVecAligned(dst.StrataPtr(), "Duplicate", "dst");
   dst.StrataWrote(0, count);
   T* d = dst.StrataPtr();
   for (int32_t i = 0; i < count; ++i) d[i] = scalarValue;
@@ -917,8 +941,17 @@ template <class D, class S> inline D CastOne(S v, RoundMode mode) {
     return RoundToFloat<FmtF16>(x, mode);
   } else if constexpr (IsBf16<D>::value) {
     return RoundToFloat<FmtBf16>(x, mode);
+  } else if constexpr (std::is_same<D, int8_t>::value) {
+    // half -> int8_t: rounded by the mode. What an out-of-range or NaN half gives is not documented
+    // for A2/A3 (Cast.md), so the model refuses it rather than guess (stratac's kernels never cast
+    // to int8: the host quantises)
+    double r = RoundToIntegral(x, mode);
+    if (std::isnan(x) || r > 127.0 || r < -128.0)
+      ::strata_cpu::Fail("Cast half->int8_t of %g: the value rounds outside [-128, 127]; what A2/A3 give for it is "
+                         "not documented (asc-devkit docs Cast.md), so the model refuses it", x);
+    return static_cast<int8_t>(r);
   } else {
-    static_assert(std::is_same<D, int32_t>::value, "Cast: destination must be float, half, bfloat16_t or int32_t");
+    static_assert(std::is_same<D, int32_t>::value, "Cast: destination must be float, half, bfloat16_t, int32_t or int8_t");
     if (std::isnan(x)) return 0;
     double r = RoundToIntegral(x, mode);
     if (r >= 2147483647.0) return std::numeric_limits<int32_t>::max();   // saturate
@@ -948,6 +981,8 @@ template <class D, class S> constexpr unsigned CastModes() {
   if (is_same<S, float>::value && is_same<D, bfloat16_t>::value) return kModesDirected;
   if (is_same<S, float>::value && is_same<D, int32_t>::value) return kModesDirected;
   if (is_same<S, float>::value && is_same<D, float>::value) return kModesDirected;
+  if (is_same<S, int8_t>::value && is_same<D, half>::value) return kModeNone;
+  if (is_same<S, half>::value && is_same<D, int8_t>::value) return kModeNone | kModesDirected;
   return 0;
 }
 constexpr unsigned ModeBit(RoundMode m) {
@@ -961,7 +996,7 @@ inline const char* ModeName(RoundMode m) {
 }
 template <class T> constexpr const char* TypeName() {
   return IsF16<T>::value ? "half" : IsBf16<T>::value ? "bfloat16_t" : std::is_same<T, float>::value ? "float"
-       : std::is_same<T, int32_t>::value ? "int32_t" : "?";
+       : std::is_same<T, int32_t>::value ? "int32_t" : std::is_same<T, int8_t>::value ? "int8_t" : "?";
 }
 inline const char* ModesText(unsigned modes) {
   if (modes == kModeNone) return "CAST_NONE";
@@ -988,6 +1023,9 @@ STRATA_CAST_MODE_ERROR(CastModeErrorFloatToBf16, "float->bfloat16_t",
                        "CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC");
 STRATA_CAST_MODE_ERROR(CastModeErrorFloatToInt32, "float->int32_t", "CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC");
 STRATA_CAST_MODE_ERROR(CastModeErrorFloatToFloat, "float->float", "CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC");
+STRATA_CAST_MODE_ERROR(CastModeErrorInt8ToHalf, "int8_t->half", "CAST_NONE");
+STRATA_CAST_MODE_ERROR(CastModeErrorHalfToInt8, "half->int8_t",
+                       "CAST_NONE/CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC");
 STRATA_CAST_MODE_ERROR(CastModeErrorFloatToHalf, "float->half", "CAST_NONE/CAST_RINT/CAST_FLOOR/CAST_CEIL/CAST_ROUND/CAST_TRUNC/CAST_ODD");
 #undef STRATA_CAST_MODE_ERROR
 
@@ -1003,6 +1041,8 @@ template <class D, class S> __attribute__((always_inline)) inline void CastModeC
     else if constexpr (is_same<S, float>::value && is_same<D, int32_t>::value) CastModeErrorFloatToInt32();
     else if constexpr (is_same<S, float>::value && is_same<D, float>::value) CastModeErrorFloatToFloat();
     else if constexpr (is_same<S, float>::value && is_same<D, half>::value) CastModeErrorFloatToHalf();
+    else if constexpr (is_same<S, int8_t>::value && is_same<D, half>::value) CastModeErrorInt8ToHalf();
+    else if constexpr (is_same<S, half>::value && is_same<D, int8_t>::value) CastModeErrorHalfToInt8();
   }
 }
 
@@ -1015,6 +1055,8 @@ inline void CastRun(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundM
   if (count == 0) return;
   dst.StrataCheck(0, count, "Cast", "dst");
   src.StrataCheck(0, count, "Cast", "src");
+  CheckVecAligned(dst.StrataPtr(), "Cast", "dst");
+  CheckVecAligned(src.StrataPtr(), "Cast", "src");
   D* d = dst.StrataPtr();
   const S* s = src.StrataPtr();
   if constexpr (sizeof(D) > sizeof(S)) {
@@ -1048,7 +1090,8 @@ __attribute__((always_inline)) inline void Cast(const LocalTensor<D>& dst, const
                     (std::is_same<D, half>::value && std::is_same<S, bfloat16_t>::value) ||
                     (std::is_same<D, bfloat16_t>::value && std::is_same<S, half>::value),
                 "AscendC::Cast: this (src, dst) pair is not in the A2/A3 table (asc-devkit docs Cast.md) among the "
-                "types the model implements (float, half, bfloat16_t, int32_t)");
+                "types the model implements (float, half, bfloat16_t, int32_t; int8_t<->half only: float<->int8_t "
+                "goes through half)");
   detail::CastModeConstantCheck<D, S>(roundMode);
   detail::CastRun(dst, src, roundMode, count);
 }

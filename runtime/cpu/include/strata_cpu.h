@@ -90,10 +90,15 @@ const char* strata_cpu_abort_message(void);
 int strata_cpu_barrier(void);
 
 // Symmetric allocation (SHMEM host API names). Every rank must make the same calls in the same
-// order; the allocator is deterministic so equal calls give equal offsets. 512-byte aligned.
+// order; the allocator is deterministic so equal calls give equal offsets. aclshmem_malloc and
+// aclshmem_calloc align to 16 bytes only, as SHMEM's do (src/host/mem/shmem_mgr.cpp:241-245);
+// aclshmem_align(alignment, size) to `alignment` (a power of two <= 512), reserving size rounded up
+// to it. stratac allocates everything with aclshmem_align(512, ...) (STRATA_HEAP_ALIGN).
 // Returns NULL (and sets the last error with the request and the free bytes) when exhausted.
+enum { STRATA_HEAP_ALIGN = 512 };
 void* aclshmem_malloc(size_t size);
 void* aclshmem_calloc(size_t count, size_t size);
+void* aclshmem_align(size_t alignment, size_t size);
 void aclshmem_free(void* ptr);
 
 #ifdef __cplusplus

@@ -56,19 +56,32 @@ int aclshmemx_init_attr(unsigned int flags, aclshmemx_init_attr_t* attr) {
         attr->option_attr.version);
   if (fails("aclshmemx_init_attr")) return -7;
   g_heap_size = attr->local_mem_size;
-  g_heap = (unsigned char*)calloc(1, g_heap_size);
+  /* SHMEM's heap is mapped in 2 MiB pages: page-aligned here */
+  void* heap = NULL;
+  g_heap = posix_memalign(&heap, 4096, g_heap_size) == 0 ? (unsigned char*)heap : NULL;
+  if (g_heap) memset(g_heap, 0, g_heap_size);
   g_used = 0;
   g_init = 1;
   return g_heap ? 0 : -4;
 }
 
 void* aclshmem_malloc(size_t size) {
-  size_t n = (size + 511) / 512 * 512;
+  size_t n = (size + 15) / 16 * 16;   /* SHMEM's malloc aligns to 16 bytes (shmem_mgr.cpp:241-245) */
   logf_("malloc %lld\n", (long long)size, 0, 0, 0);
   if (!g_init || g_used + n > g_heap_size) return NULL;
   void* p = g_heap + g_used;
   g_used += n;
   return p;
+}
+
+/* aligned to `alignment` (a power of two): the fake bump allocator skips to the next multiple */
+void* aclshmem_align(size_t alignment, size_t size) {
+  logf_("align %lld %lld\n", (long long)alignment, (long long)size, 0, 0);
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0) return NULL;
+  uint64_t at = (g_used + alignment - 1) / alignment * alignment;
+  if (!g_init || at + size > g_heap_size) return NULL;
+  g_used = at + (size + 15) / 16 * 16;
+  return g_heap + at;
 }
 
 void* aclshmem_calloc(size_t nmemb, size_t size) {

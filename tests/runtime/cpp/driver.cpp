@@ -53,8 +53,10 @@ static void Die(int rank, const char* what) {
 }
 
 static uint8_t* Alloc(int rank, size_t bytes) {
-  void* p = aclshmem_calloc(1, bytes);
-  if (!p) Die(rank, "aclshmem_calloc");
+  // as stratac's hosts allocate: aclshmem_align(512, ...) (aclshmem_malloc aligns to 16 bytes only), zeroed
+  void* p = aclshmem_align(STRATA_HEAP_ALIGN, bytes);
+  if (!p) Die(rank, "aclshmem_align");
+  memset(p, 0, bytes);
   printf("rank %d: alloc %zu at %llu\n", rank, bytes,
          (unsigned long long)((uint8_t*)p - (uint8_t*)strata_cpu_heap_base()));
   return static_cast<uint8_t*>(p);

@@ -290,6 +290,14 @@ enum FailCase {
   // SDMA queue, event ids, SHMEM's UB (model.cpp)
   kSdmaRowPosts, kSdmaBigPost, kEventSetSet, kEventQueueCollision,
   kSignalAddDefaultUb, kEventAllocAvoidsQueue,
+  // UB 32-byte alignment of vector / Cast operands, GM element alignment of DataCopy (kernel_operator.h)
+  kAddUnaligned, kMulsUnaligned, kDupUnaligned, kCastUnaligned, kGmElemUnaligned,
+  // int8 <-> half Cast (the legal A2/A3 pairs), then an out-of-range half refused
+  kCastInt8,
+  // world 2: rank 0 SDMA-puts 64 floats to rank 1 and signals it; rank 1 waits and reads them
+  // (model.cpp, "The SDMA ledger"): signal before the quiet (refused), quiet then signal, and an
+  // unrelated signal while the copy is posted followed by quiet and a second signal (both pass)
+  kSdmaFlagBeforeQuiet, kSdmaQuietThenFlag, kSdmaAnnouncedThenQuieted,
 };
 
 extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
@@ -631,6 +639,81 @@ extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
       }
       break;
     }
+    case kAddUnaligned:  // src0 one float (4 bytes) past a 32-byte boundary
+      if (actor) Add(t, t[1], t[64], 8);
+      break;
+    case kMulsUnaligned:  // dst 16 bytes past a 32-byte boundary
+      if (actor) Muls(t[4], t[64], 2.0f, 8);
+      break;
+    case kDupUnaligned:  // the mutant of the audit: Duplicate on a 4-byte-misaligned status-line view
+      if (actor) {
+        LocalTensor<int32_t> line = t.ReinterpretCast<int32_t>();
+        Duplicate(line[1], 0, 15);
+      }
+      break;
+    case kCastUnaligned:  // float -> half into a half view 6 bytes past a 32-byte boundary
+      if (actor) {
+        LocalTensor<half> h = t.ReinterpretCast<half>()[512 + 3];
+        Cast(h, t, RoundMode::CAST_RINT, 16);
+      }
+      break;
+    case kGmElemUnaligned:  // DataCopy<float> from a GM address 2 bytes into a float
+      if (actor) {
+        GlobalTensor<float> odd;
+        odd.SetGlobalBuffer(reinterpret_cast<float*>(buf + 2), 64);
+        DataCopy(t, odd, 8);
+      }
+      break;
+    case kCastInt8:
+      if (actor) {
+        // int8_t -> half (CAST_NONE) is exact for all 256 values; half -> int8_t rounds by mode
+        LocalTensor<int8_t> q = t.ReinterpretCast<int8_t>();            // UB [0, 256)
+        LocalTensor<half> h = t.ReinterpretCast<half>()[256];           // UB [512, 1024)
+        LocalTensor<int8_t> back = t.ReinterpretCast<int8_t>()[1024];  // UB [1024, 1280)
+        for (int k = 0; k < 256; ++k) q.SetValue(k, static_cast<int8_t>(k - 128));
+        Cast(h, q, RoundMode::CAST_NONE, 256);
+        Cast(back, h, RoundMode::CAST_TRUNC, 256);
+        for (int k = 0; k < 256; ++k)
+          if (static_cast<float>(h.GetValue(k)) != float(k - 128) || back.GetValue(k) != k - 128)
+            strata_cpu::Fail("int8 round trip: %d -> %g -> %d", k - 128, static_cast<float>(h.GetValue(k)),
+                             back.GetValue(k));
+        // 2.5 and -2.5 under each mode (asc-devkit Cast.md RoundMode: rint ties to even, round away from 0)
+        const RoundMode modes[] = {RoundMode::CAST_NONE, RoundMode::CAST_RINT, RoundMode::CAST_FLOOR,
+                                   RoundMode::CAST_CEIL, RoundMode::CAST_ROUND, RoundMode::CAST_TRUNC};
+        const int want_pos[] = {2, 2, 2, 3, 3, 2}, want_neg[] = {-2, -2, -3, -2, -3, -2};
+        for (int m = 0; m < 6; ++m) {
+          h.SetValue(0, half(2.5f));
+          h.SetValue(1, half(-2.5f));
+          Cast(back, h, modes[m], 2);
+          if (back.GetValue(0) != want_pos[m] || back.GetValue(1) != want_neg[m])
+            strata_cpu::Fail("half->int8 mode %d: got %d %d", m, back.GetValue(0), back.GetValue(1));
+        }
+        strata_cpu::SetLine(77);
+        h.SetValue(0, half(200.0f));
+        Cast(back, h, RoundMode::CAST_RINT, 1);
+      }
+      break;
+    case kSdmaFlagBeforeQuiet:
+    case kSdmaQuietThenFlag:
+    case kSdmaAnnouncedThenQuieted:
+      if (actor) {
+        float* data = reinterpret_cast<float*>(buf);         // [0, 256): the copy's destination on rank 1
+        int32_t* flag = reinterpret_cast<int32_t*>(buf) + 256;  // heap offset 1024: its own line
+        if (aclshmem_my_pe() == 0) {
+          aclshmemx_sdma_put_nbi(data, data + 512, t.GetPhyAddr(), 64, 64, 1, EVENT_ID0);
+          if (which == kSdmaQuietThenFlag) aclshmemx_sdma_quiet(t.GetPhyAddr(), 64, EVENT_ID0);
+          aclshmemx_signal_op(flag, 1, ACLSHMEM_SIGNAL_SET, 1);
+          if (which != kSdmaQuietThenFlag) aclshmemx_sdma_quiet(t.GetPhyAddr(), 64, EVENT_ID0);
+          if (which == kSdmaAnnouncedThenQuieted) aclshmemx_signal_op(flag, 2, ACLSHMEM_SIGNAL_SET, 1);
+        } else if (aclshmem_my_pe() == 1) {
+          aclshmem_signal_wait_until(flag, ACLSHMEM_CMP_GE, which == kSdmaAnnouncedThenQuieted ? 2 : 1);
+          strata_cpu::SetLine(88);
+          GlobalTensor<float> d;
+          d.SetGlobalBuffer(data, 64);
+          DataCopy(t, d, 64);
+        }
+      }
+      break;
     default:
       break;
   }

@@ -56,6 +56,12 @@ class FakeNpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.zero_.default:     # the one operator: zeroing (fake) device memory,
+            t = args[0]                               # which the fake SHMEM keeps in host memory
+            import ctypes
+            ctypes.memset(t._ptr, 0, t.numel() * t.element_size())
+            calls.append(("zero_", t._ptr, t.numel() * t.element_size()))
+            return t
         raise RuntimeError(f"the fake torch_npu runs no operators ({func})")
 
 
