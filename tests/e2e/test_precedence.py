@@ -14,7 +14,8 @@ from stratac.tools.run import runner
 FILE = Path(__file__).resolve().parent / "hierarchical_ring.strata"
 
 
-@pytest.mark.parametrize("world", [8, 4, 6])
+@pytest.mark.parametrize("world", [8, pytest.param(4, marks=pytest.mark.slow),
+                                   pytest.param(6, marks=pytest.mark.slow)])
 def test_loop_bound_with_a_bitwise_top_operator_runs_correctly(world):
     cases = [runner.Case(dtype="f32", count=count, op=op) for count, op in ((1000, "sum"), (4099, "max"))]
     out = runkit.run(FILE, world, cases, iters=1, cores=2, timeout=120)
