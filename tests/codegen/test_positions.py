@@ -1,8 +1,9 @@
 """Differential test of the expressions a kernel prints, in every place a kernel prints one: random
 IR expressions (every operator of the IR, literals inside and beyond int's range, negative
 intermediate values where the IR allows them) become the step-loop bounds, `if` conditions, region
-offsets, lengths and ranks, flag slots and sizes, stamps, reduce counts and skips and team-barrier
-members of random schedule bodies; codegen.generate writes the kernel through the real emitter and
+offsets, lengths and ranks, flag slots and sizes, stamps, reduce counts and skips, team-barrier
+members and a named team's size (`strata::BlockTeam`/`StrideTeam` in Init, whose members the
+expressions then name) of random schedule bodies; codegen.generate writes the kernel through the real emitter and
 templates, g++ compiles its Process() (every case of a test in one translation unit, under UBSan)
 against a header that logs each device call with its arguments, and the log must equal the one
 computed here by walking the IR with the IR's own semantics (`ir.Bin.eval`), at several ranks,
@@ -55,6 +56,8 @@ def expr(draw, names: tuple[str, ...], depth: int = 3, nonneg: bool = False):
     leaf = depth == 0 or draw(st.integers(0, 3)) == 0
     if leaf:
         pool = [Var(x) for x in names] + [Const(v) for v in SMALL]
+        if "rank" in names:        # the case's team: its size, the running rank's place, its base
+            pool += [TEAM[0].size, TEAM[0].index, TEAM[0].base]
         if not nonneg:
             pool += [Const(-1), Const(-3)]
         if draw(st.integers(0, 9)) == 0:
@@ -76,6 +79,8 @@ def expr(draw, names: tuple[str, ...], depth: int = 3, nonneg: bool = False):
         return ir.log2(draw(positive(names, depth - 1)))
     if kind in (K.AND, K.OR, K.XOR) and nonneg:
         return Bin(kind, draw(sub(True)), draw(sub(True)))
+    if kind in (K.LT, K.MIN) and draw(st.booleans()):     # what simplify folds where x >= 0
+        return Bin(kind, draw(sub()), Const(0))
     return Bin(kind, draw(sub()), draw(sub()))
 
 
@@ -229,8 +234,8 @@ def top(op, depth=2):
         for _ in range(draw(st.integers(1, 3))):
             pick = draw(st.integers(0, 4 if depth else 2))
             if pick == 0:
-                team = None
-                if draw(st.booleans()):
+                team = draw(st.sampled_from([None, TEAM[0], "anonymous"]))
+                if team == "anonymous":       # a team the kernel does not name: its members' values
                     team = ir.Team("t", draw(st.sampled_from(["block", "stride"])),
                                    draw(positive(names, 1)), SPAN)
                 out.append(ir.Barrier(SPAN, team, draw(placed(names, envs, -2**30, 2**30))))
@@ -266,6 +271,9 @@ SPAN = BASE.span
 def case(draw, i: int):
     names = ("rank", "world", "n")
     envs = [dict(e) for e in ENVS]
+    # a named team (`team g = block(T)`), which the kernel computes in Init and its expressions name
+    TEAM[0] = ir.Team("g", draw(st.sampled_from(["block", "stride"])), draw(positive(("world",), 1)),
+                      SPAN)
     try:
         body = draw(top(OP)(names, envs))
     except Rejected:
@@ -275,7 +283,11 @@ def case(draw, i: int):
         size = draw(placed(("world", "n"), envs, 0, 64, nonneg=True))
         seq = draw(st.one_of(st.integers(0, 9), placed(("world", "n"), envs, -2**30, 2**30)))
         flags.append(ir.Flag(f, size, SPAN, seq))
-    return dataclasses.replace(BASE, name=f"case{i}", body=tuple(body), flags=tuple(flags))
+    return dataclasses.replace(BASE, name=f"case{i}", body=tuple(body), flags=tuple(flags),
+                               teams=(TEAM[0],))
+
+
+TEAM: list[ir.Team] = [None]    # the team of the case being drawn
 
 
 OP = ir.OpParam("op")
@@ -415,15 +427,20 @@ inline void Barrier(int32_t*, int32_t stamp) { std::printf("B %d\n", stamp); }
 inline void TeamBarrier(int32_t*, int32_t stamp, int64_t base, int64_t step, int64_t size) {
   std::printf("TB %d %lld %lld %lld\n", stamp, L(base), L(step), L(size));
 }
+inline void TeamBarrier(int32_t*, int32_t stamp, const Team& t) {
+  std::printf("TB %d %lld %lld %lld\n", stamp, L(t.base), L(t.step), L(t.size));
+}
 """
 
 
 def _device_helpers() -> str:
-    """strata::Mod and strata::Log2 as the device library defines them."""
+    """strata::Mod, strata::Log2, strata::BlockTeam and strata::StrideTeam as the device library
+    defines them."""
     text = (ROOT / "runtime" / "device" / "strata_device.h").read_text()
     found = re.findall(r"__aicore__ inline int64_t (?:Mod|Log2)\(.*?\n\}\n", text, re.S)
-    assert len(found) == 2
-    return "".join(found) + "}\n"
+    found += re.findall(r"__aicore__ inline Team (?:Block|Stride)Team\(.*?\}\n", text, re.S)
+    assert len(found) == 4
+    return "".join(found).replace("__aicore__ ", "") + "}\n"
 
 
 def _process(s: ir.Schedule) -> str:
