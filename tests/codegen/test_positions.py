@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from stratac import codegen, ir
@@ -497,11 +497,12 @@ def _check(tmp_path, schedules):
                 f"first difference at event {next((k for k, (a, b) in enumerate(zip(got[i][j], want)) if a != b), min(len(want), len(got[i][j])))}")
 
 
-def draw_cases(count: int) -> list[ir.Schedule]:
-    """count random schedules, one hypothesis example each (deterministic: derandomized)."""
+def draw_cases(count: int, batch: int = 0) -> list[ir.Schedule]:
+    """count random schedules, one hypothesis example each (deterministic: seeded by batch)."""
     found: list[ir.Schedule] = []
 
-    @settings(max_examples=count, deadline=None, derandomize=True, database=None,
+    @seed(batch)
+    @settings(max_examples=count, deadline=None, database=None,
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(case(0))
     def collect(s):
@@ -526,5 +527,6 @@ def test_every_position_prints_the_ir_value(tmp_path):
 @needs_gxx
 @pytest.mark.slow
 def test_every_position_prints_the_ir_value_long(tmp_path):
-    for batch in range(4):
-        _check(tmp_path, draw_cases(150 * (batch + 2))[-150:])
+    """300 more bodies, in three units."""
+    for batch in range(1, 4):
+        _check(tmp_path, draw_cases(100, batch))
