@@ -44,12 +44,14 @@ class MoeDecodeCombine {
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank || !strata::Live(active_, p_)) continue;
+        if (p_ == rank) continue;
+        if (!strata::Live(active_, p_)) continue;
         STRATA_LINE(38);  // strata:38
         strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 2, p_);
       }
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank || !strata::Live(active_, p_)) continue;
+        if (p_ == rank) continue;
+        if (!strata::Live(active_, p_)) continue;
         STRATA_LINE(39);  // strata:39
         strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 2);
       }

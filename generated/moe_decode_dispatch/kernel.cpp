@@ -48,13 +48,15 @@ class MoeDecodeDispatch {
       STRATA_LINE(23);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank || !strata::Live(active_, p_)) continue;
+        if (p_ == rank) continue;
+        if (!strata::Live(active_, p_)) continue;
         total += experts_ * strata::Ratio<int32_t, T>();
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank || !strata::Live(active_, p_)) continue;
+        if (p_ == rank) continue;
+        if (!strata::Live(active_, p_)) continue;
         STRATA_LINE(24);  // strata:24
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
@@ -68,12 +70,14 @@ class MoeDecodeDispatch {
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank || !strata::Live(active_, p_)) continue;
+        if (p_ == rank) continue;
+        if (!strata::Live(active_, p_)) continue;
         STRATA_LINE(27);  // strata:27
         strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, p_);
       }
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank || !strata::Live(active_, p_)) continue;
+        if (p_ == rank) continue;
+        if (!strata::Live(active_, p_)) continue;
         STRATA_LINE(28);  // strata:28
         strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 1);
       }

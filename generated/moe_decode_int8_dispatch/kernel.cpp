@@ -50,13 +50,15 @@ class MoeDecodeInt8Dispatch {
       STRATA_LINE(19);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank || !strata::Live(active_, p_)) continue;
+        if (p_ == rank) continue;
+        if (!strata::Live(active_, p_)) continue;
         total += experts_ * strata::Ratio<int32_t, T>();
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank || !strata::Live(active_, p_)) continue;
+        if (p_ == rank) continue;
+        if (!strata::Live(active_, p_)) continue;
         STRATA_LINE(20);  // strata:20
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
@@ -72,12 +74,14 @@ class MoeDecodeInt8Dispatch {
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank || !strata::Live(active_, p_)) continue;
+        if (p_ == rank) continue;
+        if (!strata::Live(active_, p_)) continue;
         STRATA_LINE(24);  // strata:24
         strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, p_);
       }
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank || !strata::Live(active_, p_)) continue;
+        if (p_ == rank) continue;
+        if (!strata::Live(active_, p_)) continue;
         STRATA_LINE(25);  // strata:25
         strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 1);
       }

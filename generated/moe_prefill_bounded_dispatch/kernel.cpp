@@ -47,13 +47,15 @@ class MoePrefillBoundedDispatch {
       STRATA_LINE(22);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank || !strata::Live(active_, p_)) continue;
+        if (p_ == rank) continue;
+        if (!strata::Live(active_, p_)) continue;
         total += experts_ * strata::Ratio<int32_t, T>();
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank || !strata::Live(active_, p_)) continue;
+        if (p_ == rank) continue;
+        if (!strata::Live(active_, p_)) continue;
         STRATA_LINE(22);  // strata:22
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;

@@ -2,11 +2,18 @@
 
 Python turns the IR into plain template data (C expressions as strings, statements as dicts);
 the jinja2 templates in templates/ own the text. StrictUndefined: a missing value is an error.
+
+Every C++ expression a kernel contains is printed by one printer, `ir.c_source`, which
+parenthesizes by C++ precedence: the emitter hands the templates whole expressions (a loop's
+condition, a pointer plus its offset, a stamp), and the templates write no operator next to one
+(tests/codegen/test_templates.py keeps it so). C++ text that is not an IR expression (a pointer, a
+call of the device library) enters an expression as a `_cpp` term, which binds like a name.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import ChainMap
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -42,7 +49,30 @@ def _cname(name: str) -> str:
 
 class _Names(dict):
     def __missing__(self, key):
-        return _cname(key)
+        return key[1:] if key.startswith(_CPP) else _cname(key)
+
+
+_CPP = "\1"        # the name of a `_cpp` term starts with it (no IR name, no team key does)
+_HEAD = re.compile(r"[A-Za-z_][\w:]*(?:<[\w:, *]*>)?")     # a name or a template-id
+
+
+def _cpp(text: str) -> ir.Var:
+    """C++ text as a term of an IR expression, printed as it is: a name, or a call (or a cast),
+    which binds like one; anything else would need the printer's parentheses."""
+    m = _HEAD.match(text)
+    assert m and _one_group(text[m.end():]), f"{text!r} does not bind like a name"
+    return ir.Var(_CPP + text)
+
+
+def _one_group(tail: str) -> bool:
+    """Whether tail is empty or one bracketed group, `(a, b)` (not `(a) + (b)`)."""
+    depth = 0
+    for i, ch in enumerate(tail):
+        depth += ch in "({"
+        depth -= ch in ")}"
+        if depth <= 0 and (i != len(tail) - 1 or depth < 0):
+            return False
+    return depth == 0 and (not tail or tail[0] in "({")
 
 
 _C = _Names()
@@ -139,19 +169,13 @@ def _chain(*terms: str | ir.IExpr) -> str:
     C++ text that binds like a name (a pointer, a local, a call) or an IR expression, whose
     addends join the chain (offsets are never negative, so any grouping gives the same address)
     and whose zeros are dropped."""
-    names: dict[str, str] = {}
     flat: list[ir.IExpr] = []
     for t in terms:
-        if isinstance(t, str):
-            key = f"\0{len(names)}"          # no IR name has a NUL
-            names[key] = t
-            flat.append(ir.Var(key))
-        else:
-            flat += _addends(ir.simplify(t))
+        flat += [_cpp(t)] if isinstance(t, str) else _addends(ir.simplify(t))
     e: ir.IExpr = ir.Const(0)
     for t in flat:
         e = t if e == ir.Const(0) else ir.Bin(ir.BinKind.ADD, e, t)
-    return ir.c_source(_named(e), ChainMap(names, _names()))
+    return ir.c_source(_named(e), _names())
 
 
 def _part_helpers() -> dict:
@@ -167,9 +191,9 @@ def _has_min(e: ir.IExpr) -> bool:
     return isinstance(e, ir.Bin) and (e.kind is ir.BinKind.MIN or _has_min(e.lhs) or _has_min(e.rhs))
 
 
-def _part_calls(r: ir.Region, s: ir.Schedule) -> tuple[str, str] | None:
+def _part_calls(r: ir.Region, s: ir.Schedule) -> tuple[ir.IExpr, ir.IExpr] | None:
     """(offset, length) of a part of a split, or of a chunk of such a part (`chunk[i][c]` of
-    `chunk = split(part, k)`), as PartOffset/PartLength calls, when the split is uneven (an even
+    `chunk = split(part, k)`), in PartOffset/PartLength calls, when the split is uneven (an even
     split, e.g. of n * world elements into world parts, simplifies to rank * n and n, which read
     better as they are) and the region is exactly that part or chunk."""
     if r.part is None or (r.sub is not None and r.sub[0] != "chunk"):
@@ -178,20 +202,21 @@ def _part_calls(r: ir.Region, s: ir.Schedule) -> tuple[str, str] | None:
     size = s.param(r.buffer).size
     lo, n = ir.split_part(size, parts, index)
     args = f"{c(size)}, {c(parts)}, {c(index)}"
-    offset, length = f"PartOffset({args})", f"PartLength({args})"
+    offset, length = _cpp(f"PartOffset({args})"), _cpp(f"PartLength({args})")
     if r.sub is not None:
         _, chunk, chunks, _ = r.sub
         chunk_lo, n = ir.split_part(n, chunks, chunk)
         lo = ir.simplify(ir.add(lo, chunk_lo))
-        args = f"{length}, {c(chunks)}, {c(chunk)}"
-        offset, length = f"{offset} + PartOffset({args})", f"PartLength({args})"
+        args = f"{c(length)}, {c(chunks)}, {c(chunk)}"
+        offset = ir.Bin(ir.BinKind.ADD, offset, _cpp(f"PartOffset({args})"))
+        length = _cpp(f"PartLength({args})")
     if (lo, n) != (ir.simplify(r.lo), ir.simplify(r.length)) or not _has_min(lo):
         return None
     return offset, length
 
 
-def _offset(r: ir.Region, s: ir.Schedule) -> str | ir.IExpr:
-    """A region's first element, in elements of its buffer: a PartOffset call or an IR expression."""
+def _offset(r: ir.Region, s: ir.Schedule) -> ir.IExpr:
+    """A region's first element, in elements of its buffer: in PartOffset calls or as the IR has it."""
     part = _part_calls(r, s)
     return part[0] if part else ir.simplify(r.lo)
 
@@ -200,19 +225,16 @@ def _length(r: ir.Region, s: ir.Schedule) -> str:
     """A region's length in elements of the kernel's type T (a buffer of a fixed element type,
     counts or ids, is seen as T elements, since copies move bytes)."""
     part = _part_calls(r, s)
+    length = part[1] if part else r.length
     d = s.param(r.buffer).dtype
-    ratio = f"strata::Ratio<{d.ctype}, T>()" if d is not None else None
-    if part:
-        return f"{part[1]} * {ratio}" if ratio else part[1]
-    length = ir.simplify(r.length)
-    if ratio is None:
-        return c(length)
-    return ir.c_source(_named(ir.simplify(ir.Bin(ir.BinKind.MUL, length, ir.Var("\0ratio")))),
-                       ChainMap({"\0ratio": ratio}, _names()))
+    if d is not None:
+        length = ir.Bin(ir.BinKind.MUL, length, _cpp(f"strata::Ratio<{d.ctype}, T>()"))
+    return c(length)
 
 
-def _compound(off: str | ir.IExpr) -> bool:
-    return isinstance(off, (str, ir.Bin))
+def _compound(off: ir.IExpr) -> bool:
+    """Whether an offset is more than a name: an operation or a call."""
+    return isinstance(off, ir.Bin) or (isinstance(off, ir.Var) and off.name.startswith(_CPP))
 
 
 def _moves(op, s: ir.Schedule) -> dict:
@@ -222,14 +244,17 @@ def _moves(op, s: ir.Schedule) -> dict:
     offsets = [_offset(op.dst, s), _offset(op.src, s)]
     local = []
     if offsets[0] == offsets[1] and _compound(offsets[0]):
-        local = [{"name": "lo", "value": offsets[0] if isinstance(offsets[0], str) else c(offsets[0])}]
-        offsets = ["lo", "lo"]
+        local = [{"name": "lo", "value": c(offsets[0])}]
+        offsets = [_cpp("lo"), _cpp("lo")]
 
-    def side(r: ir.Region, off: str | ir.IExpr) -> dict:
-        ptr = _chain(_cname(r.buffer), off)
+    def side(r: ir.Region, off: ir.IExpr) -> dict:
+        # ptr: the region's first element (a reduce reads element off + t of it, strata::At);
+        # at: the first element of this core's cut (copies and accumulates)
+        ptr, at = _chain(_cname(r.buffer), off), _chain(_cname(r.buffer), off, "off")
         if s.param(r.buffer).dtype is not None:
             ptr = f"strata::Reinterpret<T>({ptr})"
-        return {"ptr": ptr, "pe": c(r.rank) if r.rank is not None else "rank"}
+            at = _chain(ptr, "off")
+        return {"ptr": ptr, "at": at, "pe": c(r.rank) if r.rank is not None else "rank"}
 
     return {"line": op.span.line, "len": _length(op.dst, s), "locals": local,
             "dst": side(op.dst, offsets[0]), "src": side(op.src, offsets[1])}
@@ -244,7 +269,8 @@ def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule) -> dict:
         call = f"rt_.Histogram({dst}, {_cname(role['ids'])}, {c(s.param(role['ids']).size)}, {n})"
     elif op.kind is K.EXSCAN:
         win = _window_of(s, op.dst.buffer)
-        rows = c(s.param(win).dims[0]) if win else "(int64_t{1} << 40)"
+        rows = c(s.param(win).dims[0]) if win else ir.c_source(   # no window: no bound
+            ir.Bin(ir.BinKind.SHL, ir.Const(1), ir.Const(40)), {})
         call = (f"rt_.Exscan({dst}, {_cname(role['counts'])}, {n}, rank, world, {rows}, "
                 "strata::StatusLine(sync_, world))")
     elif op.kind is K.SLOTS:
@@ -263,9 +289,9 @@ def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule) -> dict:
             if win.dtype is not None and win.dtype.nbytes != 1:
                 # rows of a fixed type (an int8 dispatch's f32 scales beside its int8 rows, T = int8_t)
                 # are moved as T elements, like every copy: the pointers and the row length in T
-                ratio = f"strata::Ratio<{win.dtype.ctype}, T>()"
+                ratio = _cpp(f"strata::Ratio<{win.dtype.ctype}, T>()")
                 wptr, xptr = f"strata::Reinterpret<T>({wptr})", f"strata::Reinterpret<T>({xptr})"
-                hidden = f"{hidden} * {ratio}" if hidden != "1" else ratio
+                hidden = c(ir.Bin(ir.BinKind.MUL, win.dims[1], ratio))
             call = (f"rt_.Place(mv_, strata::Via::{via}, {wptr}, {rows}, "
                     f"{xptr}, {_cname(ids.name)}, {_cname(role['offs'])}, {tokens}, "
                     f"{topk}, {hidden}, {experts}, rank, world, kSdmaThreshold, {status})")
@@ -298,11 +324,17 @@ def _red(op: ir.Op) -> str:
 
 
 def _loop(op: ir.Loop, body: list[dict]) -> dict:
-    """A loop over ranks (`peers` skips the running rank) or a step loop from lo to hi."""
+    """A loop over ranks (`peers` skips the running rank) or a step loop from lo to hi: the
+    variable, its first value, the condition it runs under and the one it skips an iteration
+    under (peers: the running rank; else None)."""
     step = op.domain is ir.Domain.RANGE
-    return {"kind": "loop", "var": _cname(op.var), "peers": op.domain is ir.Domain.PEERS,
-            "ranks": op.domain is ir.Domain.RANKS,
-            "lo": c(op.lo) if step else "0", "hi": c(op.hi) if step else "world",
+    var = ir.Var(op.var)
+    return {"kind": "loop", "var": _cname(op.var), "ranks": op.domain is ir.Domain.RANKS,
+            "peers": op.domain is ir.Domain.PEERS,
+            "lo": c(op.lo if step else ir.Const(0)),
+            "cond": c(ir.Bin(ir.BinKind.LT, var, op.hi if step else ir.Var("world"))),
+            "skip": c(ir.Bin(ir.BinKind.EQ, var, ir.Var("rank"))) if op.domain is ir.Domain.PEERS
+            else None,
             "line": op.span.line, "body": body}
 
 
@@ -323,9 +355,11 @@ def _node(op, engine: ir.Engine, s: ir.Schedule) -> dict:
     peers = op.domain is ir.Domain.PEERS
     # over ranks (0 .. world, peers skip the running rank) or a team's places (0 .. its size,
     # peers skip the running rank's place)
+    var = ir.Var(op.var)
     return {"kind": "reduce", "op": _red(op.op), "var": _cname(op.var), "peers": peers,
-            "count": "world" if op.count is None else c(op.count),
-            "skip": "rank" if op.count is None else c(op.skip), **_moves(op, s)}
+            "cond": c(ir.Bin(ir.BinKind.LT, var, ir.Var("world") if op.count is None else op.count)),
+            "skip": c(ir.Bin(ir.BinKind.EQ, var, ir.Var("rank") if op.count is None else op.skip))
+            if peers else None, **_moves(op, s)}
 
 
 def _regions(ops):
@@ -357,9 +391,10 @@ def _flag_bases(s: ir.Schedule) -> dict[str, ir.IExpr]:
     return bases
 
 
-def _seq(f: ir.Flag) -> str:
-    """A flag's stamp offset as C++ (an expression of world and sizes after barriers in step loops)."""
-    return str(f.seq) if isinstance(f.seq, int) else f"({c(f.seq)})"
+def _stamp(f: ir.Flag) -> str:
+    """A flag's stamp as C++: the call's epoch plus the flag's offset (an expression of world and
+    sizes after barriers in step loops)."""
+    return c(ir.Bin(ir.BinKind.ADD, _cpp("epoch_"), ir.Const(f.seq) if isinstance(f.seq, int) else f.seq))
 
 
 def _statements(s: ir.Schedule) -> list[dict]:
@@ -376,8 +411,9 @@ def _statements(s: ir.Schedule) -> list[dict]:
         f = flags[op.flag]
         slot = f"strata::SyncSlot(sync_, {_chain(bases[op.flag], op.index)})"
         if isinstance(op, ir.Signal):
-            return {"kind": "signal", "line": op.span.line, "slot": slot, "seq": _seq(f), "pe": c(op.rank)}
-        return {"kind": "wait", "line": op.span.line, "slot": slot, "seq": _seq(f)}
+            return {"kind": "signal", "line": op.span.line, "slot": slot, "stamp": _stamp(f),
+                    "pe": c(op.rank)}
+        return {"kind": "wait", "line": op.span.line, "slot": slot, "stamp": _stamp(f)}
 
     def is_control(op) -> bool:
         """Signals and waits, possibly under loops and ifs, and nothing else."""

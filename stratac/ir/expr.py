@@ -157,8 +157,8 @@ def simplify(e: IExpr) -> IExpr:
     """Local rewrites that keep IR dumps and generated C readable: constant folding,
     (a * b) / b -> a, (a * b) % b -> 0, identities of 0 and 1, x - x -> 0 and (x + y) - y -> x
     (so that a range x[a:a + n] has length n; not when the term cancelled has a / or %, which may
-    be a division by zero for instantiation to report), min(x, 0) and x < 0 -> 0 (sizes, offsets
-    and ranks are never negative)."""
+    be a division by zero for instantiation to report), min(x, 0) and x < 0 -> 0 where x is never
+    negative by its form (`nonnegative`: not `rank - root < 0`, which holds on some ranks)."""
     if not isinstance(e, Bin):
         return e
     a, b, k = simplify(e.lhs), simplify(e.rhs), e.kind
@@ -193,7 +193,7 @@ def simplify(e: IExpr) -> IExpr:
         return a
     if k is BinKind.MOD and b == Const(1):
         return Const(0)
-    if k in (BinKind.MIN, BinKind.LT) and b == Const(0):
+    if k in (BinKind.MIN, BinKind.LT) and b == Const(0) and nonnegative(a):
         return Const(0)
     return Bin(k, a, b)
 

@@ -204,3 +204,37 @@ def test_part_helpers_compute_split_part(tmp_path):
                             f'{parts}, {i})), static_cast<long long>(PartLength({total}, {parts}, {i})));\n')
     out = _run_cpp(tmp_path, "".join(body), "#define __aicore__\n" + "".join(helpers))
     assert out.splitlines() == want
+
+
+def test_simplify_keeps_the_value_of_negative_terms():
+    """simplify is what the kernels print, the IR's evaluation what the verifier proves: they agree
+    wherever the expression is defined, negative terms included (min(x, 0) and x < 0 fold to 0 only
+    where x is never negative: `rank - root < 0` holds on the ranks below root)."""
+    rng = random.Random(7)
+    leaves = [Const(0), Const(1), Const(2), Const(-1), a, b]
+    envs = [{"a": x, "b": y} for x in (0, 1, 3) for y in (0, 2, 5)]
+
+    def rand(depth):
+        if depth == 0 or rng.random() < 0.3:
+            return rng.choice(leaves)
+        kind = rng.choice([K.ADD, K.SUB, K.MUL, K.DIV, K.MOD, K.MIN, K.LT, K.LE, K.EQ, K.AND, K.XOR])
+        return Bin(kind, rand(depth - 1), rand(depth - 1))
+
+    wrong, checked = [], 0
+    for e in [B(K.LT, B(K.SUB, a, b), Const(0)), B(K.MIN, B(K.SUB, a, b), Const(0))] + \
+            [rand(4) for _ in range(3000)]:
+        s = ir.simplify(e)
+        for env in envs:
+            try:
+                want = e.eval(env)
+            except ZeroDivisionError:
+                continue
+            checked += 1
+            try:
+                got = s.eval(env)
+            except ZeroDivisionError:
+                got = "a division by zero"
+            if got != want:
+                wrong.append((str(e), str(s), env, want, got))
+    assert checked > 10000
+    assert wrong == []
