@@ -27,11 +27,6 @@ import tvkit  # noqa: E402
 # of the world's run and checked alone by test_known_disagreement_until_fixed, a strict xfail.
 # Once the fix is merged that test XPASSes, which fails the suite: delete the entry then.
 KNOWN_FAILING = {
-    # templates/kernel.cpp.j2 prints a step loop's bound without parentheses: `s_ < a & 15` is
-    # `(s_ < a) & 15` in C++, which runs a = 23 trips at world 8 instead of 7 (issue 23, item 2:
-    # one printer that parenthesises by precedence)
-    ("good_step_bound_bitand.strata", 8): "step-loop bound `a & 15` printed without parentheses",
-    ("good_step_bound_bitand.strata", 9): "step-loop bound `a & 15` printed without parentheses",
     # a hole of the verifier's samples, not of the kernel: at world 1 the only routing sampled for
     # 127..130 tokens is `uniform`, where each token picks both experts, so the wrong arm's fixed
     # slots equal the exact offsets and `check` accepts; the call's own proof (several routings)
