@@ -116,6 +116,11 @@ class Communicator:
         self._live: dict[int, tuple[int, torch.UntypedStorage]] = {}
         self._freed: weakref.WeakSet = weakref.WeakSet()   # forgotten with the last tensor on them
         self._epoch = 0
+        self._calls = 0   # calls launched: the number of the last (the ranks' agreement compares it)
+        sync = self._base + self._sync
+        # this rank's agreement records (one per epoch parity) and verdict line (abi.agree_offset)
+        self._agree = [self._ffi.cast("int32_t *", sync + abi.agree_offset(world, i)) for i in (0, 1)]
+        self._verdict = self._ffi.cast("int32_t *", sync + abi.verdict_offset(world))
         self._modules: list[Module] = []
         self._sync_owner = None   # the prepared call whose flags strata_cpu_describe_sync names
         self._aiv_cores = None    # the SoC core count last given to the model (strata_cpu_set_aiv_cores)
@@ -252,12 +257,45 @@ class Communicator:
         self._modules.append(mod)
         return mod
 
-    def next_epoch(self, stamps: int) -> int:
-        epoch = self._epoch
-        self._epoch += stamps + 1
+    def next_call(self, stamps: int) -> tuple[int, int]:
+        """The first stamp (epoch) and the number of the next call. The epoch has the parity of the
+        call's number, which picks the call's agreement record (abi.agree_offset): a rank that
+        has returned from call k writes call k + 1's record into the other one, so a peer still
+        comparing call k reads k's."""
+        self._calls += 1
+        epoch = self._epoch + ((self._epoch ^ self._calls) & 1)
+        self._epoch = epoch + stamps + 1
         if self._epoch >= 2**31 - 1:
             raise StrataRuntimeError("flag stamps exhausted (2^31 per communicator): create a new one")
-        return epoch
+        return epoch, self._calls
+
+    def write_record(self, parity: int, call: int, digest: tuple[int, ...], text: bytes) -> None:
+        """This rank's agreement record of a call (abi.AGREE_*), before its launch."""
+        w = self._agree[parity]
+        w[0] = call
+        w[1], w[2], w[3], w[4] = digest
+        w[abi.AGREE_EPOCH_WORD] = self._epoch
+        self._ffi.memmove(w + abi.SYNC_SLOT_BYTES // 4, text, abi.AGREE_TEXT_BYTES)
+
+    def read_record(self, rank: int, parity: int) -> tuple[tuple[int, ...], int, str]:
+        """Rank `rank`'s agreement record of the calls of this parity (the pool maps every rank's
+        heap): its compared words, the epoch after its call, its description."""
+        addr = (self._base + (rank - self.rank) * int(self._lib.strata_cpu_heap_bytes()) + self._sync
+                + abi.agree_offset(self.world, parity))
+        raw = bytes(self._ffi.buffer(self._ffi.cast("char *", addr), abi.AGREE_RECORD_BYTES))
+        words = torch.frombuffer(bytearray(raw[:abi.SYNC_SLOT_BYTES]), dtype=torch.int32).tolist()
+        text = raw[abi.SYNC_SLOT_BYTES:].split(b"\0", 1)[0].decode(errors="replace")
+        return tuple(words[:abi.AGREE_COMPARED_BYTES // 4]), words[abi.AGREE_EPOCH_WORD], text
+
+    def disagreed(self, call: int) -> bool:
+        """Whether the kernel of call `call` found a live peer making another call (and returned
+        without writing): its verdict line names the call."""
+        return self._verdict[0] == call
+
+    def settle_disagreement(self, epochs: list[int]) -> None:
+        """After a call the ranks did not agree on: every rank continues from the largest epoch any
+        of them reached, so that the stamps of their next calls meet again."""
+        self._epoch = max(epochs + [self._epoch])
 
     # ---- counters of the CPU model
     def reset_counters(self) -> None:
