@@ -16,9 +16,13 @@
 // each, from `group`, waiting on slot `index`), so that a timeout can say which flag and who has
 // not arrived.
 #define STRATA_WAIT_NOTE(what, group, count, index) ::strata_cpu::NoteWait(what, group, count, index)
+// Tells the CPU model that the core's DMAs from here are sync traffic (the ranks' agreement on the
+// call), which its data counters leave out, as they leave out signals.
+#define STRATA_SYNC_TRAFFIC(on) ::strata_cpu::SyncTraffic(on)
 #else
 #define STRATA_LINE(n) ((void)0)
 #define STRATA_WAIT_NOTE(what, group, count, index) ((void)0)
+#define STRATA_SYNC_TRAFFIC(on) ((void)0)
 #endif
 
 namespace strata {
@@ -822,6 +826,7 @@ __aicore__ inline bool Agree(Mover<T>& mv, __gm__ int32_t* sync, int32_t epoch, 
   __gm__ int32_t* mine = AgreeRecord(sync, world, epoch & 1);
   AscendC::LocalTensor<int32_t> own = mv.Words();
   AscendC::LocalTensor<int32_t> peer = own[kAgreeInts];
+  STRATA_SYNC_TRAFFIC(true);
   FetchWords(own, mine);
   int64_t differs = -1;
   for (int64_t p = 0; p < world && differs < 0; ++p) {
@@ -834,7 +839,10 @@ __aicore__ inline bool Agree(Mover<T>& mv, __gm__ int32_t* sync, int32_t epoch, 
       }
     }
   }
-  if (differs < 0) return true;
+  if (differs < 0) {
+    STRATA_SYNC_TRAFFIC(false);
+    return true;
+  }
   if (c == 0) {
     for (uint32_t i = 0; i < kAgreeInts; ++i) peer.SetValue(i, 0);
     peer.SetValue(0, own.GetValue(0));
@@ -845,6 +853,7 @@ __aicore__ inline bool Agree(Mover<T>& mv, __gm__ int32_t* sync, int32_t epoch, 
     AscendC::DataCopy(g, peer, kAgreeInts);
     AscendC::PipeBarrier<PIPE_ALL>();
   }
+  STRATA_SYNC_TRAFFIC(false);
   return false;
 }
 

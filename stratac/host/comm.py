@@ -15,6 +15,7 @@ bootstrapped through torch.distributed.
 
 from __future__ import annotations
 
+import array
 import atexit
 import math
 import os
@@ -119,8 +120,11 @@ class Communicator:
         self._calls = 0   # calls launched: the number of the last (the ranks' agreement compares it)
         sync = self._base + self._sync
         # this rank's agreement records (one per epoch parity) and verdict line (abi.agree_offset)
-        self._agree = [self._ffi.cast("int32_t *", sync + abi.agree_offset(world, i)) for i in (0, 1)]
-        self._verdict = self._ffi.cast("int32_t *", sync + abi.verdict_offset(world))
+        words = memoryview(self._ffi.buffer(self._ffi.cast("char *", sync),
+                                            abi.sync_area_bytes(world))).cast("i")   # int32
+        self._agree = [words[abi.agree_offset(world, i) // 4:] for i in (0, 1)]
+        self._verdict = words[abi.verdict_offset(world) // 4:]
+        self._agree_held: list = [None, None]   # the record (Schedule._record) each one holds
         self._modules: list[Module] = []
         self._sync_owner = None   # the prepared call whose flags strata_cpu_describe_sync names
         self._aiv_cores = None    # the SoC core count last given to the model (strata_cpu_set_aiv_cores)
@@ -269,13 +273,18 @@ class Communicator:
             raise StrataRuntimeError("flag stamps exhausted (2^31 per communicator): create a new one")
         return epoch, self._calls
 
-    def write_record(self, parity: int, call: int, digest: tuple[int, ...], text: bytes) -> None:
-        """This rank's agreement record of a call (abi.AGREE_*), before its launch."""
+    def write_record(self, parity: int, call: int, record: tuple) -> None:
+        """This rank's agreement record of a call (abi.AGREE_*), before its launch. `record` is the
+        call's (digest, text), the same object for every call of one signature (Schedule._record),
+        so the slot's hash and text are rewritten only when another call's held it."""
         w = self._agree[parity]
         w[0] = call
-        w[1], w[2], w[3], w[4] = digest
         w[abi.AGREE_EPOCH_WORD] = self._epoch
-        self._ffi.memmove(w + abi.SYNC_SLOT_BYTES // 4, text, abi.AGREE_TEXT_BYTES)
+        if self._agree_held[parity] is not record:
+            digest, text = record
+            w[1:5] = array.array("i", digest)
+            w[abi.SYNC_SLOT_BYTES // 4:abi.AGREE_RECORD_BYTES // 4] = memoryview(text).cast("i")
+            self._agree_held[parity] = record
 
     def read_record(self, rank: int, parity: int) -> tuple[tuple[int, ...], int, str]:
         """Rank `rank`'s agreement record of the calls of this parity (the pool maps every rank's
@@ -338,7 +347,7 @@ class Communicator:
             self._barrier()
         atexit.unregister(self._leave)
         del self._heap
-        self._buffer = None
+        self._buffer = self._agree = self._verdict = None
         self._open = False
         for mod in self._modules:
             mod.unload()

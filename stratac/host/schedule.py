@@ -495,7 +495,7 @@ class Schedule:
         epoch, call = comm.next_call(prep.stamps)
         if self._agree:
             record = prep.records.get(bits) or self._record(prep, bits)
-            comm.write_record(epoch & 1, call, *record)
+            comm.write_record(epoch & 1, call, record)
         rc = self._launch(*prep.head, epoch, *mask, *prep.tail)
         if rc != 0:
             raise StrataRuntimeError(f"{self.name} failed on rank {comm.rank}: "
