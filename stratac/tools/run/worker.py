@@ -62,7 +62,7 @@ def main(spec_text: str) -> int:
             for item in moe_pairs(fns):
                 results = (_run_moe(comm, *item, case, spec, rank, world) if isinstance(item, tuple)
                            else [_run_case(comm, fn, case, spec, rank, world)
-                                 for fn in [item] + [twins[item.ir.name]] * (item.ir.name in twins)])
+                                 for fn in [item] + ([twins[item.ir.name]] if item.ir.name in twins else [])])
                 for result in results:
                     print(RESULT_PREFIX + json.dumps(result), flush=True)
             for rec in benchpeer.after_case(bench, i, rank, world) if bench else ():
