@@ -138,15 +138,37 @@ def three_ranks(comm, rank, world):
     agreeing_call_works(comm, world)
 
 
-SCENARIOS = {f.__name__: f for f in (sizes, sizes_1000_1024, dtypes, ops, roots, order, three_ranks)}
+def absent(comm, rank, world):
+    """Rank 1 makes no call at all: rank 0's call ends at its wait's deadline naming rank 1, with no
+    write to rank 1 (its sentinel unchanged)."""
+    from stratac.host.errors import StrataRuntimeError
+    ar = comm.load(AR)
+    x = filled(comm, 1024, torch.float32, rank)
+    sentinel = filled(comm, 4096, torch.float32, 1000.0 + rank)
+    before = sentinel.clone()
+    if rank == 0:
+        try:
+            ar.allreduce_twoshot(x, op="sum")
+        except StrataRuntimeError as e:
+            msg = str(e)
+        else:
+            raise Failed("rank 0: the call returned although rank 1 never made it")
+        check("barrier slot of rank 1" in msg and "ranks that have not arrived at this barrier: 1" in msg, msg)
+    dist.barrier()   # rank 1 stays until rank 0's wait has ended
+    check(torch.equal(sentinel, before), "rank 1's sentinel changed")
+    return False     # the pool is aborted: close without the collective barrier
+
+
+SCENARIOS = {f.__name__: f for f in (sizes, sizes_1000_1024, dtypes, ops, roots, order, three_ranks, absent)}
 
 
 def main(scenario, rank, world, store_path):
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
-    comm = stratac.Communicator.from_process_group(heap_bytes=16 << 20, timeout=20)
-    SCENARIOS[scenario](comm, rank, world)
-    comm.close()
+    comm = stratac.Communicator.from_process_group(heap_bytes=16 << 20,
+                                                   timeout=3 if scenario == "absent" else 20)
+    clean = SCENARIOS[scenario](comm, rank, world)
+    comm.close(collective=clean is not False)
     print(f"PASS {scenario}", flush=True)
 
 

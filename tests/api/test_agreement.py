@@ -2,7 +2,8 @@
 their calls (strata::Agree). Each kind of difference (a size, the dtype, the op, a rank parameter,
 the order of schedules, one rank of three) raises a StrataUsageError on every rank naming every
 rank's call, and nothing is written: a sentinel heap tensor and the call's own buffers keep their
-values on every rank (agree_ranks.py), and the communicator then runs an agreeing call right."""
+values on every rank (agree_ranks.py), and the communicator then runs an agreeing call right. A
+rank that never makes the call is named by its peer's wait at the deadline."""
 
 import os
 import subprocess
@@ -31,3 +32,7 @@ def test_ranks_that_call_differently_are_refused_on_every_rank_before_any_write(
 
 def test_one_rank_of_three_calling_differently(tmp_path):
     run_ranks("three_ranks", 3, tmp_path)
+
+
+def test_a_rank_that_never_calls_is_named_at_the_deadline(tmp_path):
+    run_ranks("absent", 2, tmp_path)
