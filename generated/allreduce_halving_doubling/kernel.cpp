@@ -34,6 +34,8 @@ class AllreduceHalvingDoubling {
   }
 
   __aicore__ inline void Process() {
+    STRATA_LINE(8);  // strata:8 the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {
         STRATA_LINE(14);  // strata:14

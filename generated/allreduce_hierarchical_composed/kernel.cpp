@@ -36,6 +36,8 @@ class AllreduceHierarchicalComposed {
   }
 
   __aicore__ inline void Process() {
+    STRATA_LINE(33);  // strata:33 the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
     STRATA_LINE(39);  // strata:39
     strata::TeamBarrier(sync_, epoch_ + 1, node_);
     {  // strata:40 stage 1 on aiv

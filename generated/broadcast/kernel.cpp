@@ -35,8 +35,8 @@ class Broadcast {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(8);  // strata:8
-    strata::Barrier(sync_, epoch_ + 1);
+    STRATA_LINE(8);  // strata:8 barrier, where the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
     if (rank == root_) {  // strata:9
       {  // strata:9 stage 1 on sdma
         STRATA_LINE(9);

@@ -37,6 +37,8 @@ class MoeDecodeCombine {
   }
 
   __aicore__ inline void Process() {
+    STRATA_LINE(31);  // strata:31 the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
     {  // strata:37 stage 1 on aiv
       STRATA_LINE(37);  // strata:37
       rt_.Slots(offs_, experts_, capacity_, rank, world);

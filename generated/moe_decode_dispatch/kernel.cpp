@@ -36,6 +36,8 @@ class MoeDecodeDispatch {
   }
 
   __aicore__ inline void Process() {
+    STRATA_LINE(12);  // strata:12 the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
     {  // strata:19 stage 1 on aiv
       STRATA_LINE(19);
       STRATA_LINE(20);  // strata:20

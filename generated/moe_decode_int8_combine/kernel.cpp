@@ -37,6 +37,8 @@ class MoeDecodeInt8Combine {
   }
 
   __aicore__ inline void Process() {
+    STRATA_LINE(28);  // strata:28 the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
     {  // strata:34 stage 1 on aiv
       STRATA_LINE(34);  // strata:34
       rt_.Slots(offs_, experts_, capacity_, rank, world);

@@ -38,6 +38,8 @@ class MoeDecodeInt8Dispatch {
   }
 
   __aicore__ inline void Process() {
+    STRATA_LINE(7);  // strata:7 the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
     {  // strata:15 stage 1 on aiv
       STRATA_LINE(15);
       STRATA_LINE(16);  // strata:16

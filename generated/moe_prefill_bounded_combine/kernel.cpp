@@ -37,6 +37,8 @@ class MoePrefillBoundedCombine {
   }
 
   __aicore__ inline void Process() {
+    STRATA_LINE(29);  // strata:29 the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
     {  // strata:34 stage 1 on aiv
       STRATA_LINE(34);  // strata:34
       rt_.Exscan(offs_, counts_, experts_, rank, world, max_recv_, strata::StatusLine(sync_, world));

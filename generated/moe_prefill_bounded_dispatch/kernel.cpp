@@ -36,6 +36,8 @@ class MoePrefillBoundedDispatch {
   }
 
   __aicore__ inline void Process() {
+    STRATA_LINE(14);  // strata:14 the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
     {  // strata:20 stage 1 on aiv
       STRATA_LINE(20);  // strata:20
       rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);

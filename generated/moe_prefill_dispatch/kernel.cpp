@@ -35,6 +35,8 @@ class MoePrefillDispatch {
   }
 
   __aicore__ inline void Process() {
+    STRATA_LINE(16);  // strata:16 the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
     {  // strata:22 stage 1 on aiv
       STRATA_LINE(22);  // strata:22
       rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);

@@ -37,6 +37,8 @@ class MoePrefillInt8Combine {
   }
 
   __aicore__ inline void Process() {
+    STRATA_LINE(31);  // strata:31 the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
     {  // strata:36 stage 1 on aiv
       STRATA_LINE(36);  // strata:36
       rt_.Exscan(offs_, counts_, experts_, rank, world, max_recv_, strata::StatusLine(sync_, world));

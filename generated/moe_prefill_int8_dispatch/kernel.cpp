@@ -38,6 +38,8 @@ class MoePrefillInt8Dispatch {
   }
 
   __aicore__ inline void Process() {
+    STRATA_LINE(13);  // strata:13 the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
     {  // strata:19 stage 1 on aiv
       STRATA_LINE(19);  // strata:19
       rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);

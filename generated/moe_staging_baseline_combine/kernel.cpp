@@ -36,6 +36,8 @@ class MoeStagingBaselineCombine {
   }
 
   __aicore__ inline void Process() {
+    STRATA_LINE(32);  // strata:32 the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
     {  // strata:37 stage 1 on aiv
       STRATA_LINE(37);  // strata:37
       rt_.Exscan(offs_, counts_, experts_, rank, world, world * tokens_ * topk_, strata::StatusLine(sync_, world));

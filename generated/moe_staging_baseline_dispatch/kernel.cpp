@@ -37,6 +37,8 @@ class MoeStagingBaselineDispatch {
   }
 
   __aicore__ inline void Process() {
+    STRATA_LINE(11);  // strata:11 the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
     {  // strata:19 stage 1 on aiv
       STRATA_LINE(19);
       int64_t total = 0;

@@ -34,6 +34,8 @@ class RingAllreduce {
   }
 
   __aicore__ inline void Process() {
+    STRATA_LINE(7);  // strata:7 the ranks agree on the call
+    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       STRATA_LINE(12);  // strata:12
       strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, strata::Mod(rank - 1, world));

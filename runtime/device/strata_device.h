@@ -16,9 +16,13 @@
 // each, from `group`, waiting on slot `index`), so that a timeout can say which flag and who has
 // not arrived.
 #define STRATA_WAIT_NOTE(what, group, count, index) ::strata_cpu::NoteWait(what, group, count, index)
+// Tells the CPU model that the core's DMAs from here are sync traffic (the ranks' agreement on the
+// call), which its data counters leave out, as they leave out signals.
+#define STRATA_SYNC_TRAFFIC(on) ::strata_cpu::SyncTraffic(on)
 #else
 #define STRATA_LINE(n) ((void)0)
 #define STRATA_WAIT_NOTE(what, group, count, index) ((void)0)
+#define STRATA_SYNC_TRAFFIC(on) ((void)0)
 #endif
 
 namespace strata {
@@ -56,6 +60,16 @@ constexpr int64_t kSyncSlots = 4096;
 constexpr int64_t kStatusInts = kSyncSlotInts;
 __aicore__ inline __gm__ int32_t* StatusLine(__gm__ int32_t* sync, int64_t world) {
   return sync + (world + kSyncSlots) * kSyncSlotInts;
+}
+// After the status line: two agreement records of kAgreeLines lines (the one of a call is chosen by
+// the parity of its epoch), then the verdict line (stratac/codegen/abi.py AGREE_*; Agree below).
+constexpr int64_t kAgreeLines = 4;
+constexpr uint32_t kAgreeInts = 8;   // the compared head of a record: 32 bytes, one DataCopy
+__aicore__ inline __gm__ int32_t* AgreeRecord(__gm__ int32_t* sync, int64_t world, int64_t parity) {
+  return StatusLine(sync, world) + (1 + parity * kAgreeLines) * kSyncSlotInts;
+}
+__aicore__ inline __gm__ int32_t* AgreeVerdict(__gm__ int32_t* sync, int64_t world) {
+  return AgreeRecord(sync, world, 2);
 }
 
 __aicore__ inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -265,6 +279,9 @@ class Mover {
     StoreTile(g, out, m);
     outQ_.FreeTensor(out);
   }
+
+  // The UB scratch as int32 words, for the ranks' agreement (Agree), which runs before any copy.
+  __aicore__ inline AscendC::LocalTensor<int32_t> Words() { return scratch_.template Get<int32_t>(); }
 
   // Waits until every SDMA copy this core posted has completed, and gives back the event id the
   // SHMEM SDMA calls used since the last quiet.
@@ -768,6 +785,76 @@ __aicore__ inline void Barrier(__gm__ int32_t* slots, int32_t stamp) {
     WaitFlag(SyncSlot(slots, p), stamp);
   }
   AscendC::SyncAll<true>();
+}
+
+// kAgreeInts words GM -> UB by DMA, complete before the scalar unit reads them.
+__aicore__ inline void FetchWords(AscendC::LocalTensor<int32_t>& dst, __gm__ int32_t* src) {
+  AscendC::GlobalTensor<int32_t> g;
+  g.SetGlobalBuffer(src, kAgreeInts);
+  AscendC::PipeBarrier<PIPE_ALL>();   // earlier scalar reads of dst are done
+  AscendC::DataCopy(dst, g, kAgreeInts);
+  AscendC::PipeBarrier<PIPE_ALL>();
+}
+
+// The ranks agree on the call before any of them writes to another (docs/robustness.md, "Ranks that
+// make different calls"). Before the launch the host wrote this rank's record of the call into
+// AgreeRecord(sync, world, epoch & 1): the call number and a hash of the schedule and of the call's
+// instance (world, sizes, dtype, op, rank parameters, mask; stratac/host/schedule.py). The live
+// ranks (Live) meet at a barrier of the call's own stamp, epoch + 0, which no barrier or flag of the
+// schedule uses; its signals go only to the barrier slots, never to a buffer or a schedule's flag.
+// Then every core reads its rank's record and every live peer's (MTE reads) and compares their
+// heads: every core reaches the same verdict, so no core waits for another. On a difference,
+// core 0 leaves the call number and the first peer that differs in the verdict line (by DMA) and
+// every core returns false: the kernel returns without having written anything outside its own
+// sync area. As every rank reads every live peer, each rank of a call whose ranks do not all agree
+// finds at least one that differs. A kernel whose first statement is a world barrier has it
+// replaced by this one (the same ordering: every live rank has entered the call).
+template <typename T>
+__aicore__ inline bool Agree(Mover<T>& mv, __gm__ int32_t* sync, int32_t epoch, uint64_t active) {
+  const int64_t me = aclshmem_my_pe(), world = aclshmem_n_pes();
+  const int64_t c = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
+  // the kernel's first statement: nothing before it to drain
+  for (int64_t p = c; p < world; p += cores) {
+    if (Live(active, p)) Signal(SyncSlot(sync, me), epoch, p);
+  }
+  for (int64_t p = c; p < world; p += cores) {
+    if (!Live(active, p)) continue;
+    STRATA_WAIT_NOTE("barrier", sync, world, p);
+    WaitFlag(SyncSlot(sync, p), epoch);
+  }
+  AscendC::SyncAll<true>();
+  __gm__ int32_t* mine = AgreeRecord(sync, world, epoch & 1);
+  AscendC::LocalTensor<int32_t> own = mv.Words();
+  AscendC::LocalTensor<int32_t> peer = own[kAgreeInts];
+  STRATA_SYNC_TRAFFIC(true);
+  FetchWords(own, mine);
+  int64_t differs = -1;
+  for (int64_t p = 0; p < world && differs < 0; ++p) {
+    if (p == me || !Live(active, p)) continue;
+    FetchWords(peer, At(mine, 0, p));
+    for (uint32_t i = 0; i < kAgreeInts; ++i) {
+      if (peer.GetValue(i) != own.GetValue(i)) {
+        differs = p;
+        break;
+      }
+    }
+  }
+  if (differs < 0) {
+    STRATA_SYNC_TRAFFIC(false);
+    return true;
+  }
+  if (c == 0) {
+    for (uint32_t i = 0; i < kAgreeInts; ++i) peer.SetValue(i, 0);
+    peer.SetValue(0, own.GetValue(0));
+    peer.SetValue(1, static_cast<int32_t>(differs));
+    AscendC::GlobalTensor<int32_t> g;
+    g.SetGlobalBuffer(AgreeVerdict(sync, world), kAgreeInts);
+    AscendC::PipeBarrier<PIPE_ALL>();   // the scalar writes are in UB before the DMA reads them
+    AscendC::DataCopy(g, peer, kAgreeInts);
+    AscendC::PipeBarrier<PIPE_ALL>();
+  }
+  STRATA_SYNC_TRAFFIC(false);
+  return false;
 }
 
 // A team of the .strata source (`team node = block(T)`, `stride(T)`, `across(node)`) as a kernel

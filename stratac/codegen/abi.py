@@ -40,15 +40,44 @@ SYNC_SLOTS = 4096
 STATUS_OVER, STATUS_OWNER, STATUS_ROWS, STATUS_BOUND, STATUS_OWNERS_OVER = range(5)
 
 
+# After the status line: the rank's agreement records (strata::AgreeRecord), two of AGREE_LINES lines
+# each, the one of a call chosen by its epoch's parity (which the host makes that of the call
+# number, stratac.host.comm), and then its verdict line (strata::AgreeVerdict). The host writes a
+# call's record before the launch: int32 [0] the call number (1 for a communicator's first call),
+# [1, 5) a 128-bit hash of the schedule and the call's instance (world, sizes, dtype, op, rank
+# parameters, mask), [5, 8) zero: the AGREE_COMPARED_BYTES the kernel compares with every live
+# peer's record before its first write to another rank; [8] the epoch after this call (the ranks
+# take the largest after a disagreement, so that their stamps meet again); lines 1.. a readable
+# description of the call, UTF-8, NUL-padded (AGREE_TEXT_BYTES), which only the host reads, and
+# only after a disagreement. On a difference core 0 of the kernel leaves [0] the call number and
+# [1] the first peer that differs in the verdict line, and the kernel returns without writing.
+AGREE_LINES = 4
+AGREE_RECORD_BYTES = AGREE_LINES * SYNC_SLOT_BYTES
+AGREE_COMPARED_BYTES = 32
+AGREE_EPOCH_WORD = 8
+AGREE_TEXT_BYTES = AGREE_RECORD_BYTES - SYNC_SLOT_BYTES
+
+
 def sync_area_bytes(world: int) -> int:
-    """Bytes of a communicator's sync area: (world + 4096 + 1) * 64, 256 KiB + 64 B per rank + the
-    status line."""
-    return (world + SYNC_SLOTS + 1) * SYNC_SLOT_BYTES
+    """Bytes of a communicator's sync area: (world + 4096 + 1 + 2 * 4 + 1) * 64: 256 KiB + 64 B per
+    rank, the status line, two agreement records and the verdict line."""
+    return (world + SYNC_SLOTS + 1) * SYNC_SLOT_BYTES + 2 * AGREE_RECORD_BYTES + SYNC_SLOT_BYTES
 
 
 def status_offset(world: int) -> int:
     """Byte offset of the status line in the sync area."""
     return (world + SYNC_SLOTS) * SYNC_SLOT_BYTES
+
+
+def agree_offset(world: int, parity: int) -> int:
+    """Byte offset in the sync area of the agreement record of the calls whose epoch has this
+    parity (strata::AgreeRecord)."""
+    return status_offset(world) + SYNC_SLOT_BYTES + parity * AGREE_RECORD_BYTES
+
+
+def verdict_offset(world: int) -> int:
+    """Byte offset in the sync area of the agreement verdict line (strata::AgreeVerdict)."""
+    return agree_offset(world, 2)
 
 
 @dataclass(frozen=True)

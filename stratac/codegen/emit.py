@@ -509,14 +509,27 @@ def generate(s: ir.Schedule) -> Output:
     token = _TEAMS.set(_Teams())
     try:
         teams = _team_members(s)
-        statements = _statements(s)
-        return _render(s, env, rs, src, statements, _used_teams(teams))
+        statements, agree = _agreement(s, _statements(s))
+        return _render(s, env, rs, src, statements, _used_teams(teams), agree)
     finally:
         _TEAMS.reset(token)
 
 
+def _agreement(s: ir.Schedule, statements: list[dict]) -> tuple[list[dict], dict | None]:
+    """The ranks' agreement on the call (strata::Agree), the kernel's first statement. It is a
+    barrier of the live ranks, so a schedule that begins with a world barrier (the usual entry
+    barrier: every rank's input is ready) has that barrier replaced by it; any other begins with
+    it. None for a kernel built without it (passes.Options.agreement, bench's comparison only)."""
+    if not s.kernel.agreement:
+        return statements, None
+    first = statements[0] if statements else None
+    if first is not None and first["kind"] == "barrier" and first["team"] is None:
+        return statements[1:], {"line": first["line"], "fused": True}
+    return statements, {"line": s.span.line, "fused": False}
+
+
 def _render(s: ir.Schedule, env: jinja2.Environment, rs, src: str, statements: list[dict],
-            teams: list[dict]) -> Output:
+            teams: list[dict], agree: dict | None = None) -> Output:
     k = s.kernel
     ctx = {
         "s": s,
@@ -542,6 +555,7 @@ def _render(s: ir.Schedule, env: jinja2.Environment, rs, src: str, statements: l
         "sizes": [{"name": abi.c_param(s, n), "c": _cname(n)} for n in s.sizes],
         "plan": k,
         "statements": statements,
+        "agree": agree,
         "teams": teams,
         "parts": _part_helpers() if any(_part_calls(r, s) for r in _regions(s.body)) else None,
         "sdma_threshold": next((op.plan.sdma_threshold for op in passes_stages(s.body)), 0),

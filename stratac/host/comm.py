@@ -15,6 +15,7 @@ bootstrapped through torch.distributed.
 
 from __future__ import annotations
 
+import array
 import atexit
 import math
 import os
@@ -127,6 +128,14 @@ class Communicator:
         self._live: dict[int, tuple[int, torch.UntypedStorage]] = {}
         self._freed: weakref.WeakSet = weakref.WeakSet()   # forgotten with the last tensor on them
         self._epoch = 0
+        self._calls = 0   # calls launched: the number of the last (the ranks' agreement compares it)
+        sync = self._base + self._sync
+        # this rank's agreement records (one per epoch parity) and verdict line (abi.agree_offset)
+        words = memoryview(self._ffi.buffer(self._ffi.cast("char *", sync),
+                                            abi.sync_area_bytes(world))).cast("i")   # int32
+        self._agree = [words[abi.agree_offset(world, i) // 4:] for i in (0, 1)]
+        self._verdict = words[abi.verdict_offset(world) // 4:]
+        self._agree_held: list = [None, None]   # the record (Schedule._record) each one holds
         self._modules: list[Module] = []
         self._sync_owner = None   # the prepared call whose flags strata_cpu_describe_sync names
         self._aiv_cores = None    # the SoC core count last given to the model (strata_cpu_set_aiv_cores)
@@ -265,12 +274,50 @@ class Communicator:
         self._modules.append(mod)
         return mod
 
-    def next_epoch(self, stamps: int) -> int:
-        epoch = self._epoch
-        self._epoch += stamps + 1
+    def next_call(self, stamps: int) -> tuple[int, int]:
+        """The first stamp (epoch) and the number of the next call. The epoch has the parity of the
+        call's number, which picks the call's agreement record (abi.agree_offset): a rank that
+        has returned from call k writes call k + 1's record into the other one, so a peer still
+        comparing call k reads k's."""
+        self._calls += 1
+        epoch = self._epoch + ((self._epoch ^ self._calls) & 1)
+        self._epoch = epoch + stamps + 1
         if self._epoch >= 2**31 - 1:
             raise StrataRuntimeError("flag stamps exhausted (2^31 per communicator): create a new one")
-        return epoch
+        return epoch, self._calls
+
+    def write_record(self, parity: int, call: int, record: tuple) -> None:
+        """This rank's agreement record of a call (abi.AGREE_*), before its launch. `record` is the
+        call's (digest, text), the same object for every call of one signature (Schedule._record),
+        so the slot's hash and text are rewritten only when another call's held it."""
+        w = self._agree[parity]
+        w[0] = call
+        w[abi.AGREE_EPOCH_WORD] = self._epoch
+        if self._agree_held[parity] is not record:
+            digest, text = record
+            w[1:5] = array.array("i", digest)
+            w[abi.SYNC_SLOT_BYTES // 4:abi.AGREE_RECORD_BYTES // 4] = memoryview(text).cast("i")
+            self._agree_held[parity] = record
+
+    def read_record(self, rank: int, parity: int) -> tuple[tuple[int, ...], int, str]:
+        """Rank `rank`'s agreement record of the calls of this parity (the pool maps every rank's
+        heap): its compared words, the epoch after its call, its description."""
+        addr = (self._base + (rank - self.rank) * int(self._lib.strata_cpu_heap_bytes()) + self._sync
+                + abi.agree_offset(self.world, parity))
+        raw = bytes(self._ffi.buffer(self._ffi.cast("char *", addr), abi.AGREE_RECORD_BYTES))
+        words = torch.frombuffer(bytearray(raw[:abi.SYNC_SLOT_BYTES]), dtype=torch.int32).tolist()
+        text = raw[abi.SYNC_SLOT_BYTES:].split(b"\0", 1)[0].decode(errors="replace")
+        return tuple(words[:abi.AGREE_COMPARED_BYTES // 4]), words[abi.AGREE_EPOCH_WORD], text
+
+    def disagreed(self, call: int) -> bool:
+        """Whether the kernel of call `call` found a live peer making another call (and returned
+        without writing): its verdict line names the call."""
+        return self._verdict[0] == call
+
+    def settle_disagreement(self, epochs: list[int]) -> None:
+        """After a call the ranks did not agree on: every rank continues from the largest epoch any
+        of them reached, so that the stamps of their next calls meet again."""
+        self._epoch = max(epochs + [self._epoch])
 
     # ---- counters of the CPU model
     def reset_counters(self) -> None:
@@ -336,7 +383,7 @@ class Communicator:
             self._barrier()
         atexit.unregister(self._leave)
         del self._heap
-        self._buffer = None
+        self._buffer = self._agree = self._verdict = None
         self._open = False
         for mod in self._modules:
             mod.unload()

@@ -10,6 +10,7 @@ and reports a failure of the machine as a StrataRuntimeError.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 
 import cffi
@@ -156,6 +157,10 @@ class Schedule:
         self._calls: dict[tuple, _Prepared] = {}         # call signature -> its checked launch
         self.last_cores: int | None = None               # the cores the last call launched on
         self.cores = s.kernel.cores
+        # the ranks compare each call's record before any writes to another (strata::Agree); the
+        # schedule's part of it is its name and its kernel (the build's key hashes the generated files)
+        self._agree = s.kernel.agreement
+        self._identity = f"{s.name}\0{built.directory.name}"
         # a packed routing (exscan) checks its window's bound on the device (abi.STATUS_*)
         self._window = _bounded_window(s)
         self._bounded = any(op.kind is ir.RouteKind.EXSCAN for op in passes.routes(s))
@@ -488,7 +493,11 @@ class Schedule:
             comm._active = bits
         mask = (bits,) if prep.masked else ()
         comm.watch_signals()
-        rc = self._launch(*prep.head, comm.next_epoch(prep.stamps), *mask, *prep.tail)
+        epoch, call = comm.next_call(prep.stamps)
+        if self._agree:
+            record = prep.records.get(bits) or self._record(prep, bits)
+            comm.write_record(epoch & 1, call, record)
+        rc = self._launch(*prep.head, epoch, *mask, *prep.tail)
         # a SIGINT or SIGTERM during the launch stopped its waits (model.cpp OnHostSignal); Python's
         # own handler has run by now (KeyboardInterrupt), unless the signal's action was the default
         held = comm._lib.strata_cpu_take_signal()
@@ -497,7 +506,58 @@ class Schedule:
         if rc != 0:
             raise StrataRuntimeError(f"{self.name} failed on rank {comm.rank}: "
                                      f"{last_error(comm._lib, comm._ffi)}")
+        if self._agree and comm.disagreed(call):
+            self._disagreement(call, epoch & 1, bits)
         self.check_status()
+
+    def describe_call(self, prep: "_Prepared", bits: int) -> str:
+        """The call as messages name it: allreduce_twoshot(n=900, f32, sum)."""
+        parts = [f"{k}={v}" for k, v in prep.sizes.items()] + [prep.dtype.short]
+        if self.ir.op_param is not None:
+            parts.append(abi.OPS[prep.head[1]].value)
+        parts += [f"{x.name}={prep.params[x.name]}" for x in self.ir.rank_params]
+        if bits != ALL_RANKS:
+            parts.append("active=[" + ",".join(str(bits >> r & 1) for r in range(self.comm.world)) + "]")
+        return f"{self.name}({', '.join(parts)})"
+
+    def _record(self, prep: "_Prepared", bits: int) -> tuple[tuple[int, ...], bytes]:
+        """A call's agreement record but its number: four int32 of a hash of the schedule and the
+        call's instance (world, sizes, dtype, op, rank parameters, mask), and its description."""
+        key = repr((self._identity, self.comm.world, sorted(prep.sizes.items()), prep.dtype.short,
+                    prep.head[1] if self.ir.op_param is not None else None,
+                    sorted((x.name, prep.params[x.name]) for x in self.ir.rank_params), bits))
+        h = hashlib.blake2b(key.encode(), digest_size=16).digest()
+        digest = tuple(int.from_bytes(h[i:i + 4], "little", signed=True) for i in range(0, 16, 4))
+        text = self.describe_call(prep, bits).encode()[:abi.AGREE_TEXT_BYTES - 1]
+        prep.records[bits] = record = (digest, text.ljust(abi.AGREE_TEXT_BYTES, b"\0"))
+        return record
+
+    def _disagreement(self, call: int, parity: int, bits: int) -> None:
+        """The kernel of call `call` found a live peer whose record differs and returned without
+        writing (every live rank's kernel does: each reads every live peer's record). Names every
+        live rank's call from the records, puts the ranks' stamps back in step, and raises."""
+        comm = self.comm
+        ranks = [r for r in range(comm.world) if bits >> r & 1]
+        records = {r: comm.read_record(r, parity) for r in ranks}
+        comm.settle_disagreement([epoch for _, epoch, _ in records.values()])
+        groups: dict[tuple, list[int]] = {}
+        for r, (words, _, text) in records.items():
+            groups.setdefault((text, words[0]), []).append(r)
+        parts = []
+        for i, ((text, number), rs) in enumerate(groups.items()):
+            who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))}"
+            parts.append(f"{who} {'called ' if i == 0 else ''}{text or '(nothing readable)'}"
+                         + (f" as call {number}" if number != call else ""))
+        if len(groups) == 1:
+            text = next(iter(groups))[0]
+            what = (f"every rank called {text}, but from kernels built differently (another .strata source "
+                    "or other compile options on some rank)")
+        else:
+            what = ", ".join(parts)
+        raise StrataUsageError(
+            f"{self.name} on rank {comm.rank}: the ranks made different calls as call {call} of this "
+            f"communicator: {what}. Nothing was written on any rank (the ranks compare their calls before "
+            "any writes to another); every rank must make the same calls in the same order")
 
     def check_status(self) -> None:
         """After a packed MoE call (one with an exscan): the status line the kernel left says whether
@@ -539,6 +599,7 @@ class Schedule:
         op = scalars.get(self.ir.op_param.name, 0) if self.ir.op_param else 0
         params = self.instance_params(sizes, scalars)
         return _Prepared(
+            sizes=sizes, dtype=dtype, records={},
             storages=tuple(given[p.name].untyped_storage()._cdata for p in self.ir.tensors),
             blocks=blocks, routed=self.ir.contract.kind.moe, env={"world": comm.world, **sizes},
             layout=self._layout, stamps=self.ir.stamps({"world": comm.world, **params}),
@@ -560,7 +621,7 @@ class _Prepared:
     """A checked call's launcher arguments (all but the epoch), kept per signature."""
 
     __slots__ = ("storages", "blocks", "routed", "env", "layout", "stamps", "masked", "params", "head",
-                 "tail")
+                 "tail", "sizes", "dtype", "records")
 
     def __init__(self, **kw):
         for k, v in kw.items():

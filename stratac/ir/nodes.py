@@ -264,6 +264,7 @@ class KernelPlan:
     cores: int                     # vector cores a launch uses by default
     soc: str
     route_bytes: int = 0           # UB of the MoE routing constructs (counters, gather buffers)
+    agreement: bool = True         # the ranks agree on each call before writing (strata::Agree)
 
 
 @dataclass(frozen=True)

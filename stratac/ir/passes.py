@@ -42,6 +42,10 @@ class Options:
     soc: str = DEFAULT_SOC
     cores: int | None = None            # None: every vector core of the SoC
     sdma_threshold: int = SDMA_THRESHOLD
+    # False only for `stratac bench --agreement-cost`, which measures what the ranks' agreement on
+    # each call costs against the same kernel without it (docs/bench.md); such a kernel's calls
+    # are not checked across ranks.
+    agreement: bool = True
 
     def resolved_cores(self) -> int:
         return self.cores if self.cores is not None else SOCS[self.soc]
@@ -223,7 +227,7 @@ def tile_ub(s: ir.Schedule, opts: Options) -> ir.Schedule:
     ub = tiles * tile + SCRATCH_BYTES + route_bytes
     assert ub <= UB_BYTES
     kernel = ir.KernelPlan(copy_tiles, reduce_tiles, tile, SCRATCH_BYTES, ub,
-                           opts.resolved_cores(), opts.soc, route_bytes)
+                           opts.resolved_cores(), opts.soc, route_bytes, opts.agreement)
     return replace(s, kernel=kernel)
 
 

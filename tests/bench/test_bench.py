@@ -274,3 +274,26 @@ def test_mpi_peer_interleaved_with_stratac(tmp_path):
         assert r["ratio"]["mpi"] == pytest.approx(r["busbw"] / by_size[r["size"]]["busbw"])
         assert r["copies_per_byte"] == r["min_copies_per_byte"] == 1.0   # push: S landed, once
     assert "mpi4py" in p.stdout and "Open MPI" in p.stdout
+
+
+def test_agreement_cost_benches_each_schedule_and_its_twin_without_the_check(tmp_path):
+    """`--agreement-cost`: every schedule, then the same schedule built without the ranks'
+    agreement (its kernel has no strata::Agree, its entry barrier is a plain one), both checked
+    against torch, in one run."""
+    from stratac.codegen import pipeline
+    from stratac.ir import passes
+    from stratac.lang import frontend
+    src = ROOT / "examples" / "allreduce_twoshot.strata"
+    texts = {on: pipeline.compile_schedules(frontend.load_source(src), passes.Options(agreement=on),
+                                            [2])[0].output.files["kernel.cpp"] for on in (True, False)}
+    assert "strata::Agree(" in texts[True] and "strata::Barrier(sync_, epoch_ + 1)" not in texts[True]
+    assert "strata::Agree(" not in texts[False] and "strata::Barrier(sync_, epoch_ + 1)" in texts[False]
+    out_json = tmp_path / "out.json"
+    p = _bench([str(src), "--world", "2", "--sizes", "4096", "--iters", "2", "--warmup", "1",
+                "--agreement-cost", "--json", str(out_json), "--no-progress"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = [r for r in json.loads(out_json.read_text())["results"] if r["system"] == "stratac"]
+    assert [r["schedule"] for r in recs] == ["allreduce_twoshot", "allreduce_twoshot (no agreement)"]
+    assert all(r["errors"] == 0 and r["size"] == 4096 for r in recs)
+    # the agreement's record reads are sync traffic: the data counters are the same for both
+    assert recs[0]["engines"] == recs[1]["engines"]

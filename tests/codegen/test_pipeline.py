@@ -25,14 +25,19 @@ def barriers_in(kernel: str) -> list[str]:
 
 def test_barriers_under_ifs_get_the_stamps_of_the_barriers_passed_before():
     """The kernel text, read by hand: in bcast_where_needed the last barrier is the 2nd or the 3rd
-    of the call, as `world > 2` says; in both arms of bcast_both_arms the barrier is the 2nd."""
+    of the call, as `world > 2` says; in both arms of bcast_both_arms the barrier is the 2nd. The
+    1st, the entry barrier, is where the ranks agree on the call (strata::Agree, at stamp epoch_)."""
     compiled = {c.schedule.name: c for c in pipeline.compile_schedules(
         frontend.load_source(CORPUS / "good_barriers_under_if.strata"), passes.Options(), [1, 2, 3])}
+    agree = "if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;"
+    for name in ("bcast_where_needed", "bcast_both_arms"):
+        text = compiled[name].output.files["kernel.cpp"]
+        assert text.count(agree) == 1 and text.index(agree) < text.index("strata::Barrier(")
     assert barriers_in(compiled["bcast_where_needed"].output.files["kernel.cpp"]) == [
-        "strata::Barrier(sync_, epoch_ + 1);", "strata::Barrier(sync_, epoch_ + 2);",
+        "strata::Barrier(sync_, epoch_ + 2);",
         "strata::Barrier(sync_, epoch_ + 2 + (world > 2));"]
     assert barriers_in(compiled["bcast_both_arms"].output.files["kernel.cpp"]) == [
-        "strata::Barrier(sync_, epoch_ + 1);", "strata::Barrier(sync_, epoch_ + 2);",
+        "strata::Barrier(sync_, epoch_ + 2);",
         "strata::Barrier(sync_, epoch_ + 2);", "strata::Barrier(sync_, epoch_ + 3);"]
     assert all(c.worlds == (1, 2, 3) and c.schedule.lowered for c in compiled.values())
 

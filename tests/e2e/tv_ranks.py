@@ -56,9 +56,9 @@ def one(comm, rank, fn, inst):
     else:
         # the live ranks' calls took stamps from their communicators' epochs; a masked rank is
         # meant to stay out for good (docs/robustness.md), but here it takes part in the next
-        # instance, so its epoch moves on as theirs did (comm.next_epoch, as a call does)
+        # instance, so its epoch moves on as theirs did (comm.next_call, as a call does)
         params = {**inst.sizes, **{x.name: inst.scalars[x.name] for x in s.rank_params}}
-        comm.next_epoch(s.stamps({"world": comm.world, **params}))
+        comm.next_call(s.stamps({"world": comm.world, **params}))
     comm.barrier()   # every kernel of the instance is done
     wrong = []
     for name, want in inst.expect[rank].items():

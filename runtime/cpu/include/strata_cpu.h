@@ -187,6 +187,9 @@ int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value);
 // are `what` ("barrier": slot p is rank p's arrival). A timeout then names the slot and lists the
 // slots still below the stamp.
 void NoteWait(const char* what, const int32_t* group, int64_t count, int64_t index);
+// STRATA_SYNC_TRAFFIC (strata_device.h, CPU model only): the calling core's DMAs until the next
+// SyncTraffic(false) are the ranks' agreement on the call (strata::Agree), left out of the counters.
+void SyncTraffic(bool on);
 // put: dst local symmetric (translated to pe), src any pool address; get: src local symmetric
 // (translated to pe), dst any pool address.
 void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes, const void* ub_buf,

@@ -656,6 +656,9 @@ struct CoreState {
   const char* note_what = nullptr;
   const int32_t* note_group = nullptr;
   int64_t note_count = 0, note_index = 0;
+  // STRATA_SYNC_TRAFFIC: the ranks' agreement (strata::Agree) is reading or writing its records;
+  // sync traffic, as signals are, so the data counters leave its DMAs out
+  bool sync_traffic = false;
 };
 
 // The sync area of the launches to come (strata_cpu_describe_sync), to name flags in messages.
@@ -1798,8 +1801,13 @@ STRATA_EXPORT void CopyGmToUb(void* ub, const void* gm, uint64_t bytes, const ch
   LedgerRead(gm, bytes, op);
   UbWrote(ub, bytes);
   std::memcpy(ub, gm, bytes);
+  if (c->sync_traffic) return;
   Count(c->idx, STRATA_CTR_MTE_IN, bytes);
   if (OwnerOf(gm) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_READ, bytes);
+}
+
+STRATA_EXPORT void SyncTraffic(bool on) {
+  if (CoreState* c = t_core) c->sync_traffic = on;
 }
 
 namespace {
@@ -1923,8 +1931,10 @@ STRATA_EXPORT void CopyUbToGm(void* gm, const void* ub, uint64_t bytes, int dtyp
     AtomicCopy(c, static_cast<uint8_t*>(gm), static_cast<const uint8_t*>(ub), bytes, dtype, op);
   else
     std::memcpy(gm, ub, bytes);
-  Count(c->idx, STRATA_CTR_MTE_OUT, bytes);
-  if (OwnerOf(gm) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_WRITE, bytes);
+  if (!c->sync_traffic) {
+    Count(c->idx, STRATA_CTR_MTE_OUT, bytes);
+    if (OwnerOf(gm) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_WRITE, bytes);
+  }
   // a flag may have been written this way (a signal goes through SignalOp, which notifies); bulk
   // data copies do not notify: a wait on a flag that one covers sees it within Idler's sleep cap
   if (bytes <= kNotifyCopyBytes) Notify();

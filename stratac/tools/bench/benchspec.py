@@ -51,6 +51,9 @@ class BenchSpec:
     selected: bool = False        # bench each contract's selecting entry point (stratac.host.select)
     selection: str | None = None  # its table (None: this machine's, if `stratac tune` wrote one)
     ceiling: bool = True          # measure the copy ceiling (stratac tune does not)
+    # also bench every schedule built without the ranks' agreement on each call (strata::Agree),
+    # "NAME (no agreement)", alternating with it: what the check costs, measured in one run
+    agreement_cost: bool = False
     # MoE dispatch/combine files (None: the defaults below, or workload.MOE_DEFAULTS)
     tokens: list[int] | None = None     # tokens per rank, swept (default MOE_TOKENS)
     hidden: int | None = None

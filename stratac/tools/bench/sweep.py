@@ -161,7 +161,7 @@ def _measure(spec: BenchSpec, pl: Plan, rspec: runner.RunSpec, tmp: Path,
     gate.path.mkdir()
     rspec.bench = {"peers": list(spec.peers), "tasks": pl.tasks, "gate": str(gate.path),
                    "iters": spec.iters, "warmup": spec.warmup, "peer_timeout": spec.timeout * 4,
-                   "trace": None}
+                   "trace": None, "agreement_cost": spec.agreement_cost}
     if spec.trace:
         rspec.bench["trace"] = str(tmp / "trace")
         Path(rspec.bench["trace"]).mkdir()
@@ -209,9 +209,13 @@ def _figures(size: int, time_s: float | None, factor: float) -> dict:
     return {"time_us": time_s * 1e6, "algbw": algbw, "busbw": algbw * factor}
 
 
+UNCHECKED = " (no agreement)"   # --agreement-cost: the name of a schedule's twin built without it
+
+
 def _records(results: list[dict], pl: Plan, spec: BenchSpec) -> list[dict]:
     """One record per system, schedule (or peer collective) and size."""
     scheds = {c.schedule.name: c.schedule for c in pl.compiled}
+    scheds.update({f"{n}{UNCHECKED}": s for n, s in list(scheds.items())})   # --agreement-cost
     w = spec.world
     peers = [r for r in results if "system" in r]
     ours: dict[tuple, list[dict]] = {}
