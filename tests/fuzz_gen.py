@@ -333,6 +333,53 @@ schedule fz(x: sym T[n], op: redop) implements allreduce(x, op) {{
     return Spec("chunked", text)
 
 
+def halving(pick) -> Spec:
+    """Recursive halving and doubling: xor partners, shifts, log2, `requires world is pow2`."""
+    req = pick("requires", ["  requires world is pow2\n", ""])
+    d1 = pick("d1", ["world >> (k + 1)", "world >> k", "1 << k"])
+    base = pick("base", ["p / d * d + j", "rank / d * d + j", "p / d * d"])
+    w1 = pick("wait1", ["    if k > 0: wait got[k - 1]\n", ""])
+    w2 = pick("wait2", ["    wait got[L + k - 1]\n", "    if k > 0: wait got[L + k - 1]\n"])
+    last = pick("last", ["  if world > 1: wait got[2 * L - 1]\n", ""])
+    eng = pick("engine", ["sdma", "aiv"])
+    L = expr(pick, "L_e", "log2(world)")
+    text = f"""\
+schedule fz(x: sym T[n], op: redop) implements allreduce(x, op) {{
+{req}  flag ready[world]
+  flag got[2 * world]
+  part = split(x, world)
+  let L = {L}
+  for k in 0 .. L: signal ready[k]@(rank ^ (world >> (k + 1)))
+  for k in 0 .. L: wait ready[k]
+  for k in 0 .. L {{
+    let d = {d1}
+    let p = rank ^ d
+{w1}    on aiv: for j in 0 .. d: part[{base}]@p op= part[{base}]
+    signal got[k]@p
+  }}
+  for k in 0 .. L {{
+    let d = 1 << k
+    let p = rank ^ d
+{w2}    on {eng}: for j in 0 .. d: part[rank / d * d + j]@p = part[rank / d * d + j]
+    signal got[L + k]@p
+  }}
+{last}}}
+"""
+    return Spec("halving", text)
+
+
+def reduce_on_write(pick) -> Spec:
+    """Atomic accumulates into the owner's slice (`op=`), then an SDMA all-gather."""
+    b = [pick(f"b{i}", [["  barrier"], []]) for i in range(1, 5)]
+    seed_ = pick("seed", ["  on aiv: os[rank] = xs[rank]", "", "  on aiv: os[rank] op= xs[rank]"])
+    acc = pick("acc", ["for p in peers: os[p]@p op= xs[p]", "for p in ranks: os[p]@p op= xs[p]",
+                       "for p in peers: os[p]@p = xs[p]"])
+    lines = ["schedule fz(x: sym T[n], out: sym T[n], op: redop) implements allreduce(x -> out, op) {",
+             "  xs = split(x, world)", "  os = split(out, world)", *b[0], seed_, *b[1],
+             f"  on aiv: {acc}", *b[2], "  on sdma: for p in peers: os[rank]@p = os[rank]", *b[3], "}"]
+    return Spec("reduce_on_write", "\n".join(x for x in lines if x) + "\n")
+
+
 TEAM_SIZES = ["((world & -world) - 1 & 7) + 1", "1", "world", "2 - world % 2"]
 
 
@@ -479,7 +526,7 @@ schedule fz_combine(win: sym T[experts * capacity, hidden], ids: i32[tokens, top
 
 FAMILIES = {f.__name__.rstrip("_"): f for f in
             (twoshot, oneshot, reducescatter, allgather, ring, pipelined, broadcast, reduce_, alltoall,
-             chunked, teams, composed, moe_prefill, moe_decode)}
+             chunked, halving, reduce_on_write, teams, composed, moe_prefill, moe_decode)}
 
 
 def build(family: str, pick) -> Spec:

@@ -226,8 +226,10 @@ def summarise(cases: list[Case]) -> dict:
          "frontend_rejected": sum(bool(c.frontend_error) for c in cases),
          "verified_at_every_world": sum(bool(c.verdicts) and all(v.accepted for v in c.verdicts.values())
                                         for c in cases),
-         "rejected_at_some_world": sum(any(not v.accepted for v in c.verdicts.values()) for c in cases)}
-    reasons = Counter()
+         "rejected_at_some_world": sum(any(not v.accepted and v.code != "requires" for v in c.verdicts.values())
+                                       for c in cases),
+         "runs_total": sum(len(c.runs) for c in cases)}
+    reasons = Counter()   # per case, each code it was rejected with at some world ("requires": skipped)
     for c in cases:
         codes = {v.code for v in c.verdicts.values() if not v.accepted}
         for code in codes:
