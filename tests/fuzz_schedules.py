@@ -170,9 +170,18 @@ def refused(got: M.Outcome) -> M.Outcome:
     return got
 
 
-def judge(case: Case, tmp: Path, index: int, do_run: bool = True) -> Case:
-    """Verdicts, then one run at a verified world and one at a rejected world (of RUN_WORLDS,
-    taken in turn by `index`), and the findings."""
+def worlds_to_run(case: Case, index: int) -> tuple[int | None, int | None]:
+    """The verified world and the rejected world (of RUN_WORLDS) the case runs at, taken in turn
+    by `index`; None where there is none."""
+    good = [w for w in RUN_WORLDS if case.verdicts[w].accepted]
+    bad = [w for w in RUN_WORLDS if not case.verdicts[w].accepted and case.verdicts[w].code != "requires"]
+    return (good[index % len(good)] if good else None, bad[index % len(bad)] if bad else None)
+
+
+def judge(case: Case, tmp: Path, index: int, do_run: bool = True,
+          verified_run: M.Outcome | None = None) -> Case:
+    """Verdicts, then one run at a verified world and one at a rejected world (worlds_to_run),
+    and the findings. `verified_run`: the verified world's outcome, when a batch ran it."""
     case.verdicts, case.frontend_error = verdicts(case.spec.text)
     if case.frontend_error:
         case.findings.append(("generator: front-end rejection", case.frontend_error))
@@ -180,18 +189,17 @@ def judge(case: Case, tmp: Path, index: int, do_run: bool = True) -> Case:
     if not do_run:
         return case
     name = f"fz{index}-{case.spec.family}"
-    good = [w for w in RUN_WORLDS if case.verdicts[w].accepted]
-    bad = [w for w in RUN_WORLDS if not case.verdicts[w].accepted and case.verdicts[w].code != "requires"]
-    if good:
-        w = good[index % len(good)]
-        got = run(case.spec.text, name, w, True, tmp)
+    good, bad = worlds_to_run(case, index)
+    if good is not None:
+        w = good
+        got = verified_run or run(case.spec.text, name, w, True, tmp)
         case.runs[(w, True)] = got
         if got.kind not in M.FINE:
             case.findings.append(("DISAGREEMENT: verified, then " + got.kind, f"world {w}:\n{got.detail}"))
         elif got.kind != "OK":   # `check`'s samples missed what the call's own instance shows
             case.findings.append((f"verified at the samples, {got.kind} at the call", f"world {w}:\n{got.detail}"))
-    if bad:
-        w = bad[index % len(bad)]
+    if bad is not None:
+        w = bad
         v = case.verdicts[w]
         got = run(case.spec.text, name, w, False, tmp)
         case.runs[(w, False)] = got
@@ -202,6 +210,28 @@ def judge(case: Case, tmp: Path, index: int, do_run: bool = True) -> Case:
             case.findings.append((f"rejected ({v.code}), failed otherwise ({got.kind})",
                                   f"world {w}: {v.message}\n{got.detail}"))
     return case
+
+
+# the schedule names the generator uses; a batch renames them apart
+GENERATED_NAMES = re.compile(r"\b(fz|fz_dispatch|fz_combine|ring_allreduce)\b")
+BATCH = 6
+
+
+def run_batch(items: list[tuple[int, Case]], world: int, tmp: Path) -> dict[int, M.Outcome]:
+    """The verified runs of several collective cases at one world in ONE `stratac run` (one set of
+    rank processes, one file of every case's schedules, renamed `NAME_bI`). OK: every case is OK;
+    WRONG: the cases none of whose schedules is wrong are OK. Every other case (a wrong one, or
+    all of them after a hang, a crash or a refusal) gets nothing here, and runs alone: a finding
+    is always a run of its own schedule alone."""
+    text = "\n".join(GENERATED_NAMES.sub(lambda m: f"{m.group(1)}_b{i}", c.spec.text) for i, c in items)
+    got = run(text, f"batch{items[0][0]}-w{world}", world, True, tmp)
+    if got.kind == "OK":
+        return {i: got for i, _ in items}
+    if got.kind != "WRONG":
+        return {}
+    lines = got.detail.splitlines()
+    return {i: M.Outcome("OK") for i, _ in items
+            if not any(re.match(rf"\w+_b{i} rank ", ln) for ln in lines)}
 
 
 def disagrees(case: Case) -> bool:
@@ -245,35 +275,62 @@ def summarise(cases: list[Case]) -> dict:
 
 
 def campaign(n: int, seed: int | None, do_run: bool, tmp: Path, log=print, families=None,
-             deadline: float | None = None) -> list[Case]:
+             deadline: float | None = None, batch: int = BATCH) -> list[Case]:
     """Up to `n` cases drawn by hypothesis (derandomized when seed is None, else seeded); a
-    schedule drawn again is not judged again (the cases are the distinct ones)."""
+    schedule drawn again is not judged again (the cases are the distinct ones). Cases are judged
+    `batch` at a time: the verified runs of their collective schedules share one run per world
+    (run_batch), the rest run alone."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
     cases: list[Case] = []
-    seen: dict[str, Case] = {}   # hypothesis draws some schedules more than once: judged once
+    seen: set[str] = set()   # hypothesis draws some schedules more than once: judged once
+    pending: list[Case] = []
+
+    def flush():
+        t0 = time.monotonic()
+        first = len(cases)
+        todo = [(first + k, c) for k, c in enumerate(pending)]
+        pending.clear()
+        shared: dict[int, M.Outcome] = {}
+        if do_run and batch > 1:
+            groups: dict[int, list] = {}
+            for i, c in todo:
+                c.verdicts, c.frontend_error = verdicts(c.spec.text)
+                if c.frontend_error or c.spec.family.startswith("moe"):
+                    continue
+                good, _ = worlds_to_run(c, i)
+                if good is not None:
+                    groups.setdefault(good, []).append((i, c))
+            for w, items in groups.items():
+                if len(items) > 1:
+                    shared.update(run_batch(items, w, tmp))
+        for i, c in todo:
+            judge(c, tmp, i, do_run, shared.get(i))
+            cases.append(c)
+            runs = ", ".join(f"w{w} {'verified' if ok else 'rejected'}: {o.kind}"
+                             f"{' (batch)' if ok and i in shared else ''}" for (w, ok), o in c.runs.items())
+            log(f"[{i + 1}] {c.spec.family} {dict(c.spec.mistakes)} verdicts "
+                f"{ {w: str(v) for w, v in c.verdicts.items()} } {runs}")
+            for k, d in c.findings:
+                log(f"    {k}: {d.splitlines()[0] if d else ''}")
+        if todo:
+            log(f"    ({len(todo)} cases in {time.monotonic() - t0:.1f} s)")
 
     @settings(max_examples=n, deadline=None, database=None, derandomize=seed is None,
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(fuzz_gen.schedules(families))
     def one(spec):
-        if deadline is not None and time.monotonic() > deadline:
+        if (deadline is not None and time.monotonic() > deadline) or spec.text in seen:
             return
-        t0 = time.monotonic()
-        if spec.text in seen:
-            return
-        c = judge(Case(spec), tmp, len(cases), do_run)
-        seen[spec.text] = c
-        cases.append(c)
-        runs = ", ".join(f"w{w} {'verified' if ok else 'rejected'}: {o.kind}" for (w, ok), o in c.runs.items())
-        log(f"[{len(cases)}] {spec.family} {dict(spec.mistakes)} verdicts "
-            f"{ {w: str(v) for w, v in c.verdicts.items()} } {runs} ({time.monotonic() - t0:.1f} s)")
-        for k, d in c.findings:
-            log(f"    {k}: {d.splitlines()[0] if d else ''}")
+        seen.add(spec.text)
+        pending.append(Case(spec))
+        if len(pending) >= batch:
+            flush()
 
     if seed is not None:
         one = hseed(seed)(one)
     one()
+    flush()
     return cases
 
 
@@ -285,6 +342,8 @@ def main(argv=None) -> int:
     ap.add_argument("--family", action="append", help="only these families (repeatable)")
     ap.add_argument("--minutes", type=float, default=None, help="stop drawing cases after this long")
     ap.add_argument("--json", help="write the summary and every finding here")
+    ap.add_argument("--batch", type=int, default=BATCH,
+                    help=f"cases judged together, their verified runs sharing rank processes (default {BATCH})")
     args = ap.parse_args(argv)
     os.environ.setdefault("STRATAC_CACHE_DIR", os.environ.get(
         "STRATAC_FUZZ_CACHE", str(Path.home() / ".cache" / "stratac-fuzz")))
@@ -292,7 +351,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="stratac-fuzz-") as tmp:
         t0 = time.monotonic()
         cases = campaign(args.cases, args.seed, not args.no_run, Path(tmp), families=args.family,
-                         deadline=deadline)
+                         deadline=deadline, batch=args.batch)
         summary = summarise(cases)
         summary["seconds"] = round(time.monotonic() - t0, 1)
         print(json.dumps(summary, indent=2))

@@ -25,7 +25,7 @@ import pytest
 import fuzz_gen
 import fuzz_schedules as fs
 
-FAST_CASES = 5
+FAST_CASES = 3
 SLOW_CASES = int(os.environ.get("STRATAC_FUZZ_CASES", "24"))
 
 
