@@ -387,12 +387,10 @@ def teams(pick) -> Spec:
     """The two-level AllReduce over a block team and the team across it."""
     T = pick("T", TEAM_SIZES)
     lane_decl = pick("lane", ["across(node)", "stride(T)"])
-    bar = ["barrier(node)", "barrier(lane)", "barrier"]
     b1 = pick("b1", ["barrier(node)", "", "barrier(lane)"])
     b2 = pick("b2", ["barrier(lane)", "", "barrier(node)", "barrier"])
     b3 = pick("b3", ["barrier(lane)", "", "barrier(node)"])
     b4 = pick("b4", ["barrier(node)", "", "barrier(lane)", "barrier"])
-    del bar
     me = pick("me", ["node.rank", "rank % T", "lane.rank"])
     text = f"""\
 schedule fz(x: sym T[n], op: redop) implements allreduce(x, op) {{

@@ -159,11 +159,15 @@ REFUSAL = ("nothing was written", "refused before anything was written")
 
 
 def refused(got: M.Outcome) -> M.Outcome:
-    """run_mutant's REFUSED looks for "nothing was written" only; the proof of a call's instance
-    says "refused before anything was written" (stratac/host/instance.py). Every failed rank saying
-    either is a refusal."""
+    """A rank stopped at the run's overall deadline is a hang (run_mutant's HANG looks for the
+    kernel's "timed out" only; on a loaded machine the deadline can come first). run_mutant's
+    REFUSED looks for "nothing was written" only; the proof of a call's instance says "refused
+    before anything was written" (stratac/host/instance.py). Every failed rank saying either is
+    a refusal."""
     if got.kind != "FAILED":
         return got
+    if "still running at the run's deadline" in got.detail:   # the runner's deadline caught a hang
+        return M.Outcome("HANG", got.detail)
     blocks = re.split(r"\n(?=rank \d+ (?:exited|was killed)|rank \d+: .*; stopped)", got.detail)
     if blocks and all(any(p in b for p in REFUSAL) for b in blocks):
         return M.Outcome("REFUSED", got.detail)
