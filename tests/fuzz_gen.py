@@ -65,7 +65,10 @@ def expr(pick, name: str, text: str) -> str:
     """`text` (an integer expression) or one that always has the same value."""
     forms = [text, f"({text})", f"({text}) * 1", f"0 + ({text})", f"-(-({text}))",
              f"(({text}) << 1) >> 1" if _nonneg(text) else f"(({text}))",
-             f"(({text}) | 0)", f"(({text}) ^ 0) + 0"]
+             f"(({text}) | 0)", f"(({text}) ^ 0) + 0",
+             # top operator | or &: as a loop bound printed without parentheses, `s < 0 | a` is
+             # `(s < 0) | a` in C++, and `s < -1 & a` is 0 (issue 23's precedence bug)
+             f"0 | ({text})", f"-1 & ({text})"]
     return pick("~" + name, forms)
 
 
@@ -183,8 +186,15 @@ def allgather(pick) -> Spec:
         lines.append(f"  for s in 0 .. {expr(pick, 'hi_e', hi)} {{")
         b = pick("b", ["(rank - s) % world", "(rank + s) % world", "(rank - s - 1) % world"])
         lines.append(f"    let b = {b}")
-        lines.append(f"    on {eng}: blk[b]@((rank + 1) % world) = blk[b]")
-        lines += pick("b_step", [["    barrier"], []])
+        asyn = pick("step_async", [None, "await_then_barrier", "barrier_then_await"]) \
+            if eng == "sdma" else None
+        if asyn is None:
+            lines.append(f"    on {eng}: blk[b]@((rank + 1) % world) = blk[b]")
+            lines += pick("b_step", [["    barrier"], []])
+        elif asyn == "await_then_barrier":
+            lines += ["    on sdma async h: blk[b]@((rank + 1) % world) = blk[b]", "    await h", "    barrier"]
+        else:   # the next step reads what this step's copy writes before the copy's await
+            lines += ["    on sdma async h: blk[b]@((rank + 1) % world) = blk[b]", "    barrier", "    await h"]
         lines.append("  }")
         lines += pick("b2", [[], ["  barrier"]])
     lines.append("}")
