@@ -324,7 +324,9 @@ def campaign(n: int, seed: int | None, do_run: bool, tmp: Path, log=print, famil
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(fuzz_gen.schedules(families))
     def one(spec):
-        if (deadline is not None and time.monotonic() > deadline) or spec.text in seen:
+        if deadline is not None and time.monotonic() > deadline:
+            raise _Deadline   # ends hypothesis' loop (returning would draw every remaining case)
+        if spec.text in seen:
             return
         seen.add(spec.text)
         pending.append(Case(spec))
@@ -333,9 +335,16 @@ def campaign(n: int, seed: int | None, do_run: bool, tmp: Path, log=print, famil
 
     if seed is not None:
         one = hseed(seed)(one)
-    one()
+    try:
+        one()
+    except _Deadline:
+        pass
     flush()
     return cases
+
+
+class _Deadline(Exception):
+    pass
 
 
 def main(argv=None) -> int:
