@@ -1,6 +1,7 @@
 """Schedules the schedule fuzzer (tests/fuzz_schedules.py) found the pipeline disagreeing on,
-minimised. A gap still open is a strict xfail naming issue 23, so that its fix makes it XPASS and
-fail the run; then the marker is dropped and the schedule moves to tests/verify/corpus/.
+minimised, kept as regressions. Each was a gap of issue 23 when the fuzzer found it (the comment
+above each says which and how it showed); all are closed now. A gap still open would be a strict
+xfail naming its issue, so that its fix makes it XPASS and fail the run.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from stratac import verify
 from stratac.diagnostics import Codes, Source
 from stratac.lang import frontend
 
-# `for c in 0 .. 1 + n / 4096` over `split(part, 1 + n / 4096)`: check samples n at 1, world + 3,
-# world + 4 and 2 world + 5 only, so every sample has one chunk (c = 0) and a chunk index that is
-# wrong only from c = 1 on is never executed. Each of these is verified at worlds 1-4 and is
+# `for c in 0 .. 1 + n / 4096` over `split(part, 1 + n / 4096)`: check sampled n at 1, world + 3,
+# world + 4 and 2 world + 5 only (now also where the trip count reaches 2 and 3: issue 23 item 5), so every sample has one chunk (c = 0) and a chunk index that is
+# wrong only from c = 1 on was never executed. Each of these was verified at worlds 1-4 and is
 # wrong: at world 2 with n = 4099 (two chunks) the call's own proof refuses it (E0305, "1024
 # elements are wrong"), and built without the verifier (tests/verify/unverified_worker.py) it runs
 # WRONG against torch (`x[3075] = 0 on rank 0, expected 6`). The fuzzer's family `chunked`.
@@ -58,8 +59,6 @@ def test_the_chunked_schedule_itself_is_verified():
     assert first_error(CHUNKED.format(hi="1 + n / 4096", idx="c")) is None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 item 5: a step-loop bound that depends on a size is "
-                   "sampled with one chunk only (fixed by another part of the issue)")
 @pytest.mark.parametrize("why", sorted(WRONG_CHUNKS))
 def test_a_wrong_chunk_from_the_second_on_is_rejected(why):
     d = first_error(WRONG_CHUNKS[why])
@@ -71,7 +70,7 @@ def test_a_wrong_chunk_from_the_second_on_is_rejected(why):
 # barrier_then_await, and the barrier after the loop): at step s + 1 the next rank forwards the
 # block this rank's step-s copy is still writing into it. Issue 23's first shape family ("a ring
 # AllGather whose steps overlap"): the race check compares accesses only between the same two
-# world barriers, so it is verified at worlds 1-4, and at world 4 it runs WRONG on the CPU build
+# world barriers, so it was verified at worlds 1-4, and at world 4 it ran WRONG on the CPU build
 # (`out[1] = -3.0 on rank 0, expected 3.0`; at world 3 it ran OK).
 RING_AWAIT_AFTER_BARRIER = """\
 schedule fz(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {
@@ -93,8 +92,6 @@ def test_the_ring_with_the_await_before_the_barrier_is_verified():
     assert first_error(RING_AWAIT_AFTER_BARRIER.replace("    barrier\n    await h", "    await h\n    barrier")) is None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 item 1: an async copy's accesses stay open across a "
-                   "world barrier until its await (fixed by another part of the issue)")
 def test_an_async_step_awaited_after_the_barrier_is_a_race():
     d = first_error(RING_AWAIT_AFTER_BARRIER, worlds=(3, 4))
     assert d is not None and d.code == Codes.RACE, d
@@ -128,8 +125,6 @@ def test_the_masked_bound_is_verified(form):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 23 item 2: a loop bound whose top operator is & or | is "
-                   "printed without parentheses (fixed by another part of the issue)")
 @pytest.mark.parametrize("form", sorted(RING_MASKED_BOUND))
 def test_the_masked_bound_runs_ok(form, tmp_path, fuzz_cache):
     got = fs.run(RING_MASKED_BOUND[form], "ring-masked-bound", 2, True, tmp_path)
@@ -137,9 +132,6 @@ def test_the_masked_bound_runs_ok(form, tmp_path, fuzz_cache):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="issue 23 item 1: an async copy's accesses stay open across a "
-                   "world barrier until its await (fixed by another part of the issue); not strict: "
-                   "until the verifier rejects it, whether the race is lost depends on the ranks' timing")
 def test_the_ring_awaited_after_the_barrier_runs_ok_or_is_rejected(tmp_path, fuzz_cache):
     got = fs.run(RING_AWAIT_AFTER_BARRIER, "ring-await-after-barrier", 4, True, tmp_path)
     assert got.kind in ("OK", "REJECTED", "REFUSED"), f"{got.kind}: {got.detail}"
