@@ -77,7 +77,7 @@ class MoePrefillInt8Dispatch {
       STRATA_LINE(25);  // strata:25
       rt_.Place(mv_, strata::Via::kAiv, wq_, max_recv_, xq_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
       STRATA_LINE(26);  // strata:26
-      rt_.Place(mv_, strata::Via::kAiv, strata::Reinterpret<T>(ws_), max_recv_, strata::Reinterpret<T>(xs_), ids_, offs_, tokens_, topk_, strata::Ratio<float, T>(), experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
+      rt_.Place(mv_, strata::Via::kAiv, strata::Reinterpret<T>(ws_), max_recv_, strata::Reinterpret<T>(xs_), ids_, offs_, tokens_, topk_, 8 * strata::Ratio<float, T>(), experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(28);  // strata:28
