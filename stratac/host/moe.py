@@ -281,7 +281,8 @@ class Buffer:
         is (recv_x_q, recv_scales): int8 [rows, hidden] and f32 [rows, 1], row r's scale in row r
         (dequantised: recv_x_q.float() * recv_scales); both are views of windows whose rows are
         padded to whole 32-byte blocks (hidden rounded up to 32 int8 columns, 8 f32 scale columns),
-        so neither is contiguous unless hidden is a multiple of 32; combine then takes y in dtype, [rows, hidden].
+        so neither is contiguous unless hidden is a multiple of 32; combine then takes y in dtype,
+        [rows, hidden].
         active: a mask of live ranks, one entry per rank (as a schedule call's `active=`,
         docs/robustness.md "Masked ranks"): every live rank passes the same one, a masked rank does
         not call; entries of masked ranks' experts are dropped (not sent, not counted, weight 0 in

@@ -1013,11 +1013,12 @@ class _Lowering:
             if (kind is ir.RouteKind.PLACE and dbuf.dtype is not None and isinstance(cols, ir.Const)
                     and cols.value * dbuf.dtype.nbytes % ir.WINDOW_ROW_ALIGN):
                 padded = ir.padded_row(cols.value, dbuf.dtype)
+                decl = f"{dbuf.name}: sym {dbuf.type_text}[{dbuf.shape_text.rsplit(', ', 1)[0]}, {padded}]"
                 self.err(Codes.BAD_SIZE, f"place writes rows of {dbuf.name} from several ranks, and a row "
                          f"of {cols.value * dbuf.dtype.nbytes} bytes ({dbuf.type_text}[..., {cols.value}]) "
                          f"shares a {ir.WINDOW_ROW_ALIGN}-byte block with its neighbours: pad the rows to "
                          f"{padded} columns ({padded * dbuf.dtype.nbytes} bytes), "
-                         f"`{dbuf.name}: sym {dbuf.type_text}[{dbuf.shape_text.rsplit(', ', 1)[0]}, {padded}]` "
+                         f"`{decl}` "
                          f"and {rows.name} likewise, the values in the first {cols.value}", st.span,
                          Note(f"{dbuf.name} is declared here", dbuf.span))
             if kind is ir.RouteKind.GATHER:

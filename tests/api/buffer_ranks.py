@@ -319,8 +319,8 @@ def int8(comm, rank, world):
                  hidden=H, max_tokens=T, num_experts=E, topk=K, payload=torch.int8, low_latency_mode=True)
     for hid in (H, 40):
         row_b = -(-hid // 32) * 32 + 32            # bytes per dispatched row
-        buf = Buffer(comm, hidden=hid, max_tokens=T, num_experts=E, topk=K, dtype=torch.bfloat16, payload=torch.int8,
-                     max_recv=world * T * K)
+        buf = Buffer(comm, hidden=hid, max_tokens=T, num_experts=E, topk=K, dtype=torch.bfloat16,
+                     payload=torch.int8, max_recv=world * T * K)
         local = E // world
 
         def quant(x):                                   # the reference quantisation, per token
@@ -338,17 +338,21 @@ def int8(comm, rank, world):
             wq, per_expert, sent = expected(world, rank, [q for q, _ in qs], ids)
             wsc, _, _ = expected(world, rank, [sc for _, sc in qs], ids)
             (rq, rs), counts, handle = buf.dispatch(x, i, w)
-            check(counts == per_expert, f"rank {rank}: int8 rows per local expert {counts}, expected {per_expert}")
+            check(counts == per_expert,
+                  f"rank {rank}: int8 rows per local expert {counts}, expected {per_expert}")
             check(rq.dtype == torch.int8 and rs.dtype == torch.float32 and rs.shape == (sum(counts), 1),
                   f"int8 recv {rq.dtype} {rs.dtype} {tuple(rs.shape)}")
             check(torch.equal(rq, wq.reshape(rq.shape)), f"rank {rank}: received int8 rows differ")
             check(torch.equal(rs, wsc.reshape(rs.shape)), f"rank {rank}: received scales differ")
             d = buf.last_stats()["dispatch"]
-            out_rows, in_rows = int(sent[rank].sum() - sent[rank, rank]), int(sent[:, rank].sum() - sent[rank, rank])
+            out_rows = int(sent[rank].sum() - sent[rank, rank])
+            in_rows = int(sent[:, rank].sum() - sent[rank, rank])
             table = (world - 1) * E * 4
             want = (out_rows, in_rows, out_rows * row_b + table, in_rows * row_b + table)
-            check((d.rows_sent, d.rows_received, d.bytes_sent, d.bytes_received) == want, f"int8 dispatch {d}, {want}")
-            check(d.measured_remote_write == d.bytes_sent, f"int8 dispatch measured {d.measured_remote_write}")
+            check((d.rows_sent, d.rows_received, d.bytes_sent, d.bytes_received) == want,
+                  f"int8 dispatch {d}, {want}")
+            check(d.measured_remote_write == d.bytes_sent,
+                  f"int8 dispatch measured {d.measured_remote_write}")
             y = torch.empty(rq.shape[0], hid, dtype=torch.bfloat16)
             row = 0
             for e, c in zip(range(rank * local, (rank + 1) * local), counts):
