@@ -38,17 +38,17 @@ class MoePrefillInt8Dispatch {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(13);  // strata:13 the ranks agree on the call
+    STRATA_LINE(15);  // strata:15 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
-    {  // strata:19 stage 1 on aiv
-      STRATA_LINE(19);  // strata:19
+    {  // strata:21 stage 1 on aiv
+      STRATA_LINE(21);  // strata:21
       rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);
       strata::EndStage(mv_);
     }
-    STRATA_LINE(20);  // strata:20
+    STRATA_LINE(22);  // strata:22
     strata::MaskedBarrier(sync_, epoch_ + 1, active_);
-    {  // strata:21 stage 2 on aiv
-      STRATA_LINE(21);
+    {  // strata:23 stage 2 on aiv
+      STRATA_LINE(23);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
@@ -60,7 +60,7 @@ class MoePrefillInt8Dispatch {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         if (!strata::Live(active_, p_)) continue;
-        STRATA_LINE(21);  // strata:21
+        STRATA_LINE(23);  // strata:23
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
           mv_.Copy(strata::Via::kAiv, strata::Reinterpret<T>(counts_ + lo) + off, p_,
@@ -69,22 +69,22 @@ class MoePrefillInt8Dispatch {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(22);  // strata:22
+    STRATA_LINE(24);  // strata:24
     strata::MaskedBarrier(sync_, epoch_ + 2, active_);
-    {  // strata:23 stage 3 on aiv
-      STRATA_LINE(23);  // strata:23
+    {  // strata:25 stage 3 on aiv
+      STRATA_LINE(25);  // strata:25
       rt_.Exscan(offs_, counts_, experts_, rank, world, max_recv_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
-    {  // strata:24 stage 4 on aiv
-      STRATA_LINE(24);
-      STRATA_LINE(25);  // strata:25
+    {  // strata:26 stage 4 on aiv
+      STRATA_LINE(26);
+      STRATA_LINE(27);  // strata:27
       rt_.Place(mv_, strata::Via::kAiv, wq_, max_recv_, xq_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
-      STRATA_LINE(26);  // strata:26
-      rt_.Place(mv_, strata::Via::kAiv, strata::Reinterpret<T>(ws_), max_recv_, strata::Reinterpret<T>(xs_), ids_, offs_, tokens_, topk_, strata::Ratio<float, T>(), experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
+      STRATA_LINE(28);  // strata:28
+      rt_.Place(mv_, strata::Via::kAiv, strata::Reinterpret<T>(ws_), max_recv_, strata::Reinterpret<T>(xs_), ids_, offs_, tokens_, topk_, 8 * strata::Ratio<float, T>(), experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
-    STRATA_LINE(28);  // strata:28
+    STRATA_LINE(30);  // strata:30
     strata::MaskedBarrier(sync_, epoch_ + 3, active_);
   }
 

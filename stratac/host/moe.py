@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from stratac import ir
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.host.schedule import ALL_RANKS
 from stratac.resources import resource_path
@@ -37,6 +38,7 @@ SCHEDULES = {False: ("moe_prefill_bounded.strata", "moe_prefill_bounded_dispatch
              "int8": ("moe_prefill_int8.strata", "moe_prefill_int8_dispatch", "moe_prefill_int8_combine")}
 _TOKEN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ALLOC_SLACK = 4096          # per heap allocation (alignment) in heap_bytes_needed
+SCALE_COLS = 8               # an int8 window's scale row: 32 bytes, the per-token scale in column 0
 HOST_TID = 999               # the trace track of a whole call as the host saw it (as stratac bench)
 
 
@@ -67,7 +69,8 @@ class CallStats:
 
     bytes_sent / bytes_received: what this rank sent to and received from the other ranks, from the
     routing the call exchanged (the count table): token rows (hidden x dtype bytes each; an int8
-    dispatch's rows hidden + 4 bytes, the row and its f32 scale) and, for a
+    dispatch's rows hidden rounded up to 32 plus 32 bytes: the row and its f32 scale, each padded
+    to whole 32-byte blocks as every window row other ranks write is) and, for a
     dispatch, this rank's row of the count table (experts x 4 bytes) to each peer. Rows a rank routes
     to its own experts are local copies and not counted. measured_remote_write / _read: the bytes
     this rank's cores wrote to / read from other ranks' memory during the call, as the CPU model
@@ -167,7 +170,11 @@ class Buffer:
                                    (self.rank + 1) * self.num_local_experts)
         self.payload = payload or dtype
         self.row_bytes = hidden * torch.empty(0, dtype=dtype).element_size()    # combine's rows
-        self.dispatch_row_bytes = hidden + 4 if self.quantized else self.row_bytes
+        # an int8 dispatch's window rows, padded to whole 32-byte blocks (ir.WINDOW_ROW_ALIGN: no
+        # two ranks write one block of a peer's window), and its scale rows: 8 f32, the scale in
+        # column 0; the caller sees the unpadded [rows, hidden] and [rows, 1]
+        self.hidden_q = ir.padded_row(hidden, ir.DType.I8)
+        self.dispatch_row_bytes = self.hidden_q + SCALE_COLS * 4 if self.quantized else self.row_bytes
         kw = {"options": options} if options is not None else {}
         _, dispatch, combine = SCHEDULES["int8" if self.quantized else self.low_latency_mode]
         self.module = comm.load(Path(schedules) if schedules is not None
@@ -177,7 +184,7 @@ class Buffer:
                 raise StrataUsageError(f"Buffer: the schedules file has no schedule {name}")
         self._dispatch, self._combine = self.module[dispatch], self.module[combine]
         # the heap tensors, allocated once (collective: same order on every rank)
-        self._x = comm.zeros(max_tokens, hidden, dtype=self.payload)
+        self._x = comm.zeros(max_tokens, self.hidden_q if self.quantized else hidden, dtype=self.payload)
         self._ids = comm.zeros(max_tokens, topk, dtype=torch.int32)
         self._weights = comm.zeros(max_tokens, topk, dtype=torch.float32)
         self._counts = comm.zeros(self.world, num_experts, dtype=torch.int32)
@@ -185,9 +192,9 @@ class Buffer:
         self._y = comm.zeros(max_tokens, hidden, dtype=dtype)
         self._extra: tuple = ()
         if self.quantized:      # the scales, the int8 window and its scales
-            self._xs = comm.zeros(max_tokens, 1, dtype=torch.float32)
-            self._wq = comm.zeros(max_recv, hidden, dtype=torch.int8)
-            self._ws = comm.zeros(max_recv, 1, dtype=torch.float32)
+            self._xs = comm.zeros(max_tokens, SCALE_COLS, dtype=torch.float32)
+            self._wq = comm.zeros(max_recv, self.hidden_q, dtype=torch.int8)
+            self._ws = comm.zeros(max_recv, SCALE_COLS, dtype=torch.float32)
             self._extra = (self._xs, self._wq, self._ws)
         self._seq = 0
         self._combined = 0               # the seq of the last combined dispatch
@@ -211,8 +218,9 @@ class Buffer:
         parts = [max_tokens * hidden * elem, max_tokens * topk * 4, max_tokens * topk * 4,
                  world * num_experts * 4, max_recv * hidden * elem, max_tokens * hidden * elem]
         if payload == torch.int8 and dtype != torch.int8:   # int8 rows instead of x; scales; int8 window
-            parts[0] = max_tokens * hidden
-            parts += [max_tokens * 4, max_recv * hidden, max_recv * 4]
+            hq = ir.padded_row(hidden, ir.DType.I8)
+            parts[0] = max_tokens * hq
+            parts += [max_tokens * SCALE_COLS * 4, max_recv * hq, max_recv * SCALE_COLS * 4]
         return sum(parts) + _ALLOC_SLACK * len(parts) + (1 << 20)
 
     def _communicator_for(self, group, hidden, max_tokens, num_experts, topk, dtype, max_recv, timeout,
@@ -271,7 +279,10 @@ class Buffer:
         c = handle.recv_rows_per_expert_and_rank[l][s] (the rows between are not data).
         With payload=torch.int8, x (in dtype) is quantised per token (quantize_per_token) and recv_x
         is (recv_x_q, recv_scales): int8 [rows, hidden] and f32 [rows, 1], row r's scale in row r
-        (dequantised: recv_x_q.float() * recv_scales); combine then takes y in dtype, [rows, hidden].
+        (dequantised: recv_x_q.float() * recv_scales); both are views of windows whose rows are
+        padded to whole 32-byte blocks (hidden rounded up to 32 int8 columns, 8 f32 scale columns),
+        so neither is contiguous unless hidden is a multiple of 32; combine then takes y in dtype,
+        [rows, hidden].
         active: a mask of live ranks, one entry per rank (as a schedule call's `active=`,
         docs/robustness.md "Masked ranks"): every live rank passes the same one, a masked rank does
         not call; entries of masked ranks' experts are dropped (not sent, not counted, weight 0 in
@@ -286,8 +297,8 @@ class Buffer:
         seq = self._seq
         if self.quantized:
             q, scale = quantize_per_token(x)
-            self._x[:n].copy_(q)
-            self._xs[:n].copy_(scale)
+            self._x[:n, :self.hidden].copy_(q)
+            self._xs[:n, :1].copy_(scale)
         else:
             self._x[:n].copy_(x)
         self._ids[:n].copy_(ids)
@@ -310,7 +321,7 @@ class Buffer:
         if self.low_latency_mode:
             recv_x = self._win.view(self.num_local_experts, self.world * self.max_tokens, self.hidden)
         elif self.quantized:
-            recv_x = (self._wq[:sum(per_expert)], self._ws[:sum(per_expert)])
+            recv_x = (self._wq[:sum(per_expert), :self.hidden], self._ws[:sum(per_expert), :1])
         else:
             recv_x = self._win[:sum(per_expert)]
         mine = counts[:, le.start:le.stop].sum(dim=1)             # rows from each rank

@@ -279,6 +279,18 @@ class Schedule:
             if t.numel() != want:
                 raise StrataUsageError(f"{self.name}: parameter {p.name} must have {p.size} = {want} "
                                        f"elements, got {t.numel()}")
+        for b, cols in passes.window_row_faults(self.ir, dtype, env):
+            names = sorted(b.shape[1].names() & set(sizes))
+            padded = ir.padded_row(cols, b.dtype or dtype)
+            said = ", ".join(f"{n} = {sizes[n]}" for n in names) or f"{ir.bare(b.shape[1])}"
+            raise StrataUsageError(
+                f"{self.name}: on rank {self.comm.rank}, parameter {b.name}'s rows ({said}) are "
+                f"{cols * (b.dtype or dtype).nbytes} bytes: place writes them from several ranks into "
+                f"one {ir.WINDOW_ROW_ALIGN}-byte block of a peer's window, which the NPU does not "
+                f"promise to keep byte-exact; pad the rows to {padded} columns"
+                + (f" ({names[0]} = {padded})" if names == [str(ir.bare(b.shape[1]))] else "")
+                + " (stratac.host.moe.Buffer does) and keep the values in the first "
+                f"{cols}; nothing was written")
         if self.ir.contract.kind.moe:
             self._check_routing(given, env)
         self._check_aliasing(given)

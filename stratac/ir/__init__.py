@@ -61,9 +61,11 @@ from stratac.ir.nodes import (
                              SizeRule,
                              Stage,
                              Team,
+                             WINDOW_ROW_ALIGN,
                              Wait,
                              size_rules,
                              takes_mask,
+                             padded_row,
                              unmet_requirement,
 )
 from stratac.ir.printer import dump
@@ -74,4 +76,4 @@ __all__ = ["Bin", "BinKind", "Const", "IExpr", "Var", "add", "bare", "c_source",
            "Buffer", "CallSite", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",
            "KernelPlan", "Loop", "Node", "Op", "OpParam", "Plan", "Reduce", "ReduceOp", "Region",
            "Route", "RouteKind", "Scalar", "ScalarKind", "Schedule", "Signal", "SizeRule", "Stage",
-           "Team", "Wait", "size_rules", "dump"]
+           "Team", "Wait", "size_rules", "dump", "WINDOW_ROW_ALIGN", "padded_row"]

@@ -415,6 +415,20 @@ def takes_mask(s: "Schedule") -> bool:
     return s.contract.kind in (ContractKind.MOE_DISPATCH, ContractKind.MOE_COMBINE)
 
 
+# A window row `place` writes from other ranks is a whole number of 32-byte blocks, so that no
+# two ranks' (or cores') DMA writes land in one 32-byte block of a peer's heap: byte-exact remote
+# writes from several sources into one block are not documented for HCCS (docs/npu.md, "Peer
+# window rows"; the production MoE dispatch pads the same way, its scale inside a padded row).
+WINDOW_ROW_ALIGN = 32
+
+
+def padded_row(cols: int, dtype: "DType") -> int:
+    """The least number of columns >= cols whose row of dtype is a whole number of
+    WINDOW_ROW_ALIGN-byte blocks."""
+    per = WINDOW_ROW_ALIGN // dtype.nbytes
+    return -(-cols // per) * per
+
+
 def unmet_requirement(s: "Schedule", world: int) -> "Requirement | None":
     """The first world constraint of s that `world` violates, if any."""
     return next((r for r in s.requires if not r.holds(world)), None)

@@ -1009,6 +1009,18 @@ class _Lowering:
                 self.err(Codes.NOT_SYMMETRIC, f"place writes rows into other ranks' {dbuf.name}: "
                          f"declare it `{dbuf.name}: sym ...`", st.span,
                          Note(f"{dbuf.name} is declared here", dbuf.span))
+            cols = dbuf.shape[1]
+            if (kind is ir.RouteKind.PLACE and dbuf.dtype is not None and isinstance(cols, ir.Const)
+                    and cols.value * dbuf.dtype.nbytes % ir.WINDOW_ROW_ALIGN):
+                padded = ir.padded_row(cols.value, dbuf.dtype)
+                decl = f"{dbuf.name}: sym {dbuf.type_text}[{dbuf.shape_text.rsplit(', ', 1)[0]}, {padded}]"
+                self.err(Codes.BAD_SIZE, f"place writes rows of {dbuf.name} from several ranks, and a row "
+                         f"of {cols.value * dbuf.dtype.nbytes} bytes ({dbuf.type_text}[..., {cols.value}]) "
+                         f"shares a {ir.WINDOW_ROW_ALIGN}-byte block with its neighbours: pad the rows to "
+                         f"{padded} columns ({padded * dbuf.dtype.nbytes} bytes), "
+                         f"`{decl}` "
+                         f"and {rows.name} likewise, the values in the first {cols.value}", st.span,
+                         Note(f"{dbuf.name} is declared here", dbuf.span))
             if kind is ir.RouteKind.GATHER:
                 self._computable(rows, "gather (weights and sums in f32)", st.span)
                 if not rows.symmetric:

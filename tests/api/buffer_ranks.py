@@ -23,14 +23,14 @@ from stratac.host.moe import Buffer, CallStats
 H, T, E, K = 32, 12, 8, 3        # hidden, max tokens, experts, top-k (f32 rows of 128 bytes)
 
 
-def routing(world: int, step: int):
+def routing(world: int, step: int, hidden: int = H):
     """Every rank's tokens, expert ids (distinct per token, some -1, one token routed nowhere) and
     weights, from seeds: the same on every rank."""
     xs, ids, ws = [], [], []
     for r in range(world):
         g = torch.Generator().manual_seed(100 * step + r)
         n = T - (r + step) % 4
-        xs.append(torch.randn(n, H, generator=g))
+        xs.append(torch.randn(n, hidden, generator=g))
         i = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(n)]).int()
         i[1::5, 0] = -1
         if n > 2:
@@ -309,63 +309,71 @@ def int8(comm, rank, world):
     """payload=torch.int8: bf16 tokens quantised per token (scale = max |x| / 127, 1 for a zero row,
     round half to even, clamp to +-127), dispatched as int8 rows with f32 scales, the experts
     dequantise, combine in bf16 with f32 accumulation: received rows and scales, rows per expert,
-    combined tokens bit for bit against a torch reference written here, and bytes (hidden + 4 per
-    dispatched row) against the model's counters."""
+    combined tokens bit for bit against a torch reference written here, and bytes (hidden rounded up
+    to 32, plus 32 bytes of scale row, per dispatched row: the windows' rows are padded to whole
+    32-byte blocks) against the model's counters; at hidden 32 and at 40 (rows padded to 64, the
+    caller still sees [rows, 40] and [rows, 1])."""
     expect_error(StrataUsageError, "payload must be None", Buffer, comm, hidden=H, max_tokens=T, num_experts=E,
                  topk=K, payload=torch.float16)
     expect_error(StrataUsageError, "payload=torch.int8 is for the packed (prefill) window", Buffer, comm,
                  hidden=H, max_tokens=T, num_experts=E, topk=K, payload=torch.int8, low_latency_mode=True)
-    buf = Buffer(comm, hidden=H, max_tokens=T, num_experts=E, topk=K, dtype=torch.bfloat16, payload=torch.int8,
-                 max_recv=world * T * K)
-    local = E // world
+    for hid in (H, 40):
+        row_b = -(-hid // 32) * 32 + 32            # bytes per dispatched row
+        buf = Buffer(comm, hidden=hid, max_tokens=T, num_experts=E, topk=K, dtype=torch.bfloat16,
+                     payload=torch.int8, max_recv=world * T * K)
+        local = E // world
 
-    def quant(x):                                   # the reference quantisation, per token
-        xf = x.float()
-        amax = xf.abs().amax(dim=1, keepdim=True)
-        sc = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
-        return torch.round(xf / sc).clamp(-127, 127).to(torch.int8), sc
+        def quant(x):                                   # the reference quantisation, per token
+            xf = x.float()
+            amax = xf.abs().amax(dim=1, keepdim=True)
+            sc = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+            return torch.round(xf / sc).clamp(-127, 127).to(torch.int8), sc
 
-    for step in (5, 6):
-        xs, ids, ws = routing(world, step)
-        xs = [x.bfloat16() for x in xs]
-        xs[0][3] = 0                                 # an all-zero row: scale 1
-        qs = [quant(x) for x in xs]
-        x, i, w = xs[rank], ids[rank], ws[rank]
-        wq, per_expert, sent = expected(world, rank, [q for q, _ in qs], ids)
-        wsc, _, _ = expected(world, rank, [sc for _, sc in qs], ids)
-        (rq, rs), counts, handle = buf.dispatch(x, i, w)
-        check(counts == per_expert, f"rank {rank}: int8 rows per local expert {counts}, expected {per_expert}")
-        check(rq.dtype == torch.int8 and rs.dtype == torch.float32 and rs.shape == (sum(counts), 1),
-              f"int8 recv {rq.dtype} {rs.dtype} {tuple(rs.shape)}")
-        check(torch.equal(rq, wq.reshape(rq.shape)), f"rank {rank}: received int8 rows differ")
-        check(torch.equal(rs, wsc.reshape(rs.shape)), f"rank {rank}: received scales differ")
-        d = buf.last_stats()["dispatch"]
-        out_rows, in_rows = int(sent[rank].sum() - sent[rank, rank]), int(sent[:, rank].sum() - sent[rank, rank])
-        table = (world - 1) * E * 4
-        want = (out_rows, in_rows, out_rows * (H + 4) + table, in_rows * (H + 4) + table)
-        check((d.rows_sent, d.rows_received, d.bytes_sent, d.bytes_received) == want, f"int8 dispatch {d}, {want}")
-        check(d.measured_remote_write == d.bytes_sent, f"int8 dispatch measured {d.measured_remote_write}")
-        y = torch.empty(rq.shape[0], H, dtype=torch.bfloat16)
-        row = 0
-        for e, c in zip(range(rank * local, (rank + 1) * local), counts):
-            y[row:row + c] = (rq[row:row + c].float() * rs[row:row + c] * (e + 1)).bfloat16()
-            row += c
-        out = buf.combine(y, handle)
-        q, sc = qs[rank]
-        acc = torch.zeros(x.shape[0], H)
-        for t in range(x.shape[0]):
-            for k in range(K):
-                e = int(i[t, k])
-                if e >= 0:
-                    acc[t] = acc[t] + (q[t].float() * sc[t] * (e + 1)).bfloat16().float() * w[t, k]
-        ref = acc.bfloat16()
-        check(out.dtype == torch.bfloat16 and torch.equal(out, ref),
-              f"rank {rank}: int8 combine differs from the torch reference bit for bit "
-              f"(max {float((out.float() - ref.float()).abs().max())})")
-        c = buf.last_stats()["combine"]
-        check(c.bytes_received == out_rows * H * 2 and c.measured_remote_read == c.bytes_received,
-              f"int8 combine bytes {c}")
-    buf.close()
+        for step in (5, 6):
+            xs, ids, ws = routing(world, step, hid)
+            xs = [x.bfloat16() for x in xs]
+            xs[0][3] = 0                                 # an all-zero row: scale 1
+            qs = [quant(x) for x in xs]
+            x, i, w = xs[rank], ids[rank], ws[rank]
+            wq, per_expert, sent = expected(world, rank, [q for q, _ in qs], ids)
+            wsc, _, _ = expected(world, rank, [sc for _, sc in qs], ids)
+            (rq, rs), counts, handle = buf.dispatch(x, i, w)
+            check(counts == per_expert,
+                  f"rank {rank}: int8 rows per local expert {counts}, expected {per_expert}")
+            check(rq.dtype == torch.int8 and rs.dtype == torch.float32 and rs.shape == (sum(counts), 1),
+                  f"int8 recv {rq.dtype} {rs.dtype} {tuple(rs.shape)}")
+            check(torch.equal(rq, wq.reshape(rq.shape)), f"rank {rank}: received int8 rows differ")
+            check(torch.equal(rs, wsc.reshape(rs.shape)), f"rank {rank}: received scales differ")
+            d = buf.last_stats()["dispatch"]
+            out_rows = int(sent[rank].sum() - sent[rank, rank])
+            in_rows = int(sent[:, rank].sum() - sent[rank, rank])
+            table = (world - 1) * E * 4
+            want = (out_rows, in_rows, out_rows * row_b + table, in_rows * row_b + table)
+            check((d.rows_sent, d.rows_received, d.bytes_sent, d.bytes_received) == want,
+                  f"int8 dispatch {d}, {want}")
+            check(d.measured_remote_write == d.bytes_sent,
+                  f"int8 dispatch measured {d.measured_remote_write}")
+            y = torch.empty(rq.shape[0], hid, dtype=torch.bfloat16)
+            row = 0
+            for e, c in zip(range(rank * local, (rank + 1) * local), counts):
+                y[row:row + c] = (rq[row:row + c].float() * rs[row:row + c] * (e + 1)).bfloat16()
+                row += c
+            out = buf.combine(y, handle)
+            q, sc = qs[rank]
+            acc = torch.zeros(x.shape[0], hid)
+            for t in range(x.shape[0]):
+                for k in range(K):
+                    e = int(i[t, k])
+                    if e >= 0:
+                        acc[t] = acc[t] + (q[t].float() * sc[t] * (e + 1)).bfloat16().float() * w[t, k]
+            ref = acc.bfloat16()
+            check(out.dtype == torch.bfloat16 and torch.equal(out, ref),
+                  f"rank {rank}: int8 combine differs from the torch reference bit for bit "
+                  f"(max {float((out.float() - ref.float()).abs().max())})")
+            c = buf.last_stats()["combine"]
+            check(c.bytes_received == out_rows * hid * 2 and c.measured_remote_read == c.bytes_received,
+                  f"int8 combine bytes {c}")
+        buf.close()
 
 
 SCENARIOS = {f.__name__: f for f in (numbers, refusals, overflow, low_latency, int8, masked)}

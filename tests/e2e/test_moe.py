@@ -1,6 +1,7 @@
 """MoE dispatch/combine and AllToAllV on the CPU build: real rank processes, every routing, every
-token dtype, one token, rows that are not a multiple of 32 bytes; dispatch, the stand-in expert
-step and combine each checked against torch (stratac.tools.run.workload.MoeWorkload) bit for bit."""
+token dtype, one token, float rows that are not a multiple of 32 bytes (the int8 examples:
+test_moe_int8.py); dispatch, the stand-in expert step and combine each checked against torch
+(stratac.tools.run.workload.MoeWorkload) bit for bit."""
 
 from pathlib import Path
 
@@ -8,12 +9,16 @@ import pytest
 import runkit
 from routing_meta import routing_dma
 
+from stratac import ir
 from stratac.lang.frontend import load_source, schedules
 from stratac.tools.run import runner
 from stratac.verify.routing import ROUTINGS
 
 ALL = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.strata"))
-MOE = [p for p in ALL if any(s.contract.kind.moe for s in schedules(load_source(str(p))))]
+# the int8 examples run in test_moe_int8.py, at hidden sizes whose int8 rows are whole 32-byte
+# blocks (a call refuses the odd ones below: docs/npu.md, "Peer window rows")
+MOE = [p for p in ALL if any(s.contract.kind.moe for s in schedules(load_source(str(p))))
+       and not any(b.dtype is ir.DType.I8 for s in schedules(load_source(str(p))) for b in s.params)]
 
 
 _run = runkit.run

@@ -34,9 +34,9 @@ _run = runkit.run
 @pytest.mark.parametrize("path", [INT8, DECODE_INT8], ids=["prefill", "decode"])
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_int8_dispatch_and_bf16_combine_are_bit_exact(world, path):
-    cases = [runner.Case("bf16", tokens=37, hidden=33, topk=3, routing="skewed"),   # 33-byte int8 rows
+    cases = [runner.Case("bf16", tokens=37, hidden=96, topk=3, routing="skewed"),   # 12-column blocks
              runner.Case("bf16", tokens=29, hidden=64, topk=2, routing="sparse"),
-             runner.Case("f32", tokens=1, hidden=7, topk=2, routing="empty")]
+             runner.Case("f32", tokens=1, hidden=32, topk=2, routing="empty")]
     out = _run(path, world, cases)
     assert out.failures == [] and out.exit_code == 0
     assert len(out.results) == world * len(cases) * 2
@@ -50,25 +50,30 @@ def _reference(world, tokens, hidden, topk, experts, routing, seed, rank):
         g = torch.Generator().manual_seed(seed * 1_000_003 + s * 7919 + 3)
         return torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
 
+    per = hidden // 8             # xs, ws: [rows, 8], one scale per block of hidden / 8 columns
+
     def quantise(x):
-        xf = x.float()
-        amax = xf.abs().max(dim=1).values
+        xf = x.float().reshape(tokens, 8, per)
+        amax = xf.abs().amax(dim=2, keepdim=True)
         scale = torch.where(amax > 0, amax / 127, torch.tensor(1.0))
-        q = torch.clamp(torch.round(xf / scale[:, None]), -127, 127).to(torch.int8)   # half to even
-        return q, scale
+        q = torch.clamp(torch.round(xf / scale), -127, 127).to(torch.int8)   # half to even
+        return q.reshape(tokens, hidden), scale.reshape(tokens, 8)
+
+    def dequantise(q, scale):
+        return (q.float().reshape(-1, 8, per) * scale.reshape(-1, 8, 1)).reshape(-1, hidden)
 
     ids = [expert_ids(routing, s, tokens, topk, experts, seed) for s in range(world)]
     qs = [quantise(tokens_of(s)) for s in range(world)]
     local = experts // world
     rows = world * tokens * topk
     wq = torch.zeros(rows, hidden, dtype=torch.int8)
-    ws = torch.zeros(rows, 1)
+    ws = torch.zeros(rows, 8)
     expert_of_row = {}
     row = 0
     for e in range(rank * local, (rank + 1) * local):   # packed: local experts, then source ranks
         for s in range(world):
             for t in np.nonzero((ids[s] == e).any(axis=1))[0]:
-                wq[row], ws[row, 0] = qs[s][0][t], qs[s][1][t]
+                wq[row], ws[row] = qs[s][0][t], qs[s][1][t]
                 expert_of_row[row] = e
                 row += 1
     g = torch.Generator().manual_seed(seed * 1_000_003 + rank * 7919 + 2)
@@ -79,7 +84,7 @@ def _reference(world, tokens, hidden, topk, experts, routing, seed, rank):
         for k in range(topk):
             e = int(ids[rank][t, k])
             if e >= 0:
-                out = ((q[t].float() * scale[t]) * (e + 1)).to(torch.bfloat16)   # the expert stand-in
+                out = (dequantise(q[t], scale[t])[0] * (e + 1)).to(torch.bfloat16)   # the expert stand-in
                 y[t] = y[t] + out.float() * weights[t, k]
     return wq, ws, row, y.to(torch.bfloat16)
 
@@ -88,10 +93,10 @@ def _reference(world, tokens, hidden, topk, experts, routing, seed, rank):
 def test_the_run_tools_reference_is_the_definition(world, routing):
     """The run tool's torch reference (which the device results are compared against, bit for bit)
     equals the one above, written from the definitions without stratac's code."""
-    tokens, hidden, topk, experts, seed = 13, 40, 3, 4 * world, 5
+    tokens, hidden, topk, experts, seed = 13, 64, 3, 4 * world, 5
     s = schedules(load_source(str(INT8)))
     wl = MoeWorkload.make(s[0], s[1], world, tokens, hidden, topk, experts, routing)
-    assert wl.quantized and wl.scale_cols() == 1
+    assert wl.quantized and wl.scale_cols() == 8
     for rank in range(world):
         wq, ws, n, y = _reference(world, tokens, hidden, topk, experts, routing, seed, rank)
         got_q, got_s, mask = wl.window_quantized(rank, seed, torch.bfloat16, wq.shape[0])
@@ -104,9 +109,10 @@ def test_the_run_tools_reference_is_the_definition(world, routing):
 
 def test_int8_dispatch_moves_about_half_the_bytes_of_bf16():
     """The same routing dispatched as bf16 rows (moe_prefill_bounded) and as int8 rows with an f32
-    scale each (moe_prefill_int8): the vector cores write hidden + 4 bytes per routed row instead of
-    2 * hidden, the rest (counts, offsets, the status line) being the same; at hidden 512 that is
-    0.504 of the bf16 payload."""
+    scale row each (moe_prefill_int8): the vector cores write hidden + 32 bytes per routed row (the
+    scale row is padded to one 32-byte block, docs/npu.md "Peer window rows") instead of 2 * hidden,
+    the rest (counts, offsets, the status line) being the same; at hidden 512 that is 0.531 of the
+    bf16 payload."""
     world, tokens, hidden, topk, cores = 2, 64, 512, 4, 4
     case = runner.Case("bf16", tokens=tokens, hidden=hidden, topk=topk, routing="skewed")
     written = {}
@@ -120,11 +126,11 @@ def test_int8_dispatch_moves_about_half_the_bytes_of_bf16():
     for rank in range(world):
         routed = int((expert_ids("skewed", rank, tokens, topk, 4 * world, 0) >= 0).sum())
         bf16, int8 = written[("moe_prefill_bounded", rank)], written[("moe_prefill_int8", rank)]
-        assert (bf16[1], int8[1]) == (2 * hidden, hidden + 4)
-        assert bf16[0] - int8[0] == routed * (2 * hidden - (hidden + 4))
-        assert int8[2] / bf16[2] == pytest.approx((hidden + 4) / (2 * hidden))   # received bytes
-        payload = routed * (hidden + 4), routed * 2 * hidden
-        assert 0.5 < payload[0] / payload[1] < 0.51
+        assert (bf16[1], int8[1]) == (2 * hidden, hidden + 32)
+        assert bf16[0] - int8[0] == routed * (2 * hidden - (hidden + 32))
+        assert int8[2] / bf16[2] == pytest.approx((hidden + 32) / (2 * hidden))   # received bytes
+        payload = routed * (hidden + 32), routed * 2 * hidden
+        assert 0.53 < payload[0] / payload[1] < 0.532
 
 
 def test_an_int8_activation_dtype_is_refused():
@@ -134,13 +140,13 @@ def test_an_int8_activation_dtype_is_refused():
 
 
 def test_per_block_scales_land_beside_their_rows():
-    """Four scales per token (tests/e2e/moe_int8_blocks.strata: xs, ws of [rows, 4], 16-byte scale
-    rows), blocks of 9, 9, 9 and 6 of 33 columns: windows, scales and y bit for bit at world 3."""
-    cases = [runner.Case("bf16", tokens=37, hidden=33, topk=3, routing="skewed")]
+    """Sixteen scales per token (tests/e2e/moe_int8_blocks.strata: xs, ws of [rows, 16], 64-byte
+    scale rows), blocks of 6 of 96 columns: windows, scales and y bit for bit at world 3."""
+    cases = [runner.Case("bf16", tokens=37, hidden=96, topk=3, routing="skewed")]
     out = _run(Path(__file__).resolve().parent / "moe_int8_blocks.strata", 3, cases)
     assert out.failures == [] and out.exit_code == 0
     assert [(r["schedule"], r["rank"], r["why"]) for r in out.results if not r["ok"]] == []
-    assert {r["moe"]["row_bytes"] for r in out.results} == {33 + 4 * 4}
+    assert {r["moe"]["row_bytes"] for r in out.results} == {96 + 16 * 4}
 
 
 def test_the_python_call_refuses_wrong_payloads_and_places_rows_with_their_scales():
@@ -153,20 +159,26 @@ def test_the_python_call_refuses_wrong_payloads_and_places_rows_with_their_scale
     C.unlink_segment(c.segment)
     try:
         m = c.load(str(INT8))
-        T, H, K, E, R = 5, 40, 2, 4, 10
-        xq, xs = c.zeros(T, H, dtype=torch.int8), c.zeros(T, 1, dtype=torch.float32)
+        T, H, K, E, R = 5, 64, 2, 4, 10
+        xq, xs = c.zeros(T, H, dtype=torch.int8), c.zeros(T, 8, dtype=torch.float32)
         ids, counts = c.zeros(T, K, dtype=torch.int32), c.zeros(1, E, dtype=torch.int32)
-        wq, ws = c.zeros(R, H, dtype=torch.int8), c.zeros(R, 1, dtype=torch.float32)
+        wq, ws = c.zeros(R, H, dtype=torch.int8), c.zeros(R, 8, dtype=torch.float32)
         ids[:, 1] = 1
         xq.copy_(torch.arange(T * H).reshape(T, H) % 100)
-        xs.copy_(torch.arange(T).reshape(T, 1) + 0.5)
+        xs.copy_(torch.arange(T * 8).reshape(T, 8) + 0.5)
         bad = [("xq must be int8", (c.zeros(T, H, dtype=torch.bfloat16), xs, ids, counts, wq, ws)),
-               ("xs must have shape [tokens, 1] = [5, 1], got [5]",
+               ("xs must have shape [tokens, 8] = [5, 8], got [5]",
                 (xq, c.zeros(T, dtype=torch.float32), ids, counts, wq, ws)),
-               ("xs must have shape [tokens, 1] = [5, 1], got [5, 2]",
+               ("xs must have shape [tokens, 8] = [5, 8], got [5, 2]",
                 (xq, c.zeros(T, 2, dtype=torch.float32), ids, counts, wq, ws)),
-               ("ws must have shape [max_recv, 1] = [10, 1], got [11, 1]",
-                (xq, xs, ids, counts, wq, c.zeros(R + 1, 1, dtype=torch.float32)))]
+               ("ws must have shape [max_recv, 8] = [10, 8], got [11, 8]",
+                (xq, xs, ids, counts, wq, c.zeros(R + 1, 8, dtype=torch.float32))),
+               # int8 rows of 40 bytes: several ranks would write one 32-byte block of a window
+               ("moe_prefill_int8_dispatch: on rank 0, parameter wq's rows (hidden = 40) are 40 bytes: "
+                "place writes them from several ranks into one 32-byte block of a peer's window",
+                (c.zeros(T, 40, dtype=torch.int8), xs, ids, counts, c.zeros(R, 40, dtype=torch.int8), ws)),
+               ("pad the rows to 64 columns (hidden = 64)",
+                (c.zeros(T, 33, dtype=torch.int8), xs, ids, counts, c.zeros(R, 33, dtype=torch.int8), ws))]
         for text, args in bad:
             with pytest.raises(StrataUsageError, match=re.escape(text)):
                 m.moe_prefill_int8_dispatch(*args)

@@ -89,7 +89,8 @@ def _report(plan: tvkit.Plan, seconds: float, masked: bool | None) -> None:
     line = (f"translation validation: world {plan.world}{part}: {len(plan.instances)} instances of "
             f"{sum(len(c) for _, c in plan.files)} schedules in {seconds:.1f} s (proofs, builds and "
             f"simulation {plan.seconds:.1f} s); {len(plan.empty)} "
-            "instances with an empty tensor not run")
+            f"instances with an empty tensor not run; {len(plan.unpadded)} with int8 window rows "
+            "not whole 32-byte blocks (refused by the call) not run")
     print(line)
     log = os.environ.get("STRATAC_TV_LOG")   # the instance counts, for a report
     if log:

@@ -88,6 +88,10 @@ class Plan:
     # boundary): a call cannot be made with one, since torch gives an empty tensor no address
     # (data_ptr() is 0), so comm.empty's tensor is refused as off the heap. Counted, not run.
     empty: list[str] = field(default_factory=list)
+    # instances whose int8 window rows (place's destination) are not whole 32-byte blocks: a call
+    # refuses them before launch (several ranks would write one block of a peer window; docs/npu.md,
+    # "Peer window rows"; tests/e2e/test_moe_int8.py provokes the refusal). Counted, not run.
+    unpadded: list[str] = field(default_factory=list)
     seconds: float = 0.0   # how long making the plan took
 
 
@@ -232,6 +236,9 @@ def plan(world: int, paths: list[Path], options: passes.Options | None = None,
                                                                    f"{active}/{j}".encode()))
                 if any(inst.buffer_sizes[p.name] == 0 for p in s.tensors):
                     out.empty.append(f"{path.name}: {s.name} ({context(inst)})")
+                    continue
+                if passes.window_row_faults(s, ir.DType.F32, {"world": world, **sizes}):
+                    out.unpadded.append(f"{path.name}: {s.name} ({context(inst)})")
                     continue
                 dtypes = {p.name: (p.dtype or ir.DType.F32).torch_name for p in s.params}
                 scalars = {x.name: sizes[x.name] for x in s.rank_params}

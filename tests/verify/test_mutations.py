@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from stratac import verify
+from stratac import ir, verify
 from stratac.diagnostics import Severity, Source, StrataError
 from stratac.lang import frontend
 from stratac.tools.run import runner
@@ -281,6 +281,12 @@ MOE_CASES = [
     runner.Case("bf16", tokens=1, hidden=33, topk=2, routing="empty"),
     runner.Case("f32", tokens=29, hidden=7, topk=4, routing="sparse"),
 ]
+# the int8 dispatches' windows take rows of whole 32-byte blocks only (a call refuses hidden 33)
+INT8_CASES = [
+    runner.Case("bf16", tokens=37, hidden=96, topk=3, routing="skewed"),
+    runner.Case("f32", tokens=29, hidden=32, topk=4, routing="sparse"),
+    runner.Case("bf16", tokens=1, hidden=64, topk=2, routing="empty"),
+]
 
 FINE = ("OK", "REFUSED", "REJECTED")   # a run outcome of an accepted mutant that is no bug
 
@@ -298,7 +304,8 @@ def run_mutant(source: str, name: str, world: int, tmp: Path, timeout: float = 3
     try:
         scheds = frontend.schedules(Source(str(path), source))
         moe = any(s.contract.kind.moe for s in scheds)
-        cases = MOE_CASES if moe else collective_cases(world)
+        int8 = any(b.dtype is ir.DType.I8 for s in scheds for b in s.params)
+        cases = (INT8_CASES if int8 else MOE_CASES) if moe else collective_cases(world)
         out = runner.run(runner.RunSpec(file=str(path), world=world, cases=cases, iters=1, warmup=0,
                                         cores=4, timeout=timeout), echo=lambda line: None)
     except StrataError as exc:
