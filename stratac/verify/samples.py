@@ -22,7 +22,7 @@ import numpy as np
 from stratac import ir
 from stratac.diagnostics import Codes, StrataError, error
 from stratac.ir.instantiate import Instance
-from stratac.ir.passes import SOCS
+from stratac.ir.passes import SOCS, window_row_faults
 from stratac.verify import routing as routing_mod
 
 # The largest world the verifier is meant for: CloudMatrix384's 384 NPUs. Its time and memory grow
@@ -366,7 +366,10 @@ def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
     for sym, v in size_boundaries(s, world, dict(mid)):
         role = role_of.get(sym)
         if role == "tokens":
-            samples.append(_moe_sample(s, world, role_of, "uniform", tokens=v))
+            # every sample routing: under one alone a wrong arm can place what the right one
+            # does (at world 1, uniform routing makes every token pick every expert)
+            for routing in routing_mod.ROUTINGS:
+                samples.append(_moe_sample(s, world, role_of, routing, tokens=v))
         elif role == "topk" and 1 <= v <= experts:
             samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, topk=v))
         elif role == "hidden" and v >= 1:
@@ -419,6 +422,11 @@ def _moe_sample(s: ir.Schedule, world: int, role_of: dict[str, str], routing: st
              "bound": world * tokens * topk if bound is None else bound}
     sample = Sample({sym: value.get(role_of.get(sym, ""), world * tokens * topk) for sym in s.sizes})
     sample.routing = routing
+    hid = next((sym for sym, role in role_of.items() if role == "hidden"), None)
+    if hid is not None and window_row_faults(s, ir.DType.F32, {"world": world, **sample}):
+        # an int8 window whose rows are not whole 32-byte blocks is refused at every call
+        # (passes.window_row_faults): check the least hidden at or above this one that a call takes
+        sample[hid] = ir.padded_row(sample[hid], ir.DType.I8)
     if capacity is None and "capacity" in role_of.values():
         need = _need(s, world, sample, routing)
         if 0 < need < tokens:

@@ -366,7 +366,13 @@ def expected(s: ir.Schedule, env0: dict) -> list[str]:
         else:
             log.append(f"W {ev(bases[op.flag], env) + ev(op.index, env)} {epoch + ev(seqs[op.flag], env)}")
 
-    walk(s.body, env0, do_top)
+    # the ranks' agreement (strata::Agree) comes first, at the first stamp; it takes the place of
+    # a world barrier that begins the kernel (codegen.emit._agreement)
+    log.append(f"G {epoch}")
+    body = s.body
+    if body and isinstance(body[0], ir.Barrier) and body[0].team is None:
+        body = body[1:]
+    walk(body, env0, do_top)
     return log
 
 
@@ -417,6 +423,9 @@ struct Mover {
   void Fold(Ref src, uint32_t m, bool) { std::printf("F %lld %lld %lld\n", L(src.p - g_x), L(src.pe), L(m)); }
   void Store(Ref dst, uint32_t m) { std::printf("T %lld %lld %lld\n", L(dst.p - g_x), L(dst.pe), L(m)); }
 };
+constexpr uint64_t kAllRanks = ~0ull;
+template <typename T>
+inline bool Agree(Mover<T>&, int32_t*, int32_t epoch, uint64_t) { std::printf("G %d\n", epoch); return true; }
 template <typename T> inline void EndStage(Mover<T>&) { std::printf("E\n"); }
 template <typename T> inline void PostStage(Mover<T>&) { std::printf("E\n"); }
 template <typename T> inline void Await(Mover<T>&) {}

@@ -23,16 +23,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import tvkit  # noqa: E402
 
-# (file, world) pairs that disagree with their proof until a fix elsewhere lands: each is left out
-# of the world's run and checked alone by test_known_disagreement_until_fixed, a strict xfail.
-# Once the fix is merged that test XPASSes, which fails the suite: delete the entry then.
-KNOWN_FAILING = {
-    # a hole of the verifier's samples, not of the kernel: at world 1 the only routing sampled for
-    # 127..130 tokens is `uniform`, where each token picks both experts, so the wrong arm's fixed
-    # slots equal the exact offsets and `check` accepts; the call's own proof (several routings)
-    # refuses the instance, and nothing runs (issue 23, item 5: smaller holes of the samples)
-    ("sample_moe_token_branch.strata", 1): "check accepts at world 1, the call's proof refuses",
-}
 
 
 def validate(world: int, paths: list[Path], tmp_path: Path,
@@ -80,8 +70,9 @@ def validate(world: int, paths: list[Path], tmp_path: Path,
 
 
 def _paths(world: int) -> list[Path]:
-    skip = {f for f, w in KNOWN_FAILING if w == world}
-    return [p for p in tvkit.EXAMPLES + tvkit.CORPUS if p.name not in skip]
+    # every file, none left out: a disagreement found is fixed (or, while its fix is elsewhere, a
+    # strict xfail naming its issue)
+    return tvkit.EXAMPLES + tvkit.CORPUS
 
 
 def _report(plan: tvkit.Plan, seconds: float, masked: bool | None) -> None:
@@ -89,8 +80,7 @@ def _report(plan: tvkit.Plan, seconds: float, masked: bool | None) -> None:
     line = (f"translation validation: world {plan.world}{part}: {len(plan.instances)} instances of "
             f"{sum(len(c) for _, c in plan.files)} schedules in {seconds:.1f} s (proofs, builds and "
             f"simulation {plan.seconds:.1f} s); {len(plan.empty)} "
-            f"instances with an empty tensor not run; {len(plan.unpadded)} with int8 window rows "
-            "not whole 32-byte blocks (refused by the call) not run")
+            "instances with an empty tensor not run")
     print(line)
     log = os.environ.get("STRATAC_TV_LOG")   # the instance counts, for a report
     if log:
@@ -112,18 +102,3 @@ def test_every_accepted_schedule_runs_as_its_proof(world, masked, tmp_path):
     assert plan.instances
     assert not problems, f"{len(problems)} disagreements with the proof at world {world}:\n" + \
         "\n".join(problems[:40])
-
-
-# each known disagreement at the least world it is listed for (the others cost minutes, not news)
-_KNOWN = sorted({f: w for (f, w) in sorted(KNOWN_FAILING, key=lambda k: -k[1])}.items())
-
-
-@pytest.mark.parametrize("name, world", [pytest.param(
-    f, w, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_FAILING[(f, w)])]
-    + ([pytest.mark.slow] if w > 4 else [])) for f, w in _KNOWN])
-def test_known_disagreement_until_fixed(name, world, tmp_path):
-    """Fails while the disagreement lasts; passes (XPASS, which fails the suite) once the fix is in,
-    or once the verifier no longer accepts the file there (then nothing runs)."""
-    problems, _, _ = validate(world, [p for p in tvkit.CORPUS + tvkit.EXAMPLES if p.name == name],
-                              tmp_path)
-    assert not problems, "\n".join(problems[:10])

@@ -285,7 +285,7 @@ def test_moe_samples_on_both_sides_of_a_token_condition():
     s = one(PREFILL_COMBINE.format(cond="tokens > 128"))
     got = verify.default_samples(s, 2)
     assert [(x["tokens"], x.routing) for x in got] == list(samples.MOE_SAMPLES) + [
-        (t, "uniform") for t in (127, 128, 129, 130)]
+        (t, r) for t in (127, 128, 129, 130) for r in ("uniform", "skewed", "single", "empty", "sparse")]
     assert all(x["experts"] == 4 and x["topk"] == 2 and x["hidden"] == 3 for x in got)
 
 
@@ -302,3 +302,19 @@ def test_moe_large_worlds_keep_the_one_token_sample():
     assert [(x["tokens"], x.routing) for x in got] == [(1, "uniform")]
     assert got[0]["experts"] == 384
 
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_int8_window_samples_take_whole_32_byte_rows(world):
+    """A call refuses an int8 `place` window whose rows are not whole 32-byte blocks (issue 23,
+    item 6), so the samples of such a dispatch check hidden = 32 where others check 3; a float
+    window and the combine (which gathers, placing nothing) keep the default of 3."""
+    def hiddens(path, name):
+        for s in frontend.schedules(Source(str(path), path.read_text())):
+            if s.name == name:
+                return {x["hidden"] for x in samples.default_samples(s, world)}
+        raise AssertionError(name)
+    int8 = ROOT / "examples" / "moe_prefill_int8.strata"
+    assert hiddens(int8, "moe_prefill_int8_dispatch") == {32}
+    assert hiddens(int8, "moe_prefill_int8_combine") == {samples.MOE_HIDDEN} == {3}
+    assert hiddens(ROOT / "examples" / "moe_prefill.strata", "moe_prefill_dispatch") == {3}
