@@ -20,7 +20,8 @@ The numbers (`encode`):
   counts one twice is larger, and one taking a contribution from a wrong index differs by the
   difference of two distinct numbers. Every sum of up to SUMMANDS of them, and every product with a
   weight (a MoE combine's only), stays below what the type holds exactly (EXACT: 2^24 for float32), whatever order the
-  kernel adds in; under a fixed max or min, below EXACT itself.
+  kernel adds in; under a fixed max or min, or where the contract only moves numbers (no
+  reduction, no weights), below EXACT itself.
 * a MoE combine's weights: integers in [1, WEIGHT_MAX], the topk weights of one token distinct
   (a token's rows taken with each other's weights differ).
 * an int8 buffer (a quantised payload, only ever moved): integers in [-127, 127].
@@ -175,8 +176,12 @@ def encode(inst, rng: np.random.Generator) -> dict[tuple[int, str], np.ndarray]:
             out[(r, b)] = rng.integers(-127, 128, n).astype(np.int64)
         else:
             groups.setdefault(d, []).append((r, b))
-    # a fixed max or min only picks numbers: each needs only to be exact, not its sums
-    picks = isinstance(c.op, ir.ReduceOp) and c.op is not ir.ReduceOp.SUM
+    # a fixed max or min only picks numbers, and a contract without a reduction (a copy: AllGather,
+    # AllToAll, Broadcast, a MoE dispatch) only moves them: each number needs only to be exact. A
+    # kernel that adds where the proof copies still differs: a sum of two distinct positive numbers
+    # below EXACT is either exact (and larger than both) or at least EXACT (above every number)
+    picks = (c.op is None and weights is None) or (
+        isinstance(c.op, ir.ReduceOp) and c.op is not ir.ReduceOp.SUM)
     for d, ks in groups.items():
         limit = EXACT[d] // (1 if picks else SUMMANDS * (WEIGHT_MAX if weights else 1))
         total = sum(inst.buffer_sizes[b] for _, b in ks)

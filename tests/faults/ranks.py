@@ -471,6 +471,10 @@ def wait_timeout(name: str, rank: int, world: int, timeout: float) -> float:
 
 
 def main(scenarios: str, rank: int, world: int, store_path: str, timeout: float, arg: str) -> int:
+    # a rank under torchrun gets Python's own SIGINT handler; a test run started in the background
+    # of a non-interactive shell would hand its children SIGINT ignored (POSIX), and then no
+    # program, with or without stratac, sees a KeyboardInterrupt (the signal scenarios)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     store = dist.FileStore(store_path, world)
     STORE[:] = [store]
     status = 0

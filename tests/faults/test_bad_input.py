@@ -168,6 +168,6 @@ def test_a_bad_timeout_is_refused(timeout):
 
 
 def test_heap_exhaustion_is_refused_with_the_numbers(comm):
-    with pytest.raises(errors.StrataRuntimeError, match=r"symmetric heap exhausted: aclshmem_malloc\(\d+\): "
+    with pytest.raises(errors.StrataRuntimeError, match=r"symmetric heap exhausted: aclshmem_align\(\d+\): "
                        r"symmetric heap exhausted: request of \d+ bytes"):
         comm.empty(1 << 30)

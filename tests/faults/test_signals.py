@@ -83,7 +83,8 @@ def test_sigterm_reaches_the_programs_own_handler_promptly(ranks):
 
 
 IDLE = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)   # as in ranks.main: Python's own, inherited or not
 from stratac.host.comm import Communicator, _segment_name, unlink_segment
 name = _segment_name()
 comm = Communicator(0, 1, segment=name, create=True, heap_bytes=1 << 20)

@@ -39,9 +39,11 @@ schedule fz(x: sym T[n], op: redop) implements allreduce(x, op) {{
 }}
 """
 
+# (The fuzzer's third form, each step sending the next chunk, `(c + 1) % (1 + n / 4096)`, is a
+# permutation of the chunks: every chunk is still sent, so it is correct and is not listed; the
+# verifier proves it at the trip counts 1, 2 and 3.)
 WRONG_CHUNKS = {
     "every step sends chunk 0": CHUNKED.format(hi="1 + n / 4096", idx="c * 0"),
-    "every step sends the next chunk": CHUNKED.format(hi="1 + n / 4096", idx="(c + 1) % (1 + n / 4096)"),
     "half the steps": CHUNKED.format(hi="1 + n / 8192", idx="c"),
 }
 
@@ -57,6 +59,8 @@ def first_error(text: str, worlds=(1, 2, 3, 4)):
 def test_the_chunked_schedule_itself_is_verified():
     """The right form of the family verifies (so the cases below differ from it by their mistake)."""
     assert first_error(CHUNKED.format(hi="1 + n / 4096", idx="c")) is None
+    # each step sending the next chunk still sends every chunk once: correct, and proven
+    assert first_error(CHUNKED.format(hi="1 + n / 4096", idx="(c + 1) % (1 + n / 4096)")) is None
 
 
 @pytest.mark.parametrize("why", sorted(WRONG_CHUNKS))
