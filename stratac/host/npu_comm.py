@@ -411,6 +411,14 @@ class NpuCommunicator:
         self._check_open()
         options = options or passes.Options(soc=self.soc() or passes.DEFAULT_SOC)
         options.check()
+        if options.agreement and not getattr(self, "_agreement_warned", False):
+            # the kernels' strata::Agree compares records this host does not write yet: say so
+            self._agreement_warned = True
+            warnings.warn("stratac on the NPU: the ranks' agreement on each call is not active (the "
+                          "NPU host does not write the call records yet; docs/robustness.md, 'Ranks "
+                          "that make different calls'): ranks that call with different arguments "
+                          "are not refused here as they are on the CPU build", RuntimeWarning,
+                          stacklevel=2)
         here = self.soc()
         if here is not None and here != options.soc:
             raise StrataUsageError(f"this NPU is {here}; the schedules were asked for "

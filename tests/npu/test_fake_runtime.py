@@ -263,3 +263,16 @@ def test_an_sdma_schedule_is_refused_on_a_communicator_without_the_sdma_engine(r
     comm, _ = make(rt)                                                       # mte + sdma: loads
     comm.load(str(ROOT / "examples" / "allgather_push.strata"))
     comm.close()
+
+
+def test_load_says_the_ranks_agreement_is_not_active_on_the_npu(rt):
+    """The NPU host writes no agreement records (docs/robustness.md), so the kernels' strata::Agree
+    cannot refuse ranks that disagree: load says so at run time, once per communicator."""
+    import warnings
+    comm, _ = make(rt)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        comm.load(str(ROOT / "examples" / "allreduce_oneshot.strata"))
+        comm.load(str(ROOT / "examples" / "allreduce_oneshot.strata"))
+    said = [w for w in seen if "agreement on each call is not active" in str(w.message)]
+    assert len(said) == 1 and said[0].category is RuntimeWarning, [str(w.message) for w in seen]
