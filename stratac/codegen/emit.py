@@ -12,6 +12,7 @@ call of the device library) enters an expression as a `_cpp` term, which binds l
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import ChainMap
@@ -36,7 +37,10 @@ class Output:
     files: dict[str, str]          # file name -> text
 
 
+@functools.lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
+    """One environment per process: jinja2 compiles a template once per environment (a fresh one
+    per schedule spent a quarter of a second of every compile on parsing the templates again)."""
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(resource_dir("templates"))),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
