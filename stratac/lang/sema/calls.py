@@ -1,0 +1,139 @@
+"""Composition: `call NAME(args) on TEAM`, the callee's body inlined into the caller.
+
+In: an ast.CallStmt at the top of a schedule; the callee's IR and syntax tree come from the scope's
+`resolve` (the package's `lower` refuses unknown callees and recursion). Out: the inlined IR nodes
+(ir.inline), the callee's flags added to the scope (renamed with the call's prefix) and an
+ir.CallSite appended to `calls`; the arguments' kinds, types and symmetry are checked against the
+callee's parameters, and what the inliner does not handle yet is refused (`callee_fits`).
+"""
+
+from __future__ import annotations
+
+from stratac import ir
+from stratac.diagnostics import Codes, Note
+from stratac.ir.inline import inline as ir_inline
+from stratac.lang import ast
+from stratac.lang.sema.scope import Scope, _text
+
+
+class Calls(Scope):
+    # ---- composition
+    def call(self, st: ast.CallStmt, top: bool, engine) -> tuple:
+        """call callee(args) on team: the callee's body inlined (ir.inline), after checking that
+        the callee exists, is not the caller or its caller, fits the inliner and takes these
+        arguments."""
+        if not top or engine is not None:
+            self.err(Codes.CALL, "a call is a statement at the top of a schedule (outside stages, "
+                     "loops and ifs)", st.span)
+            return ()
+        team = None
+        if st.team != "world":
+            team = self.team_of(st.team, st.team_span)
+            if team is None:
+                return ()
+        got = self.resolve(st.callee) if self.resolve else f"{st.callee!r} cannot be called here"
+        if isinstance(got, str):
+            self.err(Codes.CALL, got, st.callee_span)
+            return ()
+        callee, tree = got
+        if not self.callee_fits(callee, st):
+            return ()
+        signature = ", ".join(f"{p.name}: {p.dtype}" + (f"[{', '.join(_text(d.span) for d in p.dims)}]"
+                                                         if p.dims else "") for p in tree.params)
+        note = Note(f"{callee.name}({signature}) is defined here", tree.name_span)
+        if len(st.args) != len(tree.params):
+            self.err(Codes.CALL, f"{callee.name} takes {len(tree.params)} argument(s), "
+                     f"{len(st.args)} given", st.span, note)
+            return ()
+        reported = len(self.diags)
+        bind: dict[str, ir.Region] = {}
+        ops: dict[str, ir.Op] = {}
+        typevar: dict[str, tuple[str, str]] = {}   # the callee's type variable -> (type, argument)
+        for p, a in zip(tree.params, st.args):
+            scalar = next((x for x in callee.scalars if x.name == p.name), None)
+            if scalar is not None:    # a redop (callee_fits refused rank parameters)
+                name = a.name if isinstance(a, ast.RedopArg) else (
+                    a.name if a.selector is None and a.rank is None else None)
+                op = None
+                if name is not None and (isinstance(a, ast.RedopArg) or (
+                        name in self.scalars and self.scalars[name].kind is ir.ScalarKind.REDOP)):
+                    op = self.op(name, a.span)
+                if op is None:
+                    self.err(Codes.BAD_TYPE, f"{p.name} of {callee.name} is a redop: pass sum, max, min "
+                             "or a redop parameter", a.span, note)
+                    continue
+                ops[p.name] = op
+                continue
+            if isinstance(a, ast.RedopArg) or (a.selector is None and a.name in self.scalars):
+                self.err(Codes.BAD_TYPE, f"{p.name} of {callee.name} is a buffer: pass a region of one "
+                         f"(x, part[i], x[lo:hi]), not {a.name}", a.span, note)
+                continue
+            if a.rank is not None:
+                self.err(Codes.CALL, f"pass the running rank's region (drop the @): {callee.name} "
+                         "reaches the other members' own", a.span)
+                continue
+            got = self.region(a, (), "argument")
+            if got is None:
+                continue
+            region, buf = got
+            want = callee.param(p.name)
+            if want.typevar is not None:
+                seen = typevar.setdefault(want.typevar, (buf.type_text, a.name))
+                if seen[0] != buf.type_text and buf.name not in self.bad_types:
+                    self.err(Codes.BAD_TYPE, f"{callee.name} takes {p.name} of its type {want.typevar}, "
+                             f"which {seen[1]} made {seen[0]}, but {buf.name} holds {buf.type_text}",
+                             a.span, note)
+            elif want.type_text != buf.type_text and buf.name not in self.bad_types:
+                self.err(Codes.BAD_TYPE, f"{callee.name} takes {p.name} of {want.type_text}, but "
+                         f"{buf.name} holds {buf.type_text}", a.span, note)
+            if want.symmetric and not buf.symmetric:
+                self.err(Codes.NOT_SYMMETRIC, f"{callee.name} reaches {p.name} on other ranks: "
+                         f"{buf.name} must be symmetric (`{buf.name}: sym ...`)", a.span,
+                         Note(f"{buf.name} is declared here", buf.span))
+            bind[p.name] = region
+        if len(self.diags) > reported:
+            return ()
+        prefix = f"c{len(self.calls) + 1}_"
+        body, flags, requires, self.stage_count = ir_inline(callee, team, bind, ops, prefix,
+                                                            self.stage_count)
+        fixed = self.fixed_names()
+        for f in flags:
+            if self.taken(f.name):
+                self.err(Codes.DUPLICATE_NAME, f"the flag {f.name} of this call (flag "
+                         f"{f.name[len(prefix):]} of {callee.name}) is already defined: rename yours",
+                         st.span)
+            elif f.size.names() - fixed:
+                self.err(Codes.CALL, f"flag {f.name[len(prefix):]} of {callee.name} would have "
+                         f"{ir.bare(f.size)} slots, which depends on "
+                         f"{', '.join(sorted(f.size.names() - fixed))}: every rank must agree on a "
+                         "flag's size (pass a region whose length is an expression of world and sizes)",
+                         st.span, Note("the flag is declared here", f.span))
+            else:
+                self.flags[f.name] = f
+        args = ", ".join(_text(a.span) for a in st.args)
+        self.calls.append(ir.CallSite(callee.name, None if team is None else team.name, args,
+                                      st.span, 0, 0, prefix, requires))
+        return body
+
+    def callee_fits(self, callee: ir.Schedule, st: ast.CallStmt) -> bool:
+        """What the inliner does not handle yet is refused with E0109 (dsl/README.md, Composition)."""
+        why = None
+        if callee.contract.kind.moe:
+            why = f"it is a {callee.contract.kind.value} (routing)"
+        elif callee.teams:
+            why = f"it declares teams ({', '.join(t.name for t in callee.teams)})"
+        elif callee.scratch:
+            why = f"it declares scratch buffers ({', '.join(p.name for p in callee.scratch)})"
+        elif callee.rank_params:
+            why = f"it takes a rank parameter ({callee.rank_params[0].name})"
+        else:
+            syms = [p.size.name for p in callee.tensors if isinstance(p.size, ir.Var) and not p.shape]
+            if len(syms) != len(callee.tensors) or len(set(syms)) != len(syms):
+                why = ("its buffers are not each sized by a size symbol of their own (x: T[n], "
+                       "y: T[m])")
+        if why is None:
+            return True
+        self.err(Codes.CALL, f"{callee.name} cannot be called yet: {why}; calls inline schedules of "
+                 "1-D buffers sized n, redop parameters, flags, barriers, loops and stages",
+                 st.callee_span, Note(f"{callee.name} is defined here", callee.span))
+        return False

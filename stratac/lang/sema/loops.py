@@ -1,0 +1,111 @@
+"""Loops and teams: loops over ranks and peers, step loops (`for s in lo .. hi`), loops over a team's
+members (`for p in node.ranks|peers`), and team declarations (`team node = block(T)`, stride(T),
+across(team)).
+
+In: ast.For and ast.TeamDecl, with the loop variables and the engine around them. Out: ir.Loop
+(a team loop is a step loop over the members' places) and the teams recorded in the scope; every
+iteration of a step loop must pass the same number of barriers on every rank (`step_loop`).
+"""
+
+from __future__ import annotations
+
+from stratac import ir
+from stratac.diagnostics import Codes
+from stratac.ir import passes
+from stratac.lang import ast
+from stratac.lang.sema.scope import Scope
+
+
+class Loops(Scope):
+    def loop(self, st: ast.For, loop_vars, engine):
+        if st.var in loop_vars or self.taken(st.var) or st.var in self.sizes:
+            self.err(Codes.DUPLICATE_NAME, f"loop variable {st.var!r} shadows another name",
+                     st.var_span)
+            return None
+        self.loop_vars_seen.add(st.var)
+        if st.domain == "range":
+            env = self.env(loop_vars)
+            lo = ir.simplify(self.expr(st.lo, env, "a loop bound"))
+            hi = ir.simplify(self.expr(st.hi, env, "a loop bound"))
+            self.step_vars.add(st.var)
+            self.loop_bounds.append((lo, hi, st.span))
+            body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
+            self.loop_bounds.pop()
+            self.step_vars.discard(st.var)
+            return self.step_loop(ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, hi))
+        if st.team is not None:
+            return self.team_loop(st, loop_vars, engine)
+        body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
+        return ir.Loop(st.var, ir.Domain(st.domain), tuple(body), st.span)
+
+    def team_loop(self, st: ast.For, loop_vars, engine):
+        """for p in node.ranks|peers: a step loop over the members' places i (0 .. node.size), with
+        p standing for node[i] in the body (and node.peers leaving out i == node.rank)."""
+        team = self.team_of(st.team, st.span)
+        if team is None:
+            return None
+        index = ir.Var(st.var)
+        outer = dict(self.lets)
+        self.lets[st.var] = team.member(index)   # the body's p is the member's rank
+        self.step_vars.add(st.var)
+        self.loop_bounds.append((ir.Const(0), team.size, st.span))
+        body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
+        self.loop_bounds.pop()
+        self.step_vars.discard(st.var)
+        self.lets = outer
+        body = tuple(body)
+        if st.domain == "peers":
+            body = (ir.If(ir.Bin(ir.BinKind.NE, index, team.index), body, (), st.span),)
+        return self.step_loop(ir.Loop(st.var, ir.Domain.RANGE, body, st.span, ir.Const(0), team.size))
+
+    def step_loop(self, loop: ir.Loop) -> ir.Loop:
+        """A step loop whose iterations pass barriers: each iteration of each rank passes the same
+        number (the flag stamps count on it, passes.step_barriers), an expression of world, sizes
+        and rank parameters."""
+        per = passes.step_barriers(loop)
+        moving = per.names() - self.fixed_names()
+        if moving:
+            self.err(Codes.BAD_REF, f"the iterations of this step loop pass {ir.bare(per)} barriers, "
+                     f"which depends on {', '.join(sorted(moving))}: every iteration of every rank "
+                     "must pass the same number (give both arms of an `if` in it the same barriers)",
+                     loop.span)
+        return loop
+
+    def team_decl(self, st: ast.TeamDecl, top: bool) -> None:
+        if not top:
+            self.err(Codes.BAD_REF, "teams are declared at the top of a schedule", st.span)
+            return
+        if self.taken(st.name) or st.name in self.sizes:
+            self.err(Codes.DUPLICATE_NAME, f"{st.name!r} is already defined", st.name_span)
+            return
+        if st.kind == "across":
+            if not isinstance(st.arg, ast.Name):
+                self.err(Codes.BAD_REF, "across takes a team: `team lane = across(node)`", st.arg.span)
+                return
+            of = self.team_of(st.arg.id, st.arg.span)
+            if of is None:
+                return
+            if of.kind != "block":
+                self.err(Codes.BAD_REF, f"across(team) takes a block team; {of.name} is "
+                         f"{of.kind}({ir.bare(of.t)})", st.arg.span)
+                return
+            self.teams[st.name] = ir.Team(st.name, "stride", of.t, st.span)
+            return
+        if st.kind not in ("block", "stride"):
+            self.err(Codes.UNKNOWN_NAME, f"unknown kind of team {st.kind!r}: block(T) (consecutive "
+                     "ranks), stride(T) (ranks T apart) or across(team)", st.kind_span)
+            return
+        reported = len(self.diags)
+        size = ir.simplify(self.expr(st.arg, self.env(), "a team's size (an expression of world)"))
+        if len(self.diags) > reported:
+            return
+        if size.names() - {"world"}:
+            self.err(Codes.BAD_REF, f"a team's size is an expression of world alone (every rank must "
+                     f"agree on it); this one uses {', '.join(sorted(size.names() - {'world'}))}",
+                     st.arg.span)
+            return
+        if isinstance(size, ir.Const) and size.value < 1:
+            self.err(Codes.BAD_WORLD, f"a team has at least one rank; this one would have "
+                     f"{size.value}", st.arg.span)
+            return
+        self.teams[st.name] = ir.Team(st.name, st.kind, size, st.span)
