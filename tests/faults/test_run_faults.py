@@ -4,7 +4,6 @@ left in /dev/shm, and the next run works."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -21,17 +20,12 @@ from stratac.tools.run import runner, worker
 AR = ROOT / "examples" / "allreduce_twoshot.strata"
 
 
-def _workers(parent: int) -> dict[int, int]:
-    """rank -> pid of the `stratac run` rank processes below `parent`."""
-    out = {}
-    for pid in descendants(parent):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"stratac.tools.run.worker" in argv:
-            out[json.loads(argv[argv.index(b"stratac.tools.run.worker") + 1])["rank"]] = pid
+def _workers(parent: int, ready: Path, world: int) -> dict[int, int]:
+    """rank -> pid of the `stratac run` rank processes, as each wrote it to its ready file; every
+    one a process below `parent` (forked from the runner's server, stratac.tools.run.procs)."""
+    out = {r: int((ready / f"rank{r}").read_text()) for r in range(world)}
+    below = set(descendants(parent))
+    assert set(out.values()) <= below, (out, below)
     return out
 
 
@@ -43,9 +37,7 @@ def _wait_in_loop(parent: int, world: int, alive, ready: Path) -> dict[int, int]
     deadline = time.monotonic() + RUN_LIMIT
     while time.monotonic() < deadline and alive():
         if all((ready / f"rank{r}").exists() for r in range(world)):
-            workers = _workers(parent)
-            assert len(workers) == world, workers
-            return workers
+            return _workers(parent, ready, world)
         time.sleep(0.02)
     raise AssertionError("the ranks of stratac run did not reach their timed loops")
 

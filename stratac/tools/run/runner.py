@@ -15,8 +15,6 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -28,6 +26,8 @@ from stratac.diagnostics import Codes, StrataError, error
 from stratac.host import comm
 from stratac.ir import passes
 from stratac.lang.frontend import load_source
+from stratac.tools.run.procs import Rank
+from stratac.tools.run.procs import kill as kill_ranks
 from stratac.targets import cpu as build
 from stratac.tools.run.worker import RESULT_PREFIX
 
@@ -166,7 +166,7 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
     segment = comm._segment_name()
     outcome = RunOutcome()
     with tempfile.TemporaryDirectory(prefix="stratac-run-") as tmp:
-        procs: list[subprocess.Popen] = []
+        procs: list[Rank] = []
         logs = []
         env = dict(os.environ, OMP_NUM_THREADS="1")
         # the deadline covers start-up, the timed iterations and the checks of every schedule
@@ -186,13 +186,11 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
                     out = open(Path(tmp) / f"rank{r}.out", "w+", encoding="utf-8", errors="replace")
                     err = open(Path(tmp) / f"rank{r}.err", "w+", encoding="utf-8", errors="replace")
                     logs.append((out, err))
-                    procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "stratac.tools.run.worker", json.dumps(wspec)],
-                        stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                        preexec_fn=_rank_preexec))
+                    procs.append(Rank(["-m", "stratac.tools.run.worker", json.dumps(wspec)],
+                                      out, err, env))
                 stopped = _supervise(procs, time.monotonic() + limit, limit)
         finally:
-            _kill_all(procs)
+            kill_ranks(procs)
             comm.unlink_segment(segment)   # normally gone already: rank 0 removes it once all mapped
         ended = sorted(stopped, key=lambda r: (stopped[r][0], r))   # the first failure first
         for r, p in enumerate(procs):
@@ -264,28 +262,9 @@ def _supervise(procs, deadline: float, limit: float) -> dict[int, tuple[float, s
         if why:
             for r in running:
                 ended[r] = (now, why)
-            _kill_all(procs)
+            kill_ranks(procs)
             return ended
         time.sleep(0.02)
-
-
-def _rank_preexec() -> None:
-    """In a rank process before exec: a process group of its own (so that _kill_all reaches what it
-    started) but the runner's session, and _die_with_parent. Not a session of its own: with the
-    kernel's autogroup scheduling (sched_autogroup_enabled) every session is a scheduling group of
-    its own, and sched_yield never hands the CPU to another group, so a rank's yield could not let
-    a peer rank run (mpirun's ranks share its session too; docs/bench.md, "4 KiB on 4 ranks")."""
-    os.setpgid(0, 0)
-    _die_with_parent()
-
-
-def _die_with_parent() -> None:
-    """In a rank process before exec: SIGKILL it if the runner dies (Linux PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
-    except Exception:   # noqa: BLE001 - best effort; the overall deadline still applies
-        pass
 
 
 class _terminate_as_exit:
@@ -313,20 +292,6 @@ def _signame(n: int) -> str:
         return signal.Signals(n).name
     except ValueError:
         return f"signal {n}"
-
-
-def _kill_all(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _fmt_bytes(n: float) -> str:

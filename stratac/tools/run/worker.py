@@ -1,4 +1,5 @@
-"""One rank of `stratac run`: started by stratac.tools.run.runner as `python -m stratac.tools.run.worker SPEC`.
+"""One rank of `stratac run`: `python -m stratac.tools.run.worker SPEC`, as stratac.tools.run.runner
+runs it (forked from a server that imported torch once: stratac.tools.run.procs).
 
 Bootstraps torch.distributed (gloo) from the file store the runner made, builds a Communicator
 (the same public API users call), runs every schedule of the file on heap tensors, checks the
@@ -362,12 +363,15 @@ TEST_READY_ENV = "STRATAC_TEST_READY"
 
 def _test_ready(rank: int) -> None:
     """A test hook, nothing else (tests/README.md): with STRATAC_TEST_READY=DIR in the environment,
-    each rank creates the empty file DIR/rank<R> when it enters a timed loop, so that a fault test
-    can stop or kill a rank there (between kernel calls no host collective runs) instead of
-    guessing with a sleep."""
+    each rank writes its pid to the file DIR/rank<R> when it enters a timed loop, so that a fault
+    test can stop or kill a rank there (between kernel calls no host collective runs) instead of
+    guessing with a sleep. Written whole, then renamed into place: a file seen holds a whole pid."""
     folder = os.environ.get(TEST_READY_ENV)
     if folder:
-        open(os.path.join(folder, f"rank{rank}"), "a").close()
+        tmp = os.path.join(folder, f".rank{rank}.tmp")
+        with open(tmp, "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(tmp, os.path.join(folder, f"rank{rank}"))
 
 
 def _test_corrupt(tensors: dict, rank: int) -> None:
