@@ -1056,7 +1056,7 @@ for step, (carve, dirty) in enumerate([(65536, 0), (65536, 40960), (65536, 0)]):
 
 @pytest.mark.parametrize("how", range(9))
 def test_ub_written_by_any_path_is_refilled(driver, libstratacpu, how):
-    """A launch refills only the UB chunks written since the last refill (model.cpp g_ub_dirty), so
+    """A launch refills only the UB chunks written since the last refill (runtime/cpu/src/ub.cpp g_ub_dirty), so
     every way a kernel writes UB must be seen: Duplicate, DataCopy GM -> UB, Add, SetValue, a raw
     store through GetPhyAddr, Cast, operator(), DataCopyPad, DataCopy UB -> UB. The launch after the
     one that wrote finds 0xff everywhere."""

@@ -239,7 +239,7 @@ template <class T> class LocalTensor {
     return r;
   }
   // A raw UB pointer may be written through: the model marks the tensor's whole buffer from here
-  // on as written (the next launch refills it with 0xff; see model.cpp g_ub_dirty).
+  // on as written (the next launch refills it with 0xff; see runtime/cpu/src/ub.cpp g_ub_dirty).
   __ubuf__ T* GetPhyAddr() const {
     StrataWrote(0, cap_);
     return ptr_;
