@@ -26,7 +26,8 @@ def test_wheel_works_outside_the_checkout(tmp_path):
                      "stratac/runtime/device/strata_device.h", "stratac/runtime/cpu/include/kernel_operator.h",
                      "stratac/examples/moe_prefill_bounded.strata"):   # stratac.Buffer's schedules
         assert required in names, required
-    model = sorted(f"stratac/runtime/cpu/src/{f.name}" for f in (ROOT / "runtime" / "cpu" / "src").iterdir())
+    model = sorted(f"stratac/runtime/cpu/{d}/{f.name}" for d in ("src", "include")
+                   for f in (ROOT / "runtime" / "cpu" / d).iterdir())
     assert [m for m in model if m not in names] == [], "CPU model sources missing from the wheel"
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),

@@ -216,7 +216,7 @@ extern "C" __global__ __aicore__ void numeric_kernel(GM_ADDR in, GM_ADDR out, ui
   LocalTensor<float> tf = b_tmp.Get<float>();
   uint64_t o = 0;
   // output: f32->f16 [7][n] | f32->bf16 [7][n] | f32->i32 [7][n] | i32->f32 [7][n] | (unused) [7][n]
-  // Only the modes the A2/A3 Cast table gives each pair (kernel_operator.h); the rows of the other
+  // Only the modes the A2/A3 Cast table gives each pair (ascendc_cast.h); the rows of the other
   // modes stay zero, and int32 -> half (needs SetDeqScale) is not built at all.
   const auto directed = [](RoundMode m) { return m != RoundMode::CAST_NONE && m != RoundMode::CAST_ODD; };
   for (auto m : modes) { Cast(th, xs, m, n); Store(out, o, th, n); o += n * 2; }
@@ -290,7 +290,7 @@ enum FailCase {
   // SDMA queue, event ids, SHMEM's UB (runtime/cpu/src/)
   kSdmaRowPosts, kSdmaBigPost, kEventSetSet, kEventQueueCollision,
   kSignalAddDefaultUb, kEventAllocAvoidsQueue,
-  // UB 32-byte alignment of vector / Cast operands, GM element alignment of DataCopy (kernel_operator.h)
+  // UB 32-byte alignment of vector / Cast operands, GM element alignment of DataCopy (ascendc_data_copy.h)
   kAddUnaligned, kMulsUnaligned, kDupUnaligned, kCastUnaligned, kGmElemUnaligned,
   // int8 <-> half Cast (the legal A2/A3 pairs), then an out-of-range half refused
   kCastInt8,
