@@ -23,10 +23,12 @@ def test_wheel_works_outside_the_checkout(tmp_path):
     modules = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "stratac").rglob("*.py"))
     assert [m for m in modules if m not in names] == [], "modules missing from the wheel (pyproject packages)"
     for required in ("stratac/dsl/strata.lark", "stratac/templates/kernel.cpp.j2",
-                     "stratac/runtime/device/strata_device.h", "stratac/runtime/cpu/src/model.cpp",
-                     "stratac/runtime/cpu/include/kernel_operator.h",
+                     "stratac/runtime/device/strata_device.h", "stratac/runtime/cpu/include/kernel_operator.h",
                      "stratac/examples/moe_prefill_bounded.strata"):   # stratac.Buffer's schedules
         assert required in names, required
+    model = sorted(f"stratac/runtime/cpu/{d}/{f.name}" for d in ("src", "include")
+                   for f in (ROOT / "runtime" / "cpu" / d).iterdir())
+    assert [m for m in model if m not in names] == [], "CPU model sources missing from the wheel"
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
                     str(wheel)], check=True, capture_output=True, timeout=600)

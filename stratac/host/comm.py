@@ -113,8 +113,9 @@ class Communicator:
         atexit.register(self._leave)
         self._lib.strata_cpu_set_timeout(float(timeout))
         self.timeout = timeout
-        # SIGINT and SIGTERM stop a launch's waits (model.cpp: strata_cpu_watch_signals); watched
-        # again at a launch once the program has set another handler (signal.signal replaces ours)
+        # SIGINT and SIGTERM stop a launch's waits (runtime/cpu/src/host_signals.cpp:
+        # strata_cpu_watch_signals); watched again at a launch once the program has set another
+        # handler (signal.signal replaces ours)
         self._lib.strata_cpu_watch_signals(1)
         self._signals = _handlers()
         base = self._lib.strata_cpu_heap_base()

@@ -494,8 +494,8 @@ class Schedule:
             comm._lib.strata_cpu_describe_sync(prep.head[4], comm.world, prep.layout)
             comm._sync_owner = prep
         # the CPU model refuses launches of more blocks than the SoC the kernel was lowered for has
-        # (model.cpp LaunchBlocks): tell it which SoC that is when it changes (modules of one
-        # communicator may be compiled for different SoCs)
+        # (runtime/cpu/src/launch.cpp LaunchBlocks): tell it which SoC that is when it changes
+        # (modules of one communicator may be compiled for different SoCs)
         if comm._aiv_cores != self.max_cores:
             if comm._lib.strata_cpu_set_aiv_cores(self.max_cores) != 0:
                 raise StrataRuntimeError(f"{self.name}: {last_error(comm._lib, comm._ffi)}")
@@ -510,8 +510,9 @@ class Schedule:
             record = prep.records.get(bits) or self._record(prep, bits)
             comm.write_record(epoch & 1, call, record)
         rc = self._launch(*prep.head, epoch, *mask, *prep.tail)
-        # a SIGINT or SIGTERM during the launch stopped its waits (model.cpp OnHostSignal); Python's
-        # own handler has run by now (KeyboardInterrupt), unless the signal's action was the default
+        # a SIGINT or SIGTERM during the launch stopped its waits (runtime/cpu/src/host_signals.cpp
+        # OnHostSignal); Python's own handler has run by now (KeyboardInterrupt), unless the
+        # signal's action was the default
         held = comm._lib.strata_cpu_take_signal()
         if held:
             comm.end_on_signal(held, self.name)

@@ -110,7 +110,7 @@ def test_build_failure_from_a_real_compiler_on_a_broken_runtime_copy(tmp_path):
     for d in ("stratac", "dsl", "templates", "runtime"):
         shutil.copytree(ROOT / d, copy / d, ignore=skip)
     shutil.copy2(ROOT / "pyproject.toml", copy / "pyproject.toml")
-    model = copy / "runtime" / "cpu" / "src" / "model.cpp"
+    model = copy / "runtime" / "cpu" / "src" / "pool.cpp"
     model.write_text("#error strata-test: a broken copy of the CPU model\n" + model.read_text())
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(copy),
            "STRATAC_CACHE_DIR": str(tmp_path / "cache")}

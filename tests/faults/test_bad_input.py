@@ -77,7 +77,7 @@ def test_no_more_blocks_than_the_soc_it_was_compiled_for(comm):
     """A launch may use at most the vector cores of the SoC the kernel was lowered for (40 on
     Ascend910B3, 48 on Ascend910B1): the call refuses more, naming the SoC, before any launch; and
     the CPU model is told that count at every call, so that a launch the Python check did not see
-    (the launcher called directly) is refused by the model too (model.cpp LaunchBlocks)."""
+    (the launcher called directly) is refused by the model too (runtime/cpu/src/launch.cpp LaunchBlocks)."""
     x = comm.empty(64, dtype=torch.float32)
     x.copy_(torch.arange(64))
     b3 = comm.load(AR)                                              # default: Ascend910B3

@@ -1,6 +1,6 @@
 """SIGINT and SIGTERM to a rank blocked in a kernel wait (a peer that never arrives): the wait
 stops at its next poll, not at its timeout (60 s here), the rank ends as the signal says, the peer
-stops too, naming the signal, and no shared-memory segment is left (runtime/cpu/src/model.cpp
+stops too, naming the signal, and no shared-memory segment is left (runtime/cpu/src/host_signals.cpp
 OnHostSignal; docs/robustness.md, "Signals"). Real processes (tests/faults/ranks.py `signalled`):
 the test sends the signal once rank 1 has seen rank 0 announce its arrival at the kernel's first
 barrier, so the signal lands inside the launch, in the wait."""

@@ -9,7 +9,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 INCLUDE = REPO / "runtime" / "cpu" / "include"
-MODEL_SRC = REPO / "runtime" / "cpu" / "src" / "model.cpp"
+MODEL_SRCS = sorted((REPO / "runtime" / "cpu" / "src").glob("*.cpp"))   # one file per concept
 CPP_DIR = Path(__file__).resolve().parent / "cpp"
 
 
@@ -30,7 +30,7 @@ def build_dir(tmp_path_factory) -> Path:
 def libstratacpu(build_dir: Path) -> Path:
     """The model library, built with the documented command."""
     lib = build_dir / "libstratacpu.so"
-    _run(["g++", "-std=c++17", "-O2", "-fPIC", "-shared", str(MODEL_SRC), f"-I{INCLUDE}",
+    _run(["g++", "-std=c++17", "-O2", "-fPIC", "-shared", *map(str, MODEL_SRCS), f"-I{INCLUDE}",
           "-o", str(lib), "-pthread", "-lrt"])
     return lib
 

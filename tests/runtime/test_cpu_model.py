@@ -257,7 +257,7 @@ BF16_CASES = [
     (0x80000001, "CEIL", 0x8000),
     (0xBFC00000, "TRUNC", 0xBFC0),  # -1.5 exact
 ]
-# The RoundModes A2/A3 take per Cast pair (asc-devkit docs Cast.md; kernel_operator.h CastModes):
+# The RoundModes A2/A3 take per Cast pair (asc-devkit docs Cast.md; ascendc_cast.h CastModes):
 # the numeric kernel runs only these, and leaves the other rows zero.
 DIRECTED = ["RINT", "FLOOR", "CEIL", "ROUND", "TRUNC"]
 F32_TO_BF16 = F32_TO_I32 = DIRECTED
@@ -433,7 +433,7 @@ def test_int32_arithmetic_wraps(numeric):
 
 
 def test_bfloat16_type_is_two_trivially_copyable_bytes(numeric):
-    # The static_asserts in kernel_operator.h compiled; check the storage order via the round trip:
+    # The static_asserts in ascendc_types.h compiled; check the storage order via the round trip:
     # bf16 of 1.0 is 0x3F80 and decodes to exactly 1.0.
     inputs, res = numeric
     k = int(np.nonzero(inputs["xs"].view(np.uint32) == 0x3F800000)[0][0])
@@ -1056,7 +1056,7 @@ for step, (carve, dirty) in enumerate([(65536, 0), (65536, 40960), (65536, 0)]):
 
 @pytest.mark.parametrize("how", range(9))
 def test_ub_written_by_any_path_is_refilled(driver, libstratacpu, how):
-    """A launch refills only the UB chunks written since the last refill (model.cpp g_ub_dirty), so
+    """A launch refills only the UB chunks written since the last refill (runtime/cpu/src/ub.cpp g_ub_dirty), so
     every way a kernel writes UB must be seen: Duplicate, DataCopy GM -> UB, Add, SetValue, a raw
     store through GetPhyAddr, Cast, operator(), DataCopyPad, DataCopy UB -> UB. The launch after the
     one that wrote finds 0xff everywhere."""

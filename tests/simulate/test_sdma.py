@@ -24,7 +24,7 @@ def test_constants_match_the_kernel_and_the_cpu_model(cm384):
     dev = (ROOT / "runtime" / "device" / "strata_device.h").read_text()
     assert int(re.search(r"kSdmaSqeLimit = (\d+);", dev).group(1)) == SDMA_SQE_LIMIT
     assert re.search(r"kSdmaSqeBytes = 1 << 20;", dev) and cm384.sqe_bytes == MIB
-    model = (ROOT / "runtime" / "cpu" / "src" / "model.cpp").read_text()
+    model = (ROOT / "runtime" / "cpu" / "src" / "model_internal.h").read_text()
     assert float(re.search(r"kSdmaSqeCostUs = ([0-9.]+);", model).group(1)) == cm384.sqe_issue_us
 
 

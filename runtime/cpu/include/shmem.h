@@ -96,7 +96,7 @@ inline void aclshmemx_set_mte_config(uint64_t ub_offset, uint32_t ub_size, uint3
 // the element count. `buf`/`ub_size` is the UB scratch the hardware path needs (>= 64 bytes, a
 // multiple of 64). The copy is split into 1 MiB SQEs that complete out of line; the core's queue
 // holds at most STRATA_SDMA_SQ_DEPTH SQEs between quiets (a post past it fails), and the calling
-// core spends STRATA_CPU_SDMA_SQE_US (default 3 us) per SQE (model.cpp: kSdmaSqeCostUs).
+// core spends STRATA_CPU_SDMA_SQE_US (default 3 us) per SQE (runtime/cpu/src/model_internal.h: kSdmaSqeCostUs).
 // aclshmemx_sdma_quiet waits for every SQE; where the NPU gives up silently after 10^6 polls
 // (shmem_device_sdma.hpp:313-337), the model fails at the wait deadline. The model always has the
 // SDMA engine; on the NPU SHMEM must be initialised with ACLSHMEM_DATA_OP_SDMA (docs/npu.md).

@@ -167,7 +167,7 @@ void SetCurrentPipe(void* pipe);
 void SyncAllCores(bool aiv_only);
 void Fence();
 void PollHint(const char* op);          // fence + abort check + occasional yield (DCCI)
-// The core's scalar data cache (GlobalTensor::GetValue/SetValue; model.cpp: g_dcache): a load of a
+// The core's scalar data cache (GlobalTensor::GetValue/SetValue; runtime/cpu/src/dcache.cpp: g_dcache): a load of a
 // cached line whose memory changed since it was cached fails (stale read); a store marks the line
 // dirty and fails when another core of the rank scalar-wrote the line in this launch;
 // DataCacheCleanInvalidate writes back and forgets the line of p (or every line: `entire`), and

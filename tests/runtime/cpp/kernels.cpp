@@ -216,7 +216,7 @@ extern "C" __global__ __aicore__ void numeric_kernel(GM_ADDR in, GM_ADDR out, ui
   LocalTensor<float> tf = b_tmp.Get<float>();
   uint64_t o = 0;
   // output: f32->f16 [7][n] | f32->bf16 [7][n] | f32->i32 [7][n] | i32->f32 [7][n] | (unused) [7][n]
-  // Only the modes the A2/A3 Cast table gives each pair (kernel_operator.h); the rows of the other
+  // Only the modes the A2/A3 Cast table gives each pair (ascendc_cast.h); the rows of the other
   // modes stay zero, and int32 -> half (needs SetDeqScale) is not built at all.
   const auto directed = [](RoundMode m) { return m != RoundMode::CAST_NONE && m != RoundMode::CAST_ODD; };
   for (auto m : modes) { Cast(th, xs, m, n); Store(out, o, th, n); o += n * 2; }
@@ -287,15 +287,15 @@ enum FailCase {
   kUnpaddedFlags, kStaleReadPeer, kStaleReadPeerFlushed, kTwoCoresOneLine, kOwnLinesFlushed,
   kDirtyAtReturn, kLostWrite, kReadLine, kReadLineFlushed,
   kCastModeAtRunTime, kCastWideningOverlap,
-  // SDMA queue, event ids, SHMEM's UB (model.cpp)
+  // SDMA queue, event ids, SHMEM's UB (runtime/cpu/src/)
   kSdmaRowPosts, kSdmaBigPost, kEventSetSet, kEventQueueCollision,
   kSignalAddDefaultUb, kEventAllocAvoidsQueue,
-  // UB 32-byte alignment of vector / Cast operands, GM element alignment of DataCopy (kernel_operator.h)
+  // UB 32-byte alignment of vector / Cast operands, GM element alignment of DataCopy (ascendc_data_copy.h)
   kAddUnaligned, kMulsUnaligned, kDupUnaligned, kCastUnaligned, kGmElemUnaligned,
   // int8 <-> half Cast (the legal A2/A3 pairs), then an out-of-range half refused
   kCastInt8,
   // world 2: rank 0 SDMA-puts 64 floats to rank 1 and signals it; rank 1 waits and reads them
-  // (model.cpp, "The SDMA ledger"): signal before the quiet (refused), quiet then signal, and an
+  // (runtime/cpu/src/ledger.cpp, "The SDMA ledger"): signal before the quiet (refused), quiet then signal, and an
   // unrelated signal while the copy is posted followed by quiet and a second signal (both pass)
   kSdmaFlagBeforeQuiet, kSdmaQuietThenFlag, kSdmaAnnouncedThenQuieted,
 };
@@ -735,7 +735,7 @@ extern "C" int launch_fail(uint32_t blocks, uint8_t* buf, int32_t which) {
 // its quiet; rank 1's core c waits for that flag, copies what arrived to `got` (MTE, through UB)
 // and acknowledges. The copies must land while rank 0's core waits: nothing quiets them before the
 // acknowledgement, as an SDMA engine would (on oversubscribed CPUs the model runs them in the
-// waiting core's pauses; model.cpp SdmaHelp).
+// waiting core's pauses; runtime/cpu/src/sdma.cpp SdmaHelp).
 extern "C" __global__ __aicore__ void sdma_progress_kernel(GM_ADDR src, GM_ADDR dst, GM_ADDR got, GM_ADDR flags,
                                                            GM_ADDR one, uint32_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
@@ -779,7 +779,7 @@ extern "C" int launch_sdma_progress(uint32_t blocks, uint8_t* src, uint8_t* dst,
 // ub_paths: each core carves `carve` bytes of UB, copies them to its slice of `out` before writing
 // any (what the launch found in UB), then writes the first `dirty` bytes by one path of `how`, so
 // that the next launch on the same cores would see them if UB were not refilled with 0xff. Each
-// path the model must see as a UB write (model.cpp g_ub_dirty) for the next launch to refill it:
+// path the model must see as a UB write (runtime/cpu/src/ub.cpp g_ub_dirty) for the next launch to refill it:
 // 0 Duplicate, 1 DataCopy GM -> UB (of `zeros`), 2 Add (int32 -1 + -1), 3 SetValue (one element per
 // 64), 4 a raw store through GetPhyAddr of a view at an offset, 5 Cast int32 -> float in place,
 // 6 LocalTensor::operator(), 7 DataCopyPad GM -> UB (with padding), 8 DataCopy UB -> UB.
