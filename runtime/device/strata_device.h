@@ -2,6 +2,9 @@
 // reductions, SDMA copies, barriers and flags. Written only against the public Ascend C and
 // SHMEM-for-Ascend APIs so that the same file compiles with CANN for the NPU and with g++ against
 // the CPU model in runtime/cpu (which defines STRATA_CPU_MODEL).
+// One header above 700 lines on purpose: it is the one file a generated kernel includes beside the
+// Ascend C and SHMEM headers, compiled inside each kernel's translation unit on both builds
+// (docs/architecture.md, "Modules over 500 lines"); its MoE routing is the part that may move out.
 #ifndef STRATA_DEVICE_H
 #define STRATA_DEVICE_H
 
