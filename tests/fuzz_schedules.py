@@ -114,13 +114,13 @@ def verdicts(text: str, name: str = "fuzz.strata") -> tuple[dict[int, Verdict], 
 @contextmanager
 def unverified():
     """runner.run builds and starts ranks without the verifier (tests/verify/unverified_worker.py)."""
-    saved = runner.compile_schedules, runner.subprocess
+    saved = runner.compile_schedules, runner.Rank
     runner.compile_schedules = M._unverified_worker().compile_unverified
-    runner.subprocess = M._UnverifiedRanks()
+    runner.Rank = M._UnverifiedRanks()
     try:
         yield
     finally:
-        runner.compile_schedules, runner.subprocess = saved
+        runner.compile_schedules, runner.Rank = saved
 
 
 # what a run of a rejected schedule should say, by the verifier's code

@@ -59,7 +59,7 @@ def test_an_async_copy_awaited_after_the_barrier_runs_wrong(tmp_path, monkeypatc
     for k, v in DELAYS.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(runner, "compile_schedules", m._unverified_worker().compile_unverified)
-    monkeypatch.setattr(runner, "subprocess", m._UnverifiedRanks())
+    monkeypatch.setattr(runner, "Rank", m._UnverifiedRanks())
     racy = (CORPUS / "race_async_allgather_ring_overlap.strata").read_text()
     good = (CORPUS / "good_async_allgather_ring.strata").read_text()
     (s_racy,) = frontend.schedules(Source("racy.strata", racy))

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -441,17 +440,15 @@ def _unverified_worker():
     return mod
 
 
-class _UnverifiedRanks:
-    """The runner's subprocess module, except that the rank processes it starts are
+def _UnverifiedRanks():   # noqa: N802 - it stands in for the runner's Rank class
+    """The runner's Rank (stratac.tools.run.procs), except that the rank processes it starts run
     tests/verify/unverified_worker.py instead of stratac.tools.run.worker."""
+    from stratac.tools.run import procs
 
-    def __getattr__(self, name):
-        return getattr(subprocess, name)
-
-    def Popen(self, argv, **kw):   # noqa: N802 - subprocess's name
-        i = argv.index("-m")
-        assert argv[i + 1] == "stratac.tools.run.worker", argv
-        return subprocess.Popen([argv[0], str(HERE / "unverified_worker.py"), *argv[i + 2:]], **kw)
+    def rank(argv, *args, **kw):
+        assert argv[:2] == ["-m", "stratac.tools.run.worker"], argv
+        return procs.Rank([str(HERE / "unverified_worker.py"), *argv[2:]], *args, **kw)
+    return rank
 
 
 # (example, deleted line's text, what the run must say, a substring of its detail)
@@ -473,7 +470,7 @@ def test_the_oracle_says_wrong(name, text, kind, detail, tmp_path, cache_dir, mo
     assert not verdicts(m)[2].accepted
     monkeypatch.setenv("STRATAC_CACHE_DIR", str(cache_dir))
     monkeypatch.setattr(runner, "compile_schedules", _unverified_worker().compile_unverified)
-    monkeypatch.setattr(runner, "subprocess", _UnverifiedRanks())
+    monkeypatch.setattr(runner, "Rank", _UnverifiedRanks())
     got = run_mutant(m.source, f"{m.path.stem}-L{m.line}", 2, tmp_path, timeout=3)
     assert got.kind == kind, f"{m}: {got}"
     assert detail in got.detail, got.detail
