@@ -234,6 +234,8 @@ def cdef(s: ir.Schedule) -> str:
 RUNTIME_CDEF = """
 int strata_cpu_init(int rank, int world, const char* shm_name, uint64_t heap_bytes, int create);
 int strata_cpu_finalize(int unlink_segment);
+int strata_cpu_current_pool(void);
+int strata_cpu_select_pool(int id);
 const char* strata_cpu_last_error(void);
 void* strata_cpu_heap_base(void);
 uint64_t strata_cpu_heap_bytes(void);

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from stratac.codegen import abi
+from stratac.host import cpu_model
 from stratac.host.cpu_model import check_pool, last_error, runtime
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.host.schedule import Module, compile_source
@@ -90,7 +91,13 @@ def store_barrier(store, world: int, timeout: float, prefix: str, rank: int | No
 
 
 class Communicator:
-    """One rank's view of the symmetric heap. Create it on every rank, in the same order."""
+    """One rank's view of the symmetric heap. Create it on every rank, in the same order.
+
+    A process may hold several communicators at once (a torch.distributed group each, a MoE
+    Buffer beside them): each maps a pool of its own in the CPU model, with its own heap, sync
+    area and stamps, and makes its pool the model's current one before it uses the model."""
+
+    _open_count = 0   # communicators of this process that are open (the signal watch is shared)
 
     def __init__(self, rank: int, world: int, *, segment: str, create: bool,
                  heap_bytes: int = DEFAULT_HEAP_BYTES, timeout: float = DEFAULT_TIMEOUT,
@@ -108,7 +115,9 @@ class Communicator:
         rc = self._lib.strata_cpu_init(rank, world, segment.encode(), heap_bytes, int(create))
         if rc != 0:
             raise StrataRuntimeError(f"cannot map the symmetric heap: {last_error(self._lib, self._ffi)}")
+        self._pool = cpu_model.current[0] = int(self._lib.strata_cpu_current_pool())
         self._open = True
+        Communicator._open_count += 1
         # a process that exits without close() has left the pool: its peers must not take it for dead
         atexit.register(self._leave)
         self._lib.strata_cpu_set_timeout(float(timeout))
@@ -145,15 +154,26 @@ class Communicator:
     # ---- construction from a torch.distributed job
     @classmethod
     def from_process_group(cls, heap_bytes: int = DEFAULT_HEAP_BYTES, timeout: float = DEFAULT_TIMEOUT,
-                           segment: str | None = None) -> "Communicator":
+                           segment: str | None = None, group=None) -> "Communicator":
+        """A communicator over the members of a torch.distributed group (None: the default group,
+        every rank). Collective over the group: every member calls it, in the same order as its
+        other collectives. The communicator's ranks are the group's ranks (dist.get_group_rank)."""
         import torch.distributed as dist
         if not dist.is_initialized():
             raise StrataUsageError("torch.distributed is not initialised: call "
                                    "dist.init_process_group('gloo') first (or use torchrun)")
-        rank, world = dist.get_rank(), dist.get_world_size()
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            raise StrataUsageError(f"group must be a torch.distributed ProcessGroup or None, got "
+                                   f"{type(group).__name__}")
+        if group is not None and dist.get_rank(group) < 0:
+            raise StrataUsageError(f"rank {dist.get_rank()} is not a member of the group it was asked "
+                                   "to make a communicator over")
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
         name = [segment or _segment_name()]
-        dist.broadcast_object_list(name, src=0)
-        return cls._bootstrap(rank, world, name[0], heap_bytes, timeout, dist.barrier)
+        root = 0 if group is None else dist.get_global_rank(group, 0)
+        dist.broadcast_object_list(name, src=root, group=group)
+        return cls._bootstrap(rank, world, name[0], heap_bytes, timeout,
+                              lambda: dist.barrier(group=group))
 
     @classmethod
     def from_store(cls, rank: int, world: int, store, heap_bytes: int = DEFAULT_HEAP_BYTES,
@@ -164,25 +184,32 @@ class Communicator:
             store.set(f"{prefix}/segment", _segment_name())
         name = store.get(f"{prefix}/segment").decode()
         _, lib = runtime()
+        made: list[Communicator] = []
 
         def check(where: str) -> None:   # once the heap is mapped: a failed or dead peer ends the wait
-            check_pool(lib, rank, where)
+            if made and made[0]._open:
+                made[0]._use()
+                check_pool(lib, rank, where)
 
-        return cls._bootstrap(rank, world, name, heap_bytes, timeout,
-                              store_barrier(store, world, timeout, prefix, rank=rank, check=check))
+        barrier = store_barrier(store, world, timeout, prefix, rank=rank, check=check)
+        return cls._bootstrap(rank, world, name, heap_bytes, timeout, barrier, made)
 
     @classmethod
-    def _bootstrap(cls, rank, world, name, heap_bytes, timeout, barrier) -> "Communicator":
+    def _bootstrap(cls, rank, world, name, heap_bytes, timeout, barrier, made=None) -> "Communicator":
         # rank 0 creates the segment; the others map it once it exists; once every rank has mapped
         # it, its name is removed, so no segment can outlive the job however it ends
         if rank == 0:
             comm = cls(rank, world, segment=name, create=True, heap_bytes=heap_bytes,
                        timeout=timeout, barrier=barrier)
+            if made is not None:
+                made.append(comm)
             barrier()
         else:
             barrier()
             comm = cls(rank, world, segment=name, create=False, heap_bytes=heap_bytes,
                        timeout=timeout, barrier=barrier)
+            if made is not None:
+                made.append(comm)
         barrier()
         if rank == 0:
             unlink_segment(name)
@@ -259,6 +286,7 @@ class Communicator:
 
     @property
     def heap_used(self) -> int:
+        self._check_open()
         return int(self._lib.strata_cpu_heap_used())
 
     # ---- compiled schedules
@@ -303,7 +331,7 @@ class Communicator:
     def read_record(self, rank: int, parity: int) -> tuple[tuple[int, ...], int, str]:
         """Rank `rank`'s agreement record of the calls of this parity (the pool maps every rank's
         heap): its compared words, the epoch after its call, its description."""
-        addr = (self._base + (rank - self.rank) * int(self._lib.strata_cpu_heap_bytes()) + self._sync
+        addr = (self._base + (rank - self.rank) * self.heap_bytes + self._sync
                 + abi.agree_offset(self.world, parity))
         raw = bytes(self._ffi.buffer(self._ffi.cast("char *", addr), abi.AGREE_RECORD_BYTES))
         words = torch.frombuffer(bytearray(raw[:abi.SYNC_SLOT_BYTES]), dtype=torch.int32).tolist()
@@ -369,11 +397,21 @@ class Communicator:
 
     def _leave(self) -> None:
         if getattr(self, "_open", False):
+            self._use()
             self._lib.strata_cpu_leave()
+
+    def _use(self) -> None:
+        """Makes this communicator's pool the CPU model's current one (a no-op when it is)."""
+        if cpu_model.current[0] != self._pool:
+            if self._lib.strata_cpu_select_pool(self._pool) != 0:
+                raise StrataRuntimeError(last_error(self._lib, self._ffi))
+            cpu_model.current[0] = self._pool
 
     def _check_open(self) -> None:
         if not getattr(self, "_open", False):
             raise StrataUsageError("the communicator is closed")
+        if cpu_model.current[0] != self._pool:
+            self._use()
 
     def close(self, unlink: bool = False, collective: bool = True) -> None:
         """Releases the heap and the loaded libraries. Collective: call on every rank (after a
@@ -392,8 +430,12 @@ class Communicator:
         self._live.clear()
         if unlink:
             unlink_segment(self.segment)
-        self._lib.strata_cpu_watch_signals(0)
+        Communicator._open_count -= 1
+        if Communicator._open_count == 0:
+            self._lib.strata_cpu_watch_signals(0)
+        self._use()
         self._lib.strata_cpu_finalize(0)
+        cpu_model.current[0] = 0
 
     def __enter__(self):
         return self

@@ -15,6 +15,8 @@ from stratac.targets import cpu as build
 
 _ffi_handle: cffi.FFI | None = None
 _lib_handle = None
+# the id of the model's current pool, as the communicators last made it (Communicator._use)
+current = [0]
 
 
 def runtime():

@@ -153,7 +153,7 @@ class Buffer:
                                           timeout, self.low_latency_mode, payload)
         elif not all(hasattr(comm, a) for a in ("rank", "world", "load", "zeros", "barrier")):
             raise StrataUsageError(f"Buffer: comm must be a Communicator or NpuCommunicator, None or "
-                                   f"dist.group.WORLD (the default group), got {type(comm).__name__}")
+                                   f"a torch.distributed process group, got {type(comm).__name__}")
         self.comm = comm
         self.rank, self.world = comm.rank, comm.world
         if num_experts % self.world:
@@ -231,14 +231,13 @@ class Buffer:
         if not dist.is_initialized():
             raise StrataUsageError("Buffer: torch.distributed is not initialised: call "
                                    "dist.init_process_group('gloo') first (or pass a Communicator)")
-        if group is not None and group is not dist.group.WORLD:
-            raise StrataUsageError("Buffer: only the default process group (all ranks) is supported; "
-                                   "pass None or dist.group.WORLD, or a Communicator")
-        need = self.heap_bytes_needed(dist.get_world_size(), hidden=hidden, max_tokens=max_tokens,
+        if group is dist.group.WORLD:
+            group = None
+        need = self.heap_bytes_needed(dist.get_world_size(group), hidden=hidden, max_tokens=max_tokens,
                                       num_experts=num_experts, topk=topk, dtype=dtype, max_recv=max_recv,
                                       low_latency_mode=low_latency_mode, payload=payload)
         self._owns_comm = True
-        return Communicator.from_process_group(heap_bytes=need, timeout=timeout or DEFAULT_TIMEOUT)
+        return Communicator.from_process_group(heap_bytes=need, timeout=timeout or DEFAULT_TIMEOUT, group=group)
 
     # ---- the DeepEP-shaped calls
     def get_dispatch_layout(self, topk_idx: torch.Tensor, active=None):

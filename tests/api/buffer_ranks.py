@@ -140,7 +140,7 @@ def refusals(comm, rank, world):
     expect_error(StrataUsageError, "max_tokens must be a positive int", Buffer, comm, hidden=H,
                  max_tokens=0, num_experts=E, topk=K)
     expect_error(StrataUsageError, "comm must be a Communicator or NpuCommunicator, None or "
-                 "dist.group.WORLD (the default group), got str", Buffer, "comm", hidden=H, max_tokens=T,
+                 "a torch.distributed process group, got str", Buffer, "comm", hidden=H, max_tokens=T,
                  num_experts=E, topk=K)
     expect_error(StrataUsageError, "timeout is for the communicator the buffer makes", Buffer, comm,
                  hidden=H, max_tokens=T, num_experts=E, topk=K, dtype=torch.float32, timeout=5.0)

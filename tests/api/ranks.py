@@ -511,10 +511,64 @@ def selecting_entry_point(comm, rank, world):
                  selection={"entries": []})
 
 
+def several_communicators(comm, rank, world):
+    """Communicators side by side in one process: a second one over every rank, one over a
+    subgroup (ranks 0 and 1), and a MoE Buffer with a communicator of its own. Calls alternate
+    between them; each keeps its heap, sync area and stamps, so every result is right; closing one
+    leaves the others working."""
+    twin = Communicator.from_process_group(heap_bytes=8 << 20)
+    pair = dist.new_group([0, 1])
+    sub = Communicator.from_process_group(heap_bytes=8 << 20, group=pair) if rank < 2 else None
+    check(sub is None or (sub.rank, sub.world) == (rank, 2), "the subgroup's rank and world")
+    mods = [(comm, comm.load(AR), world), (twin, twin.load(AR), world)]
+    if sub is not None:
+        mods.append((sub, sub.load(AR), 2))
+    for it in range(12):
+        for k, (c, mod, w) in enumerate(mods):
+            n = [5, 300, 4099][(it + k) % 3]
+            x = c.empty(n, dtype=torch.float32)
+            xs = inputs(w, n, it * 10 + k)
+            x.copy_(xs[c.rank])
+            mod.allreduce_twoshot(x, op="sum", cores=2)
+            check(torch.equal(x, torch.stack(xs).sum(0)), (it, k))
+            c.free(x)
+    experts, hidden, tokens = 2 * world, 64, 8
+    buf = stratac.Buffer(None, hidden=hidden, max_tokens=tokens, num_experts=experts, topk=2,
+                         dtype=torch.float32)
+
+    def routing(r):
+        return torch.stack([torch.randperm(experts, generator=torch.Generator().manual_seed(r * 7 + t))[:2]
+                            for t in range(tokens)])
+    x = torch.arange(tokens * hidden, dtype=torch.float32).view(tokens, hidden) + 1000 * rank
+    recv, counts, handle = buf.dispatch(x, routing(rank))
+    mine = [e for e in range(experts) if e // (experts // world) == rank]
+    want = [sum(int((routing(r) == e).sum()) for r in range(world)) for e in mine]
+    check(list(map(int, counts)) == want, ("dispatch counts", counts, want))
+    mod = mods[1][1]
+    y = twin.empty(64, dtype=torch.float32)
+    y.fill_(rank + 1)
+    mod.allreduce_twoshot(y, op="sum")          # a Buffer call in between changes nothing
+    check(bool((y == world * (world + 1) // 2).all()), y[:4])
+    buf.close()
+    twin.close()
+    z = comm.empty(64, dtype=torch.float32)     # the first communicator, after the others closed
+    z.fill_(1)
+    mods[0][1].allreduce_twoshot(z, op="sum")
+    check(bool((z == world).all()), z[:4])
+    if sub is not None:
+        w = sub.empty(32, dtype=torch.float32)
+        w.fill_(rank + 2)
+        mods[2][1].allreduce_twoshot(w, op="max")
+        check(bool((w == 3).all()), w[:4])
+        sub.close()
+    dist.barrier()
+
+
 SCENARIOS = {f.__name__: f for f in (interleaved, bad_input, segment_gone, closed, moe_bad_input, moe_masks,
                                      moe_bounded,
                                      moe_interleaved, call_refusals, verdict_cache, half_sums_round_once,
-                                     cached_calls, selecting_entry_point)}
+                                     cached_calls, selecting_entry_point,
+                                     several_communicators)}
 
 
 def main(scenario, rank, world, store_path, mode):

@@ -737,7 +737,26 @@ def test_pool_lifecycle_and_host_api(lib):
     assert "multiple of 512" in lib.strata_cpu_last_error().decode()
     assert lib.strata_cpu_init(0, 1, name, 8192, 1) == 0
     assert lib.strata_cpu_heap_bytes() == 8192
-    assert lib.strata_cpu_init(0, 1, name, 8192, 1) == -1      # already initialised
+    first = lib.strata_cpu_current_pool()
+    assert first > 0
+    # a second pool beside it (another communicator of this process): current until another is
+    # selected; each keeps its own heap size and allocator
+    other = _name("pool2")
+    assert lib.strata_cpu_init(0, 1, other, 16384, 1) == 0
+    second = lib.strata_cpu_current_pool()
+    assert second not in (0, first) and lib.strata_cpu_heap_bytes() == 16384
+    assert lib.aclshmem_malloc(4096) - lib.strata_cpu_heap_base() == 0
+    assert lib.strata_cpu_select_pool(first) == 0 and lib.strata_cpu_heap_bytes() == 8192
+    assert lib.aclshmem_malloc(4096) - lib.strata_cpu_heap_base() == 0    # its own allocator
+    assert lib.strata_cpu_heap_used() == 4096
+    assert lib.strata_cpu_select_pool(second + 100) == -1
+    assert "no such pool in this process" in lib.strata_cpu_last_error().decode()
+    assert lib.strata_cpu_current_pool() == first
+    assert lib.strata_cpu_select_pool(second) == 0 and lib.strata_cpu_finalize(1) == 0
+    assert lib.strata_cpu_current_pool() == 0 and lib.strata_cpu_heap_bytes() == 0
+    assert lib.strata_cpu_select_pool(second) == -1                      # gone with its finalize
+    assert lib.strata_cpu_select_pool(first) == 0
+    lib.aclshmem_free(ctypes.c_void_p(lib.strata_cpu_heap_base()))
     assert lib.strata_cpu_barrier() == 0                        # world 1: passes at once
     assert lib.strata_cpu_aborted() == 0 and lib.strata_cpu_abort_message() == b""
     lib.strata_cpu_reset_counters()

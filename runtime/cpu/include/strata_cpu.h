@@ -29,10 +29,17 @@ enum { STRATA_SDMA_SQE_BYTES = 1 << 20, STRATA_SDMA_SQ_DEPTH = 256 };
 // Map the pool. `create` = 1 on exactly one process (it creates the segment with mode 0600 and
 // fails if the name exists); the others open it after the creator returned, and refuse a segment
 // that is not owned by this user with mode 0600. heap_bytes is per rank. The rank's pid is
-// recorded in the pool's header so that peers can tell when its process dies.
+// recorded in the pool's header so that peers can tell when its process dies. A process may map
+// several pools (one per communicator, each its own segment); the new one becomes the current pool,
+// which every other call of this API and every launch works on.
 int strata_cpu_init(int rank, int world, const char* shm_name, uint64_t heap_bytes, int create);
-// Unmap; `unlink` = 1 removes the segment name (call on one rank, after every rank is done). The
-// rank is marked as having left the pool: its exit is then not a death.
+// The current pool's id (> 0; 0 when none is), and making another mapped pool current. Refused
+// from inside a kernel; waits for a launch of another thread to end.
+int strata_cpu_current_pool(void);
+int strata_cpu_select_pool(int id);
+// Unmap the current pool (afterwards none is current); `unlink` = 1 removes the segment name (call
+// on one rank, after every rank is done). The rank is marked as having left the pool: its exit is
+// then not a death.
 int strata_cpu_finalize(int unlink_segment);
 // Marks this rank as having left the pool without unmapping it (for an exit without finalize).
 void strata_cpu_leave(void);

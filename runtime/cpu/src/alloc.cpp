@@ -11,20 +11,8 @@ namespace strata_cpu {
 // Symmetric allocator: deterministic first fit with coalescing over [0, heap_bytes).
 
 std::mutex g_alloc_mu;
-namespace {
-
-std::map<uint64_t, uint64_t> g_free;  // offset -> size
-std::map<uint64_t, uint64_t> g_used;  // offset -> size
-uint64_t g_used_bytes = 0;
-}  // namespace
 
 
-void AllocReset() {
-  g_free.clear();
-  g_used.clear();
-  g_used_bytes = 0;
-  if (g_pool.heap_bytes) g_free[0] = g_pool.heap_bytes;
-}
 
 namespace {
 
@@ -33,7 +21,7 @@ constexpr uint64_t kMallocAlign = 16;  // SHMEM aclshmem_malloc: shmem_mgr.cpp:2
 // First fit of `size` bytes (rounded up to `align`) at an offset that is a multiple of `align`; the
 // bytes skipped before it stay free. Deterministic: equal calls give equal offsets on every rank.
 void* AllocAligned(uint64_t align, size_t size, const char* api) {
-  if (!g_pool.inited) {
+  if (!CurPool().inited) {
     Error(Sprintf("%s: not initialised", api));
     return nullptr;
   }
@@ -43,26 +31,26 @@ void* AllocAligned(uint64_t align, size_t size, const char* api) {
   }
   std::lock_guard<std::mutex> lk(g_alloc_mu);
   uint64_t need = (uint64_t(size) + align - 1) / align * align;
-  for (auto it = g_free.begin(); it != g_free.end(); ++it) {
+  for (auto it = CurPool().free_blocks.begin(); it != CurPool().free_blocks.end(); ++it) {
     uint64_t off = it->first, sz = it->second;
     uint64_t at = (off + align - 1) / align * align;
     if (at - off > sz || sz - (at - off) < need) continue;
-    g_free.erase(it);
-    if (at > off) g_free[off] = at - off;
-    if (off + sz > at + need) g_free[at + need] = off + sz - (at + need);
-    g_used[at] = need;
-    g_used_bytes += need;
-    return HeapOf(g_pool.rank) + at;
+    CurPool().free_blocks.erase(it);
+    if (at > off) CurPool().free_blocks[off] = at - off;
+    if (off + sz > at + need) CurPool().free_blocks[at + need] = off + sz - (at + need);
+    CurPool().used_blocks[at] = need;
+    CurPool().used_bytes += need;
+    return HeapOf(CurPool().rank) + at;
   }
   uint64_t free_bytes = 0, largest = 0;
-  for (auto& f : g_free) {
+  for (auto& f : CurPool().free_blocks) {
     free_bytes += f.second;
     largest = std::max(largest, f.second);
   }
   Error(Sprintf("%s(%llu): symmetric heap exhausted: request of %llu bytes (%llu-byte aligned), %llu bytes free "
                 "(largest free block %llu) of %llu",
                 api, (unsigned long long)size, (unsigned long long)need, (unsigned long long)align,
-                (unsigned long long)free_bytes, (unsigned long long)largest, (unsigned long long)g_pool.heap_bytes));
+                (unsigned long long)free_bytes, (unsigned long long)largest, (unsigned long long)CurPool().heap_bytes));
   return nullptr;
 }
 }  // namespace
@@ -76,7 +64,7 @@ extern "C" {
 
 STRATA_EXPORT uint64_t strata_cpu_heap_used(void) {
   std::lock_guard<std::mutex> lk(g_alloc_mu);
-  return g_used_bytes;
+  return CurPool().used_bytes;
 }
 
 // SHMEM's aclshmem_malloc aligns only to 16 bytes (src/host/mem/shmem_mgr.cpp:241-245,
@@ -105,35 +93,35 @@ STRATA_EXPORT void* aclshmem_calloc(size_t count, size_t size) {
 
 STRATA_EXPORT void aclshmem_free(void* ptr) {
   if (!ptr) return;
-  if (!g_pool.inited) {
+  if (!CurPool().inited) {
     Error("aclshmem_free: not initialised");
     return;
   }
   std::lock_guard<std::mutex> lk(g_alloc_mu);
-  uint8_t* mine = HeapOf(g_pool.rank);
+  uint8_t* mine = HeapOf(CurPool().rank);
   uint8_t* p = static_cast<uint8_t*>(ptr);
-  auto it = (p >= mine && p < mine + g_pool.heap_bytes) ? g_used.find(uint64_t(p - mine)) : g_used.end();
-  if (it == g_used.end()) {
+  auto it = (p >= mine && p < mine + CurPool().heap_bytes) ? CurPool().used_blocks.find(uint64_t(p - mine)) : CurPool().used_blocks.end();
+  if (it == CurPool().used_blocks.end()) {
     Error(Sprintf("aclshmem_free(%p): not a live allocation of this rank's heap", ptr));
     return;
   }
   uint64_t off = it->first, sz = it->second;
-  g_used.erase(it);
-  g_used_bytes -= sz;
-  auto next = g_free.lower_bound(off);
-  if (next != g_free.end() && off + sz == next->first) {
+  CurPool().used_blocks.erase(it);
+  CurPool().used_bytes -= sz;
+  auto next = CurPool().free_blocks.lower_bound(off);
+  if (next != CurPool().free_blocks.end() && off + sz == next->first) {
     sz += next->second;
-    g_free.erase(next);
+    CurPool().free_blocks.erase(next);
   }
-  auto prev = g_free.lower_bound(off);
-  if (prev != g_free.begin()) {
+  auto prev = CurPool().free_blocks.lower_bound(off);
+  if (prev != CurPool().free_blocks.begin()) {
     --prev;
     if (prev->first + prev->second == off) {
       prev->second += sz;
       return;
     }
   }
-  g_free[off] = sz;
+  CurPool().free_blocks[off] = sz;
 }
 
 }  // extern "C"

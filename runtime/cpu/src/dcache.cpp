@@ -10,8 +10,10 @@ namespace strata_cpu {
 
 std::unordered_map<uintptr_t, DLine> g_dcache[STRATA_MAX_CORES];
 
-void DCacheReset() {
-  for (auto& c : g_dcache) c.clear();
+void DCacheForget(const uint8_t* lo, const uint8_t* hi) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(lo), b = reinterpret_cast<uintptr_t>(hi);
+  for (auto& c : g_dcache)
+    for (auto it = c.begin(); it != c.end();) it = (it->first >= a && it->first < b) ? c.erase(it) : std::next(it);
 }
 
 // ---- scalar data cache (see g_dcache) ----

@@ -17,7 +17,7 @@ STRATA_EXPORT void CopyGmToUb(void* ub, const void* gm, uint64_t bytes, const ch
   std::memcpy(ub, gm, bytes);
   if (c->sync_traffic) return;
   Count(c->idx, STRATA_CTR_MTE_IN, bytes);
-  if (OwnerOf(gm) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_READ, bytes);
+  if (OwnerOf(gm) != CurPool().rank) Count(c->idx, STRATA_CTR_REMOTE_READ, bytes);
 }
 
 STRATA_EXPORT void SyncTraffic(bool on) {
@@ -147,7 +147,7 @@ STRATA_EXPORT void CopyUbToGm(void* gm, const void* ub, uint64_t bytes, int dtyp
     std::memcpy(gm, ub, bytes);
   if (!c->sync_traffic) {
     Count(c->idx, STRATA_CTR_MTE_OUT, bytes);
-    if (OwnerOf(gm) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_WRITE, bytes);
+    if (OwnerOf(gm) != CurPool().rank) Count(c->idx, STRATA_CTR_REMOTE_WRITE, bytes);
   }
   // a flag may have been written this way (a signal goes through SignalOp, which notifies); bulk
   // data copies do not notify: a wait on a flag that one covers sees it within Idler's sleep cap

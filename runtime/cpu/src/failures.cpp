@@ -33,7 +33,7 @@ std::string Prefix(const CoreState* c) {
     snprintf(line, sizeof line, "%d", c->line);
   else
     snprintf(line, sizeof line, "?");
-  return Sprintf("rank %d core %d strata:%s kernel %s: ", g_pool.rank, c->idx, line, c->launch->kernel);
+  return Sprintf("rank %d core %d strata:%s kernel %s: ", CurPool().rank, c->idx, line, c->launch->kernel);
 }
 }  // namespace
 
@@ -53,7 +53,7 @@ void RecordFailure(CoreState* c, const std::string& body) {
   }
   // only the launch's first failure aborts the pool, so the pool's message and the launch's error
   // are the same failure even when several cores fail at once
-  if (first) PoolAbort(g_pool.rank, msg);
+  if (first) PoolAbort(CurPool().rank, msg);
   Notify();  // waiting cores (SyncAll, quiets, flags) re-check and unwind
 }
 
@@ -62,9 +62,9 @@ void RecordFailure(CoreState* c, const std::string& body) {
 namespace {
 
 [[noreturn]] void FailOutsideCore(const std::string& body) {
-  std::string msg = Sprintf("rank %d (not on a core): %s", g_pool.rank, body.c_str());
+  std::string msg = Sprintf("rank %d (not on a core): %s", CurPool().rank, body.c_str());
   SetLastError(msg);
-  PoolAbort(g_pool.rank, msg);
+  PoolAbort(CurPool().rank, msg);
   fprintf(stderr, "strata_cpu: %s\n", msg.c_str());
   fflush(stderr);
   std::abort();
@@ -110,11 +110,11 @@ std::string GmWhere(const void* p) {
 
 void CheckGmImpl(const void* p, uint64_t bytes, const char* op) {
   const uint8_t* b = static_cast<const uint8_t*>(p);
-  if (!g_pool.inited) FailStr(Sprintf("%s: no pool (strata_cpu_init missing)", op));
-  if (b < g_pool.heaps || b > HeapsEnd() || bytes > uint64_t(HeapsEnd() - b)) {
-    const char* where = (b >= g_pool.base && b < g_pool.heaps) ? " (the pool's header page)" : "";
+  if (!CurPool().inited) FailStr(Sprintf("%s: no pool (strata_cpu_init missing)", op));
+  if (b < CurPool().heaps || b > HeapsEnd() || bytes > uint64_t(HeapsEnd() - b)) {
+    const char* where = (b >= CurPool().base && b < CurPool().heaps) ? " (the pool's header page)" : "";
     FailStr(Sprintf("%s: GM range [%p, +%llu bytes) is outside the pool's heaps [%p, %p)%s", op, p,
-                    (unsigned long long)bytes, (void*)g_pool.heaps, (void*)HeapsEnd(), where));
+                    (unsigned long long)bytes, (void*)CurPool().heaps, (void*)HeapsEnd(), where));
   }
 }
 

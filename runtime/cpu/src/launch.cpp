@@ -69,11 +69,11 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
   // behind another sees a pool that was aborted or finalized meanwhile
   WorkerPool* pool = g_workers;
   std::unique_lock<std::mutex> launch_lock(pool->launch_mu);
-  if (!g_pool.inited) return Error("LaunchBlocks: no pool (call strata_cpu_init first)");
+  if (!CurPool().inited) return Error("LaunchBlocks: no pool (call strata_cpu_init first)");
   if (blocks == 0 || blocks > STRATA_MAX_CORES)
     return Error(Sprintf("LaunchBlocks(%s): %u blocks is outside [1, %d]", kernel_name ? kernel_name : "?",
                          blocks, STRATA_MAX_CORES));
-  int aiv = g_aiv_cores.load();
+  int aiv = CurPool().aiv_cores.load();
   if (const char* e = getenv("STRATA_CPU_AIV_CORES")) {  // the SoC's count, as the host launcher knows it
     int n = atoi(e);
     if (n < 1 || n > STRATA_SOC_MAX_AIV)
@@ -112,9 +112,9 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
   L.kernel = kernel_name ? kernel_name : "?";
   L.blocks = blocks;
   L.threads = uint32_t(T);
-  L.spin = int(blocks) <= T && g_pool.world * T <= MachineCpus();
+  L.spin = int(blocks) <= T && CurPool().world * T <= MachineCpus();
   L.oversub = !L.spin && int(blocks) <= T && OversubSpinSec() > 0 && OneSchedGroup();
-  L.timeout = g_timeout.load();
+  L.timeout = CurPool().timeout.load();
   if (const char* d = getenv("STRATA_CPU_SDMA_DELAY_US")) L.sdma_delay_us = uint32_t(strtoul(d, nullptr, 10));
   if (const char* d = getenv("STRATA_CPU_SDMA_DELAY_SEED")) {
     L.sdma_delay_seeded = true;

@@ -61,9 +61,8 @@ struct Posted {
 std::mutex g_ledger_mu;                              // this process's side (below)
 std::vector<Posted> g_posted[STRATA_MAX_CORES];      // per core: unquieted copies, not yet announced
 std::vector<int> g_announced[STRATA_MAX_CORES];      // per core: its ledger entries not yet quieted
-std::atomic<int32_t> g_seen[kMaxWorld];              // per rank: the newest signal number seen of it
 
-Ledger* TheLedger() { return reinterpret_cast<Ledger*>(g_pool.base + kLedgerOffset); }
+Ledger* TheLedger() { return reinterpret_cast<Ledger*>(CurPool().base + kLedgerOffset); }
 struct LedgerLock {
   Ledger* l;
   explicit LedgerLock(Ledger* x) : l(x) {
@@ -71,7 +70,7 @@ struct LedgerLock {
   }
   ~LedgerLock() { __atomic_store_n(&l->lock, 0, __ATOMIC_RELEASE); }
 };
-uint64_t PoolOff(const void* p) { return static_cast<uint64_t>(static_cast<const uint8_t*>(p) - g_pool.base); }
+uint64_t PoolOff(const void* p) { return static_cast<uint64_t>(static_cast<const uint8_t*>(p) - CurPool().base); }
 
 }  // namespace
 
@@ -82,12 +81,12 @@ void LedgerLaunchStart() {
     g_posted[i].clear();
     g_announced[i].clear();
   }
-  for (int r = 0; r < g_pool.world && r < kMaxWorld; ++r) g_seen[r].store(-1);
+  for (int r = 0; r < CurPool().world && r < kMaxWorld; ++r) CurPool().seen[r].store(-1);
   Ledger* l = TheLedger();
   LedgerLock g(l);
-  if (g_pool.world > kLedgerRanks) l->off = 1;
+  if (CurPool().world > kLedgerRanks) l->off = 1;
   for (LedgerEntry& e : l->e)
-    if (e.state != 0 && e.rank == g_pool.rank) {
+    if (e.state != 0 && e.rank == CurPool().rank) {
       e.state = 0;
       --l->announced;
     }
@@ -105,7 +104,7 @@ void LedgerSignal(const void* flag) {
   std::lock_guard<std::mutex> lk(g_ledger_mu);
   LedgerLock g(l);
   if (l->off) return;
-  const int32_t seq = ++l->seq[g_pool.rank];
+  const int32_t seq = ++l->seq[CurPool().rank];
   for (int c = 0; c < STRATA_MAX_CORES; ++c) {
     for (const Posted& p : g_posted[c]) {
       int slot = -1;
@@ -115,7 +114,7 @@ void LedgerSignal(const void* flag) {
         l->off = 1;
         return;
       }
-      l->e[slot] = LedgerEntry{1, g_pool.rank, c, seq, 0, 0, p.dst, p.bytes};
+      l->e[slot] = LedgerEntry{1, CurPool().rank, c, seq, 0, 0, p.dst, p.bytes};
       ++l->announced;
       g_announced[c].push_back(slot);
     }
@@ -126,7 +125,7 @@ void LedgerSignal(const void* flag) {
   for (int k = 0; k < kLedgerFlags; ++k, h = (h + 1) % kLedgerFlags) {
     LedgerFlag& f = l->f[h];
     if (f.addr == 0 || f.addr == key) {
-      f = LedgerFlag{key, g_pool.rank, seq};
+      f = LedgerFlag{key, CurPool().rank, seq};
       return;
     }
   }
@@ -152,10 +151,10 @@ void LedgerSeen(const void* flag) {
       break;
     }
   }
-  for (int r = 0; r < g_pool.world; ++r) {
+  for (int r = 0; r < CurPool().world; ++r) {
     const int32_t got = r == writer ? wseq : l->seq[r];
-    int32_t cur = g_seen[r].load();
-    while (got > cur && !g_seen[r].compare_exchange_weak(cur, got)) {
+    int32_t cur = CurPool().seen[r].load();
+    while (got > cur && !CurPool().seen[r].compare_exchange_weak(cur, got)) {
     }
   }
 }
@@ -167,30 +166,30 @@ void LedgerQuiet(int core) {
   Ledger* l = TheLedger();
   LedgerLock g(l);
   for (int i : g_announced[core])
-    if (l->e[i].state == 1 && l->e[i].rank == g_pool.rank && l->e[i].core == core) {
+    if (l->e[i].state == 1 && l->e[i].rank == CurPool().rank && l->e[i].core == core) {
       l->e[i].state = 2;
-      l->e[i].quiet = l->seq[g_pool.rank];
+      l->e[i].quiet = l->seq[CurPool().rank];
     }
   g_announced[core].clear();
 }
 // A read of [p, p + bytes) by the calling core (see above).
 void LedgerRead(const void* p, uint64_t bytes, const char* op) {
   Ledger* l = TheLedger();
-  if (!g_pool.inited || __atomic_load_n(&l->announced, __ATOMIC_ACQUIRE) == 0 || bytes == 0) return;
+  if (!CurPool().inited || __atomic_load_n(&l->announced, __ATOMIC_ACQUIRE) == 0 || bytes == 0) return;
   const uint64_t lo = PoolOff(p), hi = lo + bytes;
   std::string why;
   {
     LedgerLock g(l);
     if (l->off) return;
     for (const LedgerEntry& e : l->e) {
-      if (e.state == 0 || e.rank == g_pool.rank || e.dst >= hi || lo >= e.dst + e.bytes) continue;
-      const int32_t seen = g_seen[e.rank].load();
+      if (e.state == 0 || e.rank == CurPool().rank || e.dst >= hi || lo >= e.dst + e.bytes) continue;
+      const int32_t seen = CurPool().seen[e.rank].load();
       if (seen < e.announce || (e.state == 2 && seen > e.quiet)) continue;
       why = Sprintf("%s: reads %s, which an SDMA copy of rank %d core %d writes, and the newest signal this rank "
                     "has seen from rank %d (its signal %d) was raised before that copy's aclshmemx_sdma_quiet: a "
                     "flag raised before the quiet of the SDMA copy it announces (SHMEM orders nothing between an "
                     "SDMA copy and a later signal; only the quiet says the copy landed, shmem_device_sdma.h)%s",
-                    op, GmWhere(g_pool.base + std::max(lo, e.dst)).c_str(), e.rank, e.core, e.rank, seen,
+                    op, GmWhere(CurPool().base + std::max(lo, e.dst)).c_str(), e.rank, e.core, e.rank, seen,
                     e.state == 1 ? "; the quiet has not returned yet" : "");
       break;
     }

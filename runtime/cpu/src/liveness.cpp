@@ -81,51 +81,44 @@ std::string WhyDead(const RankSlot& slot) {
 }
 
 std::mutex g_live_mu;
-double g_live_next = 0;
-std::vector<std::string> g_live_why;   // per rank: why it is dead ("" while not known dead)
-// The live ranks of the launches from now on (strata_cpu_set_active_ranks; bit r = rank r, ranks
-// from 64 on always live): a kernel wait stops for a dead rank only when that rank is live. A masked
-// call (docs/robustness.md, "Masked ranks") neither signals nor waits for a masked rank, so a dead
-// masked rank cannot be what a wait of it waits for.
-std::atomic<uint64_t> g_active{~0ull};
 
-bool ActiveRank(int r) { return r >= 64 || ((g_active.load() >> r) & 1ull) != 0; }
+bool ActiveRank(int r) { return r >= 64 || ((CurPool().active.load() >> r) & 1ull) != 0; }
 }  // namespace
 
 // The lowest rank whose process died without leaving the pool, or -1 (why: what happened); with
 // `masked`, only ranks live in the active mask count. Scans at most every kPeerCheckSec per
 // process; callers in between get the last answer. A rank found dead stays dead.
 int DeadRank(std::string* why, bool force, bool masked) {
-  if (!g_pool.inited) return -1;
+  if (!CurPool().inited) return -1;
   std::unique_lock<std::mutex> lk(g_live_mu, std::defer_lock);
   if (force) {
     lk.lock();
   } else if (!lk.try_lock()) {
     return -1;  // another core is scanning right now
   }
-  const int n = g_pool.world < kMaxWorld ? g_pool.world : kMaxWorld;
-  if (static_cast<int>(g_live_why.size()) != n) g_live_why.assign(n, std::string());
+  const int n = CurPool().world < kMaxWorld ? CurPool().world : kMaxWorld;
+  if (static_cast<int>(CurPool().live_why.size()) != n) CurPool().live_why.assign(n, std::string());
   double now = Now();
-  if (force || now >= g_live_next) {
-    g_live_next = now + kPeerCheckSec;
+  if (force || now >= CurPool().live_next) {
+    CurPool().live_next = now + kPeerCheckSec;
     int me_pid = getpid();
     for (int r = 0; r < n; ++r) {
-      if (r == g_pool.rank || !g_live_why[r].empty()) continue;
+      if (r == CurPool().rank || !CurPool().live_why[r].empty()) continue;
       RankSlot slot;
-      slot.state = __atomic_load_n(&g_pool.hdr->ranks[r].state, __ATOMIC_ACQUIRE);
+      slot.state = __atomic_load_n(&CurPool().hdr->ranks[r].state, __ATOMIC_ACQUIRE);
       if (slot.state != kRankJoined) continue;
-      slot.pid = __atomic_load_n(&g_pool.hdr->ranks[r].pid, __ATOMIC_ACQUIRE);
-      slot.start = __atomic_load_n(&g_pool.hdr->ranks[r].start, __ATOMIC_ACQUIRE);
+      slot.pid = __atomic_load_n(&CurPool().hdr->ranks[r].pid, __ATOMIC_ACQUIRE);
+      slot.start = __atomic_load_n(&CurPool().hdr->ranks[r].start, __ATOMIC_ACQUIRE);
       if (slot.pid == me_pid) continue;
       std::string w = WhyDead(slot);
       // it may have left in between
-      if (w.empty() || __atomic_load_n(&g_pool.hdr->ranks[r].state, __ATOMIC_ACQUIRE) != kRankJoined) continue;
-      g_live_why[r] = Sprintf("rank %d is gone: %s (killed or crashed) without leaving the pool", r, w.c_str());
+      if (w.empty() || __atomic_load_n(&CurPool().hdr->ranks[r].state, __ATOMIC_ACQUIRE) != kRankJoined) continue;
+      CurPool().live_why[r] = Sprintf("rank %d is gone: %s (killed or crashed) without leaving the pool", r, w.c_str());
     }
   }
   for (int r = 0; r < n; ++r) {
-    if (g_live_why[r].empty() || (masked && !ActiveRank(r))) continue;
-    if (why) *why = g_live_why[r];
+    if (CurPool().live_why[r].empty() || (masked && !ActiveRank(r))) continue;
+    if (why) *why = CurPool().live_why[r];
     return r;
   }
   return -1;
@@ -139,34 +132,26 @@ namespace {
 // another session waits for the CPU keeps it until the tick (4 ms at HZ=250), so the oversubscribed
 // yield phase is used only when all ranks share the session (`stratac run` and `stratac bench` start
 // them in the runner's, as mpirun does its ranks). Known once every rank has joined; kept per pool.
-int g_one_group = -1;  // -1 not known yet, 0 no, 1 yes (under g_live_mu)
 }  // namespace
 
 bool OneSchedGroup() {
   std::lock_guard<std::mutex> lk(g_live_mu);
-  if (g_one_group >= 0) return g_one_group == 1;
-  if (!g_pool.inited) return false;
+  if (CurPool().one_group >= 0) return CurPool().one_group == 1;
+  if (!CurPool().inited) return false;
   const pid_t mine = getsid(0);
-  for (int r = 0; r < g_pool.world && r < kMaxWorld; ++r) {
-    if (r == g_pool.rank) continue;
-    if (__atomic_load_n(&g_pool.hdr->ranks[r].state, __ATOMIC_ACQUIRE) != kRankJoined) return false;
-    pid_t pid = __atomic_load_n(&g_pool.hdr->ranks[r].pid, __ATOMIC_ACQUIRE);
+  for (int r = 0; r < CurPool().world && r < kMaxWorld; ++r) {
+    if (r == CurPool().rank) continue;
+    if (__atomic_load_n(&CurPool().hdr->ranks[r].state, __ATOMIC_ACQUIRE) != kRankJoined) return false;
+    pid_t pid = __atomic_load_n(&CurPool().hdr->ranks[r].pid, __ATOMIC_ACQUIRE);
     if (getsid(pid) != mine) {
-      g_one_group = 0;
+      CurPool().one_group = 0;
       return false;
     }
   }
-  g_one_group = 1;
+  CurPool().one_group = 1;
   return true;
 }
 
-void LiveReset() {
-  std::lock_guard<std::mutex> lk(g_live_mu);
-  g_live_next = 0;
-  g_live_why.clear();
-  g_active.store(~0ull);
-  g_one_group = -1;
-}
 
 }  // namespace strata_cpu
 
@@ -182,11 +167,11 @@ STRATA_EXPORT int strata_cpu_dead_rank(void) {
   return r;
 }
 
-STRATA_EXPORT void strata_cpu_set_active_ranks(uint64_t active) { g_active.store(active); }
+STRATA_EXPORT void strata_cpu_set_active_ranks(uint64_t active) { CurPool().active.store(active); }
 
 STRATA_EXPORT void strata_cpu_leave(void) {
-  if (g_pool.inited) {
-    __atomic_store_n(&g_pool.hdr->ranks[g_pool.rank].state, int32_t(kRankLeft), __ATOMIC_RELEASE);
+  if (CurPool().inited) {
+    __atomic_store_n(&CurPool().hdr->ranks[CurPool().rank].state, int32_t(kRankLeft), __ATOMIC_RELEASE);
     Notify();
   }
 }

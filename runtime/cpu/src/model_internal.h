@@ -94,7 +94,24 @@ struct PoolHeader {
 };
 static_assert(sizeof(PoolHeader) <= kHeaderBytes, "header pages");
 
+// The sync area of the launches to come (strata_cpu_describe_sync), to name flags in messages.
+struct SyncFlag {
+  std::string name;
+  int64_t base, size;  // sync slots (one 64-byte line each) from the start of the sync area
+};
+struct SyncLayout {
+  const uint8_t* sync = nullptr;
+  int64_t barrier_slots = 0;
+  std::vector<SyncFlag> flags;
+};
+
+// One mapped pool and everything the model keeps of it in this process. A process may hold several
+// pools at once (one per communicator: a torch.distributed group, a MoE Buffer); each has its own
+// segment, heaps, allocator, sync area, liveness and settings, and they share the cores, SDMA
+// engines, counters and trace. One pool is current (CurPool(); strata_cpu_select_pool makes another
+// current between launches): every model call, and every launch, works on the current one.
 struct Pool {
+  int id = 0;                // strata_cpu_current_pool; 0 = no pool
   bool inited = false;
   int rank = -1, world = 0;
   std::string name;
@@ -103,16 +120,36 @@ struct Pool {
   PoolHeader* hdr = nullptr;
   uint8_t* heaps = nullptr;  // heap r at heaps + r * heap_bytes
   uint64_t heap_bytes = 0;
+  // the symmetric allocator's books (alloc.cpp; under g_alloc_mu): offset -> size
+  std::map<uint64_t, uint64_t> free_blocks, used_blocks;
+  uint64_t used_bytes = 0;
+  // liveness of the ranks (liveness.cpp; under g_live_mu)
+  double live_next = 0;
+  std::vector<std::string> live_why;  // per rank: why it is dead ("" while not known dead)
+  int one_group = -1;                 // -1 not known yet, 0 no, 1 yes (OneSchedGroup)
+  // The live ranks of the launches from now on (strata_cpu_set_active_ranks; bit r = rank r,
+  // ranks from 64 on always live): a kernel wait stops for a dead rank only when that rank is
+  // live. A masked call (docs/robustness.md, "Masked ranks") neither signals nor waits for a
+  // masked rank, so a dead masked rank cannot be what a wait of it waits for.
+  std::atomic<uint64_t> active{~0ull};
+  // per rank: the newest signal number seen of it (ledger.cpp)
+  std::unique_ptr<std::atomic<int32_t>[]> seen{new std::atomic<int32_t>[kMaxWorld]};
+  // the settings of this pool's launches (trace.cpp: strata_cpu_set_timeout, _set_aiv_cores)
+  std::atomic<double> timeout{60.0};
+  std::atomic<int> aiv_cores{STRATA_SOC_MAX_AIV};
+  SyncLayout sync;  // under g_sync_mu (shmem.cpp)
 };
-extern Pool g_pool;
+// The current pool (pool.cpp); a pool with inited == false while there is none.
+extern Pool* g_cur;
+inline Pool& CurPool() { return *g_cur; }
 
-inline uint8_t* HeapOf(int r) { return g_pool.heaps + uint64_t(r) * g_pool.heap_bytes; }
-inline uint8_t* HeapsEnd() { return g_pool.heaps + uint64_t(g_pool.world) * g_pool.heap_bytes; }
+inline uint8_t* HeapOf(int r) { return CurPool().heaps + uint64_t(r) * CurPool().heap_bytes; }
+inline uint8_t* HeapsEnd() { return CurPool().heaps + uint64_t(CurPool().world) * CurPool().heap_bytes; }
 // Rank whose heap holds p, or -1.
 inline int OwnerOf(const void* p) {
   const uint8_t* b = static_cast<const uint8_t*>(p);
-  if (!g_pool.inited || b < g_pool.heaps || b >= HeapsEnd()) return -1;
-  return static_cast<int>((b - g_pool.heaps) / g_pool.heap_bytes);
+  if (!CurPool().inited || b < CurPool().heaps || b >= HeapsEnd()) return -1;
+  return static_cast<int>((b - CurPool().heaps) / CurPool().heap_bytes);
 }
 
 void SetLastError(const std::string& s);
@@ -175,7 +212,7 @@ struct Idler {
     armed = false;
   }
   void Idle() {
-    PoolHeader* h = g_pool.hdr;
+    PoolHeader* h = CurPool().hdr;
     if (!h || spin_until == 0 || Now() < spin_until) {
       double t0 = Now();
       if (spin_until == 0) {
@@ -205,7 +242,6 @@ struct Idler {
 // Symmetric allocator (alloc.cpp)
 
 extern std::mutex g_alloc_mu;
-void AllocReset();
 
 // ---------------------------------------------------------------------------------------------
 // Counters, timeout (trace.cpp)
@@ -215,8 +251,6 @@ struct alignas(64) CoreCounters {  // one cache line per core: cores count witho
 };
 extern CoreCounters g_ctr[STRATA_MAX_CORES];
 extern std::atomic<int> g_max_cores;
-extern std::atomic<double> g_timeout;
-extern std::atomic<int> g_aiv_cores;  // strata_cpu_set_aiv_cores
 
 inline void Count(int core, int ctr, uint64_t n) {
   g_ctr[core].v[ctr].fetch_add(n, std::memory_order_relaxed);
@@ -246,7 +280,6 @@ uint64_t SelfStart();
 // process; callers in between get the last answer. A rank found dead stays dead.
 int DeadRank(std::string* why, bool force = false, bool masked = false);
 bool OneSchedGroup();
-void LiveReset();
 
 // ---------------------------------------------------------------------------------------------
 // Launches and cores (launch.cpp; the SDMA engine: sdma.cpp)
@@ -458,7 +491,8 @@ struct DLine {
   uint64_t dirty = 0;             // bit b: byte b written by SetValue and not written back
 };
 extern std::unordered_map<uintptr_t, DLine> g_dcache[STRATA_MAX_CORES];
-void DCacheReset();
+// Forgets every core's cached lines of [lo, hi) (a pool that is unmapped).
+void DCacheForget(const uint8_t* lo, const uint8_t* hi);
 // Writes back (clean) a dirty line and forgets it (invalidate).
 void LineCleanInvalidate(CoreState* c, uintptr_t line, const char* op);
 

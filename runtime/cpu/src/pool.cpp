@@ -4,7 +4,8 @@
 // strata_cpu_finalize unmaps it. Also the model's error reporting (strata_cpu_last_error), the
 // clock, and the pool-wide abort (PoolAbort/ReadAbort: the first failure's rank and message, which
 // every rank's waits see). In: the host's rank, world, segment name and heap size; out: the mapped
-// pool (g_pool) and error strings. Rules of runtime/README.md's table: none directly; the segment
+// pool and error strings. A process may map several pools (one per communicator); each has an id,
+// one is current (CurPool()), and strata_cpu_select_pool makes another current between launches. Rules of runtime/README.md's table: none directly; the segment
 // checks (private to the user, mode 0600, sizes) are described in its "Ranks are processes".
 #include "model_internal.h"
 
@@ -18,7 +19,13 @@ std::string g_abort_copy;
 
 }  // namespace
 
-Pool g_pool;
+namespace {
+Pool g_no_pool;                                  // current while no pool is: inited == false
+std::map<int, std::unique_ptr<Pool>> g_pools;   // by id
+int g_next_pool_id = 1;
+constexpr int kMaxPools = 256;                   // per process
+}  // namespace
+Pool* g_cur = &g_no_pool;
 
 void SetLastError(const std::string& s) {
   std::lock_guard<std::mutex> lk(g_err_mu);
@@ -49,25 +56,25 @@ double Now() {
 }
 
 int32_t AbortState() {
-  return g_pool.hdr ? __atomic_load_n(&g_pool.hdr->abort_state, __ATOMIC_ACQUIRE) : 0;
+  return CurPool().hdr ? __atomic_load_n(&CurPool().hdr->abort_state, __ATOMIC_ACQUIRE) : 0;
 }
 // Marks the pool aborted; the first caller's rank and message win.
 void PoolAbort(int rank, const std::string& msg) {
-  if (!g_pool.hdr) return;
+  if (!CurPool().hdr) return;
   int32_t expected = 0;
-  if (!__atomic_compare_exchange_n(&g_pool.hdr->abort_state, &expected, 1, false, __ATOMIC_ACQ_REL,
+  if (!__atomic_compare_exchange_n(&CurPool().hdr->abort_state, &expected, 1, false, __ATOMIC_ACQ_REL,
                                    __ATOMIC_ACQUIRE))
     return;
-  g_pool.hdr->abort_rank = rank;
-  snprintf(g_pool.hdr->abort_msg, sizeof g_pool.hdr->abort_msg, "%s", msg.c_str());
-  __atomic_store_n(&g_pool.hdr->abort_state, 2, __ATOMIC_RELEASE);
+  CurPool().hdr->abort_rank = rank;
+  snprintf(CurPool().hdr->abort_msg, sizeof CurPool().hdr->abort_msg, "%s", msg.c_str());
+  __atomic_store_n(&CurPool().hdr->abort_state, 2, __ATOMIC_RELEASE);
   Notify();
 }
 // Waits (briefly) for the abort message to be complete.
 void ReadAbort(int* rank, std::string* msg) {
   for (int i = 0; i < 100000 && AbortState() == 1; ++i) sched_yield();
-  *rank = g_pool.hdr->abort_rank;
-  *msg = AbortState() == 2 ? std::string(g_pool.hdr->abort_msg) : std::string("(message not available)");
+  *rank = CurPool().hdr->abort_rank;
+  *msg = AbortState() == 2 ? std::string(CurPool().hdr->abort_msg) : std::string("(message not available)");
 }
 
 }  // namespace strata_cpu
@@ -78,7 +85,9 @@ using namespace strata_cpu;
 extern "C" {
 
 STRATA_EXPORT int strata_cpu_init(int rank, int world, const char* shm_name, uint64_t heap_bytes, int create) {
-  if (g_pool.inited) return Error("strata_cpu_init: already initialised (call strata_cpu_finalize first)");
+  if (g_pools.size() >= size_t(kMaxPools))
+    return Error(Sprintf("strata_cpu_init: this process already maps %d pools (close a communicator first)",
+                         kMaxPools));
   if (world < 1 || world > 4096) return Error(Sprintf("strata_cpu_init: world %d is outside [1, 4096]", world));
   if (rank < 0 || rank >= world) return Error(Sprintf("strata_cpu_init: rank %d is outside [0, %d)", rank, world));
   if (!shm_name || !*shm_name) return Error("strata_cpu_init: empty segment name");
@@ -158,21 +167,24 @@ STRATA_EXPORT int strata_cpu_init(int rank, int world, const char* shm_name, uin
                            name.c_str(), world, (unsigned long long)heap_bytes));
     }
   }
-  g_pool.inited = true;
-  DCacheReset();
-  g_pool.rank = rank;
-  g_pool.world = world;
-  g_pool.name = name;
-  g_pool.base = static_cast<uint8_t*>(base);
-  g_pool.total = total;
-  g_pool.hdr = hdr;
-  g_pool.heaps = g_pool.base + kHeaderBytes;
-  g_pool.heap_bytes = heap_bytes;
+  std::unique_ptr<Pool> p(new Pool);
+  p->id = g_next_pool_id++;
+  p->inited = true;
+  p->rank = rank;
+  p->world = world;
+  p->name = name;
+  p->base = static_cast<uint8_t*>(base);
+  p->total = total;
+  p->hdr = hdr;
+  p->heaps = p->base + kHeaderBytes;
+  p->heap_bytes = heap_bytes;
+  p->free_blocks[0] = heap_bytes;
   {
-    std::lock_guard<std::mutex> lk(g_alloc_mu);
-    AllocReset();
+    // made current under the launch lock: a launch of another thread keeps its pool to the end
+    std::lock_guard<std::mutex> launch(g_workers->launch_mu);
+    g_cur = p.get();
+    g_pools[p->id] = std::move(p);
   }
-  LiveReset();
   RankSlot& me = hdr->ranks[rank];
   __atomic_store_n(&me.state, int32_t(kRankAbsent), __ATOMIC_RELEASE);
   __atomic_store_n(&me.pid, int32_t(getpid()), __ATOMIC_RELEASE);
@@ -182,20 +194,32 @@ STRATA_EXPORT int strata_cpu_init(int rank, int world, const char* shm_name, uin
 }
 
 STRATA_EXPORT int strata_cpu_finalize(int unlink_segment) {
-  if (!g_pool.inited) return Error("strata_cpu_finalize: not initialised");
-  StopWorkers(true);  // joins this process's core and SDMA threads; a later pool starts new ones
-  std::string name = g_pool.name;
-  __atomic_store_n(&g_pool.hdr->ranks[g_pool.rank].state, int32_t(kRankLeft), __ATOMIC_RELEASE);
-  munmap(g_pool.base, g_pool.total);
-  LiveReset();
-  DCacheReset();
-  g_pool = Pool();
+  if (!CurPool().inited) return Error("strata_cpu_finalize: not initialised");
+  Pool* p = g_cur;
+  // the last pool: join this process's core and SDMA threads (a later pool starts new ones)
+  if (g_pools.size() == 1) StopWorkers(true);
+  std::string name = p->name;
+  __atomic_store_n(&p->hdr->ranks[p->rank].state, int32_t(kRankLeft), __ATOMIC_RELEASE);
   {
-    std::lock_guard<std::mutex> lk(g_alloc_mu);
-    AllocReset();
+    std::lock_guard<std::mutex> launch(g_workers->launch_mu);
+    DCacheForget(p->base, p->base + p->total);
+    munmap(p->base, p->total);
+    g_cur = &g_no_pool;
+    g_pools.erase(p->id);
   }
   if (unlink_segment && shm_unlink(name.c_str()) != 0)
     return Error(Sprintf("strata_cpu_finalize: shm_unlink(%s): %s", name.c_str(), strerror(errno)));
+  return 0;
+}
+
+STRATA_EXPORT int strata_cpu_current_pool(void) { return CurPool().id; }
+
+STRATA_EXPORT int strata_cpu_select_pool(int id) {
+  if (t_core) return Error("strata_cpu_select_pool: called from inside a kernel");
+  std::lock_guard<std::mutex> launch(g_workers->launch_mu);   // never in the middle of a launch
+  auto it = g_pools.find(id);
+  if (it == g_pools.end()) return Error(Sprintf("strata_cpu_select_pool(%d): no such pool in this process", id));
+  g_cur = it->second.get();
   return 0;
 }
 
@@ -204,8 +228,8 @@ STRATA_EXPORT const char* strata_cpu_last_error(void) {
   return g_last_error.c_str();
 }
 
-STRATA_EXPORT void* strata_cpu_heap_base(void) { return g_pool.inited ? HeapOf(g_pool.rank) : nullptr; }
-STRATA_EXPORT uint64_t strata_cpu_heap_bytes(void) { return g_pool.heap_bytes; }
+STRATA_EXPORT void* strata_cpu_heap_base(void) { return CurPool().inited ? HeapOf(CurPool().rank) : nullptr; }
+STRATA_EXPORT uint64_t strata_cpu_heap_bytes(void) { return CurPool().heap_bytes; }
 
 STRATA_EXPORT int strata_cpu_aborted(void) { return AbortState() != 0; }
 

@@ -81,7 +81,7 @@ STRATA_EXPORT void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes
   CoreState* c = Cur(op);
   AbortCheck(c, op);
   CheckSdmaScratch(c, ub_buf, ub_size, op);
-  if (pe < 0 || pe >= g_pool.world) FailStr(Sprintf("%s: pe %d is outside [0, %d)", op, pe, g_pool.world));
+  if (pe < 0 || pe >= CurPool().world) FailStr(Sprintf("%s: pe %d is outside [0, %d)", op, pe, CurPool().world));
   void* d = dst;
   const void* s = src;
   if (put) {
@@ -93,8 +93,8 @@ STRATA_EXPORT void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes
   CheckGmImpl(d, bytes, op);
   LedgerRead(s, bytes, op);
   // The local symmetric range must stay inside its heap instance too.
-  if (put ? (OwnerOf(d) != pe || static_cast<uint8_t*>(d) + bytes > HeapOf(pe) + g_pool.heap_bytes)
-          : (OwnerOf(s) != pe || static_cast<const uint8_t*>(s) + bytes > HeapOf(pe) + g_pool.heap_bytes))
+  if (put ? (OwnerOf(d) != pe || static_cast<uint8_t*>(d) + bytes > HeapOf(pe) + CurPool().heap_bytes)
+          : (OwnerOf(s) != pe || static_cast<const uint8_t*>(s) + bytes > HeapOf(pe) + CurPool().heap_bytes))
     FailStr(Sprintf("%s: %llu bytes from the symmetric address run past the end of rank %d's heap", op,
                     (unsigned long long)bytes, pe));
   if (bytes == 0) return;
@@ -110,8 +110,8 @@ STRATA_EXPORT void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes
   Count(c->idx, STRATA_CTR_SDMA, bytes);
   Count(c->idx, STRATA_CTR_SDMA_POSTS, 1);
   Count(c->idx, STRATA_CTR_SDMA_SQES, sqes);
-  if (OwnerOf(s) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_READ, bytes);
-  if (OwnerOf(d) != g_pool.rank) Count(c->idx, STRATA_CTR_REMOTE_WRITE, bytes);
+  if (OwnerOf(s) != CurPool().rank) Count(c->idx, STRATA_CTR_REMOTE_READ, bytes);
+  if (OwnerOf(d) != CurPool().rank) Count(c->idx, STRATA_CTR_REMOTE_WRITE, bytes);
   SpinCore(c, c->launch->sdma_sqe_us * double(sqes), op);  // the AIV's descriptor work, per SQE
   SdmaEngine* e = Engine(c);
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -125,7 +125,7 @@ STRATA_EXPORT void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes
       if (L->sdma_delay_us) {
         uint64_t us = L->sdma_delay_us;
         if (L->sdma_delay_seeded)  // the copy's index in this core's queue over the process's launches
-          us = Mix64(L->sdma_delay_seed ^ Mix64((uint64_t(g_pool.rank) << 40) ^ (uint64_t(c->idx) << 32) ^
+          us = Mix64(L->sdma_delay_seed ^ Mix64((uint64_t(CurPool().rank) << 40) ^ (uint64_t(c->idx) << 32) ^
                                                 e->posted)) % (us + 1);
         due = now + double(us) * 1e-6;
       }

@@ -31,39 +31,28 @@ bool Compare(int32_t v, int cmp, int32_t x) {
   }
 }
 
-// The sync area of the launches to come (strata_cpu_describe_sync), to name flags in messages.
-struct SyncFlag {
-  std::string name;
-  int64_t base, size;  // sync slots (one 64-byte line each) from the start of the sync area
-};
-struct SyncLayout {
-  const uint8_t* sync = nullptr;
-  int64_t barrier_slots = 0;
-  std::vector<SyncFlag> flags;
-};
-std::mutex g_sync_mu;
-SyncLayout g_sync;
+std::mutex g_sync_mu;  // Pool::sync
 }  // namespace
 
 // ---- SHMEM ----
 
 STRATA_EXPORT int MyPe() {
-  if (!g_pool.inited) FailStr("aclshmem_my_pe: no pool (strata_cpu_init missing)");
-  return g_pool.rank;
+  if (!CurPool().inited) FailStr("aclshmem_my_pe: no pool (strata_cpu_init missing)");
+  return CurPool().rank;
 }
 STRATA_EXPORT int NPes() {
-  if (!g_pool.inited) FailStr("aclshmem_n_pes: no pool (strata_cpu_init missing)");
-  return g_pool.world;
+  if (!CurPool().inited) FailStr("aclshmem_n_pes: no pool (strata_cpu_init missing)");
+  return CurPool().world;
 }
 
 STRATA_EXPORT void* PeerPtr(const void* local_sym, int pe, const char* op) {
-  if (!g_pool.inited) FailStr(Sprintf("%s: no pool (strata_cpu_init missing)", op));
+  if (!CurPool().inited) FailStr(Sprintf("%s: no pool (strata_cpu_init missing)", op));
   const uint8_t* p = static_cast<const uint8_t*>(local_sym);
-  uint8_t* mine = HeapOf(g_pool.rank);
-  if (p < mine || p >= mine + g_pool.heap_bytes)
+  uint8_t* mine = HeapOf(CurPool().rank);
+  if (p < mine || p >= mine + CurPool().heap_bytes)
     FailStr(Sprintf("%s: %p is not in this rank's heap instance (rank %d heap [%p, %p)); it is %s", op, local_sym,
-                    g_pool.rank, (void*)mine, (void*)(mine + g_pool.heap_bytes), GmWhere(local_sym).c_str()));
-  if (pe < 0 || pe >= g_pool.world) FailStr(Sprintf("%s: pe %d is outside [0, %d)", op, pe, g_pool.world));
+                    CurPool().rank, (void*)mine, (void*)(mine + CurPool().heap_bytes), GmWhere(local_sym).c_str()));
+  if (pe < 0 || pe >= CurPool().world) FailStr(Sprintf("%s: pe %d is outside [0, %d)", op, pe, CurPool().world));
   return HeapOf(pe) + (p - mine);
 }
 
@@ -142,22 +131,22 @@ void DescribeWait(const char* note_what, const int32_t* group, int64_t count, in
   }
   std::lock_guard<std::mutex> lk(g_sync_mu);
   const uint8_t* a = reinterpret_cast<const uint8_t*>(addr);
-  if (!g_sync.sync || a < g_sync.sync || (a - g_sync.sync) % kCacheLineBytes != 0) return;
-  int64_t slot = (a - g_sync.sync) / kCacheLineBytes;
-  const int32_t* base = reinterpret_cast<const int32_t*>(g_sync.sync);
-  if (slot < g_sync.barrier_slots) {
+  if (!CurPool().sync.sync || a < CurPool().sync.sync || (a - CurPool().sync.sync) % kCacheLineBytes != 0) return;
+  int64_t slot = (a - CurPool().sync.sync) / kCacheLineBytes;
+  const int32_t* base = reinterpret_cast<const int32_t*>(CurPool().sync.sync);
+  if (slot < CurPool().sync.barrier_slots) {
     *what = Sprintf("barrier slot of rank %lld", (long long)slot);
-    std::string below = ge ? SlotsBelow(base, g_sync.barrier_slots, value) : "";
+    std::string below = ge ? SlotsBelow(base, CurPool().sync.barrier_slots, value) : "";
     if (!below.empty()) *pending = "; ranks that have not arrived at this barrier: " + below;
     return;
   }
-  for (const SyncFlag& f : g_sync.flags) {
+  for (const SyncFlag& f : CurPool().sync.flags) {
     if (slot < f.base || slot >= f.base + f.size) continue;
     *what = Sprintf("flag %s[%lld]", f.name.c_str(), (long long)(slot - f.base));
     std::string below = ge ? SlotsBelow(base + f.base * kSlotInts, f.size, value) : "";
     if (!below.empty())
       *pending = Sprintf("; slots of %s on rank %d not yet signalled in this call: %s (of %lld)", f.name.c_str(),
-                         g_pool.rank, below.c_str(), (long long)f.size);
+                         CurPool().rank, below.c_str(), (long long)f.size);
     return;
   }
 }
@@ -260,7 +249,7 @@ STRATA_EXPORT void strata_cpu_describe_sync(const void* sync, int64_t barrier_sl
     while (*p == ';' || *p == ' ') ++p;
   }
   std::lock_guard<std::mutex> lk(g_sync_mu);
-  g_sync = std::move(d);
+  CurPool().sync = std::move(d);
 }
 
 }  // extern "C"

@@ -11,8 +11,6 @@ namespace strata_cpu {
 
 CoreCounters g_ctr[STRATA_MAX_CORES];
 std::atomic<int> g_max_cores{0};
-std::atomic<double> g_timeout{60.0};
-std::atomic<int> g_aiv_cores{STRATA_SOC_MAX_AIV};  // strata_cpu_set_aiv_cores
 
 namespace {
 
@@ -50,13 +48,13 @@ using namespace strata_cpu;
 
 extern "C" {
 
-STRATA_EXPORT void strata_cpu_set_timeout(double seconds) { g_timeout.store(seconds); }
+STRATA_EXPORT void strata_cpu_set_timeout(double seconds) { CurPool().timeout.store(seconds); }
 
 STRATA_EXPORT int strata_cpu_set_aiv_cores(int n) {
   if (n < 1 || n > STRATA_SOC_MAX_AIV)
     return Error(Sprintf("strata_cpu_set_aiv_cores(%d): outside [1, %d] (A2/A3 SoCs have 40 or 48 vector cores)",
                          n, STRATA_SOC_MAX_AIV));
-  g_aiv_cores.store(n);
+  CurPool().aiv_cores.store(n);
   return 0;
 }
 
@@ -83,7 +81,7 @@ STRATA_EXPORT int strata_cpu_trace_write(const char* path) {
   }
   FILE* f = fopen(path, "a");
   if (!f) return Error(Sprintf("strata_cpu_trace_write: cannot open %s: %s", path, strerror(errno)));
-  int pid = g_pool.inited ? g_pool.rank : 0;
+  int pid = CurPool().inited ? CurPool().rank : 0;
   for (const TraceSpan& s : spans)
     fprintf(f,
             "{\"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, \"name\": \"%s\", "

@@ -19,7 +19,7 @@ long Futex(uint32_t* addr, int op, uint32_t val, const timespec* ts) {
 // SyncAll completed, a core returned, a failure or abort, a host barrier): wakes the threads of
 // every rank that sleep in Idler::Idle. Costs an atomic add; a futex wake only when one sleeps.
 void Notify() {
-  PoolHeader* h = g_pool.hdr;
+  PoolHeader* h = CurPool().hdr;
   if (!h) return;
   __atomic_add_fetch(&h->wake_epoch, 1, __ATOMIC_SEQ_CST);
   if (__atomic_load_n(&h->wake_sleepers, __ATOMIC_SEQ_CST) != 0 &&
@@ -121,17 +121,17 @@ using namespace strata_cpu;
 extern "C" {
 
 STRATA_EXPORT int strata_cpu_barrier(void) {
-  if (!g_pool.inited) return Error("strata_cpu_barrier: not initialised");
-  PoolHeader* h = g_pool.hdr;
-  int32_t mine = __atomic_add_fetch(&h->ranks[g_pool.rank].barriers, 1, __ATOMIC_ACQ_REL);
+  if (!CurPool().inited) return Error("strata_cpu_barrier: not initialised");
+  PoolHeader* h = CurPool().hdr;
+  int32_t mine = __atomic_add_fetch(&h->ranks[CurPool().rank].barriers, 1, __ATOMIC_ACQ_REL);
   int32_t gen = __atomic_load_n(&h->bar_gen, __ATOMIC_ACQUIRE);
-  if (__atomic_add_fetch(&h->bar_count, 1, __ATOMIC_ACQ_REL) == g_pool.world) {
+  if (__atomic_add_fetch(&h->bar_count, 1, __ATOMIC_ACQ_REL) == CurPool().world) {
     __atomic_store_n(&h->bar_count, 0, __ATOMIC_RELEASE);
     __atomic_add_fetch(&h->bar_gen, 1, __ATOMIC_ACQ_REL);
     Notify();  // the waiters below
     return 0;
   }
-  double start = Now(), deadline = start + g_timeout.load();
+  double start = Now(), deadline = start + CurPool().timeout.load();
   Idler idle;
   while (__atomic_load_n(&h->bar_gen, __ATOMIC_ACQUIRE) == gen) {
     if (AbortState() != 0) {
@@ -142,14 +142,14 @@ STRATA_EXPORT int strata_cpu_barrier(void) {
     }
     std::string gone;
     if (DeadRank(&gone) >= 0) {
-      std::string msg = Sprintf("strata_cpu_barrier: rank %d: %s", g_pool.rank, gone.c_str());
-      PoolAbort(g_pool.rank, msg);
+      std::string msg = Sprintf("strata_cpu_barrier: rank %d: %s", CurPool().rank, gone.c_str());
+      PoolAbort(CurPool().rank, msg);
       return Error(msg);
     }
     if (Now() > deadline) {
       std::string late;
       int n = 0;
-      for (int r = 0; r < g_pool.world; ++r) {
+      for (int r = 0; r < CurPool().world; ++r) {
         if (__atomic_load_n(&h->ranks[r].barriers, __ATOMIC_ACQUIRE) >= mine) continue;
         if (n < 16) late += Sprintf("%s%d", n ? ", " : "", r);
         ++n;
@@ -157,8 +157,8 @@ STRATA_EXPORT int strata_cpu_barrier(void) {
       if (n > 16) late += Sprintf(", ... (%d in all)", n);
       std::string msg = Sprintf("strata_cpu_barrier: rank %d timed out after %g s in host barrier %d; ranks that "
                                 "have not arrived: %s",
-                                g_pool.rank, g_timeout.load(), mine, late.empty() ? "(none)" : late.c_str());
-      PoolAbort(g_pool.rank, msg);
+                                CurPool().rank, CurPool().timeout.load(), mine, late.empty() ? "(none)" : late.c_str());
+      PoolAbort(CurPool().rank, msg);
       return Error(msg);
     }
     idle.Idle();
