@@ -4,7 +4,13 @@ The Python API lives in stratac.host: `Communicator` (the CPU build) and `NpuCom
 Ascend NPU) are re-exported here, imported lazily, so that the command line does not pay for torch
 when it only checks or compiles. `Buffer` (stratac.host.moe) is the DeepEP-style MoE
 dispatch/combine. docs/architecture.md maps the package.
+
+`import stratac` registers the torch.distributed backend "stratac" (stratac.distributed) when
+torch.distributed is already imported, so that `dist.init_process_group("stratac")` works; without
+torch imported it does not import it (the command line stays fast): import stratac.distributed.
 """
+
+import sys as _sys
 
 __version__ = "0.1.0"
 __all__ = ["Buffer", "Communicator", "NpuCommunicator", "StrataError", "StrataRuntimeError", "StrataUsageError"]
@@ -27,3 +33,7 @@ def __getattr__(name):
         from stratac.diagnostics import StrataError
         return StrataError
     raise AttributeError(name)
+
+
+if "torch.distributed" in _sys.modules:
+    import stratac.distributed  # noqa: E402,F401  (registers the backend)

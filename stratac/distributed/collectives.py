@@ -1,0 +1,432 @@
+"""torch.distributed's collectives as stratac schedules: one group's side of the backend.
+
+In: a torch.distributed group's store, rank, size and timeout; each collective as torch hands it to
+a backend (tensor lists, a ReduceOp, a root, split sizes). Out: the result written into the
+caller's tensors by a proven stratac kernel, or `Unsupported` with the reason, which the backend
+(stratac.distributed.backend) turns into its gloo fallback or, with STRATAC_FALLBACK=error, an
+error naming the op and dtype.
+
+Each torch collective maps onto one contract of the schedule library (LIBRARY: example schedules
+shipped in the wheel, or the user's, stratac.distributed.use):
+
+    all_reduce                     allreduce (SUM, MAX, MIN; AVG = SUM, then / world)
+    broadcast, reduce              broadcast, reduce (root = the group rank)
+    all_gather[_into_tensor]       allgather
+    reduce_scatter[_tensor]        reducescatter
+    all_to_all_single, all_to_all  alltoall (equal splits), alltoallv (any splits)
+    barrier                        allreduce of one int32
+
+Tensors that are not on the group's symmetric heap are copied into a staging area on it (one per
+group, carved per call) and the results copied back; every such copy is counted (stats). A
+tensor made by stratac.distributed.empty on this group is passed as it is (zero-copy).
+
+Copy-only collectives (broadcast, all_gather, all_to_all) move any dtype: the kernel sees the
+bytes as int32 (or float16 when the byte count is only even), which a copy does not interpret.
+Reductions run on the element types the kernels compute in (float32, float16, bfloat16, int32).
+
+The decision to run a kernel or not depends only on what every rank of a correct program passes
+alike (op, dtype, shapes), so that all ranks take the same path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from stratac import ir
+from stratac.host.comm import Communicator
+from stratac.host.errors import StrataUsageError
+from stratac.host.select import Selector, load_table
+from stratac.resources import resource_path
+
+# The schedules each contract runs, from the example schedules the wheel ships (stratac/examples).
+LIBRARY = {
+    ir.ContractKind.ALLREDUCE: ("allreduce_twoshot.strata", "allreduce_oneshot.strata"),
+    ir.ContractKind.BROADCAST: ("broadcast.strata",),
+    ir.ContractKind.REDUCE: ("reduce.strata",),
+    ir.ContractKind.ALLGATHER: ("allgather_push.strata",),
+    ir.ContractKind.REDUCESCATTER: ("reducescatter.strata",),
+    ir.ContractKind.ALLTOALL: ("alltoall.strata",),
+    ir.ContractKind.ALLTOALLV: ("alltoallv.strata",),
+}
+COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32)
+STAGING_ALIGN = 512                 # abi.HEAP_ALIGN: every staged tensor starts on a heap block
+DEFAULT_HEAP_BYTES = 256 << 20      # per rank and group; STRATAC_HEAP_BYTES overrides
+
+
+class Unsupported(Exception):
+    """No stratac schedule takes this call (the message says why); the backend falls back."""
+
+
+@dataclass
+class Stats:
+    """What the backend did, per op ("all_reduce", ...) and dtype, since the process started."""
+    kernels: Counter = field(default_factory=Counter)      # op -> calls run by a stratac kernel
+    zero_copy: Counter = field(default_factory=Counter)    # op -> of those, with no staging copy
+    staged_bytes: Counter = field(default_factory=Counter)  # op -> bytes copied in and out
+    fallback: Counter = field(default_factory=Counter)     # (op, dtype, reason) -> calls run by gloo
+
+    def as_dict(self) -> dict:
+        return {"kernels": dict(self.kernels), "zero_copy": dict(self.zero_copy),
+                "staged_bytes": dict(self.staged_bytes),
+                "fallback": {f"{op} {dtype}: {why}": n for (op, dtype, why), n in self.fallback.items()}}
+
+
+STATS = Stats()
+USER_SOURCES: list = []     # stratac.distributed.use(...): schedules put in front of LIBRARY
+
+
+def op_name(op) -> str:
+    """A torch ReduceOp's name (SUM, AVG, ...; PREMUL_SUM for the scaled sums)."""
+    R = torch.distributed.ReduceOp
+    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):
+        if op == getattr(R, name):
+            return name
+    return "PREMUL_SUM"
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _esize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def moved(dtype: torch.dtype, nbytes: int) -> tuple[torch.dtype, int]:
+    """How a copy-only kernel moves nbytes of dtype: (element type, elements). A type the kernels
+    know moves as itself; any other as int32 words, padded up to a whole word (the padding is
+    moved and never copied back)."""
+    if dtype in COMPUTE_DTYPES:
+        return dtype, nbytes // _esize(dtype)
+    return torch.int32, (nbytes + 3) // 4
+
+
+class Group:
+    """One torch.distributed group's stratac side. The communicator (a pool of the CPU model
+    with the group's heap) is made at the group's first kernel call: collective, like every call."""
+
+    def __init__(self, store, rank: int, world: int, timeout: float, name: str):
+        self.store, self.rank, self.world, self.timeout, self.name = store, rank, world, timeout, name
+        self.heap_bytes = int(os.environ.get("STRATAC_HEAP_BYTES", DEFAULT_HEAP_BYTES))
+        self._comm: Communicator | None = None
+        self._selectors: dict[ir.ContractKind, Selector] = {}
+        self._arena: torch.Tensor | None = None
+        self._cursor = 0
+
+    # ---- the communicator, its schedules and its staging area
+    @property
+    def comm(self) -> Communicator:
+        if self._comm is None:
+            self._comm = Communicator.from_store(self.rank, self.world, self.store,
+                                                 heap_bytes=self.heap_bytes, timeout=self.timeout,
+                                                 prefix="stratac")
+        return self._comm
+
+    def owns(self, t: torch.Tensor) -> bool:
+        """Whether t lies on this group's heap (a tensor of stratac.distributed.empty)."""
+        c = self._comm
+        return c is not None and c._open and 0 <= t.data_ptr() - c._base < c.heap_bytes
+
+    def selector(self, kind: ir.ContractKind):
+        """The entry point of a contract: a Selector (by size and world), or for AllToAllV its schedule."""
+        sel = self._selectors.get(kind)
+        if sel is None:
+            comm = self.comm
+            fns = []
+            for source in USER_SOURCES:       # the user's schedules of this contract come first
+                mod = comm.load(source)
+                fns += [fn for fn in mod.schedules.values() if fn.ir.contract.kind is kind]
+            if not fns:
+                for file in LIBRARY[kind]:
+                    mod = comm.load(resource_path("examples", file))
+                    fns += [fn for fn in mod.schedules.values() if fn.ir.contract.kind is kind]
+            if not fns:
+                raise StrataUsageError(f"no schedule of the library implements {kind.value}")
+            # AllToAllV takes run-time counts, not a size to pick by: its first schedule runs
+            sel = self._selectors[kind] = fns[0] if kind.moe else Selector(mod, kind, fns, load_table(None))
+        return sel
+
+    def staging(self) -> torch.Tensor:
+        if self._arena is None:
+            self._arena = self.comm.empty(self.heap_bytes // 2, dtype=torch.uint8)
+        return self._arena
+
+    def close(self) -> None:
+        if self._comm is not None and self._comm._open:
+            self._comm.close(collective=False)
+        self._comm = None
+        self._selectors.clear()
+        self._arena = None
+
+    # ---- one call's tensors on the heap
+    def call(self, op: str) -> "_Call":
+        return _Call(self, op)
+
+    # ---- the collectives; each returns the tensors torch's future holds
+    def all_reduce(self, tensors: list[torch.Tensor], op) -> list[torch.Tensor]:
+        name = op_name(op)
+        if name not in ("SUM", "AVG", "MAX", "MIN"):
+            raise Unsupported(f"ReduceOp.{name}: no schedule reduces with it")
+        for t in tensors:
+            if t.dtype not in COMPUTE_DTYPES:
+                raise Unsupported("the kernels reduce float32, float16, bfloat16 and int32 only")
+            if name == "AVG" and not t.is_floating_point():
+                raise Unsupported("ReduceOp.AVG of an integer type")
+        for t in tensors:
+            with self.call("all_reduce") as c:
+                x = c.inout(t, t.dtype, t.numel())
+                self.selector(ir.ContractKind.ALLREDUCE)(x, op="sum" if name == "AVG" else name.lower())
+                if name == "AVG":
+                    x.div_(self.world)
+        return tensors
+
+    def barrier(self) -> None:
+        with self.call("barrier") as c:
+            x = c.scratch(1, torch.int32)
+            self.selector(ir.ContractKind.ALLREDUCE)(x, op="sum")
+
+    def broadcast(self, tensors: list[torch.Tensor], root: int) -> list[torch.Tensor]:
+        for t in tensors:
+            with self.call("broadcast") as c:
+                x = c.inout(t, *moved(t.dtype, _nbytes(t)))
+                self.selector(ir.ContractKind.BROADCAST)(x, root=root)
+        return tensors
+
+    def reduce(self, tensors: list[torch.Tensor], root: int, op) -> list[torch.Tensor]:
+        name = op_name(op)
+        if name not in ("SUM", "MAX", "MIN"):
+            raise Unsupported(f"ReduceOp.{name}: no reduce schedule reduces with it")
+        if any(t.dtype not in COMPUTE_DTYPES for t in tensors):
+            raise Unsupported("the kernels reduce float32, float16, bfloat16 and int32 only")
+        for t in tensors:
+            with self.call("reduce") as c:
+                x = c.inout(t, t.dtype, t.numel(), back=self.rank == root)
+                self.selector(ir.ContractKind.REDUCE)(x, op=name.lower(), root=root)
+        return tensors
+
+    def all_gather(self, outputs: list[torch.Tensor], t: torch.Tensor, what: str) -> None:
+        """outputs: the world's blocks, in rank order (views of one tensor or a list)."""
+        self._check_blocks(outputs, t, what, "output")
+        with self.call("all_gather") as c:
+            dt, n = moved(t.dtype, _nbytes(t))
+            x = c.input(t, dt, n)
+            out = c.output_blocks(outputs, dt, n)
+            self.selector(ir.ContractKind.ALLGATHER)(x, out)
+
+    def reduce_scatter(self, out: torch.Tensor, inputs: list[torch.Tensor], op, what: str) -> None:
+        name = op_name(op)
+        if name not in ("SUM", "AVG", "MAX", "MIN"):
+            raise Unsupported(f"ReduceOp.{name}: no schedule reduces with it")
+        if out.dtype not in COMPUTE_DTYPES:
+            raise Unsupported("the kernels reduce float32, float16, bfloat16 and int32 only")
+        if name == "AVG" and not out.is_floating_point():
+            raise Unsupported("ReduceOp.AVG of an integer type")
+        self._check_blocks(inputs, out, what, "input")
+        with self.call("reduce_scatter") as c:
+            x = c.input_blocks(inputs, out.dtype, out.numel())
+            y = c.output(out, out.dtype, out.numel())
+            self.selector(ir.ContractKind.REDUCESCATTER)(x, y, op="sum" if name == "AVG" else name.lower())
+            if name == "AVG":
+                y.div_(self.world)
+
+    def all_to_all(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], what: str) -> None:
+        """inputs[p] goes to rank p; outputs[s] comes from rank s. Equal blocks: the alltoall
+        schedule; blocks of any sizes: alltoallv, one element a row."""
+        if len(inputs) != self.world or len(outputs) != self.world:
+            raise StrataUsageError(f"{what}: the input and output lists must have one tensor per rank of the "
+                                   f"group ({self.world}), got {len(inputs)} and {len(outputs)}")
+        dtypes = {t.dtype for t in (*inputs, *outputs)}
+        if len(dtypes) != 1:
+            raise StrataUsageError(f"{what}: every tensor must have one dtype, got "
+                                   f"{', '.join(sorted(map(str, dtypes)))}")
+        sizes = {t.numel() for t in (*inputs, *outputs)}
+        if len(sizes) == 1:
+            with self.call("all_to_all") as c:
+                dt, n = moved(inputs[0].dtype, _nbytes(inputs[0]))
+                x = c.input_blocks(inputs, dt, n)
+                out = c.output_blocks(outputs, dt, n)
+                self.selector(ir.ContractKind.ALLTOALL)(x, out)
+            return
+        self._all_to_all_v([t.reshape(-1, 1) for t in inputs], [t.numel() for t in inputs],
+                           [t.numel() for t in outputs], outputs, 1, what)
+
+    def all_to_all_single(self, out: torch.Tensor, t: torch.Tensor, out_splits: list[int],
+                          in_splits: list[int], what: str) -> None:
+        if out.dtype != t.dtype:
+            raise StrataUsageError(f"{what}: output is {out.dtype} and input {t.dtype}: they must match")
+        if not out_splits and not in_splits:
+            if t.numel() % self.world or out.numel() != t.numel():
+                raise StrataUsageError(
+                    f"{what}: with equal splits the input's {t.numel()} elements must divide into {self.world} "
+                    f"blocks and the output must hold as many, got {out.numel()}")
+            if t.numel() == 0:
+                return
+            if not out.is_contiguous():
+                raise StrataUsageError(f"{what}: the output must be contiguous")
+            n = t.numel() // self.world
+            flat_in, flat_out = t.reshape(-1), out.view(-1)
+            ins = [flat_in[p * n:(p + 1) * n] for p in range(self.world)]
+            outs = [flat_out[p * n:(p + 1) * n] for p in range(self.world)]
+            self.all_to_all(outs, ins, what)
+            return
+        rows_in, rows_out = (t.shape[0] if t.dim() else 1), (out.shape[0] if out.dim() else 1)
+        in_splits = list(in_splits) or [rows_in // self.world] * self.world
+        out_splits = list(out_splits) or [rows_out // self.world] * self.world
+        for name, splits, rows in (("input_split_sizes", in_splits, rows_in),
+                                   ("output_split_sizes", out_splits, rows_out)):
+            if len(splits) != self.world or sum(splits) != rows or min(splits) < 0:
+                raise StrataUsageError(f"{what}: {name} {splits} must have {self.world} entries (one per rank) "
+                                       f"that add up to the tensor's {rows} rows")
+        hidden = t[0].numel() if t.dim() > 1 else 1
+        if (out[0].numel() if out.dim() > 1 else 1) != hidden:
+            raise StrataUsageError(f"{what}: the output's rows hold {out[0].numel()} elements and the input's "
+                                   f"{hidden}: they must match")
+        self._all_to_all_v([t.reshape(rows_in, hidden)], in_splits, out_splits, [out], hidden, what)
+
+    def _all_to_all_v(self, inputs: list[torch.Tensor], in_splits: list[int], out_splits: list[int],
+                      outputs: list[torch.Tensor], hidden: int, what: str) -> None:
+        """The rows of `inputs` ([k, hidden] each, concatenated) go to rank p per in_splits; the rows
+        that arrive, from rank 0 first, fill `outputs` in order: out_splits[s] of them from rank s.
+        The ranks' row counts are exchanged first (an allgather of one int32): a call's sizes are
+        the same on every rank, so the rows are padded to the largest count."""
+        dtype = inputs[0].dtype
+        row_bytes = hidden * _esize(dtype)
+        if row_bytes == 0:
+            return
+        rows = sum(in_splits)
+        dt, cols = moved(dtype, row_bytes)
+        with self.call("all_to_all") as c:
+            mine = c.scratch(1, torch.int32)
+            everyone = c.scratch(self.world, torch.int32)
+            mine.fill_(rows)
+            self.selector(ir.ContractKind.ALLGATHER)(mine, everyone)
+            cap = max(1, int(everyone.max()))
+            x = c.scratch(cap * cols, dt)
+            xrows, at = x.view(torch.uint8).view(cap, -1)[:, :row_bytes], 0
+            for t in inputs:
+                k = t.shape[0]
+                xrows[at:at + k].view(dtype).view(t.shape).copy_(t)
+                at += k
+            c.count(at * row_bytes)
+            dest = c.scratch(cap, torch.int32)
+            dest.fill_(-1)
+            at = 0
+            for p, k in enumerate(in_splits):
+                dest[at:at + k] = p
+                at += k
+            counts = c.scratch(self.world * self.world, torch.int32).view(self.world, self.world)
+            out = c.scratch(self.world * cap * cols, dt)
+            self.selector(ir.ContractKind.ALLTOALLV)(x.view(cap, cols), dest, counts,
+                                                     out.view(self.world * cap, cols))
+            got = counts[:, self.rank].tolist()
+            if got != list(out_splits):
+                raise StrataUsageError(f"{what}: rank {self.rank} expected {list(out_splits)} rows from the ranks "
+                                       f"(its output split sizes) but they sent {got} (their input split sizes)")
+            orows, at = out.view(torch.uint8).view(self.world * cap, -1)[:, :row_bytes], 0
+            for o in outputs:
+                k = o.numel() // hidden
+                o.copy_(orows[at:at + k].view(dtype).view(o.shape))
+                at += k
+            c.count(at * row_bytes)
+
+    def _check_blocks(self, blocks: list[torch.Tensor], t: torch.Tensor, what: str, which: str) -> None:
+        if len(blocks) != self.world:
+            raise StrataUsageError(f"{what}: the {which} list has {len(blocks)} tensors; the group has "
+                                   f"{self.world} ranks")
+        for r, b in enumerate(blocks):
+            if b.dtype != t.dtype or b.numel() != t.numel():
+                raise StrataUsageError(f"{what}: {which} block {r} is {b.dtype} of {b.numel()} elements; "
+                                       f"every block must be {t.dtype} of {t.numel()} elements like the "
+                                       f"{'input' if which == 'output' else 'output'}")
+
+
+class _Call:
+    """The heap tensors of one call: the caller's own when they lie on the group's heap, else
+    views of the staging area (carved in order, each on a heap block), with the copies in and out
+    counted. Results are copied out when the call's kernels have returned."""
+
+    def __init__(self, group: Group, op: str):
+        self.group, self.op = group, op
+        self._at = 0
+        self._back: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._staged = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            for user, heap in self._back:
+                user.copy_(heap.view(user.dtype).view(user.shape))
+                self._staged += _nbytes(user)
+            STATS.kernels[self.op] += 1
+            if self._staged:
+                STATS.staged_bytes[self.op] += self._staged
+            else:
+                STATS.zero_copy[self.op] += 1
+        return False
+
+    def count(self, nbytes: int) -> None:
+        self._staged += nbytes
+
+    def scratch(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """numel elements of the staging area, on a heap block of their own."""
+        nbytes = numel * _esize(dtype)
+        arena = self.group.staging()
+        lo = self._at
+        self._at = lo + (nbytes + STAGING_ALIGN - 1) // STAGING_ALIGN * STAGING_ALIGN
+        if self._at > arena.numel():
+            raise Unsupported(f"the call needs {self._at} bytes of staging, more than the group's "
+                              f"{arena.numel()} (STRATAC_HEAP_BYTES / 2; or allocate the tensors with "
+                              "stratac.distributed.empty)")
+        return arena[lo:lo + nbytes].view(dtype)
+
+    def _zero_copy(self, t: torch.Tensor, dtype: torch.dtype, numel: int) -> torch.Tensor | None:
+        """t itself, seen as numel of dtype, when it lies on the group's heap and needs no padding."""
+        if self.group.owns(t) and t.is_contiguous() and numel * _esize(dtype) == _nbytes(t):
+            flat = t.reshape(-1)
+            return flat.view(dtype) if dtype != t.dtype else flat
+        return None
+
+    def input(self, t: torch.Tensor, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        x = self._zero_copy(t, dtype, numel)
+        if x is None:
+            x = self.scratch(numel, dtype)
+            x.view(torch.uint8)[:_nbytes(t)].view(t.dtype).view(t.shape).copy_(t)
+            self._staged += _nbytes(t)
+        return x
+
+    def output(self, t: torch.Tensor, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        x = self._zero_copy(t, dtype, numel)
+        if x is None:
+            x = self.scratch(numel, dtype)
+            self._back.append((t, x.view(torch.uint8)[:_nbytes(t)]))
+        return x
+
+    def inout(self, t: torch.Tensor, dtype: torch.dtype, numel: int, back: bool = True) -> torch.Tensor:
+        x = self._zero_copy(t, dtype, numel)
+        if x is None:
+            x = self.input(t, dtype, numel)
+            if back:
+                self._back.append((t, x.view(torch.uint8)[:_nbytes(t)]))
+        return x
+
+    def input_blocks(self, blocks: list[torch.Tensor], dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """The blocks one after another, numel elements of dtype each (a block padded up to it)."""
+        x = self.scratch(numel * len(blocks), dtype)
+        rows = x.view(torch.uint8).view(len(blocks), -1)
+        for r, b in enumerate(blocks):
+            rows[r, :_nbytes(b)].view(b.dtype).view(b.shape).copy_(b)
+            self._staged += _nbytes(b)
+        return x
+
+    def output_blocks(self, blocks: list[torch.Tensor], dtype: torch.dtype, numel: int) -> torch.Tensor:
+        x = self.scratch(numel * len(blocks), dtype)
+        rows = x.view(torch.uint8).view(len(blocks), -1)
+        for r, b in enumerate(blocks):
+            self._back.append((b, rows[r, :_nbytes(b)]))
+        return x
