@@ -38,7 +38,7 @@ import torch
 
 from stratac import ir
 from stratac.host.comm import Communicator
-from stratac.host.errors import StrataUsageError
+from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.host.select import Selector, load_table
 from stratac.resources import resource_path
 
@@ -113,6 +113,7 @@ class Group:
         self.store, self.rank, self.world, self.timeout, self.name = store, rank, world, timeout, name
         self.heap_bytes = int(os.environ.get("STRATAC_HEAP_BYTES", DEFAULT_HEAP_BYTES))
         self._comm: Communicator | None = None
+        self._broken: str | None = None   # why the heap could not be set up (then no call runs)
         self._selectors: dict[ir.ContractKind, Selector] = {}
         self._arena: torch.Tensor | None = None
         self._cursor = 0
@@ -121,9 +122,16 @@ class Group:
     @property
     def comm(self) -> Communicator:
         if self._comm is None:
-            self._comm = Communicator.from_store(self.rank, self.world, self.store,
-                                                 heap_bytes=self.heap_bytes, timeout=self.timeout,
-                                                 prefix="stratac")
+            if self._broken is not None:
+                raise StrataRuntimeError(f"process group {self.name!r}: its symmetric heap could not be set up "
+                                         f"at its first call ({self._broken}); no call can run on it: destroy it")
+            try:
+                self._comm = Communicator.from_store(self.rank, self.world, self.store,
+                                                     heap_bytes=self.heap_bytes, timeout=self.timeout,
+                                                     prefix="stratac")
+            except StrataRuntimeError as exc:
+                self._broken = str(exc)
+                raise
         return self._comm
 
     def owns(self, t: torch.Tensor) -> bool:
@@ -299,6 +307,8 @@ class Group:
             return
         rows = sum(in_splits)
         dt, cols = moved(dtype, row_bytes)
+        if dt is torch.int32:   # alltoallv's rows are tokens (a float type); place copies them as bytes
+            dt = torch.float32
         with self.call("all_to_all") as c:
             mine = c.scratch(1, torch.int32)
             everyone = c.scratch(self.world, torch.int32)

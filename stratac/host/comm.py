@@ -197,20 +197,25 @@ class Communicator:
     @classmethod
     def _bootstrap(cls, rank, world, name, heap_bytes, timeout, barrier, made=None) -> "Communicator":
         # rank 0 creates the segment; the others map it once it exists; once every rank has mapped
-        # it, its name is removed, so no segment can outlive the job however it ends
-        if rank == 0:
-            comm = cls(rank, world, segment=name, create=True, heap_bytes=heap_bytes,
+        # it, its name is removed, so no segment can outlive the job however it ends. A barrier
+        # that fails (a peer that never came) unmaps what this rank mapped.
+        comm = None
+        try:
+            if rank != 0:
+                barrier()
+            comm = cls(rank, world, segment=name, create=rank == 0, heap_bytes=heap_bytes,
                        timeout=timeout, barrier=barrier)
             if made is not None:
                 made.append(comm)
+            if rank == 0:
+                barrier()
             barrier()
-        else:
-            barrier()
-            comm = cls(rank, world, segment=name, create=False, heap_bytes=heap_bytes,
-                       timeout=timeout, barrier=barrier)
-            if made is not None:
-                made.append(comm)
-        barrier()
+        except BaseException:
+            if comm is not None:
+                comm.close(collective=False)
+            if rank == 0:
+                unlink_segment(name)
+            raise
         if rank == 0:
             unlink_segment(name)
         return comm
