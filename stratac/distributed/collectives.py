@@ -30,6 +30,7 @@ alike (op, dtype, shapes), so that all ranks take the same path.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -79,11 +80,14 @@ STATS = Stats()
 USER_SOURCES: list = []     # stratac.distributed.use(...): schedules put in front of LIBRARY
 
 
+_OP_TYPES = [(name, getattr(torch.distributed.ReduceOp, name))
+             for name in ("SUM", "AVG", "MAX", "MIN", "PRODUCT", "BAND", "BOR", "BXOR")]
+
+
 def op_name(op) -> str:
     """A torch ReduceOp's name (SUM, AVG, ...; PREMUL_SUM for the scaled sums)."""
-    R = torch.distributed.ReduceOp
-    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):
-        if op == getattr(R, name):
+    for name, value in _OP_TYPES:
+        if op == value:
             return name
     return "PREMUL_SUM"
 
@@ -93,7 +97,7 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _esize(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def moved(dtype: torch.dtype, nbytes: int) -> tuple[torch.dtype, int]:
@@ -116,7 +120,7 @@ class Group:
         self._broken: str | None = None   # why the heap could not be set up (then no call runs)
         self._selectors: dict[ir.ContractKind, Selector] = {}
         self._arena: torch.Tensor | None = None
-        self._cursor = 0
+        self._plans: dict[tuple, _Plan] = {}
 
     # ---- the communicator, its schedules and its staging area
     @property
@@ -168,11 +172,29 @@ class Group:
             self._comm.close(collective=False)
         self._comm = None
         self._selectors.clear()
+        self._plans.clear()
         self._arena = None
 
     # ---- one call's tensors on the heap
     def call(self, op: str) -> "_Call":
-        return _Call(self, op)
+        """The heap side of a call whose steps depend on what the ranks exchange (AllToAllV): its
+        copies run as they are asked for."""
+        return _Call(self, op, eager=True)
+
+    def run(self, op: str, tensors: tuple, scalars: tuple, build) -> None:
+        """A call whose heap side depends only on its tensors' layouts and scalars: build(c)
+        carves and records it once (c: a recording _Call) and returns the kernel launch; every
+        later call of that signature replays the copies and the launch (_Plan)."""
+        key = (op, scalars, *[(t.data_ptr(), t.dtype, t.shape, t.stride()) for t in tensors])
+        plan = self._plans.get(key)
+        if plan is None or not plan.live():
+            c = _Call(self, op, eager=False)
+            plan = c.plan(build(c))
+            if plan.cacheable:
+                if len(self._plans) >= 256:
+                    self._plans.clear()
+                self._plans[key] = plan
+        plan.replay()
 
     # ---- the collectives; each returns the tensors torch's future holds
     def all_reduce(self, tensors: list[torch.Tensor], op) -> list[torch.Tensor]:
@@ -184,24 +206,32 @@ class Group:
                 raise Unsupported("the kernels reduce float32, float16, bfloat16 and int32 only")
             if name == "AVG" and not t.is_floating_point():
                 raise Unsupported("ReduceOp.AVG of an integer type")
+        sel = self.selector(ir.ContractKind.ALLREDUCE)
+        kernel_op = "sum" if name == "AVG" else name.lower()
         for t in tensors:
-            with self.call("all_reduce") as c:
+            def build(c, t=t):
                 x = c.inout(t, t.dtype, t.numel())
-                self.selector(ir.ContractKind.ALLREDUCE)(x, op="sum" if name == "AVG" else name.lower())
-                if name == "AVG":
-                    x.div_(self.world)
+                if name != "AVG":
+                    return lambda: sel(x, op=kernel_op)
+                return lambda: (sel(x, op=kernel_op), x.div_(self.world))
+            self.run("all_reduce", (t,), (name,), build)
         return tensors
 
     def barrier(self) -> None:
-        with self.call("barrier") as c:
+        sel = self.selector(ir.ContractKind.ALLREDUCE)
+
+        def build(c):
             x = c.scratch(1, torch.int32)
-            self.selector(ir.ContractKind.ALLREDUCE)(x, op="sum")
+            return lambda: sel(x, op="sum")
+        self.run("barrier", (), (), build)
 
     def broadcast(self, tensors: list[torch.Tensor], root: int) -> list[torch.Tensor]:
+        sel = self.selector(ir.ContractKind.BROADCAST)
         for t in tensors:
-            with self.call("broadcast") as c:
+            def build(c, t=t):
                 x = c.inout(t, *moved(t.dtype, _nbytes(t)))
-                self.selector(ir.ContractKind.BROADCAST)(x, root=root)
+                return lambda: sel(x, root=root)
+            self.run("broadcast", (t,), (root,), build)
         return tensors
 
     def reduce(self, tensors: list[torch.Tensor], root: int, op) -> list[torch.Tensor]:
@@ -210,20 +240,25 @@ class Group:
             raise Unsupported(f"ReduceOp.{name}: no reduce schedule reduces with it")
         if any(t.dtype not in COMPUTE_DTYPES for t in tensors):
             raise Unsupported("the kernels reduce float32, float16, bfloat16 and int32 only")
+        sel = self.selector(ir.ContractKind.REDUCE)
         for t in tensors:
-            with self.call("reduce") as c:
+            def build(c, t=t):
                 x = c.inout(t, t.dtype, t.numel(), back=self.rank == root)
-                self.selector(ir.ContractKind.REDUCE)(x, op=name.lower(), root=root)
+                return lambda: sel(x, op=name.lower(), root=root)
+            self.run("reduce", (t,), (name, root), build)
         return tensors
 
     def all_gather(self, outputs: list[torch.Tensor], t: torch.Tensor, what: str) -> None:
         """outputs: the world's blocks, in rank order (views of one tensor or a list)."""
         self._check_blocks(outputs, t, what, "output")
-        with self.call("all_gather") as c:
+        sel = self.selector(ir.ContractKind.ALLGATHER)
+
+        def build(c):
             dt, n = moved(t.dtype, _nbytes(t))
             x = c.input(t, dt, n)
             out = c.output_blocks(outputs, dt, n)
-            self.selector(ir.ContractKind.ALLGATHER)(x, out)
+            return lambda: sel(x, out)
+        self.run("all_gather", (t, *outputs), (), build)
 
     def reduce_scatter(self, out: torch.Tensor, inputs: list[torch.Tensor], op, what: str) -> None:
         name = op_name(op)
@@ -234,12 +269,16 @@ class Group:
         if name == "AVG" and not out.is_floating_point():
             raise Unsupported("ReduceOp.AVG of an integer type")
         self._check_blocks(inputs, out, what, "input")
-        with self.call("reduce_scatter") as c:
+        sel = self.selector(ir.ContractKind.REDUCESCATTER)
+        kernel_op = "sum" if name == "AVG" else name.lower()
+
+        def build(c):
             x = c.input_blocks(inputs, out.dtype, out.numel())
             y = c.output(out, out.dtype, out.numel())
-            self.selector(ir.ContractKind.REDUCESCATTER)(x, y, op="sum" if name == "AVG" else name.lower())
-            if name == "AVG":
-                y.div_(self.world)
+            if name != "AVG":
+                return lambda: sel(x, y, op=kernel_op)
+            return lambda: (sel(x, y, op=kernel_op), y.div_(self.world))
+        self.run("reduce_scatter", (out, *inputs), (name,), build)
 
     def all_to_all(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], what: str) -> None:
         """inputs[p] goes to rank p; outputs[s] comes from rank s. Equal blocks: the alltoall
@@ -253,11 +292,14 @@ class Group:
                                    f"{', '.join(sorted(map(str, dtypes)))}")
         sizes = {t.numel() for t in (*inputs, *outputs)}
         if len(sizes) == 1:
-            with self.call("all_to_all") as c:
+            sel = self.selector(ir.ContractKind.ALLTOALL)
+
+            def build(c):
                 dt, n = moved(inputs[0].dtype, _nbytes(inputs[0]))
                 x = c.input_blocks(inputs, dt, n)
                 out = c.output_blocks(outputs, dt, n)
-                self.selector(ir.ContractKind.ALLTOALL)(x, out)
+                return lambda: sel(x, out)
+            self.run("all_to_all", (*inputs, *outputs), (), build)
             return
         self._all_to_all_v([t.reshape(-1, 1) for t in inputs], [t.numel() for t in inputs],
                            [t.numel() for t in outputs], outputs, 1, what)
@@ -309,7 +351,7 @@ class Group:
         dt, cols = moved(dtype, row_bytes)
         if dt is torch.int32:   # alltoallv's rows are tokens (a float type); place copies them as bytes
             dt = torch.float32
-        with self.call("all_to_all") as c:
+        with self.call("all_to_all") as c:   # eager: the rows depend on what the ranks exchange
             mine = c.scratch(1, torch.int32)
             everyone = c.scratch(self.world, torch.int32)
             mine.fill_(rows)
@@ -354,34 +396,83 @@ class Group:
                                        f"{'input' if which == 'output' else 'output'}")
 
 
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a contiguous heap tensor, as uint8 (a view)."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+class _Plan:
+    """A call's heap side, recorded: copies into the heap, the launch, copies out. A copy between
+    contiguous memory is a memmove of addresses (one thread: torch's copy_ would wake its OpenMP
+    pool, which spins on the CPUs the model's cores run on); any other is a copy_ of the tensors,
+    and then the plan holds the caller's tensors and is not kept."""
+
+    def __init__(self, op: str, ins: list, outs: list, launch, staged: int, storages: tuple, comm):
+        self.op, self.ins, self.outs, self.launch, self.staged = op, ins, outs, launch, staged
+        self.storages, self._live = storages, comm._live
+        self.cacheable = all(isinstance(c[0], int) for c in (*ins, *outs))
+
+    def live(self) -> bool:
+        """The heap tensors of the caller that the launch uses are still allocated (comm.free)."""
+        return all(cd in self._live for cd in self.storages)
+
+    def replay(self) -> None:
+        for dst, src, n in self.ins:
+            ctypes.memmove(dst, src, n) if isinstance(dst, int) else dst.copy_(src)
+        self.launch()
+        self.finish()
+
+    def finish(self) -> None:
+        """The copies out, once the launch has returned, and the call counted."""
+        for dst, src, n in self.outs:
+            ctypes.memmove(dst, src, n) if isinstance(dst, int) else dst.copy_(src)
+        STATS.kernels[self.op] += 1
+        if self.staged:
+            STATS.staged_bytes[self.op] += self.staged
+        else:
+            STATS.zero_copy[self.op] += 1
+
+
 class _Call:
     """The heap tensors of one call: the caller's own when they lie on the group's heap, else
     views of the staging area (carved in order, each on a heap block), with the copies in and out
-    counted. Results are copied out when the call's kernels have returned."""
+    counted. Recording (eager=False): the copies are kept for a _Plan. Eager: copies in run at
+    once; results are copied out when the call's kernels have returned (the `with` block)."""
 
-    def __init__(self, group: Group, op: str):
-        self.group, self.op = group, op
+    def __init__(self, group: Group, op: str, eager: bool):
+        self.group, self.op, self.eager = group, op, eager
         self._at = 0
-        self._back: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._ins: list = []
+        self._outs: list = []
+        self._storages: list = []
         self._staged = 0
 
+    # ---- eager use: `with group.call(op) as c:`
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
-            for user, heap in self._back:
-                user.copy_(heap.view(user.dtype).view(user.shape))
-                self._staged += _nbytes(user)
-            STATS.kernels[self.op] += 1
-            if self._staged:
-                STATS.staged_bytes[self.op] += self._staged
-            else:
-                STATS.zero_copy[self.op] += 1
+            self.plan(lambda: None).finish()
         return False
+
+    def plan(self, launch) -> _Plan:
+        return _Plan(self.op, self._ins, self._outs, launch, self._staged, tuple(self._storages),
+                     self.group.comm)
 
     def count(self, nbytes: int) -> None:
         self._staged += nbytes
+
+    def _copy(self, into: list, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """dst <- src, both of src's dtype and shape; recorded, or run now (eager, copies in)."""
+        n = _nbytes(src)
+        self._staged += n
+        if self.eager and into is self._ins:
+            dst.copy_(src)
+        elif dst.is_contiguous() and src.is_contiguous():
+            into.append((dst.data_ptr(), src.data_ptr(), n))
+        else:
+            into.append((dst, src, n))
 
     def scratch(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """numel elements of the staging area, on a heap block of their own."""
@@ -398,6 +489,7 @@ class _Call:
     def _zero_copy(self, t: torch.Tensor, dtype: torch.dtype, numel: int) -> torch.Tensor | None:
         """t itself, seen as numel of dtype, when it lies on the group's heap and needs no padding."""
         if self.group.owns(t) and t.is_contiguous() and numel * _esize(dtype) == _nbytes(t):
+            self._storages.append(t.untyped_storage()._cdata)
             flat = t.reshape(-1)
             return flat.view(dtype) if dtype != t.dtype else flat
         return None
@@ -406,15 +498,14 @@ class _Call:
         x = self._zero_copy(t, dtype, numel)
         if x is None:
             x = self.scratch(numel, dtype)
-            x.view(torch.uint8)[:_nbytes(t)].view(t.dtype).view(t.shape).copy_(t)
-            self._staged += _nbytes(t)
+            self._copy(self._ins, _bytes_of(x)[:_nbytes(t)].view(t.dtype).view(t.shape), t)
         return x
 
     def output(self, t: torch.Tensor, dtype: torch.dtype, numel: int) -> torch.Tensor:
         x = self._zero_copy(t, dtype, numel)
         if x is None:
             x = self.scratch(numel, dtype)
-            self._back.append((t, x.view(torch.uint8)[:_nbytes(t)]))
+            self._copy(self._outs, t, _bytes_of(x)[:_nbytes(t)].view(t.dtype).view(t.shape))
         return x
 
     def inout(self, t: torch.Tensor, dtype: torch.dtype, numel: int, back: bool = True) -> torch.Tensor:
@@ -422,21 +513,20 @@ class _Call:
         if x is None:
             x = self.input(t, dtype, numel)
             if back:
-                self._back.append((t, x.view(torch.uint8)[:_nbytes(t)]))
+                self._copy(self._outs, t, _bytes_of(x)[:_nbytes(t)].view(t.dtype).view(t.shape))
         return x
 
     def input_blocks(self, blocks: list[torch.Tensor], dtype: torch.dtype, numel: int) -> torch.Tensor:
         """The blocks one after another, numel elements of dtype each (a block padded up to it)."""
         x = self.scratch(numel * len(blocks), dtype)
-        rows = x.view(torch.uint8).view(len(blocks), -1)
+        rows = _bytes_of(x).view(len(blocks), -1)
         for r, b in enumerate(blocks):
-            rows[r, :_nbytes(b)].view(b.dtype).view(b.shape).copy_(b)
-            self._staged += _nbytes(b)
+            self._copy(self._ins, rows[r, :_nbytes(b)].view(b.dtype).view(b.shape), b)
         return x
 
     def output_blocks(self, blocks: list[torch.Tensor], dtype: torch.dtype, numel: int) -> torch.Tensor:
         x = self.scratch(numel * len(blocks), dtype)
-        rows = x.view(torch.uint8).view(len(blocks), -1)
+        rows = _bytes_of(x).view(len(blocks), -1)
         for r, b in enumerate(blocks):
-            self._back.append((b, rows[r, :_nbytes(b)]))
+            self._copy(self._outs, b, rows[r, :_nbytes(b)].view(b.dtype).view(b.shape))
         return x

@@ -176,6 +176,12 @@ def zero_copy(rank, world):
     check(bool((out == x).all()), "gathered")
     sd.free(out)
     sd.free(x)
+    for it in range(2):         # a new tensor where a freed one was: the call takes the new one
+        z = sd.empty(4096)
+        z.fill_(it + rank)
+        dist.all_reduce(z)
+        check(bool((z == sum(it + r for r in range(world))).all()), ("after free", it))
+        sd.free(z)
     y = torch.ones(10)                          # not on the heap: staged, counted
     dist.all_reduce(y)
     check(sd.stats()["staged_bytes"]["all_reduce"] >= 80, sd.stats())
