@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from stratac.distributed import collectives
-from stratac.distributed.backend import NAME, ProcessGroup, Work, register
+from stratac.distributed.backend import NAME, Options, ProcessGroup, Work, register
 from stratac.host.errors import StrataUsageError
 
 register()
@@ -68,4 +68,4 @@ def reset_stats() -> None:
     collectives.STATS.__init__()
 
 
-__all__ = ["NAME", "ProcessGroup", "Work", "empty", "free", "reset_stats", "stats", "use"]
+__all__ = ["NAME", "Options", "ProcessGroup", "Work", "empty", "free", "reset_stats", "stats", "use"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -94,10 +95,13 @@ def _dtype_of(args) -> str:
 class ProcessGroup(dist.ProcessGroup):
     """One torch.distributed group of backend stratac (made by torch through `create`)."""
 
-    def __init__(self, store, rank: int, size: int, timeout: timedelta, group_id: str = ""):
+    def __init__(self, store, rank: int, size: int, timeout: timedelta, group_id: str = "",
+                 options: "Options | None" = None):
         super().__init__(rank, size)
+        options = options or Options()
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        self._group = Group(dist.PrefixStore("stratac/", store), rank, size, seconds, group_id)
+        self._group = Group(dist.PrefixStore("stratac/", store), rank, size, seconds, group_id,
+                            target=options.target, heap_bytes=options.heap_bytes)
         self._gloo = self._make_gloo(store, rank, size, timeout)
         self._async: set = set()
         self._group_name = str(group_id)
@@ -315,16 +319,44 @@ class ProcessGroup(dist.ProcessGroup):
             raise StrataUsageError(f"{what}: the {bname} must be contiguous")
 
 
+@dataclass(frozen=True)
+class Options:
+    """The backend's options, given as init_process_group(..., pg_options=Options(...)) or
+    new_group(..., pg_options=...). target: "cpu" (the CPU model) or "npu" (SHMEM for Ascend on
+    the NPU, through NpuCommunicator: refused at once, naming what is missing, where CANN, SHMEM,
+    torch_npu or an NPU is not there). heap_bytes: the group's symmetric heap per rank (default
+    STRATAC_HEAP_BYTES, else 256 MiB); half of it is the staging area."""
+    target: str = "cpu"
+    heap_bytes: int | None = None
+
+    def __post_init__(self):
+        if self.target not in ("cpu", "npu"):
+            raise StrataUsageError(f"stratac backend: target must be 'cpu' or 'npu', got {self.target!r}")
+        if self.heap_bytes is not None and (not isinstance(self.heap_bytes, int) or self.heap_bytes < 1 << 20):
+            raise StrataUsageError(f"stratac backend: heap_bytes must be an int of at least 1 MiB, got "
+                                   f"{self.heap_bytes!r}")
+
+
 def create(dist_opts, backend_options=None) -> ProcessGroup:
     """torch's creator hook (register_backend(..., extended_api=True)): called on every member of
-    a new group, with the group's own store, rank, size and timeout."""
+    a new group, with the group's own store, rank, size and timeout, and pg_options."""
+    if backend_options is not None and not isinstance(backend_options, Options):
+        raise StrataUsageError(f"stratac backend: pg_options must be stratac.distributed.Options, got "
+                               f"{type(backend_options).__name__}")
+    options = backend_options or Options()
+    if options.target == "npu":
+        from stratac.targets.npu import require_npu
+        require_npu()      # every rank alike, before any collective: what is missing, by name
     return ProcessGroup(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout,
-                        str(dist_opts.group_id))
+                        str(dist_opts.group_id), options)
 
 
 def register() -> None:
-    """Registers the backend with torch.distributed (once per process)."""
+    """Registers the backend with torch.distributed (once per process): for CPU tensors, and for
+    NPU tensors where torch_npu is installed (its device type exists only then)."""
     if NAME.upper() in dist.Backend._plugins or NAME in getattr(dist.Backend, "backend_list", ()):
         return
-    dist.Backend.register_backend(NAME, create, extended_api=True, devices=["cpu"])
+    from stratac.targets.npu import torch_npu_installed
+    devices = ["cpu", "npu"] if torch_npu_installed() else ["cpu"]
+    dist.Backend.register_backend(NAME, create, extended_api=True, devices=devices)
 

@@ -113,9 +113,11 @@ class Group:
     """One torch.distributed group's stratac side. The communicator (a pool of the CPU model
     with the group's heap) is made at the group's first kernel call: collective, like every call."""
 
-    def __init__(self, store, rank: int, world: int, timeout: float, name: str):
+    def __init__(self, store, rank: int, world: int, timeout: float, name: str, target: str = "cpu",
+                 heap_bytes: int | None = None):
         self.store, self.rank, self.world, self.timeout, self.name = store, rank, world, timeout, name
-        self.heap_bytes = int(os.environ.get("STRATAC_HEAP_BYTES", DEFAULT_HEAP_BYTES))
+        self.target = target
+        self.heap_bytes = int(heap_bytes or os.environ.get("STRATAC_HEAP_BYTES", DEFAULT_HEAP_BYTES))
         self._comm: Communicator | None = None
         self._broken: str | None = None   # why the heap could not be set up (then no call runs)
         self._selectors: dict[ir.ContractKind, Selector] = {}
@@ -130,9 +132,14 @@ class Group:
                 raise StrataRuntimeError(f"process group {self.name!r}: its symmetric heap could not be set up "
                                          f"at its first call ({self._broken}); no call can run on it: destroy it")
             try:
-                self._comm = Communicator.from_store(self.rank, self.world, self.store,
-                                                     heap_bytes=self.heap_bytes, timeout=self.timeout,
-                                                     prefix="stratac")
+                if self.target == "npu":   # SHMEM for Ascend: the heap is device memory (docs/npu.md)
+                    from stratac.host.npu_comm import NpuCommunicator
+                    self._comm = NpuCommunicator.from_store(self.rank, self.world, self.store,
+                                                            heap_bytes=self.heap_bytes, timeout=self.timeout)
+                else:
+                    self._comm = Communicator.from_store(self.rank, self.world, self.store,
+                                                         heap_bytes=self.heap_bytes, timeout=self.timeout,
+                                                         prefix="stratac")
             except StrataRuntimeError as exc:
                 self._broken = str(exc)
                 raise
@@ -141,7 +148,7 @@ class Group:
     def owns(self, t: torch.Tensor) -> bool:
         """Whether t lies on this group's heap (a tensor of stratac.distributed.empty)."""
         c = self._comm
-        return c is not None and c._open and 0 <= t.data_ptr() - c._base < c.heap_bytes
+        return c is not None and getattr(c, "_open", False) and 0 <= t.data_ptr() - c._base < c.heap_bytes
 
     def selector(self, kind: ir.ContractKind):
         """The entry point of a contract: a Selector (by size and world), or for AllToAllV its schedule."""
@@ -469,7 +476,7 @@ class _Call:
         self._staged += n
         if self.eager and into is self._ins:
             dst.copy_(src)
-        elif dst.is_contiguous() and src.is_contiguous():
+        elif dst.is_cpu and src.is_cpu and dst.is_contiguous() and src.is_contiguous():
             into.append((dst.data_ptr(), src.data_ptr(), n))
         else:
             into.append((dst, src, n))

@@ -50,3 +50,27 @@ def test_fallback_error_names_the_op(tmp_path):
 
 def test_a_rank_that_does_not_call_is_named(tmp_path):
     run_ranks("unequal_calls", 2, tmp_path)
+
+
+NPU_INIT = """
+import tempfile, torch.distributed as dist, stratac.distributed as sd
+from stratac.diagnostics import StrataError
+from stratac.host.errors import StrataUsageError
+for opts in (sd.Options(target="npu"), "fast"):
+    try:
+        dist.init_process_group("stratac", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1,
+                                pg_options=opts)
+    except (StrataError, StrataUsageError) as exc:
+        print("REFUSED", type(exc).__name__, str(exc).splitlines()[0])
+    else:
+        print("ACCEPTED")
+"""
+
+
+def test_npu_target_is_refused_at_init_naming_what_is_missing():
+    p = subprocess.run([sys.executable, "-c", NPU_INIT], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k not in ("ASCEND_HOME_PATH", "SHMEM_HOME")})
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(("REFUSED", "ACCEPTED"))]
+    assert lines[0].startswith("REFUSED StrataError") and "the npu target cannot run here" in lines[0], p.stdout
+    assert "ASCEND_HOME_PATH is not set" in lines[0] and "torch_npu" in lines[0]
+    assert lines[1] == "REFUSED StrataUsageError stratac backend: pg_options must be stratac.distributed.Options, got str"
