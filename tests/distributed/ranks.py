@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -225,9 +226,26 @@ def bad_input(rank, world):
                      dist.all_to_all_single, out, torch.ones(world, 1), recv, send)
     else:
         dist.all_to_all_single(out, torch.ones(world, 1), recv, send)
+    # a tensor of a device the backend does not serve: torch's dispatcher names the device
+    expect_error(RuntimeError, "meta", dist.all_reduce, torch.empty(3, device="meta"))
     y = torch.full((5,), float(rank))
     dist.all_reduce(y)
     check(bool((y == world * (world - 1) / 2).all()), y)
+
+
+def unwaited(rank, world):
+    """Async work never waited on, then the group destroyed: every rank is told which calls."""
+    x = torch.ones(8)
+    work = dist.all_reduce(x, async_op=True)            # noqa: F841 (never waited on, on purpose)
+    done = dist.all_reduce(torch.ones(2), async_op=True)
+    done.wait()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        dist.destroy_process_group()
+    said = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    check(len(said) == 1 and f"rank {rank}: the process group was destroyed with 1 async_op work(s) never "
+          "waited on: allreduce" in said[0], said)
+    check(bool((x == world).all()), "its result is complete on the CPU target")
 
 
 def unequal_calls(rank, world):
@@ -264,7 +282,7 @@ def user_schedule(rank, world):
 
 
 SCENARIOS = {f.__name__: f for f in (collectives, subgroups, zero_copy, fallback_error, bad_input, unequal_calls,
-                                     user_schedule)}
+                                     user_schedule, unwaited)}
 
 
 def main(scenario, rank, world, store_path):
@@ -274,7 +292,7 @@ def main(scenario, rank, world, store_path):
     dist.init_process_group("stratac", init_method=f"file://{store_path}", rank=rank, world_size=world,
                             timeout=timeout)
     SCENARIOS[scenario](rank, world)
-    if scenario != "unequal_calls":
+    if scenario not in ("unequal_calls", "unwaited"):
         dist.destroy_process_group()
     print("STATS " + json.dumps(sd.stats()), flush=True)
     print(f"PASS {scenario}", flush=True)
