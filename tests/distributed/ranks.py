@@ -281,16 +281,30 @@ def user_schedule(rank, world):
     check(pg._group.selector(sd.collectives.ir.ContractKind.ALLREDUCE).last == "allreduce_ring", "ring ran")
 
 
+def explicit_store(rank, world):
+    """init_process_group("cpu:stratac", store=...): a device map and a store of the caller's."""
+    pg = dist.distributed_c10d._get_default_group()
+    check(dist.get_backend() == "cpu:stratac" or "stratac" in dist.get_backend(), dist.get_backend())
+    check(isinstance(pg, sd.ProcessGroup), type(pg))
+    x = torch.full((33,), float(rank + 1))
+    dist.all_reduce(x)
+    check(bool((x == world * (world + 1) / 2).all()), x)
+
+
 SCENARIOS = {f.__name__: f for f in (collectives, subgroups, zero_copy, fallback_error, bad_input, unequal_calls,
-                                     user_schedule, unwaited)}
+                                     user_schedule, unwaited, explicit_store)}
 
 
 def main(scenario, rank, world, store_path):
     timeout = timedelta(seconds=4 if scenario == "unequal_calls" else 60)
     if scenario == "user_schedule":
         sd.use(Path(__file__).resolve().parents[2] / "examples" / "allreduce_ring.strata")
-    dist.init_process_group("stratac", init_method=f"file://{store_path}", rank=rank, world_size=world,
-                            timeout=timeout)
+    if scenario == "explicit_store":
+        dist.init_process_group("cpu:stratac", store=dist.FileStore(store_path, world), rank=rank,
+                                world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group("stratac", init_method=f"file://{store_path}", rank=rank, world_size=world,
+                                timeout=timeout)
     SCENARIOS[scenario](rank, world)
     if scenario not in ("unequal_calls", "unwaited"):
         dist.destroy_process_group()

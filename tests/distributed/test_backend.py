@@ -39,7 +39,8 @@ def test_collectives_against_torch(world, tmp_path):
             assert "PRODUCT" in k or k.split(":")[0].split()[1] in ("int64", "uint8", "float64"), k
 
 
-@pytest.mark.parametrize("scenario", ["subgroups", "zero_copy", "bad_input", "user_schedule", "unwaited"])
+@pytest.mark.parametrize("scenario", ["subgroups", "zero_copy", "bad_input", "user_schedule", "unwaited",
+                                      "explicit_store"])
 def test_scenario(scenario, tmp_path):
     run_ranks(scenario, 3, tmp_path)
 
