@@ -27,7 +27,6 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,28 +193,23 @@ def runtime_library() -> Path:
     """libstratacpu.so, the CPU model, built once per runtime version and compiler."""
     cxx = _cxx()
     rt = resource_dir("runtime")
-    # one file per concept (runtime/cpu/src/*.cpp, sharing model_internal.h), compiled in sorted
-    # order: the link order fixes the order of their static constructors and destructors
-    # (workers.cpp last); compiler_digest covers every .cpp and .h of runtime/, the key their names
+    # one file per concept (runtime/cpu/src/*.cpp, sharing model_internal.h), compiled as one
+    # translation unit that includes them in sorted order: the headers are parsed once (4.4 s of
+    # CPU, against 12.9 s for one compile per file), and the order of their static constructors and
+    # destructors is the order of inclusion (workers.cpp last); compiler_digest covers every .cpp
+    # and .h of runtime/, the key their names
     sources = runtime_sources(rt)
     key_src = json.dumps({"runtime": compiler_digest(), "cxx": _toolchain_id(cxx), "flags": CXX_FLAGS,
-                          "sources": [s.name for s in sources]})
+                          "sources": [s.name for s in sources], "unity": 1})
     key = "runtime-" + hashlib.sha256(key_src.encode()).hexdigest()[:24]
 
     def build(tmp: Path) -> None:
-        # each file compiled on its own (as many at a time as CPUs: each parses the shared header),
-        # then linked in the sorted order; the objects are not part of the cache entry
         what = "building the CPU model (libstratacpu.so)"
-        objects = [tmp / f"{i:02d}-{src.stem}.o" for i, src in enumerate(sources)]
-        compiles = [[cxx, *CXX_FLAGS, "-c", str(src), f"-I{rt / 'cpu' / 'include'}", "-o", str(obj)]
-                    for src, obj in zip(sources, objects)]
-        with ThreadPoolExecutor(max_workers=max(1, min(len(compiles), os.cpu_count() or 1))) as pool:
-            for f in [pool.submit(_run, cmd, tmp, what) for cmd in compiles]:
-                f.result()
-        _run([cxx, *CXX_FLAGS, "-shared", *map(str, objects), "-o", str(tmp / "libstratacpu.so"), "-lrt"],
-             tmp, what)
-        for obj in objects:
-            obj.unlink()
+        unity = tmp / "model.cpp"
+        unity.write_text("".join(f'#include "{src}"\n' for src in sources), encoding="utf-8")
+        _run([cxx, *CXX_FLAGS, "-shared", str(unity), f"-I{rt / 'cpu' / 'include'}",
+              "-o", str(tmp / "libstratacpu.so"), "-lrt"], tmp, what)
+        unity.unlink()
 
     d, _ = _publish(cache_root(), key, "libstratacpu.so", build)
     return d / "libstratacpu.so"
