@@ -296,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--root", type=int, default=0, help="the root, for broadcast and reduce")
     b.add_argument("--iters", type=options.positive_int, default=20, help="timed calls per size (default 20)")
     b.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
-    b.add_argument("--vs", metavar="PEERS", help="also measure gloo and/or mpi, e.g. --vs gloo,mpi")
+    b.add_argument("--vs", metavar="PEERS", help="also measure gloo, mpi and/or backend (dist.* over "
+                   "the torch.distributed backend stratac against its direct call), e.g. --vs gloo,backend")
     b.add_argument("--setup-mpi", action="store_true",
                    help="install Open MPI (apt-get) and mpi4py (pip) if missing, then go on")
     b.add_argument("--json", metavar="OUT", help="write every figure as JSON")

@@ -6,8 +6,9 @@ per engine and core balance.
 
 The modules, in the order of the data flow (each imports only modules before it): benchspec (the
 spec, the result, the errors), machine (copy ceiling, memory available), benchpeer (gloo inside the
-ranks, the MPI job, the gate), mpi (MPI setup and the mpirun job, from the bench's side), report
-(tables and JSON), plot, trace, progress (the bar), moe (the MoE sweep), sweep (the entry point,
+ranks, the MPI job, the gate), backendpeer (--vs backend: dist.* over the torch.distributed backend
+stratac against its direct call, inside the ranks, whose worker imports it), mpi
+(MPI setup and the mpirun job, from the bench's side), report (tables and JSON), plot, trace, progress (the bar), moe (the MoE sweep), sweep (the entry point,
 sweep.run, and the sweep of sizes). The CLI calls sweep.run, then report, plot.
 
 Nothing is imported here: the ranks and the MPI job import benchpeer, and importing this package

@@ -17,7 +17,9 @@ Every peer measurement is checked once: inputs are small integers, the expected 
 computed in float64 with numpy, and `errors` counts the ranks whose result differed.
 
 The ranks import it and the MPI job runs it: it imports no other stratac module, and torch only in
-gloo_task, so that the MPI job needs neither the compiler nor torch.
+gloo_task, so that the MPI job needs neither the compiler nor torch (--vs backend, the
+torch.distributed backend "stratac" measured in the same ranks, is backendpeer, which the worker
+imports and hands to after_case).
 """
 
 from __future__ import annotations
@@ -211,15 +213,18 @@ def gloo_task(task: dict, rank: int, world: int, iters: int, warmup: int) -> dic
     return _record("gloo", task, world, float(flags[0]), int(flags[1]), name=name)
 
 
-def after_case(bench: dict, index: int, rank: int, world: int) -> list[dict]:
+def after_case(bench: dict, index: int, rank: int, world: int, more=None) -> list[dict]:
     """Called by stratac.tools.run.worker after the stratac schedules of case `index`: the gloo
-    measurements of that case, then the hand-over to the MPI job and the wait for it."""
+    measurements of that case, then more() (the worker passes backendpeer's measurements of the
+    case with --vs backend), then the hand-over to the MPI job and the wait for it."""
     out = []
     if "gloo" in bench["peers"]:
         for task in bench["tasks"][index]:
             rec = gloo_task(task, rank, world, bench["iters"], bench["warmup"])
             if rec is not None:
                 out.append(rec)
+    if more is not None:   # --vs backend: dist.* over backend stratac, beside its direct call
+        out += more()
     gate = Gate(bench["gate"])
     if rank == 0:
         gate.mark(f"stratac-{index}")

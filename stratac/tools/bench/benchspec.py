@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from stratac.ir import passes
 from stratac.tools.options import parse_sizes
 
-PEERS = ("gloo", "mpi")
+PEERS = ("gloo", "mpi", "backend")   # backend: dist.* over torch.distributed backend "stratac"
 DEFAULT_SIZES = "8:256M"
 MOE_TOKENS = "16:1024"   # the default --tokens sweep of a MoE file
 

@@ -26,6 +26,8 @@ def plot(res: BenchResult, path: str) -> None:
         if r["busbw"] is None:
             continue
         label = f"stratac {r['schedule']}" if r["system"] == "stratac" else f"{r['system']} {r['schedule']}"
+        if r.get("variant"):   # --vs backend: direct, zero-copy, staged
+            label += f" ({r['variant']})"
         lines.setdefault(label, []).append((r["size"], r["busbw"]))
     for label, pts in lines.items():
         pts.sort()

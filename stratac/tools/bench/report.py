@@ -48,7 +48,8 @@ def table(res: BenchResult) -> list[str]:
     if res.meta.get("moe"):
         return moe_table(res)
     m = res.meta
-    peers = m["peers"]
+    listed = m["peers"]
+    peers = [p for p in listed if p != "backend"]   # columns; the backend has a table of its own
     lines = [f"# stratac bench {m['file']}  world {m['world']}  dtype {m['dtype']}  op {m['op']}  "
              f"cores {m['cores']}  iters {m['iters']}  warmup {m['warmup']}  ({m['cpus']} CPUs, load "
              f"average {m['loadavg_before']:.1f} before, {m['loadavg_after']:.1f} after)"]
@@ -56,9 +57,11 @@ def table(res: BenchResult) -> list[str]:
     lines.append(f"# copy ceiling (torch copy_ of {fmt_bytes(c['bytes'])}): "
                  f"{c['gbps_1_thread']:.2f} GB/s on 1 thread, {c['gbps_all_threads']:.2f} GB/s on "
                  f"{c['threads']} threads")
-    lines.append(f"# peers: {', '.join(peers) or 'none'}"
+    lines.append(f"# peers: {', '.join(listed) or 'none'}"
                  + (f"  (gloo: torch.distributed {m['torch']} in stratac's rank processes)" if "gloo" in peers else "")
-                 + (f"  (mpi: {m['mpi']}, mpirun -np {m['world']})" if "mpi" in peers else ""))
+                 + (f"  (mpi: {m['mpi']}, mpirun -np {m['world']})" if "mpi" in peers else "")
+                 + ("  (backend: dist.* on a process group of torch.distributed backend stratac in "
+                    "stratac's rank processes, table at the end)" if "backend" in listed else ""))
     lines += proofs_note(m)
     lines.append("# time: median over the timed calls of each call's slowest rank; algbw = size/time, busbw = algbw x factor "
                  "(GB/s, nccl-tests); ratio = stratac busbw / peer busbw; #wrong = ranks whose "
@@ -104,7 +107,65 @@ def table(res: BenchResult) -> list[str]:
         if recs[0].get("picked"):
             lines.append("#   picked: " + ", ".join(f"{fmt_bytes(r['size'])} {r['picked']}" for r in recs))
     lines += notes
+    lines += backend_table(res)
     lines += copies_table(res)
+    return lines
+
+
+BACKEND_ROWS = ("direct", "zero-copy", "staged", "gloo")
+
+
+def backend_table(res: BenchResult) -> list[str]:
+    """--vs backend: per kind, the collective through torch.distributed over backend stratac
+    (zero-copy and staged) and over gloo, against the direct call of the entry point the backend
+    runs, all measured in the same run; overhead = time - direct time."""
+    recs = [r for r in res.records if r["system"] == "backend"]
+    if not recs:
+        return []
+    m = res.meta
+    gloo = {(r["kind"], r["size"]): r for r in res.records if r["system"] == "gloo"}
+    lines = ["#", "# torch.distributed backend \"stratac\" (--vs backend): the backend's own cost per call, "
+             "measured in the same run",
+             "#   direct: the entry point the backend runs for the contract (its Selector over the "
+             "library's schedules, stratac.distributed.collectives), called on tensors of the group's heap",
+             "#   zero-copy: the dist.* call on those same tensors (stratac.distributed.empty); staged: the "
+             "dist.* call on plain torch tensors, copied into the group's heap and back",
+             "#   gloo: the same dist.* call over backend gloo (--vs gloo); direct, zero-copy and staged "
+             "alternate call by call on one process group",
+             "#   picked: the schedule the entry point ran; staged(B): bytes the backend copied in and out "
+             "per call; overhead(us) = time - direct time; x direct = time / direct time"]
+    kinds: dict[str, list[dict]] = {}
+    for r in recs:
+        kinds.setdefault(r["kind"], []).append(r)
+    for kind, rows in kinds.items():
+        lines.append("#")
+        lines.append(f"# {kind}, world {m['world']}, {m['dtype']}"
+                     + (f", op {rows[0]['op']}" if rows[0]["op"] else "")
+                     + (f", root {rows[0]['root']}" if rows[0]["root"] is not None else ""))
+        lines.append(f"# {'size':>10} {'row':<9} {'call':<28} {'picked':<20} {'time(us)':>10} {'#wrong':>6} "
+                     f"{'staged(B)':>10} {'overhead(us)':>12} {'x direct':>8}")
+        by_size: dict[int, dict[str, dict]] = {}
+        for r in rows:
+            by_size.setdefault(r["size"], {})[r["variant"]] = r
+        for size, at in by_size.items():
+            if (kind, size) in gloo:
+                at["gloo"] = gloo[(kind, size)]
+            for v in BACKEND_ROWS:
+                r = at.get(v)
+                if r is None:
+                    continue
+                staged = "-" if r.get("staged_bytes") is None else str(r["staged_bytes"])
+                over = r.get("overhead_us")
+                errors = "-" if r["errors"] is None else str(r["errors"])
+                lines.append(f"  {size:>10} {v:<9} {r['schedule']:<28} {r.get('picked') or '-':<20} "
+                             f"{_f(r['time_us'], '.1f', 10)} {errors:>6} {staged:>10} "
+                             f"{'-' if v == 'direct' else 'n/a' if over is None else f'{over:+.1f}':>12} "
+                             f"{'-' if v == 'direct' else fmt_ratio(r.get('x_direct')):>8}")
+    for r in recs:
+        if r.get("note"):
+            note = f"# backend: {r['note']}"
+            if note not in lines:
+                lines.append(note)
     return lines
 
 

@@ -28,11 +28,12 @@ import torch
 from stratac.host import schedule
 from stratac.ir import DType, passes
 from stratac.lang.frontend import load_source
-from stratac.tools.bench import benchpeer, machine, moe, mpi, proofs, trace
+from stratac.tools.bench import backendpeer, benchpeer, machine, moe, mpi, proofs, trace
 from stratac.tools.bench.benchspec import (
     DEFAULT_SIZES,
     PEERS,
     BenchError,
+    BenchUsageError,
     BenchResult,
     BenchSpec,
 )
@@ -62,6 +63,10 @@ def run(spec: BenchSpec, echo=print) -> BenchResult:
                   "cores": spec.cores, "peers": list(spec.peers), "cpus": os.cpu_count(),
                   "loadavg_before": os.getloadavg()[0]}
     meta["torch"] = torch.__version__
+    if "backend" in spec.peers and spec.selected:
+        raise BenchUsageError("--vs backend compares the backend with its own entry point (the direct "
+                              "row); with --selected the file's entry points are benched: use one or "
+                              "the other")
     if "mpi" in spec.peers:
         meta["mpi"] = mpi.setup_mpi(echo)
     meta["copy_ceiling"] = (machine.copy_ceiling(spec.ceiling_bytes) if spec.ceiling   # before anything else
@@ -74,12 +79,20 @@ def run(spec: BenchSpec, echo=print) -> BenchResult:
                            warmup=spec.warmup, timeout=spec.timeout, check=True, seed=spec.seed,
                            soc=spec.soc, cores=spec.cores, selected=spec.selected,
                            selection=spec.selection)
-    need = memory_needed(spec, pl, runner.heap_bytes(rspec, pl.compiled))
+    heap = runner.heap_bytes(rspec, pl.compiled)
+    need = memory_needed(spec, pl, heap)
     avail = machine.mem_available()
     if avail is not None and need > 0.8 * avail:   # an OOM kill would take other processes too
         raise BenchError(f"the largest size needs about {need / 2**30:.1f} GiB of memory ({spec.world} "
                          f"ranks: heap, reference check, peer buffers) but {avail / 2**30:.1f} GiB are "
                          f"available: lower the largest --sizes (now {fmt_bytes(pl.cases[-1].size)})")
+    if "backend" in spec.peers:
+        extra = meta["backend_heap"] = backend_heap(spec, pl)
+        shm = os.statvfs("/dev/shm")
+        if (heap + extra) * spec.world > shm.f_bavail * shm.f_frsize:
+            raise BenchError(f"--vs backend: the bench's heap and the backend group's ({fmt_bytes(extra)}) "
+                             f"need {fmt_bytes((heap + extra) * spec.world)} of /dev/shm for {spec.world} "
+                             "ranks, more than is free: lower the largest --sizes")
     with tempfile.TemporaryDirectory(prefix="stratac-bench-") as tmp:
         results, failures, exit_code = _measure(spec, pl, rspec, Path(tmp), echo)
         if spec.trace:
@@ -139,13 +152,21 @@ def plan(spec: BenchSpec) -> Plan:
     return Plan(compiled, cases, tasks, largest, instances)
 
 
+def backend_heap(spec: BenchSpec, pl: Plan) -> int:
+    """--vs backend: the heap per rank of the process group of backend stratac (backendpeer)."""
+    return backendpeer.heap_bytes(pl.tasks, DType.parse(spec.dtype).nbytes)
+
+
 def memory_needed(spec: BenchSpec, pl: Plan, heap: int) -> int:
     """A generous estimate of the run's peak memory: per rank the heap, the torch reference check
     (about 32 bytes per element of the largest tensor: int64 draws, float64 accumulator, the
-    expected tensor) and the gloo buffers; per MPI rank its buffers; 300 MB per process."""
+    expected tensor) and the gloo buffers; with --vs backend that group's heap and plain tensors;
+    per MPI rank its buffers; 300 MB per process."""
     elem = DType.parse(spec.dtype).nbytes
     n_max = pl.largest_numel
     rank = heap + 32 * n_max + (2 * n_max * elem if "gloo" in spec.peers else 0) + (300 << 20)
+    if "backend" in spec.peers:
+        rank += backend_heap(spec, pl) + 2 * n_max * elem
     mpi_rank = 2 * n_max * elem + (300 << 20) if "mpi" in spec.peers else 0
     return spec.world * (rank + mpi_rank)
 
@@ -161,7 +182,9 @@ def _measure(spec: BenchSpec, pl: Plan, rspec: runner.RunSpec, tmp: Path,
     gate.path.mkdir()
     rspec.bench = {"peers": list(spec.peers), "tasks": pl.tasks, "gate": str(gate.path),
                    "iters": spec.iters, "warmup": spec.warmup, "peer_timeout": spec.timeout * 4,
-                   "trace": None, "agreement_cost": spec.agreement_cost}
+                   "trace": None, "agreement_cost": spec.agreement_cost, "timeout": spec.timeout}
+    if "backend" in spec.peers:
+        rspec.bench["backend_heap"] = backend_heap(spec, pl)
     if spec.trace:
         rspec.bench["trace"] = str(tmp / "trace")
         Path(rspec.bench["trace"]).mkdir()
@@ -273,18 +296,45 @@ def _records(results: list[dict], pl: Plan, spec: BenchSpec) -> list[dict]:
                "root": p["root"] if p["kind"] in ("broadcast", "reduce") else None,
                **_figures(p["size"], p["time_s"], p["busbw_factor"]),
                "errors": p["errors"], "note": p["note"]}
+        if p["system"] == "backend":   # the variant (direct, zero-copy, staged) and what it did
+            rec.update({k: p.get(k) for k in ("variant", "picked", "staged_bytes", "zero_copy")})
         out.append(rec)
+    _backend_overhead(out)
     # stratac/peer: the ratio of busbw (equivalently of the peer's time to stratac's) at that size
-    index = {(r["system"], r["kind"], r["size"]): r for r in out if r["system"] != "stratac"}
+    index = {(r["system"], r["kind"], r["size"]): r for r in out
+             if r["system"] not in ("stratac", "backend")}
     for r in out:
         if r["system"] == "stratac":
             r["ratio"] = {}
-            for peer in spec.peers:
+            for peer in column_peers(spec.peers):
                 q = index.get((peer, r["kind"], r["size"]))
                 r["ratio"][peer] = (r["busbw"] / q["busbw"] if q and q["busbw"] and r["busbw"]
                                     else None)
     order = {name: i for i, name in enumerate(scheds)}
     order.update({r["schedule"]: -1 for r in out if r.get("picked")})
+    variant = {v: i for i, v in enumerate(backendpeer.VARIANTS)}
     out.sort(key=lambda r: (r["system"] != "stratac", order.get(r["schedule"], 0), r["kind"],
-                            r["system"], r["size"]))
+                            r["system"], r["size"], variant.get(r.get("variant"), 0)))
     return out
+
+
+def column_peers(peers: list[str]) -> list[str]:
+    """The peers with columns in each schedule's table (the backend has a table of its own)."""
+    return [p for p in peers if p != "backend"]
+
+
+def _backend_overhead(out: list[dict]) -> None:
+    """--vs backend: each backend row's time against the direct call of the same kind and size,
+    measured in the same run: overhead_us = time - direct time, x_direct = time / direct time
+    (for the gloo row of that kind and size too, if gloo was measured)."""
+    direct = {(r["kind"], r["size"]): r for r in out
+              if r["system"] == "backend" and r.get("variant") == "direct"}
+    for r in out:
+        if r["system"] not in ("backend", "gloo") or r.get("variant") == "direct":
+            continue
+        d = direct.get((r["kind"], r["size"]))
+        if d is None:
+            continue
+        ok = r["time_us"] is not None and d["time_us"] is not None and d["time_us"] > 0
+        r["overhead_us"] = r["time_us"] - d["time_us"] if ok else None
+        r["x_direct"] = r["time_us"] / d["time_us"] if ok else None

@@ -66,7 +66,8 @@ def main(spec_text: str) -> int:
                                  for fn in [item] + ([twins[item.ir.name]] if item.ir.name in twins else [])])
                 for result in results:
                     print(RESULT_PREFIX + json.dumps(result), flush=True)
-            for rec in benchpeer.after_case(bench, i, rank, world) if bench else ():
+            more = _backend_peer(bench, i, rank, world) if bench else None
+            for rec in benchpeer.after_case(bench, i, rank, world, more) if bench else ():
                 print(RESULT_PREFIX + json.dumps(rec), flush=True)
         clean = True
         return 0
@@ -87,6 +88,15 @@ def main(spec_text: str) -> int:
             comm.close(collective=clean)
         if clean:
             dist.destroy_process_group()
+
+
+def _backend_peer(bench: dict, index: int, rank: int, world: int):
+    """`stratac bench --vs backend`: the measurements of case `index` on the torch.distributed
+    backend stratac (stratac.tools.bench.backendpeer), as a call for benchpeer.after_case."""
+    if "backend" not in bench["peers"]:
+        return None
+    from stratac.tools.bench import backendpeer
+    return lambda: backendpeer.tasks_of_case(bench, index, rank, world, _test_corrupt)
 
 
 def _slowest_median(calls: list[float]) -> tuple[float, float]:
