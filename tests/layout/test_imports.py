@@ -18,7 +18,7 @@ STAGES = [
     ("stratac.codegen",),                            # IR after the passes -> sources
     ("stratac.targets",),                            # sources -> built libraries (cpu, npu)
     ("stratac.host",),                               # built libraries -> Python callables
-    ("stratac.distributed",),                        # the torch.distributed backend over host
+    ("stratac.distributed", "stratac.deep_ep"),      # torch.distributed's backend, DeepEP's Buffer
     ("stratac.tools",),                              # run, bench, simulate, doctor
     ("stratac.cli", "stratac.__main__", "stratac"),  # the command line and the package's front
 ]
