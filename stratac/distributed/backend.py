@@ -104,6 +104,7 @@ class ProcessGroup(dist.ProcessGroup):
                             target=options.target, heap_bytes=options.heap_bytes)
         self._gloo = self._make_gloo(store, rank, size, timeout)
         self._async: set = set()
+        self._done = Work([], "a synchronous call")   # what every synchronous call returns
         self._group_name = str(group_id)
         self._group_desc = "undefined"
 
@@ -159,16 +160,24 @@ class ProcessGroup(dist.ProcessGroup):
         `op` of the gloo group with the same arguments."""
         try:
             run()
-            out = result()
         except Unsupported as why:
-            dtype = _dtype_of(args)
-            if _fallback_mode() == "error":
-                raise StrataUsageError(f"stratac backend: {op} of {dtype} has no stratac schedule ({why}) and "
-                                       "STRATAC_FALLBACK=error forbids the gloo fallback") from None
-            STATS.fallback[(op, dtype, str(why))] += 1
-            return getattr(self._gloo, op)(*args)
-        what = f"{op} #{sum(STATS.kernels.values())}"
-        return Work(out, what, self._async if getattr(opts, "asyncOp", False) else None)
+            return self._fall_back(op, args, str(why))
+        return self._work(op, opts, result)
+
+    def _work(self, op: str, opts, result) -> Work:
+        """The call's Work. torch waits on a synchronous call's Work and drops it (opts.asyncOp is
+        False only there), so those share one; an async call's (DDP's too) has its own future."""
+        if not opts.asyncOp:
+            return self._done
+        return Work(result(), f"{op} #{sum(STATS.kernels.values())}", self._async)
+
+    def _fall_back(self, op: str, args: tuple, why: str):
+        dtype = _dtype_of(args)
+        if _fallback_mode() == "error":
+            raise StrataUsageError(f"stratac backend: {op} of {dtype} has no stratac schedule ({why}) and "
+                                   "STRATAC_FALLBACK=error forbids the gloo fallback") from None
+        STATS.fallback[(op, dtype, why)] += 1
+        return getattr(self._gloo, op)(*args)
 
     def _fallback(self, op: str, *args):
         dtype = _dtype_of(args)
@@ -179,9 +188,13 @@ class ProcessGroup(dist.ProcessGroup):
         return getattr(self._gloo, op)(*args)
 
     def allreduce(self, tensors, opts=None):
+        # the hot path of DDP and of every all_reduce: no closures, one try
         opts = opts or c10d.AllreduceOptions()
-        return self._run("allreduce", opts, (tensors, opts),
-                         lambda: self._group.all_reduce(tensors, opts.reduceOp), lambda: tensors)
+        try:
+            self._group.all_reduce(tensors, opts.reduceOp)
+        except Unsupported as why:
+            return self._fall_back("allreduce", (tensors, opts), str(why))
+        return self._done if not opts.asyncOp else self._work("allreduce", opts, lambda: tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or c10d.AllreduceCoalescedOptions()
