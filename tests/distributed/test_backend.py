@@ -75,3 +75,13 @@ def test_npu_target_is_refused_at_init_naming_what_is_missing():
     assert lines[0].startswith("REFUSED StrataError") and "the npu target cannot run here" in lines[0], p.stdout
     assert "ASCEND_HOME_PATH is not set" in lines[0] and "torch_npu" in lines[0]
     assert lines[1] == "REFUSED StrataUsageError stratac backend: pg_options must be stratac.distributed.Options, got str"
+
+
+def test_the_overhead_example_runs_and_reports_every_variant():
+    """examples/python/backend_overhead.py (a benchmark: its figures are not asserted)."""
+    root = HERE.parents[1]
+    p = subprocess.run([sys.executable, str(root / "examples" / "python" / "backend_overhead.py"), "--rounds", "30"],
+                       capture_output=True, text=True, timeout=300, cwd=root)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for name in ("direct", "ProcessGroup", "dist.all_reduce", "null backend"):
+        assert f"  {name} " in p.stdout, p.stdout
