@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from stratac.distributed import collectives
+from stratac.distributed import collectives, staging
 from stratac.distributed.backend import NAME, Options, ProcessGroup, Work, register
 from stratac.host.errors import StrataUsageError
 
@@ -61,11 +61,11 @@ def stats() -> dict:
     """What the backend did in this process: calls run by kernels per op, of those without a
     staging copy, bytes copied in and out of staging per op, and gloo fallbacks per op, dtype and
     reason."""
-    return collectives.STATS.as_dict()
+    return staging.STATS.as_dict()
 
 
 def reset_stats() -> None:
-    collectives.STATS.__init__()
+    staging.STATS.__init__()
 
 
 __all__ = ["NAME", "Options", "ProcessGroup", "Work", "empty", "free", "reset_stats", "stats", "use"]

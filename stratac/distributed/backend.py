@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-from stratac.distributed.collectives import STATS, Group, Unsupported
+from stratac.distributed.collectives import Group
+from stratac.distributed.staging import STATS, Unsupported
 from stratac.host.errors import StrataUsageError
 
 NAME = "stratac"
@@ -179,14 +180,6 @@ class ProcessGroup(dist.ProcessGroup):
         STATS.fallback[(op, dtype, why)] += 1
         return getattr(self._gloo, op)(*args)
 
-    def _fallback(self, op: str, *args):
-        dtype = _dtype_of(args)
-        if _fallback_mode() == "error":
-            raise StrataUsageError(f"stratac backend: {op} of {dtype} has no stratac schedule and "
-                                   "STRATAC_FALLBACK=error forbids the gloo fallback")
-        STATS.fallback[(op, dtype, "not a collective stratac has")] += 1
-        return getattr(self._gloo, op)(*args)
-
     def allreduce(self, tensors, opts=None):
         # the hot path of DDP and of every all_reduce: no closures, one try
         opts = opts or c10d.AllreduceOptions()
@@ -222,62 +215,50 @@ class ProcessGroup(dist.ProcessGroup):
         return self._run("allgather", opts, (output_lists, inputs, opts), run,
                          lambda: [t for outs in output_lists for t in outs])
 
+    def _gather_into(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        """all_gather_into_tensor: rank r's t into block r of out."""
+        self._check_holds(out, t, "all_gather_into_tensor", "output", "input")
+        n, flat = t.numel(), out.view(-1)
+        self._group.all_gather([flat[r * n:(r + 1) * n] for r in range(self.size())], t, "all_gather_into_tensor")
+
+    def _scatter_from(self, out: torch.Tensor, t: torch.Tensor, op) -> None:
+        """reduce_scatter_tensor: block r of the reduction of every rank's t into rank r's out."""
+        self._check_holds(t, out, "reduce_scatter_tensor", "input", "output")
+        n, flat = out.numel(), t.reshape(-1)
+        self._group.reduce_scatter(out, [flat[r * n:(r + 1) * n] for r in range(self.size())], op,
+                                   "reduce_scatter_tensor")
+
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 (torch's name)
         opts = opts or c10d.AllgatherOptions()
-
-        def run():
-            self._check_holds(output, input, "all_gather_into_tensor", "output", "input")
-            flat = output.view(-1)
-            n = input.numel()
-            self._group.all_gather([flat[r * n:(r + 1) * n] for r in range(self.size())], input,
-                                   "all_gather_into_tensor")
-        return self._run("all_gather_single", opts, (output, input, opts), run, lambda: [output])
+        return self._run("all_gather_single", opts, (output, input, opts),
+                         lambda: self._gather_into(output, input), lambda: [output])
 
     _allgather_base = all_gather_single
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = opts or c10d.AllgatherOptions()
-
-        def run():
-            for o, t in zip(outputs, inputs, strict=True):
-                self._check_holds(o, t, "all_gather_into_tensor", "output", "input")
-                n = t.numel()
-                self._group.all_gather([o.view(-1)[r * n:(r + 1) * n] for r in range(self.size())], t,
-                                       "all_gather_into_tensor")
-        return self._run("allgather_into_tensor_coalesced", opts, (outputs, inputs, opts), run,
+        return self._run("allgather_into_tensor_coalesced", opts, (outputs, inputs, opts),
+                         lambda: [self._gather_into(o, t) for o, t in zip(outputs, inputs, strict=True)],
                          lambda: list(outputs))
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts or c10d.ReduceScatterOptions()
-
-        def run():
-            for out, ins in zip(outputs, input_lists, strict=True):
-                self._group.reduce_scatter(out, list(ins), opts.reduceOp, "reduce_scatter")
-        return self._run("reduce_scatter", opts, (outputs, input_lists, opts), run, lambda: list(outputs))
+        return self._run("reduce_scatter", opts, (outputs, input_lists, opts),
+                         lambda: [self._group.reduce_scatter(out, list(ins), opts.reduceOp, "reduce_scatter")
+                                  for out, ins in zip(outputs, input_lists, strict=True)],
+                         lambda: list(outputs))
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
         opts = opts or c10d.ReduceScatterOptions()
-
-        def run():
-            self._check_holds(input, output, "reduce_scatter_tensor", "input", "output")
-            flat = input.reshape(-1)
-            n = output.numel()
-            self._group.reduce_scatter(output, [flat[r * n:(r + 1) * n] for r in range(self.size())],
-                                       opts.reduceOp, "reduce_scatter_tensor")
-        return self._run("reduce_scatter_single", opts, (output, input, opts), run, lambda: [output])
+        return self._run("reduce_scatter_single", opts, (output, input, opts),
+                         lambda: self._scatter_from(output, input, opts.reduceOp), lambda: [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = opts or c10d.ReduceScatterOptions()
-
-        def run():
-            for o, t in zip(outputs, inputs, strict=True):
-                self._check_holds(t, o, "reduce_scatter_tensor", "input", "output")
-                n = o.numel()
-                self._group.reduce_scatter(o, [t.reshape(-1)[r * n:(r + 1) * n] for r in range(self.size())],
-                                           opts.reduceOp, "reduce_scatter_tensor")
-        return self._run("reduce_scatter_tensor_coalesced", opts, (outputs, inputs, opts), run,
+        return self._run("reduce_scatter_tensor_coalesced", opts, (outputs, inputs, opts),
+                         lambda: [self._scatter_from(o, t, opts.reduceOp) for o, t in zip(outputs, inputs, strict=True)],
                          lambda: list(outputs))
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
@@ -299,28 +280,6 @@ class ProcessGroup(dist.ProcessGroup):
         opts = opts or c10d.BarrierOptions()
         return self._run("barrier", opts, (opts,), self._group.barrier, lambda: [])
 
-    # ---- what stratac has no schedule for: gloo, counted
-    def send(self, *args):
-        return self._fallback("send", *args)
-
-    def recv(self, *args):
-        return self._fallback("recv", *args)
-
-    def recv_anysource(self, *args):
-        return self._fallback("recv_anysource", *args)
-
-    def gather(self, *args):
-        return self._fallback("gather", *args)
-
-    def scatter(self, *args):
-        return self._fallback("scatter", *args)
-
-    def allgather_coalesced(self, *args):
-        return self._fallback("allgather_coalesced", *args)
-
-    def monitored_barrier(self, *args):
-        return self._fallback("monitored_barrier", *args)
-
     def _check_holds(self, big: torch.Tensor, small: torch.Tensor, what: str, bname: str, sname: str) -> None:
         if big.dtype != small.dtype:
             raise StrataUsageError(f"{what}: the {bname} is {big.dtype} and the {sname} {small.dtype}: they must "
@@ -330,6 +289,21 @@ class ProcessGroup(dist.ProcessGroup):
                                    f"{sname} = {self.size()} x {small.numel()} = {self.size() * small.numel()}")
         if not big.is_contiguous():
             raise StrataUsageError(f"{what}: the {bname} must be contiguous")
+
+
+# what stratac has no schedule for: gloo's, counted (or refused with STRATAC_FALLBACK=error)
+GLOO_ONLY = ("send", "recv", "recv_anysource", "gather", "scatter", "allgather_coalesced", "monitored_barrier")
+
+
+def _gloo_only(op: str):
+    def method(self, *args):
+        return self._fall_back(op, args, "not a collective stratac has")
+    method.__name__ = method.__qualname__ = op
+    return method
+
+
+for _op in GLOO_ONLY:
+    setattr(ProcessGroup, _op, _gloo_only(_op))
 
 
 @dataclass(frozen=True)

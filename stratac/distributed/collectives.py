@@ -30,14 +30,12 @@ alike (op, dtype, shapes), so that all ranks take the same path.
 
 from __future__ import annotations
 
-import ctypes
 import os
-from collections import Counter
-from dataclasses import dataclass, field
 
 import torch
 
 from stratac import ir
+from stratac.distributed.staging import STATS, Call, Plan, Unsupported, esize, tensor_bytes
 from stratac.host.comm import Communicator
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.host.select import Selector, load_table
@@ -54,29 +52,9 @@ LIBRARY = {
     ir.ContractKind.ALLTOALLV: ("alltoallv.strata",),
 }
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32)
-STAGING_ALIGN = 512                 # abi.HEAP_ALIGN: every staged tensor starts on a heap block
 DEFAULT_HEAP_BYTES = 256 << 20      # per rank and group; STRATAC_HEAP_BYTES overrides
 
 
-class Unsupported(Exception):
-    """No stratac schedule takes this call (the message says why); the backend falls back."""
-
-
-@dataclass
-class Stats:
-    """What the backend did, per op ("all_reduce", ...) and dtype, since the process started."""
-    kernels: Counter = field(default_factory=Counter)      # op -> calls run by a stratac kernel
-    zero_copy: Counter = field(default_factory=Counter)    # op -> of those, with no staging copy
-    staged_bytes: Counter = field(default_factory=Counter)  # op -> bytes copied in and out
-    fallback: Counter = field(default_factory=Counter)     # (op, dtype, reason) -> calls run by gloo
-
-    def as_dict(self) -> dict:
-        return {"kernels": dict(self.kernels), "zero_copy": dict(self.zero_copy),
-                "staged_bytes": dict(self.staged_bytes),
-                "fallback": {f"{op} {dtype}: {why}": n for (op, dtype, why), n in self.fallback.items()}}
-
-
-STATS = Stats()
 USER_SOURCES: list = []     # stratac.distributed.use(...): schedules put in front of LIBRARY
 
 
@@ -95,20 +73,12 @@ def op_name(op) -> str:
     return _OP_NAMES.get(getattr(op, "op", op), "PREMUL_SUM")
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def _esize(dtype: torch.dtype) -> int:
-    return dtype.itemsize
-
-
 def moved(dtype: torch.dtype, nbytes: int) -> tuple[torch.dtype, int]:
     """How a copy-only kernel moves nbytes of dtype: (element type, elements). A type the kernels
     know moves as itself; any other as int32 words, padded up to a whole word (the padding is
     moved and never copied back)."""
     if dtype in COMPUTE_DTYPES:
-        return dtype, nbytes // _esize(dtype)
+        return dtype, nbytes // esize(dtype)
     return torch.int32, (nbytes + 3) // 4
 
 
@@ -125,7 +95,7 @@ class Group:
         self._broken: str | None = None   # why the heap could not be set up (then no call runs)
         self._selectors: dict[ir.ContractKind, Selector] = {}
         self._arena: torch.Tensor | None = None
-        self._plans: dict[tuple, _Plan] = {}
+        self._plans: dict[tuple, Plan] = {}
 
     # ---- the communicator, its schedules and its staging area
     @property
@@ -186,19 +156,19 @@ class Group:
         self._arena = None
 
     # ---- one call's tensors on the heap
-    def call(self, op: str) -> "_Call":
+    def call(self, op: str) -> "Call":
         """The heap side of a call whose steps depend on what the ranks exchange (AllToAllV): its
         copies run as they are asked for."""
-        return _Call(self, op, eager=True)
+        return Call(self, op, eager=True)
 
     def run(self, op: str, tensors: tuple, scalars: tuple, build) -> None:
         """A call whose heap side depends only on its tensors' layouts and scalars: build(c)
-        carves and records it once (c: a recording _Call) and returns the kernel launch; every
-        later call of that signature replays the copies and the launch (_Plan)."""
+        carves and records it once (c: a recording staging.Call) and returns the kernel launch; every
+        later call of that signature replays the copies and the launch (Plan)."""
         key = (op, scalars, *[(t.data_ptr(), t.dtype, t.shape, t.stride()) for t in tensors])   # ~1 us
         plan = self._plans.get(key)
         if plan is None or not plan.live():
-            c = _Call(self, op, eager=False)
+            c = Call(self, op, eager=False)
             plan = c.plan(build(c))
             if plan.cacheable:
                 if len(self._plans) >= 256:
@@ -245,7 +215,7 @@ class Group:
         sel = self.selector(ir.ContractKind.BROADCAST)
         for t in tensors:
             def build(c, t=t):
-                x = c.inout(t, *moved(t.dtype, _nbytes(t)))
+                x = c.inout(t, *moved(t.dtype, tensor_bytes(t)))
                 return lambda: sel(x, root=root)
             self.run("broadcast", (t,), (root,), build)
         return tensors
@@ -270,7 +240,7 @@ class Group:
         sel = self.selector(ir.ContractKind.ALLGATHER)
 
         def build(c):
-            dt, n = moved(t.dtype, _nbytes(t))
+            dt, n = moved(t.dtype, tensor_bytes(t))
             x = c.input(t, dt, n)
             out = c.output_blocks(outputs, dt, n)
             return lambda: sel(x, out)
@@ -311,7 +281,7 @@ class Group:
             sel = self.selector(ir.ContractKind.ALLTOALL)
 
             def build(c):
-                dt, n = moved(inputs[0].dtype, _nbytes(inputs[0]))
+                dt, n = moved(inputs[0].dtype, tensor_bytes(inputs[0]))
                 x = c.input_blocks(inputs, dt, n)
                 out = c.output_blocks(outputs, dt, n)
                 return lambda: sel(x, out)
@@ -358,9 +328,9 @@ class Group:
         """The rows of `inputs` ([k, hidden] each, concatenated) go to rank p per in_splits; the rows
         that arrive, from rank 0 first, fill `outputs` in order: out_splits[s] of them from rank s.
         The ranks' row counts are exchanged first (an allgather of one int32): a call's sizes are
-        the same on every rank, so the rows are padded to the largest count."""
+        the same on every rank, so the rows are padded to the largest count's power of two."""
         dtype = inputs[0].dtype
-        row_bytes = hidden * _esize(dtype)
+        row_bytes = hidden * esize(dtype)
         if row_bytes == 0:
             return
         rows = sum(in_splits)
@@ -372,7 +342,8 @@ class Group:
             everyone = c.scratch(self.world, torch.int32)
             mine.fill_(rows)
             self.selector(ir.ContractKind.ALLGATHER)(mine, everyone)
-            cap = max(1, int(everyone.max()))
+            # rows padded to a power of two: fewer distinct instances to prove, at most twice the rows
+            cap = 1 << max(0, int(everyone.max()) - 1).bit_length()
             x = c.scratch(cap * cols, dt)
             xrows, at = x.view(torch.uint8).view(cap, -1)[:, :row_bytes], 0
             for t in inputs:
@@ -410,139 +381,3 @@ class Group:
                 raise StrataUsageError(f"{what}: {which} block {r} is {b.dtype} of {b.numel()} elements; "
                                        f"every block must be {t.dtype} of {t.numel()} elements like the "
                                        f"{'input' if which == 'output' else 'output'}")
-
-
-def _bytes_of(t: torch.Tensor) -> torch.Tensor:
-    """The bytes of a contiguous heap tensor, as uint8 (a view)."""
-    return t.reshape(-1).view(torch.uint8)
-
-
-class _Plan:
-    """A call's heap side, recorded: copies into the heap, the launch, copies out. A copy between
-    contiguous memory is a memmove of addresses (one thread: torch's copy_ would wake its OpenMP
-    pool, which spins on the CPUs the model's cores run on); any other is a copy_ of the tensors,
-    and then the plan holds the caller's tensors and is not kept."""
-
-    def __init__(self, op: str, ins: list, outs: list, launch, staged: int, storages: tuple, comm):
-        self.op, self.ins, self.outs, self.launch, self.staged = op, ins, outs, launch, staged
-        self.storages, self._live = storages, comm._live
-        self.cacheable = all(isinstance(c[0], int) for c in (*ins, *outs))
-
-    def live(self) -> bool:
-        """The heap tensors of the caller that the launch uses are still allocated (comm.free)."""
-        return all(cd in self._live for cd in self.storages)
-
-    def replay(self) -> None:
-        for dst, src, n in self.ins:
-            ctypes.memmove(dst, src, n) if isinstance(dst, int) else dst.copy_(src)
-        self.launch()
-        self.finish()
-
-    def finish(self) -> None:
-        """The copies out, once the launch has returned, and the call counted."""
-        for dst, src, n in self.outs:
-            ctypes.memmove(dst, src, n) if isinstance(dst, int) else dst.copy_(src)
-        STATS.kernels[self.op] += 1
-        if self.staged:
-            STATS.staged_bytes[self.op] += self.staged
-        else:
-            STATS.zero_copy[self.op] += 1
-
-
-class _Call:
-    """The heap tensors of one call: the caller's own when they lie on the group's heap, else
-    views of the staging area (carved in order, each on a heap block), with the copies in and out
-    counted. Recording (eager=False): the copies are kept for a _Plan. Eager: copies in run at
-    once; results are copied out when the call's kernels have returned (the `with` block)."""
-
-    def __init__(self, group: Group, op: str, eager: bool):
-        self.group, self.op, self.eager = group, op, eager
-        self._at = 0
-        self._ins: list = []
-        self._outs: list = []
-        self._storages: list = []
-        self._staged = 0
-
-    # ---- eager use: `with group.call(op) as c:`
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.plan(lambda: None).finish()
-        return False
-
-    def plan(self, launch) -> _Plan:
-        return _Plan(self.op, self._ins, self._outs, launch, self._staged, tuple(self._storages),
-                     self.group.comm)
-
-    def count(self, nbytes: int) -> None:
-        self._staged += nbytes
-
-    def _copy(self, into: list, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """dst <- src, both of src's dtype and shape; recorded, or run now (eager, copies in)."""
-        n = _nbytes(src)
-        self._staged += n
-        if self.eager and into is self._ins:
-            dst.copy_(src)
-        elif dst.is_cpu and src.is_cpu and dst.is_contiguous() and src.is_contiguous():
-            into.append((dst.data_ptr(), src.data_ptr(), n))
-        else:
-            into.append((dst, src, n))
-
-    def scratch(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """numel elements of the staging area, on a heap block of their own."""
-        nbytes = numel * _esize(dtype)
-        arena = self.group.staging()
-        lo = self._at
-        self._at = lo + (nbytes + STAGING_ALIGN - 1) // STAGING_ALIGN * STAGING_ALIGN
-        if self._at > arena.numel():
-            raise Unsupported(f"the call needs {self._at} bytes of staging, more than the group's "
-                              f"{arena.numel()} (STRATAC_HEAP_BYTES / 2; or allocate the tensors with "
-                              "stratac.distributed.empty)")
-        return arena[lo:lo + nbytes].view(dtype)
-
-    def _zero_copy(self, t: torch.Tensor, dtype: torch.dtype, numel: int) -> torch.Tensor | None:
-        """t itself, seen as numel of dtype, when it lies on the group's heap and needs no padding."""
-        if self.group.owns(t) and t.is_contiguous() and numel * _esize(dtype) == _nbytes(t):
-            self._storages.append(t.untyped_storage()._cdata)
-            flat = t.reshape(-1)
-            return flat.view(dtype) if dtype != t.dtype else flat
-        return None
-
-    def input(self, t: torch.Tensor, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        x = self._zero_copy(t, dtype, numel)
-        if x is None:
-            x = self.scratch(numel, dtype)
-            self._copy(self._ins, _bytes_of(x)[:_nbytes(t)].view(t.dtype).view(t.shape), t)
-        return x
-
-    def output(self, t: torch.Tensor, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        x = self._zero_copy(t, dtype, numel)
-        if x is None:
-            x = self.scratch(numel, dtype)
-            self._copy(self._outs, t, _bytes_of(x)[:_nbytes(t)].view(t.dtype).view(t.shape))
-        return x
-
-    def inout(self, t: torch.Tensor, dtype: torch.dtype, numel: int, back: bool = True) -> torch.Tensor:
-        x = self._zero_copy(t, dtype, numel)
-        if x is None:
-            x = self.input(t, dtype, numel)
-            if back:
-                self._copy(self._outs, t, _bytes_of(x)[:_nbytes(t)].view(t.dtype).view(t.shape))
-        return x
-
-    def input_blocks(self, blocks: list[torch.Tensor], dtype: torch.dtype, numel: int) -> torch.Tensor:
-        """The blocks one after another, numel elements of dtype each (a block padded up to it)."""
-        x = self.scratch(numel * len(blocks), dtype)
-        rows = _bytes_of(x).view(len(blocks), -1)
-        for r, b in enumerate(blocks):
-            self._copy(self._ins, rows[r, :_nbytes(b)].view(b.dtype).view(b.shape), b)
-        return x
-
-    def output_blocks(self, blocks: list[torch.Tensor], dtype: torch.dtype, numel: int) -> torch.Tensor:
-        x = self.scratch(numel * len(blocks), dtype)
-        rows = _bytes_of(x).view(len(blocks), -1)
-        for r, b in enumerate(blocks):
-            self._copy(self._outs, b, rows[r, :_nbytes(b)].view(b.dtype).view(b.shape))
-        return x
