@@ -323,19 +323,34 @@ class Buffer:
         recv_src_idx = recv_meta[:, 2 * topk].int()
         h = _Handle((prefix, None, None, recv_src_idx, in_rank, None), owner=self, kind="normal",
                     tok=tok, tok_handle=tok_handle, meta=meta_buf, meta_handle=meta_handle, rank_ids=rank_ids,
-                    ones=ones, tokens=n, topk=topk, width=width, combined=False)
-        recv_x = recv_x if isinstance(recv_x, tuple) else recv_x.clone()
+                    ones=ones, tokens=n, topk=topk, width=width, combined=False, meta_rows=meta, rows=None)
+        recv_x = _own_copy(recv_x)
         if num_worst_tokens:
-            recv_x, recv_topk_idx, recv_topk_weights = _pad_worst(recv_x, recv_topk_idx, recv_topk_weights,
-                                                                  num_worst_tokens)
+            rows = recv_topk_idx.shape[0]
+            if num_worst_tokens < rows:
+                raise StrataUsageError(f"dispatch: num_worst_tokens = {num_worst_tokens} is less than the {rows} "
+                                       "tokens received")
+            pad = num_worst_tokens - rows
+            recv_x = _pad_rows(recv_x, pad)
+            recv_topk_idx = torch.cat([recv_topk_idx, recv_topk_idx.new_full((pad, topk), -1)])
+            if recv_topk_weights is not None:
+                recv_topk_weights = _pad_rows(recv_topk_weights, pad)
+            h = _Handle((prefix, None, None, torch.cat([recv_src_idx, recv_src_idx.new_full((pad,), -1)]), in_rank,
+                         None), **{**h.state, "rows": rows})
             per_expert = []
         return recv_x, recv_topk_idx, recv_topk_weights, per_expert, h, EventOverlap()
 
     def _cached_dispatch(self, x, handle):
+        """Dispatch with a handle's layout (DeepEP's cached mode): the same routing, for both the rows
+        and their metadata, so that a weighted combine of the handle works again."""
         st = self._own(handle, "normal", "dispatch")
         recv_x, _, st["tok_handle"] = st["tok"].dispatch(x, st["rank_ids"], st["ones"])
+        _, _, st["meta_handle"] = st["meta"].dispatch(st["meta_rows"], st["rank_ids"], st["ones"])
         st["combined"] = False
-        return (recv_x if isinstance(recv_x, tuple) else recv_x.clone()), None, None, None, None, EventOverlap()
+        recv_x = _own_copy(recv_x)
+        if st["rows"] is not None:
+            recv_x = _pad_rows(recv_x, len(handle[3]) - st["rows"])
+        return recv_x, None, None, None, None, EventOverlap()
 
     def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
                 async_finish: bool = False, allocate_on_comm_stream: bool = False):
@@ -345,6 +360,9 @@ class Buffer:
         st = self._own(handle, "normal", "combine")
         if st["combined"]:
             raise StrataUsageError("combine: this handle's dispatch was already combined; a handle combines once")
+        if st["rows"] is not None:           # num_worst_tokens: the rows past the received ones are padding
+            x = x[:st["rows"]]
+            topk_weights = topk_weights[:st["rows"]] if topk_weights is not None else None
         out = st["tok"].combine(x, st["tok_handle"])
         if bias is not None:
             for b in (bias if isinstance(bias, tuple) else (bias,)):
@@ -496,16 +514,17 @@ def _rank_prefix(tok: _MoeBuffer) -> torch.Tensor:
     return counts.cumsum(dim=0).int().clone()
 
 
-def _pad_worst(recv_x, idx, w, worst: int):
-    rows = idx.shape[0]
-    if worst < rows:
-        raise StrataUsageError(f"dispatch: num_worst_tokens = {worst} is less than the {rows} tokens received")
-    pad = worst - rows
-    x = torch.cat([recv_x, recv_x.new_zeros(pad, recv_x.shape[1])])
-    idx = torch.cat([idx, idx.new_full((pad, idx.shape[1]), -1)])
-    if w is not None:
-        w = torch.cat([w, w.new_zeros(pad, w.shape[1])])
-    return x, idx, w
+def _own_copy(recv_x):
+    """The received rows as tensors of the caller's (a tensor, or int8 rows and scales): the
+    windows are overwritten by the next dispatch and unmapped when the buffer grows."""
+    return tuple(t.clone() for t in recv_x) if isinstance(recv_x, tuple) else recv_x.clone()
+
+
+def _pad_rows(x, pad: int):
+    """x (or each tensor of a tuple) with `pad` zero rows appended (num_worst_tokens)."""
+    if isinstance(x, tuple):
+        return tuple(_pad_rows(t, pad) for t in x)
+    return torch.cat([x, x.new_zeros(pad, *x.shape[1:])])
 
 
 def _all_gather_ids(ids: torch.Tensor, group, world: int, m: int) -> list[torch.Tensor]:

@@ -30,12 +30,13 @@ alike (op, dtype, shapes), so that all ranks take the same path.
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
 
 from stratac import ir
-from stratac.distributed.staging import STATS, Call, Plan, Unsupported, esize, tensor_bytes
+from stratac.distributed.staging import STAGING_ALIGN, STATS, Call, Plan, Unsupported, esize, tensor_bytes
 from stratac.host.comm import Communicator
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.host.select import Selector, load_table
@@ -116,6 +117,9 @@ class Group:
             except StrataRuntimeError as exc:
                 self._broken = str(exc)
                 raise
+            # the staging area, on every rank at once: heap allocations are collective, and one made
+            # only on the ranks that stage would put every later allocation at other offsets
+            self._arena = self._comm.empty(self.heap_bytes // 2, dtype=torch.uint8)
         return self._comm
 
     def owns(self, t: torch.Tensor) -> bool:
@@ -143,9 +147,17 @@ class Group:
         return sel
 
     def staging(self) -> torch.Tensor:
-        if self._arena is None:
-            self._arena = self.comm.empty(self.heap_bytes // 2, dtype=torch.uint8)
+        self.comm   # made with the communicator
         return self._arena
+
+    def check_staging(self, tensors) -> None:
+        """Unsupported, before any kernel runs, if one of a list's tensors would not fit the
+        staging area (a list call falls back whole: none of it may have run on a kernel)."""
+        room = self.heap_bytes // 2
+        for t in tensors:
+            if not self.owns(t) and tensor_bytes(t) + STAGING_ALIGN > room:
+                raise Unsupported(f"a tensor of {tensor_bytes(t)} bytes needs more than the group's {room} bytes "
+                                  "of staging (STRATAC_HEAP_BYTES / 2; or allocate it with stratac.distributed.empty)")
 
     def close(self) -> None:
         if self._comm is not None and self._comm._open:
@@ -192,6 +204,7 @@ class Group:
                 raise Unsupported("the kernels reduce float32, float16, bfloat16 and int32 only")
             if name == "AVG" and not t.is_floating_point():
                 raise Unsupported("ReduceOp.AVG of an integer type")
+        self.check_staging(tensors)
         sel = self.selector(ir.ContractKind.ALLREDUCE)
         kernel_op = "sum" if name == "AVG" else name.lower()
         for t in tensors:
@@ -212,6 +225,7 @@ class Group:
         self.run("barrier", (), (), build)
 
     def broadcast(self, tensors: list[torch.Tensor], root: int) -> list[torch.Tensor]:
+        self.check_staging(tensors)
         sel = self.selector(ir.ContractKind.BROADCAST)
         for t in tensors:
             def build(c, t=t):
@@ -226,6 +240,7 @@ class Group:
             raise Unsupported(f"ReduceOp.{name}: no reduce schedule reduces with it")
         if any(t.dtype not in COMPUTE_DTYPES for t in tensors):
             raise Unsupported("the kernels reduce float32, float16, bfloat16 and int32 only")
+        self.check_staging(tensors)
         sel = self.selector(ir.ContractKind.REDUCE)
         for t in tensors:
             def build(c, t=t):
@@ -267,8 +282,9 @@ class Group:
         self.run("reduce_scatter", (out, *inputs), (name,), build)
 
     def all_to_all(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], what: str) -> None:
-        """inputs[p] goes to rank p; outputs[s] comes from rank s. Equal blocks: the alltoall
-        schedule; blocks of any sizes: alltoallv, one element a row."""
+        """inputs[p] goes to rank p; outputs[s] comes from rank s: alltoallv, one element a row. The
+        list form always takes alltoallv: its blocks may differ between ranks (legally), and a rank
+        must not pick the equal-block schedule while a peer picks the other."""
         if len(inputs) != self.world or len(outputs) != self.world:
             raise StrataUsageError(f"{what}: the input and output lists must have one tensor per rank of the "
                                    f"group ({self.world}), got {len(inputs)} and {len(outputs)}")
@@ -276,38 +292,43 @@ class Group:
         if len(dtypes) != 1:
             raise StrataUsageError(f"{what}: every tensor must have one dtype, got "
                                    f"{', '.join(sorted(map(str, dtypes)))}")
-        sizes = {t.numel() for t in (*inputs, *outputs)}
-        if len(sizes) == 1:
-            sel = self.selector(ir.ContractKind.ALLTOALL)
-
-            def build(c):
-                dt, n = moved(inputs[0].dtype, tensor_bytes(inputs[0]))
-                x = c.input_blocks(inputs, dt, n)
-                out = c.output_blocks(outputs, dt, n)
-                return lambda: sel(x, out)
-            self.run("all_to_all", (*inputs, *outputs), (), build)
-            return
         self._all_to_all_v([t.reshape(-1, 1) for t in inputs], [t.numel() for t in inputs],
                            [t.numel() for t in outputs], outputs, 1, what)
 
+    def _all_to_all_equal(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> None:
+        """Blocks of one size on every rank (all_to_all_single's equal split): the alltoall schedule."""
+        sel = self.selector(ir.ContractKind.ALLTOALL)
+
+        def build(c):
+            dt, n = moved(inputs[0].dtype, tensor_bytes(inputs[0]))
+            x = c.input_blocks(inputs, dt, n)
+            out = c.output_blocks(outputs, dt, n)
+            return lambda: sel(x, out)
+        self.run("all_to_all", (*inputs, *outputs), (), build)
+
     def all_to_all_single(self, out: torch.Tensor, t: torch.Tensor, out_splits: list[int],
                           in_splits: list[int], what: str) -> None:
+        """Without split sizes, or with sizes that are all equal (torch's equal split, given either
+        way), the alltoall schedule; with any other sizes, alltoallv. (A rank that gives unequal
+        sizes while a peer splits equally makes another call than that peer: both are refused by
+        the ranks' agreement check, naming the two calls.)"""
         if out.dtype != t.dtype:
             raise StrataUsageError(f"{what}: output is {out.dtype} and input {t.dtype}: they must match")
-        if not out_splits and not in_splits:
-            if t.numel() % self.world or out.numel() != t.numel():
+        rows = t.shape[0] if t.dim() else 1
+        equal = [rows // self.world] * self.world
+        if (not in_splits or list(in_splits) == equal) and (not out_splits or list(out_splits) == equal):
+            if t.numel() % self.world or out.numel() != t.numel() or rows % self.world:
                 raise StrataUsageError(
-                    f"{what}: with equal splits the input's {t.numel()} elements must divide into {self.world} "
-                    f"blocks and the output must hold as many, got {out.numel()}")
+                    f"{what}: with equal splits the input's {rows} rows must divide into {self.world} blocks and the "
+                    f"output must hold as many elements as the input ({t.numel()}), got {out.numel()}")
             if t.numel() == 0:
                 return
             if not out.is_contiguous():
                 raise StrataUsageError(f"{what}: the output must be contiguous")
             n = t.numel() // self.world
             flat_in, flat_out = t.reshape(-1), out.view(-1)
-            ins = [flat_in[p * n:(p + 1) * n] for p in range(self.world)]
-            outs = [flat_out[p * n:(p + 1) * n] for p in range(self.world)]
-            self.all_to_all(outs, ins, what)
+            self._all_to_all_equal([flat_out[p * n:(p + 1) * n] for p in range(self.world)],
+                                   [flat_in[p * n:(p + 1) * n] for p in range(self.world)])
             return
         rows_in, rows_out = (t.shape[0] if t.dim() else 1), (out.shape[0] if out.dim() else 1)
         in_splits = list(in_splits) or [rows_in // self.world] * self.world
@@ -317,9 +338,9 @@ class Group:
             if len(splits) != self.world or sum(splits) != rows or min(splits) < 0:
                 raise StrataUsageError(f"{what}: {name} {splits} must have {self.world} entries (one per rank) "
                                        f"that add up to the tensor's {rows} rows")
-        hidden = t[0].numel() if t.dim() > 1 else 1
-        if (out[0].numel() if out.dim() > 1 else 1) != hidden:
-            raise StrataUsageError(f"{what}: the output's rows hold {out[0].numel()} elements and the input's "
+        hidden, out_hidden = math.prod(t.shape[1:]), math.prod(out.shape[1:])   # 1 for a 1-D tensor
+        if out_hidden != hidden:
+            raise StrataUsageError(f"{what}: the output's rows hold {out_hidden} elements and the input's "
                                    f"{hidden}: they must match")
         self._all_to_all_v([t.reshape(rows_in, hidden)], in_splits, out_splits, [out], hidden, what)
 

@@ -535,10 +535,12 @@ class Schedule:
 
     def _record(self, prep: "_Prepared", bits: int) -> tuple[tuple[int, ...], bytes]:
         """A call's agreement record but its number: four int32 of a hash of the schedule and the
-        call's instance (world, sizes, dtype, op, rank parameters, mask), and its description."""
+        call's instance (world, sizes, dtype, op, rank parameters, mask, and the heap offsets of its
+        symmetric tensors: a kernel addresses a peer's tensor at its own tensor's offset), and its
+        description."""
         key = repr((self._identity, self.comm.world, sorted(prep.sizes.items()), prep.dtype.short,
                     prep.head[1] if self.ir.op_param is not None else None,
-                    sorted((x.name, prep.params[x.name]) for x in self.ir.rank_params), bits))
+                    sorted((x.name, prep.params[x.name]) for x in self.ir.rank_params), bits, prep.offsets))
         h = hashlib.blake2b(key.encode(), digest_size=16).digest()
         digest = tuple(int.from_bytes(h[i:i + 4], "little", signed=True) for i in range(0, 16, 4))
         text = self.describe_call(prep, bits).encode()[:abi.AGREE_TEXT_BYTES - 1]
@@ -564,7 +566,8 @@ class Schedule:
         if len(groups) == 1:
             text = next(iter(groups))[0]
             what = (f"every rank called {text}, but from kernels built differently (another .strata source "
-                    "or other compile options on some rank)")
+                    "or other compile options on some rank) or on symmetric tensors at different heap offsets "
+                    "(a symmetric tensor must be the same allocation on every rank)")
         else:
             what = ", ".join(parts)
         raise StrataUsageError(
@@ -613,6 +616,7 @@ class Schedule:
         params = self.instance_params(sizes, scalars)
         return _Prepared(
             sizes=sizes, dtype=dtype, records={},
+            offsets=tuple(given[p.name].data_ptr() - comm._base for p in self.ir.tensors if p.symmetric),
             storages=tuple(given[p.name].untyped_storage()._cdata for p in self.ir.tensors),
             blocks=blocks, routed=self.ir.contract.kind.moe, env={"world": comm.world, **sizes},
             layout=self._layout, stamps=self.ir.stamps({"world": comm.world, **params}),
@@ -634,7 +638,7 @@ class _Prepared:
     """A checked call's launcher arguments (all but the epoch), kept per signature."""
 
     __slots__ = ("storages", "blocks", "routed", "env", "layout", "stamps", "masked", "params", "head",
-                 "tail", "sizes", "dtype", "records")
+                 "tail", "sizes", "dtype", "records", "offsets")
 
     def __init__(self, **kw):
         for k, v in kw.items():

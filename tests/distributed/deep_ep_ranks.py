@@ -98,6 +98,25 @@ def normal(rank, world, dtype):
         # each slot's weight lives on one rank: the sum over ranks gives it back
         check(calc_diff(combined_w, weights) < 1e-9, ("combined weights", combined_w[:2], weights[:2]))
         expect_error(StrataUsageError, "already combined", buf.combine, recv_x, handle)
+        # the handle again: a cached dispatch, then a weighted combine of it works as the first did
+        again = buf.dispatch(x, handle=handle)[0]
+        again = again if payload is None else (again[0].float() * again[1]).to(torch.bfloat16)
+        combined2, combined_w2, _ = buf.combine(again, handle, topk_weights=recv_w)
+        check(torch.equal(combined2, combined) and torch.equal(combined_w2, combined_w), "cached, then combined")
+    # num_worst_tokens: every output has that many rows, ids -1 past the received ones, the list
+    # empty; the first rows are the normal result, and the padded rows combine as the unpadded
+    worst = tokens * world
+    recv_x, recv_idx, recv_w, counts, handle, _ = buf.dispatch(
+        x, topk_idx=topk_idx, topk_weights=weights, num_tokens_per_expert=per_expert, num_worst_tokens=worst)
+    got = recv_x if payload is None else recv_x[0]
+    check(got.shape[0] == worst and recv_idx.shape[0] == worst and recv_w.shape[0] == worst and counts == [],
+          ("worst", got.shape, counts))
+    real = int(global_per_rank[rank])
+    check(bool((recv_idx[real:] == -1).all()) and len(handle[3]) == worst, "padding")
+    y = recv_x if payload is None else (recv_x[0].float() * recv_x[1]).to(torch.bfloat16)
+    combined, combined_w, _ = buf.combine(y, handle, topk_weights=recv_w)
+    check(calc_diff(combined.float() / in_rank_ref.sum(1, keepdim=True).float().clamp(min=1), x.float()) < 5e-6,
+          "worst combine")
     # bad input, refused on every rank before anything is sent
     ids = routing(rank, tokens, experts, topk, 9)
     _, _, pe, _, _ = buf.get_dispatch_layout(ids, experts)

@@ -215,17 +215,43 @@ def bad_input(rank, world):
                  dist.all_gather_into_tensor, torch.empty(world * 6, dtype=torch.float16), x)
     expect_error(StrataUsageError, "input_split_sizes [1] must have",
                  dist.all_to_all_single, torch.empty(world), torch.ones(world), [1] * world, [1])
-    # splits that disagree between ranks: the ranks' counts are compared after the exchange
+    # split sizes that disagree between ranks: rank 0 splits unequally where its peers split
+    # equally, so it calls another schedule than they do: every rank is refused, naming both calls
     send = [1] * world
-    recv = [1] * world
-    if rank == 0:
-        recv = [2] + [1] * (world - 2) + [0]
-    out = torch.empty(world, 1)
+    recv = [2] + [1] * (world - 2) + [0] if rank == 0 else [1] * world
+    out = torch.full((world, 1), -1.0)
+    expect_error(StrataUsageError, "the ranks made different calls", dist.all_to_all_single, out,
+                 torch.ones(world, 1), recv, send)
+    check(bool((out == -1).all()), "nothing written")
+    # every rank splits unequally, and rank 0's output sizes are not what the others send it: the
+    # counts the ranks exchanged say so on rank 0
+    send = [2] + [1] * (world - 1)
+    recv = [3] + [2] * (world - 2) + [1] if rank == 0 else [1] * world
+    out = torch.empty(sum(recv), 1)
     if rank == 0:
         expect_error(StrataUsageError, f"rank 0 expected {recv} rows from the ranks",
-                     dist.all_to_all_single, out, torch.ones(world, 1), recv, send)
+                     dist.all_to_all_single, out, torch.ones(sum(send), 1), recv, send)
     else:
-        dist.all_to_all_single(out, torch.ones(world, 1), recv, send)
+        dist.all_to_all_single(out, torch.ones(sum(send), 1), recv, send)
+    # a symmetric tensor at other heap offsets on different ranks (one rank's on the heap, the
+    # other's staged): the ranks' agreement refuses the call on every rank, nothing written
+    own = sd.empty(16)
+    own.fill_(rank + 5)
+    mine = own if rank == 0 else torch.full((16,), float(rank + 5))
+    expect_error(StrataUsageError, "on symmetric tensors at different heap offsets", dist.broadcast, mine, src=0)
+    check(bool((mine == rank + 5).all()), "nothing written")
+    sd.free(own)
+    # a rank that sends no rows at all (its input [0, 3]); blocks that differ between ranks in the
+    # list form; the same call of each again, right
+    send = [0] * world if rank == 0 else [1] * world
+    recv = [0] + [1] * (world - 1)
+    for _ in range(2):
+        out = torch.full((sum(recv), 3), -1.0)
+        dist.all_to_all_single(out, torch.full((sum(send), 3), float(rank)), recv, send)
+        check(torch.equal(out, torch.cat([torch.full((recv[s], 3), float(s)) for s in range(world)])), out)
+        outs = [torch.empty(2 + s) for s in range(world)]
+        dist.all_to_all(outs, [torch.full((2 + rank,), float(rank * 10 + p)) for p in range(world)])
+        check(all(torch.equal(o, torch.full((2 + s,), float(s * 10 + rank))) for s, o in enumerate(outs)), outs)
     # a tensor of a device the backend does not serve: torch's dispatcher names the device
     expect_error(RuntimeError, "meta", dist.all_reduce, torch.empty(3, device="meta"))
     y = torch.full((5,), float(rank))
