@@ -116,6 +116,10 @@ class Communicator:
         self.heap_bytes = heap_bytes
         self._barrier = barrier or (lambda: None)
         self._ffi, self._lib = runtime()
+        need = abi.sync_area_bytes(world) + abi.HEAP_ALIGN
+        if heap_bytes < need:   # before the pool is mapped: nothing to unmap when refused
+            raise StrataUsageError(f"heap_bytes = {heap_bytes} per rank cannot even hold the sync area of world "
+                                   f"{world} ({need} bytes): give a larger heap")
         rc = self._lib.strata_cpu_init(rank, world, segment.encode(), heap_bytes, int(create))
         if rc != 0:
             raise StrataRuntimeError(f"cannot map the symmetric heap: {last_error(self._lib, self._ffi)}")

@@ -304,6 +304,7 @@ struct SdmaEngine {
   std::deque<SdmaJob> queue;
   uint64_t posted = 0, done = 0;
   bool busy = false;  // a copy is in progress (popped, not yet done)
+  bool notifying = false;  // a copy is done and its waiters are being woken (Notify, pool header)
   bool stop = false;
   std::thread worker;
 
@@ -329,11 +330,14 @@ struct SdmaEngine {
     lk.lock();
     busy = false;
     ++done;
+    notifying = true;  // the launch's end waits for the Notify below: it reads the pool's header
     cv_done.notify_all();
     if (!queue.empty() && queue.front().wake) cv_work.notify_one();
     lk.unlock();
     Notify();  // a quiet polling for this copy
     lk.lock();
+    notifying = false;
+    cv_done.notify_all();
   }
   void Run() {
     std::unique_lock<std::mutex> lk(mu);
@@ -359,7 +363,9 @@ struct SdmaEngine {
   void EndLaunch() {
     std::unique_lock<std::mutex> lk(mu);
     queue.clear();
-    cv_done.wait(lk, [&] { return !busy; });
+    // no copy in progress, and none still waking its waiters: once the launch ends, the pool may be
+    // unmapped (a communicator closed while others stay open keeps the engine threads)
+    cv_done.wait(lk, [&] { return !busy && !notifying; });
     posted = done;
   }
 };
