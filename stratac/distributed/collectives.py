@@ -173,11 +173,16 @@ class Group:
         copies run as they are asked for."""
         return Call(self, op, eager=True)
 
+    @staticmethod
+    def signature(op: str, scalars: tuple, tensors) -> tuple:
+        """What a recorded call depends on: the op, its scalars, each tensor's address and layout."""
+        return (op, scalars, *[(t.data_ptr(), t.dtype, t.shape, t.stride()) for t in tensors])
+
     def run(self, op: str, tensors: tuple, scalars: tuple, build) -> None:
         """A call whose heap side depends only on its tensors' layouts and scalars: build(c)
         carves and records it once (c: a recording staging.Call) and returns the kernel launch; every
         later call of that signature replays the copies and the launch (Plan)."""
-        key = (op, scalars, *[(t.data_ptr(), t.dtype, t.shape, t.stride()) for t in tensors])   # ~1 us
+        key = self.signature(op, scalars, tensors)
         plan = self._plans.get(key)
         if plan is None or not plan.live():
             c = Call(self, op, eager=False)
@@ -192,8 +197,7 @@ class Group:
     def all_reduce(self, tensors: list[torch.Tensor], op) -> list[torch.Tensor]:
         name = op_name(op)
         if len(tensors) == 1:     # the hot path (DDP's buckets, every all_reduce): a recorded call
-            t = tensors[0]
-            plan = self._plans.get(("all_reduce", (name,), (t.data_ptr(), t.dtype, t.shape, t.stride())))
+            plan = self._plans.get(self.signature("all_reduce", (name,), tensors))
             if plan is not None and plan.live():
                 plan.replay()
                 return tensors
