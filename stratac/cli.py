@@ -168,7 +168,8 @@ def cmd_bench(args) -> int:
                                    experts=args.experts, routings=args.routing,
                                    max_recv=args.max_recv, capacity=args.capacity,
                                    selected=args.selected, selection=args.selection,
-                                   agreement_cost=args.agreement_cost)
+                                   agreement_cost=args.agreement_cost,
+                                   two_pass_places=args.two_pass_places)
         res = sweep.run(spec, echo=echo)
         for line in report.table(res):
             print(line)
@@ -308,9 +309,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a progress bar on stderr (default: when stderr is a terminal)")
     b.add_argument("--timeout", type=float, default=120.0, help="seconds any wait may take")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--agreement-cost", action="store_true",
+    twin = b.add_mutually_exclusive_group()   # each builds every schedule once more, another way
+    twin.add_argument("--agreement-cost", action="store_true",
                    help="also bench each schedule built without the ranks' agreement on every call, "
                    "as 'NAME (no agreement)', alternating with it: what the check costs (docs/bench.md)")
+    twin.add_argument("--two-pass-places", action="store_true",
+                   help="also bench each MoE pair built with the places of a dispatch's rows and of their "
+                   "scales as two passes over the ids (not joined), as 'NAME (two passes)', right after "
+                   "it: what joining them saves (docs/bench.md)")
     bm = b.add_argument_group("MoE dispatch/combine (a file of moe_dispatch/moe_combine or alltoallv "
                               "schedules sweeps tokens instead of --sizes)")
     bm.add_argument("--tokens", type=options.token_sweep, help="tokens per rank: MIN:MAX doubling, MIN:MAX:FACTOR "

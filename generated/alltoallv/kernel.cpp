@@ -69,7 +69,7 @@ class Alltoallv {
     }
     {  // strata:20 stage 4 on aiv
       STRATA_LINE(20);  // strata:20
-      rt_.Place(mv_, strata::Via::kAiv, out_, world * rows_, x_, dest_, offs_, rows_, 1, hidden_, world, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
+      rt_.Place(mv_, strata::Via::kAiv, {out_, world * rows_, x_, hidden_}, {nullptr, 0, nullptr, 0}, dest_, offs_, rows_, 1, world, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(21);  // strata:21

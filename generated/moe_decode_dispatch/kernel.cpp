@@ -67,7 +67,7 @@ class MoeDecodeDispatch {
         }
       }
       STRATA_LINE(25);  // strata:25
-      rt_.Place(mv_, strata::Via::kAiv, win_, experts_ * capacity_, x_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold, nullptr);
+      rt_.Place(mv_, strata::Via::kAiv, {win_, experts_ * capacity_, x_, hidden_}, {nullptr, 0, nullptr, 0}, ids_, offs_, tokens_, topk_, experts_, rank, world, kSdmaThreshold, nullptr);
       strata::EndStage(mv_);
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce

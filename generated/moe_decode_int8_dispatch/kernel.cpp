@@ -68,10 +68,9 @@ class MoeDecodeInt8Dispatch {
                    strata::Reinterpret<T>(counts_ + lo) + off, rank, len, rank, kSdmaThreshold);
         }
       }
+      // strata:22 is placed in the same pass over the ids (passes.join_places)
       STRATA_LINE(21);  // strata:21
-      rt_.Place(mv_, strata::Via::kAiv, wq_, experts_ * capacity_, xq_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold, nullptr);
-      STRATA_LINE(22);  // strata:22
-      rt_.Place(mv_, strata::Via::kAiv, strata::Reinterpret<T>(ws_), experts_ * capacity_, strata::Reinterpret<T>(xs_), ids_, offs_, tokens_, topk_, 8 * strata::Ratio<float, T>(), experts_, rank, world, kSdmaThreshold, nullptr);
+      rt_.Place(mv_, strata::Via::kAiv, {wq_, experts_ * capacity_, xq_, hidden_}, {strata::Reinterpret<T>(ws_), experts_ * capacity_, strata::Reinterpret<T>(xs_), 8 * strata::Ratio<float, T>()}, ids_, offs_, tokens_, topk_, experts_, rank, world, kSdmaThreshold, nullptr);
       strata::EndStage(mv_);
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce

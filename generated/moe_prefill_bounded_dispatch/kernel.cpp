@@ -76,7 +76,7 @@ class MoePrefillBoundedDispatch {
     }
     {  // strata:25 stage 4 on aiv
       STRATA_LINE(25);  // strata:25
-      rt_.Place(mv_, strata::Via::kAiv, win_, max_recv_, x_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
+      rt_.Place(mv_, strata::Via::kAiv, {win_, max_recv_, x_, hidden_}, {nullptr, 0, nullptr, 0}, ids_, offs_, tokens_, topk_, experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(26);  // strata:26

@@ -78,10 +78,9 @@ class MoePrefillInt8Dispatch {
     }
     {  // strata:26 stage 4 on aiv
       STRATA_LINE(26);
+      // strata:28 is placed in the same pass over the ids (passes.join_places)
       STRATA_LINE(27);  // strata:27
-      rt_.Place(mv_, strata::Via::kAiv, wq_, max_recv_, xq_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
-      STRATA_LINE(28);  // strata:28
-      rt_.Place(mv_, strata::Via::kAiv, strata::Reinterpret<T>(ws_), max_recv_, strata::Reinterpret<T>(xs_), ids_, offs_, tokens_, topk_, 8 * strata::Ratio<float, T>(), experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
+      rt_.Place(mv_, strata::Via::kAiv, {wq_, max_recv_, xq_, hidden_}, {strata::Reinterpret<T>(ws_), max_recv_, strata::Reinterpret<T>(xs_), 8 * strata::Ratio<float, T>()}, ids_, offs_, tokens_, topk_, experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(30);  // strata:30

@@ -87,7 +87,7 @@ class MoeStagingBaselineDispatch {
     }
     {  // strata:27 stage 4 on aiv
       STRATA_LINE(27);  // strata:27
-      rt_.Place(mv_, strata::Via::kAiv, recv_, world * tokens_ * topk_, send_, ids_, offs_, tokens_, topk_, hidden_, experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
+      rt_.Place(mv_, strata::Via::kAiv, {recv_, world * tokens_ * topk_, send_, hidden_}, {nullptr, 0, nullptr, 0}, ids_, offs_, tokens_, topk_, experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(28);  // strata:28

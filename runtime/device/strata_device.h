@@ -484,10 +484,18 @@ class Router {
   // j counting this rank's earlier entries for e. The cores split the routed rows evenly (not the
   // experts or the peers), so a skewed routing keeps them balanced. Each core keeps, per expert,
   // the next row (offs[e] + j) in UB, and scans the ids in UB chunks up to its last row.
-  __aicore__ inline void Place(Mover<T>& mv, Via via, __gm__ T* win, int64_t rows, __gm__ T* x,
-                               __gm__ int32_t* ids, __gm__ int32_t* offs, int64_t tokens, int64_t topk,
-                               int64_t hidden, int64_t experts, int64_t rank, int64_t world,
-                               int64_t sdmaThreshold, __gm__ int32_t* status) {
+  // `also` (when its win is set) is a second payload placed in the same pass: row t of also.x goes
+  // to the same row of also.win (an int8 row's f32 scales beside it), so the ids are scanned once
+  // for both (a place the pass join_places joined to the one before it, stratac/ir/passes.py).
+  struct Rows {
+    __gm__ T* win;     // the window (on every rank, symmetric)
+    int64_t rows;      // its rows: the bound every row index is checked against
+    __gm__ T* x;       // this rank's rows
+    int64_t hidden;    // elements of T per row
+  };
+  __aicore__ inline void Place(Mover<T>& mv, Via via, Rows rows, Rows also, __gm__ int32_t* ids,
+                               __gm__ int32_t* offs, int64_t tokens, int64_t topk, int64_t experts,
+                               int64_t rank, int64_t world, int64_t sdmaThreshold, __gm__ int32_t* status) {
     if (Over(status)) return;   // some owner's window is too small: nothing is placed, on any rank
     const int64_t n = tokens * topk, local = experts / world;
     AscendC::LocalTensor<int32_t> ib = Ids();
@@ -514,13 +522,17 @@ class Router {
         const int64_t row = next.GetValue(e);
         next.SetValue(e, static_cast<int32_t>(row + 1));
         if (index++ < lo) continue;
-        if (row < 0 || row >= rows) {
+        if (row < 0 || row >= rows.rows || (also.win != nullptr && row >= also.rows)) {
           Fault("place: a token's row is outside the window (offsets or window size wrong)");
           continue;
         }
-        const int64_t i = i0 + k;
-        mv.Copy(via, win + row * hidden, e / local, x + (i / topk) * hidden, rank, hidden, rank,
-                sdmaThreshold);
+        const int64_t t = (i0 + k) / topk;
+        mv.Copy(via, rows.win + row * rows.hidden, e / local, rows.x + t * rows.hidden, rank,
+                rows.hidden, rank, sdmaThreshold);
+        if (also.win != nullptr) {
+          mv.Copy(via, also.win + row * also.hidden, e / local, also.x + t * also.hidden, rank,
+                  also.hidden, rank, sdmaThreshold);
+        }
       }
     }
   }

@@ -264,7 +264,22 @@ def _moves(op, s: ir.Schedule) -> dict:
             "dst": side(op.dst, offsets[0]), "src": side(op.src, offsets[1])}
 
 
-def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule) -> dict:
+def _place_rows(op: ir.Route, s: ir.Schedule) -> str:
+    """A place's payload as strata::Router<T>::Rows: {window, its rows, x, row length in T}."""
+    win, x = s.param(op.dst.buffer), dict(zip(ir.ROUTE_OPERANDS[op.kind], op.operands))["x"]
+    rows, hidden = (c(d) for d in win.dims)
+    wptr, xptr = _cname(win.name), _cname(x)
+    if win.dtype is not None and win.dtype.nbytes != 1:
+        # rows of a fixed type (an int8 dispatch's f32 scales beside its int8 rows, T = int8_t)
+        # are moved as T elements, like every copy: the pointers and the row length in T
+        ratio = _cpp(f"strata::Ratio<{win.dtype.ctype}, T>()")
+        wptr, xptr = f"strata::Reinterpret<T>({wptr})", f"strata::Reinterpret<T>({xptr})"
+        hidden = c(ir.Bin(ir.BinKind.MUL, win.dims[1], ratio))
+    return f"{{{wptr}, {rows}, {xptr}, {hidden}}}"
+
+
+def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule, also: ir.Route | None = None) -> dict:
+    """A routing construct's Router call; `also`: a place joined to op (one pass over the ids)."""
     K = ir.RouteKind
     role = dict(zip(ir.ROUTE_OPERANDS[op.kind], op.operands))
     dst = _chain(_cname(op.dst.buffer), op.dst.lo)
@@ -289,21 +304,16 @@ def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule) -> dict:
         status = "strata::StatusLine(sync_, world)" if _exscanned(s, role["offs"]) else "nullptr"
         if op.kind is K.PLACE:
             via = {ir.Engine.AIV: "kAiv", ir.Engine.SDMA: "kSdma", ir.Engine.AUTO: "kAuto"}[engine]
-            wptr, xptr = _cname(win.name), _cname(role["x"])
-            if win.dtype is not None and win.dtype.nbytes != 1:
-                # rows of a fixed type (an int8 dispatch's f32 scales beside its int8 rows, T = int8_t)
-                # are moved as T elements, like every copy: the pointers and the row length in T
-                ratio = _cpp(f"strata::Ratio<{win.dtype.ctype}, T>()")
-                wptr, xptr = f"strata::Reinterpret<T>({wptr})", f"strata::Reinterpret<T>({xptr})"
-                hidden = c(ir.Bin(ir.BinKind.MUL, win.dims[1], ratio))
-            call = (f"rt_.Place(mv_, strata::Via::{via}, {wptr}, {rows}, "
-                    f"{xptr}, {_cname(ids.name)}, {_cname(role['offs'])}, {tokens}, "
-                    f"{topk}, {hidden}, {experts}, rank, world, kSdmaThreshold, {status})")
+            second = _place_rows(also, s) if also is not None else "{nullptr, 0, nullptr, 0}"
+            call = (f"rt_.Place(mv_, strata::Via::{via}, {_place_rows(op, s)}, {second}, "
+                    f"{_cname(ids.name)}, {_cname(role['offs'])}, {tokens}, {topk}, {experts}, "
+                    f"rank, world, kSdmaThreshold, {status})")
         else:
             call = (f"rt_.Gather({_cname(op.dst.buffer)}, {_cname(win.name)}, {rows}, {_cname(ids.name)}, "
                     f"{_cname(role['weights'])}, {_cname(role['offs'])}, {tokens}, {topk}, {hidden}, "
                     f"{experts}, world, {status})")
-    return {"kind": "route", "line": op.span.line, "call": call}
+    return {"kind": "route", "line": op.span.line, "call": call,
+            "joined": also.span.line if also is not None else None}
 
 
 def _window_of(s: ir.Schedule, offs: str) -> str | None:
@@ -342,13 +352,27 @@ def _loop(op: ir.Loop, body: list[dict]) -> dict:
             "line": op.span.line, "body": body}
 
 
+def _nodes(ops, engine: ir.Engine, s: ir.Schedule) -> list[dict]:
+    """A stage's statements; a place joined to the one before it (passes.join_places) is made in
+    that one's call."""
+    out = []
+    for i, op in enumerate(ops):
+        if isinstance(op, ir.Route) and op.joined:
+            continue
+        nxt = ops[i + 1] if i + 1 < len(ops) else None
+        if isinstance(nxt, ir.Route) and nxt.joined:
+            out.append(_route(op, engine, s, also=nxt))
+        else:
+            out.append(_node(op, engine, s))
+    return out
+
+
 def _node(op, engine: ir.Engine, s: ir.Schedule) -> dict:
     if isinstance(op, ir.Loop):
-        return _loop(op, [_node(o, engine, s) for o in op.body])
+        return _loop(op, _nodes(op.body, engine, s))
     if isinstance(op, ir.If):
         return {"kind": "if", "line": op.span.line, "cond": c(op.cond),
-                "then": [_node(o, engine, s) for o in op.then],
-                "orelse": [_node(o, engine, s) for o in op.orelse]}
+                "then": _nodes(op.then, engine, s), "orelse": _nodes(op.orelse, engine, s)}
     if isinstance(op, ir.Route):
         return _route(op, engine, s)
     if isinstance(op, ir.Copy):
@@ -442,7 +466,7 @@ def _statements(s: ir.Schedule) -> list[dict]:
                 out.append({"kind": "barrier", "line": op.span.line, "stamp": _chain("epoch_", op.seq),
                             "team": team})
             elif isinstance(op, ir.Stage):
-                body = [_node(o, op.engine, s) for o in op.body]
+                body = _nodes(op.body, op.engine, s)
                 moves = _has_moves(body)
                 # the stage's own line marker covers its Partition; a stage of routes alone leaves
                 # it to its first statement when that says the same

@@ -347,6 +347,9 @@ class Route:
     operands: tuple[str, ...]
     span: Span
     capacity: IExpr | None = None
+    # a place made in the same pass over the ids as the place right before it (same ids and
+    # offsets, buffers apart): set by passes.join_places, never by the front end
+    joined: bool = False
 
     def __str__(self) -> str:
         args = [str(self.capacity)] if self.capacity is not None else list(self.operands)

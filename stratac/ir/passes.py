@@ -46,6 +46,9 @@ class Options:
     # each call costs against the same kernel without it (docs/bench.md); such a kernel's calls
     # are not checked across ranks.
     agreement: bool = True
+    # False only for `stratac bench --two-pass-places`, which measures a dispatch whose places of
+    # rows and of their scales each scan the ids, against the same dispatch joined (join_places)
+    join_places: bool = True
 
     def resolved_cores(self) -> int:
         return self.cores if self.cores is not None else SOCS[self.soc]
@@ -206,6 +209,41 @@ def place_engines(s: ir.Schedule, opts: Options) -> ir.Schedule:
     return replace(s, body=tuple(map(plan, s.body)))
 
 
+def joinable(first, second) -> bool:
+    """Whether place `second`, right after place `first` in one stage, may be made in first's pass
+    over the ids: the same ids and offsets, and four distinct buffers (the windows written, the
+    rows read), neither window being the ids or the offsets. Then the joined pass writes what the
+    two places write one after the other, and reads nothing either writes."""
+    K = ir.RouteKind
+    if not (isinstance(first, ir.Route) and isinstance(second, ir.Route)
+            and first.kind is K.PLACE and second.kind is K.PLACE and not first.joined):
+        return False
+    (x1, ids1, offs1), (x2, ids2, offs2) = first.operands, second.operands
+    w1, w2 = first.dst.buffer, second.dst.buffer
+    return (ids1, offs1) == (ids2, offs2) and len({w1, w2, x1, x2}) == 4 and not {w1, w2} & {ids1, offs1}
+
+
+def join_places(s: ir.Schedule, opts: Options) -> ir.Schedule:
+    """Two places of one stage that route by the same ids and offsets (an int8 dispatch's rows and
+    their scales) become one pass over the ids (strata::Router::Place with a second payload): the
+    second is marked joined. The pass only marks; the verifier checks the marks (check.py)."""
+    if not opts.join_places:
+        return s
+
+    def seq(ops) -> tuple:
+        out = []
+        for op in ops:
+            if isinstance(op, (ir.Stage, ir.Loop)):
+                op = replace(op, body=seq(op.body))
+            elif isinstance(op, ir.If):
+                op = replace(op, then=seq(op.then), orelse=seq(op.orelse))
+            elif out and joinable(out[-1], op):
+                op = replace(op, joined=True)
+            out.append(op)
+        return tuple(out)
+    return replace(s, body=seq(s.body))
+
+
 def routes(s: ir.Schedule) -> list[ir.Route]:
     return [m for st in stages(s.body) for m in _moves(st.body) if isinstance(m, ir.Route)]
 
@@ -253,5 +291,6 @@ def pipeline(s: ir.Schedule, opts: Options) -> ir.Schedule:
     opts.check()
     s = flag_epochs(s)
     s = place_engines(s, opts)
+    s = join_places(s, opts)
     s = tile_ub(s, opts)
     return s

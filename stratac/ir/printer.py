@@ -95,7 +95,8 @@ def _dump_op(op: Node, depth: int, out: list[str]) -> None:
     elif isinstance(op, Accumulate):
         out.append(f"{pad}{op.dst} {op.op.value}= {op.src}{_line(op.span)}")
     elif isinstance(op, Route):
-        out.append(f"{pad}{op}{_line(op.span)}")
+        joined = "  [in the pass of the place above]" if op.joined else ""
+        out.append(f"{pad}{op}{joined}{_line(op.span)}")
     elif isinstance(op, If):
         out.append(f"{pad}if {op.cond}:{_line(op.span)}")
         for inner in op.then:

@@ -144,6 +144,9 @@ def verify_lowered(lowered: ir.Schedule, source: ir.Schedule, worlds: list[int],
     as the proof's did: the proof meets every rank's k-th barrier with every other's, so it is
     enough that each instance's stamps are valid and the k-th barrier has one stamp on all ranks.
     Anything else the passes changed is verified in full."""
+    bad_join = _unsound_join(lowered.body)
+    if bad_join is not None:
+        return [Result(worlds[0] if worlds else 0, {}, diagnostics=[bad_join])]
     if _unstamped(lowered) != source:
         return verify_worlds(lowered, worlds, samples)
     results = []
@@ -169,15 +172,51 @@ def verify_lowered(lowered: ir.Schedule, source: ir.Schedule, worlds: list[int],
     return results
 
 
+def _unsound_join(ops) -> Diagnostic | None:
+    """A place marked joined (made in the pass over the ids of the place right before it) is the
+    two places one after the other only if it follows an unjoined place of the same ids and
+    offsets, and the two windows and two row sources are four buffers, neither window being the
+    ids or the offsets: then neither place reads what the other writes. Any other mark would let
+    the joined pass interleave a write with a read the proof ordered, so it is refused here."""
+    prev = None
+    for op in ops:
+        if isinstance(op, ir.Route) and op.joined:
+            K = ir.RouteKind
+            ok = (isinstance(prev, ir.Route) and prev.kind is K.PLACE and op.kind is K.PLACE
+                  and not prev.joined and prev.operands[1:] == op.operands[1:])
+            if ok:
+                bufs = {prev.dst.buffer, op.dst.buffer, prev.operands[0], op.operands[0]}
+                ok = len(bufs) == 4 and not {prev.dst.buffer, op.dst.buffer} & set(op.operands[1:])
+            if not ok:
+                def said(r) -> str:
+                    if r is None:
+                        return "nothing"
+                    if isinstance(r, ir.Route):
+                        return f"line {r.span.line} ({r.dst.buffer} = {r.kind.value}({', '.join(r.operands)}))"
+                    return f"line {r.span.line}"
+                return error(Codes.RACE, f"{said(op)} is marked to be placed in the pass of the statement "
+                             f"before it, {said(prev)}, but the two are not places of the same ids and "
+                             "offsets into separate buffers: the joined pass would reorder their "
+                             "accesses (a bug of stratac's passes)", op.span)
+        for part in ("body", "then", "orelse"):
+            found = _unsound_join(getattr(op, part, ()))
+            if found is not None:
+                return found
+        prev = op
+    return None
+
+
 def _unstamped(s: ir.Schedule) -> ir.Schedule:
-    """s without what the passes add: stamps, stage plans, the kernel plan."""
+    """s without what the passes add: stamps, stage plans, joined marks, the kernel plan."""
     def strip(ops):
         out = []
         for op in ops:
             if isinstance(op, ir.Barrier):
                 op = replace(op, seq=ir.Const(0))
             elif isinstance(op, ir.Stage):
-                op = replace(op, plan=None)
+                op = replace(op, plan=None, body=strip(op.body))
+            elif isinstance(op, ir.Route):
+                op = replace(op, joined=False)   # checked by _unsound_join
             elif isinstance(op, ir.If):
                 op = replace(op, then=strip(op.then), orelse=strip(op.orelse))
             elif isinstance(op, ir.Loop):

@@ -321,3 +321,25 @@ def test_cli_moe_sweep(tmp_path):
         [("skewed", 16, 2, 4), ("single", 16, 2, 4)]
     p = _bench([str(PREFILL), "--world", "2", "--routing", "zipf"])
     assert p.returncode == 2 and "unknown routing 'zipf'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_two_pass_places_benches_each_pair_and_its_twin_whose_places_are_not_joined(tmp_path):
+    """`--two-pass-places` on an int8 dispatch: each pair, then the same pair built with the rows'
+    and the scales' places as two passes over the ids; both checked against torch (no rank wrong),
+    with the same bytes written (joining moves nothing else) and fewer read (the ids), in one run. A file
+    without a dispatch is refused."""
+    out = tmp_path / "twins.json"
+    p = _bench([str(ROOT / "examples" / "moe_prefill_int8.strata"), "--world", "2", "--tokens", "32",
+                "--hidden", "64", "--topk", "2", "--experts", "4", "--cores", "4", "--iters", "1",
+                "--warmup", "0", "--two-pass-places", "--json", str(out), "--no-progress"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "# moe_prefill_int8_dispatch (two passes) + moe_prefill_int8_combine (two passes)" in p.stdout
+    recs = json.loads(out.read_text())["results"]
+    assert [r["dispatch"] for r in recs] == ["moe_prefill_int8_dispatch", "moe_prefill_int8_dispatch (two passes)"]
+    assert all(r["errors"] == 0 for r in recs), recs
+    # the rows and scales moved are the same; the ids are read into UB once, not twice
+    joined, apart = (dict(r["dispatch_engines"]) for r in recs)
+    assert joined.pop("aiv_in") < apart.pop("aiv_in") and joined == apart, (joined, apart)
+    with pytest.raises(benchspec.BenchUsageError, match="has no moe_dispatch schedule"):
+        sweep.run(benchspec.BenchSpec(file=str(ROOT / "examples" / "allreduce_twoshot.strata"), world=2,
+                                      two_pass_places=True), echo=lambda line: None)

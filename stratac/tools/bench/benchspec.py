@@ -54,6 +54,9 @@ class BenchSpec:
     # also bench every schedule built without the ranks' agreement on each call (strata::Agree),
     # "NAME (no agreement)", alternating with it: what the check costs, measured in one run
     agreement_cost: bool = False
+    # also bench every MoE pair built with its places not joined (passes.Options(join_places=False)),
+    # "NAME (two passes)", right after it: what one pass over the ids for rows and scales saves
+    two_pass_places: bool = False
     # MoE dispatch/combine files (None: the defaults below, or workload.MOE_DEFAULTS)
     tokens: list[int] | None = None     # tokens per rank, swept (default MOE_TOKENS)
     hidden: int | None = None

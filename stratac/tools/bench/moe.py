@@ -116,6 +116,11 @@ def moe_memory_needed(rspec: runner.RunSpec, compiled) -> int:
     return rspec.world * (heap + ref + (300 << 20))
 
 
+# --two-pass-places: the name of an MoE schedule's twin built with passes.Options(join_places=False)
+# (its places of rows and of their scales each scan the ids), as stratac.tools.run.worker names it
+TWO_PASSES = " (two passes)"
+
+
 def run(spec: BenchSpec, pairs: list[tuple[str, str | None]], echo=print) -> BenchResult:
     """The MoE bench: every (routing, tokens) case of spec on every dispatch/combine pair."""
     if spec.world < 1:
@@ -154,10 +159,12 @@ def run(spec: BenchSpec, pairs: list[tuple[str, str | None]], echo=print) -> Ben
         gate.path.mkdir()
         rspec.bench = {"peers": [], "tasks": [[] for _ in cases], "gate": str(gate.path),
                        "iters": spec.iters, "warmup": spec.warmup, "peer_timeout": spec.timeout * 4,
-                       "trace": None}
+                       "trace": None, "two_pass_places": spec.two_pass_places}
         with Progress(gate, cases, False, spec.progress):
             outcome = runner.run(rspec, echo=echo)
     meta["loadavg_after"] = os.getloadavg()[0]
+    if spec.two_pass_places:   # each pair's twin built with its places not joined, run right after it
+        pairs = [p for d, c in pairs for p in ((d, c), (d + TWO_PASSES, c + TWO_PASSES if c else None))]
     records = moe_records(outcome.results, pairs, spec)
     exit_code = outcome.exit_code or (1 if outcome.failures else 0)
     return BenchResult(meta, records, list(outcome.failures), exit_code)

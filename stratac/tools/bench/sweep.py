@@ -49,6 +49,9 @@ def run(spec: BenchSpec, echo=print) -> BenchResult:
     pairs = moe.moe_file(spec)
     if pairs is not None:
         return moe.run(spec, pairs, echo)
+    if spec.two_pass_places:
+        raise BenchUsageError(f"--two-pass-places compares MoE dispatches whose places are joined with "
+                              f"the same ones not joined; {spec.file} has no moe_dispatch schedule")
     if spec.sizes is None:
         spec.sizes = parse_sizes(DEFAULT_SIZES)
     for p in spec.peers:
@@ -182,7 +185,8 @@ def _measure(spec: BenchSpec, pl: Plan, rspec: runner.RunSpec, tmp: Path,
     gate.path.mkdir()
     rspec.bench = {"peers": list(spec.peers), "tasks": pl.tasks, "gate": str(gate.path),
                    "iters": spec.iters, "warmup": spec.warmup, "peer_timeout": spec.timeout * 4,
-                   "trace": None, "agreement_cost": spec.agreement_cost, "timeout": spec.timeout}
+                   "trace": None, "agreement_cost": spec.agreement_cost,
+                   "two_pass_places": spec.two_pass_places, "timeout": spec.timeout}
     if "backend" in spec.peers:
         rspec.bench["backend_heap"] = backend_heap(spec, pl)
     if spec.trace:

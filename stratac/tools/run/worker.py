@@ -50,20 +50,29 @@ def main(spec_text: str) -> int:
             from stratac.tools.bench import benchpeer
             benchpeer.before_cases(bench)
         fns = list(mod.schedules.values())
-        twins = {}   # `stratac bench --agreement-cost`: each collective, then its twin without strata::Agree
-        if bench and bench.get("agreement_cost"):
-            import dataclasses
-            twins = comm.load(spec["file"], options=dataclasses.replace(opts, agreement=False)).schedules
-            for twin in twins.values():
-                twin.name += " (no agreement)"       # stratac.tools.bench.sweep.UNCHECKED
+        # `stratac bench --agreement-cost`: each collective, then its twin without strata::Agree;
+        # `--two-pass-places`: each MoE pair, then its twin whose places are not joined
+        twins = {}
+        for flag, change, suffix in (("agreement_cost", {"agreement": False}, " (no agreement)"),
+                                     ("two_pass_places", {"join_places": False}, " (two passes)")):
+            if bench and bench.get(flag):            # the suffixes: stratac.tools.bench.sweep
+                import dataclasses
+                twins = comm.load(spec["file"], options=dataclasses.replace(opts, **change)).schedules
+                for twin in twins.values():
+                    twin.name += suffix
         if spec.get("selected"):   # each contract's selecting entry point instead of its schedules
             fns = [SelectedCall(sel) for sel in mod.selectors.values()] + \
                 [fn for fn in fns if fn.ir.contract.kind.moe]
         for i, case in enumerate(spec["cases"]):
             for item in moe_pairs(fns):
-                results = (_run_moe(comm, *item, case, spec, rank, world) if isinstance(item, tuple)
-                           else [_run_case(comm, fn, case, spec, rank, world)
-                                 for fn in [item] + ([twins[item.ir.name]] if item.ir.name in twins else [])])
+                if isinstance(item, tuple):
+                    results = _run_moe(comm, *item, case, spec, rank, world)
+                    if item[0].ir.name in twins:
+                        results += _run_moe(comm, *(twins[f.ir.name] if f else None for f in item),
+                                            case, spec, rank, world)
+                else:
+                    results = [_run_case(comm, fn, case, spec, rank, world) for fn in
+                               [item] + ([twins[item.ir.name]] if item.ir.name in twins else [])]
                 for result in results:
                     print(RESULT_PREFIX + json.dumps(result), flush=True)
             more = _backend_peer(bench, i, rank, world) if bench else None

@@ -294,7 +294,8 @@ def _route_work(sm: StageMoves, w: _Work, routed: Routed | None, elem: int, m: M
     accumulate, the tokens split evenly over the cores, plus one row write per token; histogram,
     exscan and slots = scalar metadata on core 0. Scalar work (those three, and the id scans of
     place and gather) costs SCALAR_CALL_US per call and SCALAR_ELEMENT_US per id, count or offset,
-    both assumptions. Count rows are ordinary copies (stage_cost)."""
+    both assumptions; a place joined to the one before it (passes.join_places) adds its copies
+    and no scalar work. Count rows are ordinary copies (stage_cost)."""
     K = ir.RouteKind
     world, C, Q = w.world, w.C, w.Q
     cidx = np.arange(C)
@@ -328,7 +329,8 @@ def _route_work(sm: StageMoves, w: _Work, routed: Routed | None, elem: int, m: M
         if kind is K.PLACE:
             rows, scanned = routed.place_split(C)
             rows, scanned = rows[r].astype(np.float64), scanned[r]
-            w.core_scalar[cores] += SCALAR_CALL_US + (scanned + rows) * SCALAR_ELEMENT_US
+            if not shape.get("joined"):   # a joined place's rows are found by the scan before it
+                w.core_scalar[cores] += SCALAR_CALL_US + (scanned + rows) * SCALAR_ELEMENT_US
             engine = sm.stage.engine
             if engine is ir.Engine.SDMA or (engine is ir.Engine.AUTO and rb >= _threshold(sm)):
                 q = r * Q + cidx % Q                     # one post per row, on the core's queue

@@ -243,7 +243,8 @@ def route_shape(s: ir.Schedule, op: ir.Route, env: dict) -> dict:
     fixed = s.param(win).dtype   # rows of a fixed type (an int8 dispatch's rows and f32 scales)
     return {"ids": role["ids"], "tokens": tokens, "topk": topk, "hidden": dims(win)[1],
             "experts": ev(s.param(role["offs"]).size), "sampled": sampled,
-            "row_bytes": dims(win)[1] * fixed.nbytes if fixed is not None else None}
+            "row_bytes": dims(win)[1] * fixed.nbytes if fixed is not None else None,
+            "joined": op.joined}   # a place made in the pass of the one before it: no scan of its own
 
 
 def _routes(ops) -> bool:
