@@ -104,9 +104,6 @@ class Buffer:
                                    "per call instead (active=, docs/api.md)")
         if payload not in (None, torch.int8):
             raise StrataUsageError(f"deep_ep.Buffer: payload must be None or torch.int8, got {payload!r}")
-        if payload is not None and low_latency_mode:
-            raise StrataUsageError("deep_ep.Buffer: payload=torch.int8 is for normal mode; the low-latency "
-                                   "int8 schedules are not wired in yet")
         self.group = group if group is not None else dist.group.WORLD
         self.rank, self.group_size = dist.get_rank(group), dist.get_world_size(group)
         self.num_nvl_bytes, self.num_rdma_bytes = int(num_nvl_bytes), int(num_rdma_bytes)
@@ -394,13 +391,17 @@ class Buffer:
                              async_finish: bool = False, return_recv_hook: bool = False):
         """-> (recv_x [num_local_experts, ranks * M, hidden], recv_count [num_local_experts] int32, handle,
         event, hook). Each expert's rows are packed from row 0; the handle's layout_range[e][s] =
-        (begin << 32) | count of the rows from rank s, src_info their token index on rank s."""
+        (begin << 32) | count of the rows from rank s, src_info their token index on rank s. A buffer
+        made with payload=torch.int8 quantises x per token and returns recv_x as (int8 rows
+        [num_local_experts, ranks * M, hidden], f32 scales [num_local_experts, ranks * M, 1]), as
+        DeepEP returns fp8 rows with their scales (use_fp8 stays False: the rows are int8)."""
         self._check_alive()
         if not self.low_latency_mode:
             raise StrataUsageError("low_latency_dispatch: the buffer was made with low_latency_mode=False")
         if use_fp8 or round_scale or use_ue8m0:
             raise StrataUsageError("low_latency_dispatch: use_fp8=True: stratac has no fp8 e4m3 (A2/A3 vector "
-                                   "units compute no fp8); pass use_fp8=False for bf16 rows")
+                                   "units compute no fp8); pass use_fp8=False, and make the buffer with "
+                                   "payload=torch.int8 for int8 rows with f32 scales")
         if async_finish and return_recv_hook:
             raise StrataUsageError("low_latency_dispatch: async_finish and return_recv_hook exclude each other "
                                    "(as in DeepEP)")
@@ -416,21 +417,25 @@ class Buffer:
         topk = ids.shape[1]
         local = num_experts // self.group_size
         inner = self._buffer(("ll", hidden, x.dtype, topk, m, num_experts), hidden=hidden, max_tokens=m,
-                             num_experts=num_experts, topk=topk, dtype=x.dtype, low_latency_mode=True)
+                             num_experts=num_experts, topk=topk, dtype=x.dtype, low_latency_mode=True,
+                             payload=self.payload)
         window, _, ih = inner.dispatch(x, ids)
+        windows = window if isinstance(window, tuple) else (window,)   # int8: (rows, scales)
         per_source = ih.recv_rows_per_expert_and_rank               # [local expert][source rank]
         everyone = _all_gather_ids(ids, self.group, self.group_size, m)
-        packed = torch.empty(local, self.group_size * m, hidden, dtype=x.dtype)
+        packed = tuple(torch.empty(local, self.group_size * m, w.shape[2], dtype=w.dtype) for w in windows)
         src_info = torch.full((local, self.group_size * m), -1, dtype=torch.int32)
         layout = torch.zeros(local, self.group_size, dtype=torch.int64)
         for e in range(local):
             at, expert = 0, self.rank * local + e
             for s in range(self.group_size):
                 c = per_source[e][s]
-                packed[e, at:at + c] = window[e, s * m:s * m + c]
+                for p, w in zip(packed, windows):
+                    p[e, at:at + c] = w[e, s * m:s * m + c]
                 src_info[e, at:at + c] = (everyone[s] == expert).nonzero()[:, 0].int()[:c]
                 layout[e, s] = (at << 32) | c
                 at += c
+        packed = packed if isinstance(window, tuple) else packed[0]
         recv_count = torch.tensor([sum(r) for r in per_source], dtype=torch.int32)
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats += recv_count.to(cumulative_local_expert_recv_stats.dtype)

@@ -32,10 +32,12 @@ from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.host.schedule import ALL_RANKS
 from stratac.resources import resource_path
 
-# per mode: the file, its dispatch and its combine (the int8 payload: examples/moe_prefill_int8.strata)
-SCHEDULES = {False: ("moe_prefill_bounded.strata", "moe_prefill_bounded_dispatch", "moe_prefill_bounded_combine"),
-             True: ("moe_decode.strata", "moe_decode_dispatch", "moe_decode_combine"),
-             "int8": ("moe_prefill_int8.strata", "moe_prefill_int8_dispatch", "moe_prefill_int8_combine")}
+# per (low-latency mode, int8 payload): the file, its dispatch and its combine
+SCHEDULES = {(False, False): ("moe_prefill_bounded.strata", "moe_prefill_bounded_dispatch",
+                             "moe_prefill_bounded_combine"),
+             (True, False): ("moe_decode.strata", "moe_decode_dispatch", "moe_decode_combine"),
+             (False, True): ("moe_prefill_int8.strata", "moe_prefill_int8_dispatch", "moe_prefill_int8_combine"),
+             (True, True): ("moe_decode_int8.strata", "moe_decode_int8_dispatch", "moe_decode_int8_combine")}
 _TOKEN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ALLOC_SLACK = 4096          # per heap allocation (alignment) in heap_bytes_needed
 SCALE_COLS = 8               # an int8 window's scale row: 32 bytes, the per-token scale in column 0
@@ -43,9 +45,10 @@ HOST_TID = 999               # the trace track of a whole call as the host saw i
 
 
 def default_schedules(low_latency_mode: bool = False, payload: torch.dtype | None = None) -> Path:
-    """examples/moe_prefill_bounded.strata (moe_decode.strata in low-latency mode,
-    moe_prefill_int8.strata for an int8 payload) of a checkout, or the copy a wheel ships."""
-    name = SCHEDULES["int8" if payload == torch.int8 else bool(low_latency_mode)][0]
+    """examples/moe_prefill_bounded.strata (moe_decode.strata in low-latency mode; their int8
+    forms moe_prefill_int8.strata, moe_decode_int8.strata for an int8 payload) of a checkout, or
+    the copy a wheel ships."""
+    name = SCHEDULES[bool(low_latency_mode), payload == torch.int8][0]
     path = resource_path("examples", name)
     if not path.is_file():
         raise StrataUsageError(f"{name} is not in this installation ({path}): pass "
@@ -135,10 +138,6 @@ class Buffer:
             raise StrataUsageError(f"Buffer: payload must be None (rows travel in dtype) or torch.int8 (rows "
                                    f"quantised per token, with f32 scales), got {payload!r}")
         self.quantized = payload == torch.int8
-        if self.quantized and low_latency_mode:
-            raise StrataUsageError("Buffer: payload=torch.int8 is for the packed (prefill) window; the "
-                                   "low-latency int8 schedules (examples/moe_decode_int8.strata) are not "
-                                   "wired into the Buffer")
         self.low_latency_mode = bool(low_latency_mode)
         if self.low_latency_mode and max_recv is not None:
             raise StrataUsageError("Buffer: max_recv is for the packed (prefill) window; the low-latency "
@@ -176,7 +175,7 @@ class Buffer:
         self.hidden_q = ir.padded_row(hidden, ir.DType.I8)
         self.dispatch_row_bytes = self.hidden_q + SCALE_COLS * 4 if self.quantized else self.row_bytes
         kw = {"options": options} if options is not None else {}
-        _, dispatch, combine = SCHEDULES["int8" if self.quantized else self.low_latency_mode]
+        _, dispatch, combine = SCHEDULES[self.low_latency_mode, self.quantized]
         self.module = comm.load(Path(schedules) if schedules is not None
                                 else default_schedules(self.low_latency_mode, payload), **kw)
         for name in (dispatch, combine):
@@ -317,8 +316,11 @@ class Buffer:
         le = self.local_experts
         per_expert = [int(v) for v in counts[:, le.start:le.stop].sum(dim=0)]
         per_source = counts[:, le.start:le.stop].t().tolist()      # [local expert][source rank]
-        if self.low_latency_mode:
-            recv_x = self._win.view(self.num_local_experts, self.world * self.max_tokens, self.hidden)
+        ll = (self.num_local_experts, self.world * self.max_tokens)   # the low-latency layout
+        if self.low_latency_mode and self.quantized:
+            recv_x = (self._wq.view(*ll, self.hidden_q)[..., :self.hidden], self._ws.view(*ll, SCALE_COLS)[..., :1])
+        elif self.low_latency_mode:
+            recv_x = self._win.view(*ll, self.hidden)
         elif self.quantized:
             recv_x = (self._wq[:sum(per_expert), :self.hidden], self._ws[:sum(per_expert), :1])
         else:
@@ -337,7 +339,7 @@ class Buffer:
         self._record(stats)
         handle = DispatchHandle(seq=seq, tokens=n, num_recv_tokens_per_expert_list=per_expert,
                                 recv_rows_per_expert_and_rank=per_source, recv_rows=sum(per_expert),
-                                recv_shape=(len(recv_x[0]), self.hidden) if self.quantized else tuple(recv_x.shape),
+                                recv_shape=tuple(recv_x[0].shape) if self.quantized else tuple(recv_x.shape),
                                 rows_from=rows_from, rows_to=rows_to,
                                 rows_local=rows_local, stats=stats, has_weights=topk_weights is not None,
                                 active=live)

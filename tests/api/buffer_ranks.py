@@ -315,8 +315,6 @@ def int8(comm, rank, world):
     caller still sees [rows, 40] and [rows, 1])."""
     expect_error(StrataUsageError, "payload must be None", Buffer, comm, hidden=H, max_tokens=T, num_experts=E,
                  topk=K, payload=torch.float16)
-    expect_error(StrataUsageError, "payload=torch.int8 is for the packed (prefill) window", Buffer, comm,
-                 hidden=H, max_tokens=T, num_experts=E, topk=K, payload=torch.int8, low_latency_mode=True)
     for hid in (H, 40):
         row_b = -(-hid // 32) * 32 + 32            # bytes per dispatched row
         buf = Buffer(comm, hidden=hid, max_tokens=T, num_experts=E, topk=K, dtype=torch.bfloat16,
@@ -374,6 +372,36 @@ def int8(comm, rank, world):
             check(c.bytes_received == out_rows * hid * 2 and c.measured_remote_read == c.bytes_received,
                   f"int8 combine bytes {c}")
         buf.close()
+    # low-latency mode (examples/moe_decode_int8.strata): rank s's int8 rows and scales for local
+    # expert l at [l, s * T:][:c], in its token order; the combine as above, bit for bit
+    buf = Buffer(comm, hidden=H, max_tokens=T, num_experts=E, topk=K, dtype=torch.bfloat16,
+                 payload=torch.int8, low_latency_mode=True)
+    local = E // world
+    xs, ids, ws = routing(world, 7, H)
+    xs = [x.bfloat16() for x in xs]
+    qs = [quant(x) for x in xs]
+    x, i, w = xs[rank], ids[rank], ws[rank]
+    (rq, rs), counts, handle = buf.dispatch(x, i, w)
+    check(rq.shape == (local, world * T, H) and rs.shape == (local, world * T, 1), f"ll int8 {rq.shape} {rs.shape}")
+    y = torch.zeros(local, world * T, H, dtype=torch.bfloat16)
+    for l_, e in enumerate(range(rank * local, (rank + 1) * local)):
+        for s in range(world):
+            t = torch.nonzero(ids[s] == e)[:, 0]     # s's entries for e, in (token, k) order
+            c = len(t)
+            check(handle.recv_rows_per_expert_and_rank[l_][s] == c, f"ll int8 rows of {s} for {e}")
+            check(torch.equal(rq[l_, s * T:s * T + c], qs[s][0][t]) and
+                  torch.equal(rs[l_, s * T:s * T + c], qs[s][1][t]), f"rank {rank}: ll int8 rows of {s} for {e}")
+            y[l_, s * T:s * T + c] = (rq[l_, s * T:s * T + c].float() * rs[l_, s * T:s * T + c] * (e + 1)).bfloat16()
+    out = buf.combine(y, handle)
+    q, sc = qs[rank]
+    acc = torch.zeros(x.shape[0], H)
+    for t in range(x.shape[0]):
+        for k in range(K):
+            e = int(i[t, k])
+            if e >= 0:
+                acc[t] = acc[t] + (q[t].float() * sc[t] * (e + 1)).bfloat16().float() * w[t, k]
+    check(torch.equal(out, acc.bfloat16()), f"rank {rank}: ll int8 combine differs from the torch reference")
+    buf.close()
 
 
 SCENARIOS = {f.__name__: f for f in (numbers, refusals, overflow, low_latency, int8, masked)}

@@ -145,11 +145,24 @@ def low_latency(rank, world, dtype):
     tokens, hidden, experts, topk, m = 24, 128, 4 * world, min(4, 2 * world), 32
     local = experts // world
     hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(m, hidden, world, experts)
+    payload = torch.int8 if dtype == "int8" else None
     buf = deep_ep.Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True, num_qps_per_rank=local,
-                         explicitly_destroy=True)
-    for it, use_hook in enumerate((False, True)):
-        x = torch.full((tokens, hidden), float(rank - 128), dtype=torch.bfloat16)
+                         explicitly_destroy=True, payload=payload)
+
+    def tokens_of(s: int) -> torch.Tensor:
+        x = torch.full((tokens, hidden), float(s - 128), dtype=torch.bfloat16)
         x[:, -1] = torch.arange(tokens, dtype=torch.bfloat16)      # the token's index, exact in bf16
+        return x
+
+    def quantised(s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rank s's tokens as int8 rows and f32 per-token scales, computed here (not by stratac):
+        scale = max |x| / 127, q = round(x / scale) clamped to [-127, 127]."""
+        xf = tokens_of(s).float()
+        scale = xf.abs().amax(dim=1, keepdim=True) / 127
+        return torch.round(xf / scale).clamp(-127, 127).to(torch.int8), scale
+
+    for it, use_hook in enumerate((False, True)):
+        x = tokens_of(rank)
         g = torch.Generator().manual_seed(50 + it * 10 + rank)
         topk_idx = routing(rank, tokens, experts, topk, 7 + it)
         for _ in range(5):                                         # some entries select nothing
@@ -167,6 +180,19 @@ def low_latency(rank, world, dtype):
             hook()
         else:
             event.current_stream_wait()
+        if payload is not None:     # int8 rows and their scales, bit for bit the sources' quantisation
+            q, scales = recv_x
+            check(q.dtype == torch.int8 and scales.shape == (local, world * m, 1), (q.dtype, scales.shape))
+            src_info, layout = handle[0], handle[1]
+            for e in range(local):
+                for j in range(world):
+                    begin, count = int(layout[e, j]) >> 32, int(layout[e, j]) & 0xFFFFFFFF
+                    wq, ws = quantised(j)
+                    t = src_info[e, begin:begin + count].long()
+                    check(torch.equal(q[e, begin:begin + count], wq[t]), ("int8 rows", e, j))
+                    check(torch.equal(scales[e, begin:begin + count], ws[t]), ("scales", e, j))
+            recv_x = (q.float() * scales).to(torch.bfloat16)        # the expert step's input
+            x = (quantised(rank)[0].float() * quantised(rank)[1]).to(torch.bfloat16)   # what was sent
         check(recv_x.shape == (local, world * m, hidden), recv_x.shape)
         src_info, layout, m_, hidden_, experts_ = handle
         check((m_, hidden_, experts_) == (m, hidden, experts), "handle sizes")
@@ -177,11 +203,13 @@ def low_latency(rank, world, dtype):
             check(n == want == int(stats[e]) == int((layout[e] & 0xFFFFFFFF).sum()), ("count", e, n, want))
             rows = recv_x[e, :n]
             check(bool((rows[:, :-1] == rows[:, :1]).all()), "rows constant but the index column")
-            check(torch.equal(rows[:, -1].long(), src_info[e, :n].long() % tokens), "index column = src_info")
+            if payload is None:     # (int8: the rows were compared with their sources above)
+                check(torch.equal(rows[:, -1].long(), src_info[e, :n].long() % tokens), "index column = src_info")
             for j in range(world):
                 begin, count = int(layout[e, j]) >> 32, int(layout[e, j]) & 0xFFFFFFFF
                 check(count == int((everyone[j] == expert).sum()), ("range count", e, j))
-                check(bool((recv_x[e, begin:begin + count, 0] == j - 128).all()), ("range rows", e, j))
+                check(bool((recv_x[e, begin:begin + count, 0] == float(tokens_of(j)[0, 0])).all()),
+                      ("range rows", e, j))
         out = torch.empty(tokens, hidden, dtype=torch.bfloat16)
         combined, _, chook = buf.low_latency_combine(recv_x, topk_idx, weights, handle, out=out,
                                                      return_recv_hook=use_hook)

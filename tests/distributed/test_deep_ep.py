@@ -29,5 +29,6 @@ def test_normal_mode(world, dtype, tmp_path):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_low_latency_mode(world, tmp_path):
-    run_ranks("low_latency", world, tmp_path)
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_low_latency_mode(world, dtype, tmp_path):
+    run_ranks("low_latency", world, tmp_path, dtype)
