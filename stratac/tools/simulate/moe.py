@@ -94,12 +94,13 @@ def heap_bytes(s: ir.Schedule, world: int, env: dict, elem: int) -> int:
 
 
 def predict_moe(s: ir.Schedule, m: Machine, world: int, tokens: list[int], moe: MoeSpec = MoeSpec(),
-                dtype: str = MOE_DTYPE, cores: int | None = None, cache: dict | None = None
-                ) -> list[Prediction]:
+                dtype: str = MOE_DTYPE, cores: int | None = None, cache: dict | None = None,
+                options: passes.Options | None = None) -> list[Prediction]:
     """One prediction per token count of a MoE dispatch/combine or AllToAllV schedule, on the
     sample routing moe.routing (the same ids for every schedule at a token count: pass one `cache`
     dict to share them). size = the bytes a rank receives in dispatch (combine: reads back), the
-    mean over ranks (DeepEP's count); busbw = algbw = size / time (no bus factor)."""
+    mean over ranks (DeepEP's count); busbw = algbw = size / time (no bus factor). options: the
+    passes' (default passes.Options(); join_places=False predicts the places not joined)."""
     from stratac.tools.run.workload import MoeWorkload
     check_world(m, world)
     moe.check(s, world)
@@ -112,7 +113,7 @@ def predict_moe(s: ir.Schedule, m: Machine, world: int, tokens: list[int], moe: 
     if payload is not None:   # tokens of a fixed type (an int8 dispatch): its own, whatever --dtype says
         elem, dtype = payload.nbytes, payload.short
 
-    lowered = passes.pipeline(s, passes.Options())
+    lowered = passes.pipeline(s, options or passes.Options())
     topk, experts = moe.resolved(s, world)
     cache = {} if cache is None else cache
     out = []
