@@ -143,6 +143,30 @@ def cmd_run(args) -> int:
     return outcome.exit_code
 
 
+def _bench_serving(args) -> int:
+    """`stratac bench --moe`: the serving-shaped MoE sweep (stratac.tools.bench.serving)."""
+    from stratac.tools.bench import serving
+    if args.file is not None:
+        print(f"stratac: error: --moe runs stratac's own decode and prefill schedules at serving shapes; "
+              f"it takes no FILE (got {args.file}): for a file's MoE schedules drop --moe", file=sys.stderr)
+        return EXIT_USAGE
+    given = [o for o, v in (("--sizes", args.sizes), ("--hidden", args.hidden), ("--topk", args.topk),
+                            ("--experts", args.experts), ("--vs", args.vs)) if v]
+    if given:
+        print(f"stratac: error: --moe fixes the shapes (hidden 7168 shrunk to fit, top-8, 256 experts) "
+              f"and its peer (torch all_to_all_single); {', '.join(given)} do not apply", file=sys.stderr)
+        return EXIT_USAGE
+    if args.world is None:
+        print("stratac: error: bench --moe needs --world", file=sys.stderr)
+        return EXIT_USAGE
+    sv = serving.Serving(world=args.world, iters=args.iters, warmup=args.warmup, seed=args.seed,
+                         decode_tokens=args.tokens)
+    lines, status = serving.run(sv, echo=lambda line: print(line, file=sys.stderr))
+    for line in lines:
+        print(line)
+    return status
+
+
 def cmd_bench(args) -> int:
     from stratac.tools.bench import benchspec, mpi, plot, report, sweep
     echo = lambda line: print(line, file=sys.stderr)
@@ -152,8 +176,10 @@ def cmd_bench(args) -> int:
             if args.file is None:
                 print(f"MPI ready: {version}")
                 return EXIT_OK
+        if args.moe:
+            return _bench_serving(args)
         if args.file is None:
-            print("stratac: error: bench needs a FILE (or --setup-mpi alone)", file=sys.stderr)
+            print("stratac: error: bench needs a FILE (or --moe, or --setup-mpi alone)", file=sys.stderr)
             return EXIT_USAGE
         if args.world is None:
             print("stratac: error: bench needs --world", file=sys.stderr)
@@ -319,6 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "it: what joining them saves (docs/bench.md)")
     bm = b.add_argument_group("MoE dispatch/combine (a file of moe_dispatch/moe_combine or alltoallv "
                               "schedules sweeps tokens instead of --sizes)")
+    bm.add_argument("--moe", action="store_true",
+                    help="no FILE: dispatch and combine at serving shapes (decode 1-256 tokens per rank, "
+                    "prefill 4096; hidden 7168 shrunk to fit, top-8, 256 experts) against torch's "
+                    "all_to_all_single in the same run; --tokens sets the decode batches")
     bm.add_argument("--tokens", type=options.token_sweep, help="tokens per rank: MIN:MAX doubling, MIN:MAX:FACTOR "
                     "or a comma list (default 16:1024)")
     bm.add_argument("--hidden", type=options.positive_int, help="elements per token (default 512)")
