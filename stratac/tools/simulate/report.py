@@ -19,11 +19,12 @@ def _ratio(x: float | None) -> str:
 def header(res: SimResult) -> list[str]:
     m, f = res.meta, res.meta["figures"]
     r = f["rank"]
+    unit = "die" if f["machine"]["dies_per_npu"] > 1 else "NPU"   # what one rank of the file is
     lines = [
         f"# stratac simulate {m['file']}  world {m['world']}  dtype {m['dtype']}  cores {m['cores']}  "
         f"machine {m['machine_file']}",
         f"# MODEL PREDICTIONS, NOT MEASUREMENTS: an analytic model (docs/bench.md) of {m['machine']} "
-        f"as {m['machine_file']} describes it; one rank = one die: {r['vector_cores']} vector cores, "
+        f"as {m['machine_file']} describes it; one rank = one {unit}: {r['vector_cores']} vector cores, "
         f"UB {r['fabric_gbps']:g} GB/s per direction, HBM {r['hbm_gbps']:g} GB/s; the figures the "
         "file marks `assumption` are guesses",
     ]
