@@ -11,3 +11,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests tests/tiers.py lists leave the fast tier (`-m "not slow"`); CI runs them all."""
+    from tiers import slow_in_fast_tier
+    for item in items:
+        if slow_in_fast_tier(item.nodeid):
+            item.add_marker(pytest.mark.slow)
