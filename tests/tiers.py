@@ -2,13 +2,13 @@
 in at most 10 minutes on a 2-CPU machine with a cold build cache. CI runs the whole suite.
 
 A test is in the slow tier when its file marks it `slow` (larger worlds and sizes), or when it
-is listed below (tests/conftest.py marks it at collection). The
-patterns are the tests that took 2 s or more in a cold fast-tier run (`--durations=0`, issue 29),
+is listed below (tests/conftest.py marks it at collection). The entries are the tests that took
+2 s or more in a cold fast-tier run (a log of every test's duration, issue 29),
 each sent to the slow tier unless it is the one representative of its stage that the fast tier
 keeps. What the fast tier keeps of each heavy stage:
 - e2e: every example at world 2 against torch (test_run), MoE and int8 MoE at world 2, one check
-  that a wrong result fails the run, constructs and sync under if at worlds 1 and 2, the core
-  balance of place. Translation validation (test_translation, every world) is slow: it builds and
+  that a wrong result fails the run, the constructs (world 4), sync under if at worlds 1 and 2,
+  the core balance of place. Translation validation (test_translation, every world) is slow: it builds and
   runs every proven instance of every example and corpus schedule.
 - api: three process-group scenarios (interleaved calls, bad input, MoE masks), the Buffer's
   scenarios, two kinds of disagreeing ranks.
@@ -19,6 +19,7 @@ keeps. What the fast tier keeps of each heavy stage:
   are slow.
 Everything under 2 s stays (about 1,400 tests, 100 s together).
 """
+
 
 def params(test: str, *ids: str) -> list[str]:
     return [f"{test}[{i}]" for i in ids]
