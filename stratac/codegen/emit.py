@@ -297,8 +297,6 @@ def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule, also: ir.Route | Non
     else:
         ids = s.param(role["ids"])
         tokens, topk = (c(d) for d in (ids.dims + (ir.Const(1),))[:2])   # [tokens, topk] or [tokens]
-        win = s.param(op.dst.buffer if op.kind is K.PLACE else role["win"])
-        rows, hidden = (c(d) for d in win.dims)
         experts = c(s.param(role["offs"]).size)
         # offsets from an exscan come with the bound's status line (Exscan): skip when it is set
         status = "strata::StatusLine(sync_, world)" if _exscanned(s, role["offs"]) else "nullptr"
@@ -309,6 +307,8 @@ def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule, also: ir.Route | Non
                     f"{_cname(ids.name)}, {_cname(role['offs'])}, {tokens}, {topk}, {experts}, "
                     f"rank, world, kSdmaThreshold, {status})")
         else:
+            win = s.param(role["win"])
+            rows, hidden = (c(d) for d in win.dims)
             call = (f"rt_.Gather({_cname(op.dst.buffer)}, {_cname(win.name)}, {rows}, {_cname(ids.name)}, "
                     f"{_cname(role['weights'])}, {_cname(role['offs'])}, {tokens}, {topk}, {hidden}, "
                     f"{experts}, world, {status})")

@@ -305,6 +305,27 @@ def masked(comm, rank, world):
     buf.close()
 
 
+def quant(x):
+    """The reference quantisation, per token: scale = max |x| / 127 (1 for a zero row), round half
+    to even, clamp to +-127."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=1, keepdim=True)
+    sc = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    return torch.round(xf / sc).clamp(-127, 127).to(torch.int8), sc
+
+
+def int8_combined(q, sc, ids, w):
+    """The combine of the int8 scenarios, by hand: expert e's output for token t is its dequantised
+    row times e + 1, in bf16; out[t] = sum over k of w[t, k] times that, in f32, then bf16."""
+    acc = torch.zeros(q.shape[0], q.shape[1])
+    for t in range(q.shape[0]):
+        for k in range(K):
+            e = int(ids[t, k])
+            if e >= 0:
+                acc[t] = acc[t] + (q[t].float() * sc[t] * (e + 1)).bfloat16().float() * w[t, k]
+    return acc.bfloat16()
+
+
 def int8(comm, rank, world):
     """payload=torch.int8: bf16 tokens quantised per token (scale = max |x| / 127, 1 for a zero row,
     round half to even, clamp to +-127), dispatched as int8 rows with f32 scales, the experts
@@ -320,12 +341,6 @@ def int8(comm, rank, world):
         buf = Buffer(comm, hidden=hid, max_tokens=T, num_experts=E, topk=K, dtype=torch.bfloat16,
                      payload=torch.int8, max_recv=world * T * K)
         local = E // world
-
-        def quant(x):                                   # the reference quantisation, per token
-            xf = x.float()
-            amax = xf.abs().amax(dim=1, keepdim=True)
-            sc = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
-            return torch.round(xf / sc).clamp(-127, 127).to(torch.int8), sc
 
         for step in (5, 6):
             xs, ids, ws = routing(world, step, hid)
@@ -357,14 +372,7 @@ def int8(comm, rank, world):
                 y[row:row + c] = (rq[row:row + c].float() * rs[row:row + c] * (e + 1)).bfloat16()
                 row += c
             out = buf.combine(y, handle)
-            q, sc = qs[rank]
-            acc = torch.zeros(x.shape[0], hid)
-            for t in range(x.shape[0]):
-                for k in range(K):
-                    e = int(i[t, k])
-                    if e >= 0:
-                        acc[t] = acc[t] + (q[t].float() * sc[t] * (e + 1)).bfloat16().float() * w[t, k]
-            ref = acc.bfloat16()
+            ref = int8_combined(*qs[rank], i, w)
             check(out.dtype == torch.bfloat16 and torch.equal(out, ref),
                   f"rank {rank}: int8 combine differs from the torch reference bit for bit "
                   f"(max {float((out.float() - ref.float()).abs().max())})")
@@ -393,14 +401,8 @@ def int8(comm, rank, world):
                   torch.equal(rs[l_, s * T:s * T + c], qs[s][1][t]), f"rank {rank}: ll int8 rows of {s} for {e}")
             y[l_, s * T:s * T + c] = (rq[l_, s * T:s * T + c].float() * rs[l_, s * T:s * T + c] * (e + 1)).bfloat16()
     out = buf.combine(y, handle)
-    q, sc = qs[rank]
-    acc = torch.zeros(x.shape[0], H)
-    for t in range(x.shape[0]):
-        for k in range(K):
-            e = int(i[t, k])
-            if e >= 0:
-                acc[t] = acc[t] + (q[t].float() * sc[t] * (e + 1)).bfloat16().float() * w[t, k]
-    check(torch.equal(out, acc.bfloat16()), f"rank {rank}: ll int8 combine differs from the torch reference")
+    check(torch.equal(out, int8_combined(*qs[rank], i, w)),
+          f"rank {rank}: ll int8 combine differs from the torch reference")
     buf.close()
 
 

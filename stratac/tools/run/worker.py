@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 RESULT_PREFIX = "STRATAC-RESULT "
@@ -55,9 +56,8 @@ def main(spec_text: str) -> int:
         twins = {}
         for flag, change, suffix in (("agreement_cost", {"agreement": False}, " (no agreement)"),
                                      ("two_pass_places", {"join_places": False}, " (two passes)")):
-            if bench and bench.get(flag):            # the suffixes: stratac.tools.bench.sweep
-                import dataclasses
-                twins = comm.load(spec["file"], options=dataclasses.replace(opts, **change)).schedules
+            if bench and bench.get(flag):            # the suffixes: bench.sweep.UNCHECKED, bench.moe.TWO_PASSES
+                twins = comm.load(spec["file"], options=replace(opts, **change)).schedules
                 for twin in twins.values():
                     twin.name += suffix
         if spec.get("selected"):   # each contract's selecting entry point instead of its schedules
