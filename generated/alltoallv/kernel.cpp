@@ -64,7 +64,7 @@ class Alltoallv {
     strata::Barrier(sync_, epoch_ + 2);
     {  // strata:19 stage 3 on aiv
       STRATA_LINE(19);  // strata:19
-      rt_.Exscan(offs_, counts_, world, rank, world, world * rows_, strata::StatusLine(sync_, world));
+      rt_.Exscan(offs_, counts_, world, rank, world, strata::Bound::kPerOwner, world * rows_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     {  // strata:20 stage 4 on aiv

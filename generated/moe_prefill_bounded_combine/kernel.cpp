@@ -41,7 +41,7 @@ class MoePrefillBoundedCombine {
     if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
     {  // strata:34 stage 1 on aiv
       STRATA_LINE(34);  // strata:34
-      rt_.Exscan(offs_, counts_, experts_, rank, world, max_recv_, strata::StatusLine(sync_, world));
+      rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerOwner, max_recv_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(35);  // strata:35

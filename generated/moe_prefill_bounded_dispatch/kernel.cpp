@@ -71,7 +71,7 @@ class MoePrefillBoundedDispatch {
     strata::MaskedBarrier(sync_, epoch_ + 2, active_);
     {  // strata:24 stage 3 on aiv
       STRATA_LINE(24);  // strata:24
-      rt_.Exscan(offs_, counts_, experts_, rank, world, max_recv_, strata::StatusLine(sync_, world));
+      rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerOwner, max_recv_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     {  // strata:25 stage 4 on aiv

@@ -40,7 +40,7 @@ class MoePrefillCombine {
     if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
     {  // strata:36 stage 1 on aiv
       STRATA_LINE(36);  // strata:36
-      rt_.Exscan(offs_, counts_, experts_, rank, world, world * tokens_ * topk_, strata::StatusLine(sync_, world));
+      rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerOwner, world * tokens_ * topk_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(37);  // strata:37

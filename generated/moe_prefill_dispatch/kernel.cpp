@@ -70,7 +70,7 @@ class MoePrefillDispatch {
     strata::MaskedBarrier(sync_, epoch_ + 2, active_);
     {  // strata:26 stage 3 on aiv
       STRATA_LINE(26);  // strata:26
-      rt_.Exscan(offs_, counts_, experts_, rank, world, world * tokens_ * topk_, strata::StatusLine(sync_, world));
+      rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerOwner, world * tokens_ * topk_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     {  // strata:27 stage 4 on aiv

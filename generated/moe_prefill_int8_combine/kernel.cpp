@@ -41,7 +41,7 @@ class MoePrefillInt8Combine {
     if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
     {  // strata:38 stage 1 on aiv
       STRATA_LINE(38);  // strata:38
-      rt_.Exscan(offs_, counts_, experts_, rank, world, max_recv_, strata::StatusLine(sync_, world));
+      rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerOwner, max_recv_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(39);  // strata:39

@@ -32,6 +32,9 @@ namespace strata {
 
 enum class Red { kSum, kMax, kMin };
 enum class Via { kAiv, kSdma, kAuto };
+// What a packed window's bound limits (Router::Exscan): an owner's rows (the window's rows), or each
+// expert's (its region of the window, `exscan(counts, R)`).
+enum class Bound { kPerOwner, kPerExpert };
 
 constexpr uint32_t kBlockBytes = 32;       // DataCopy granularity
 constexpr uint32_t kSdmaScratchBytes = 64; // SDMA descriptor scratch in UB (>= 64, 64-aligned)
@@ -429,15 +432,25 @@ class Router {
   // counts is world x experts, row s = rank s's histogram. The owners are independent, so the
   // cores split them; a core loads its owners' columns of every row into UB in chunks, sums them
   // there and writes its owners' offsets (a contiguous range of dst) with one DMA per chunk.
+  // Bound::kPerExpert (exscan(counts, R)): local expert l's rows start at row l * rows instead,
+  // one region of `rows` rows per local expert.
   // Also the bound: core 0 sums every owner's rows (the whole table) and writes the status line
-  // (StatusLine): over when an owner would receive more than `rows` (its window's rows). Every rank
-  // holds the same table, so every rank reaches the same verdict with no extra exchange; Place and
-  // Gather read the line after the stage's SyncAll and do nothing when it is set.
+  // (StatusLine): over when an owner would receive more than `rows` (its window's rows), or
+  // (kPerExpert) an expert more than its region's. Every rank holds the same table, so every rank
+  // reaches the same verdict with no extra exchange; Place and Gather read the line after the
+  // stage's SyncAll and do nothing when it is set.
   __aicore__ inline void Exscan(__gm__ int32_t* dst, __gm__ int32_t* counts, int64_t experts,
-                                int64_t rank, int64_t world, int64_t rows, __gm__ int32_t* status) {
+                                int64_t rank, int64_t world, Bound per, int64_t rows,
+                                __gm__ int32_t* status) {
     const int64_t core = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
     const int64_t local = experts / world;
-    if (core == 0) Bound(counts, experts, world, rows, status);
+    if (core == 0) {
+      if (per == Bound::kPerExpert) {
+        ExpertBound(counts, experts, world, rows, status);
+      } else {
+        OwnerBound(counts, experts, world, rows, status);
+      }
+    }
     const int64_t lo = world * core / cores * local, hi = world * (core + 1) / cores * local;
     if (lo >= hi) return;
     Counters(experts);   // the experts bound
@@ -460,6 +473,7 @@ class Router {
       }
       for (int64_t j = 0; j < m; ++j) {
         if ((a + j) % local == 0) row = 0;   // the first local expert of an owner
+        if (per == Bound::kPerExpert) row = (a + j) % local * rows;   // its region
         before.SetValue(static_cast<uint32_t>(j),
                         static_cast<int32_t>(row + before.GetValue(static_cast<uint32_t>(j))));
         row += all.GetValue(static_cast<uint32_t>(j));
@@ -636,8 +650,8 @@ class Router {
 
   // The bound of a packed window (see Exscan): per-owner totals of the world x experts table in
   // UB (meta_ past the exscan's 2 * kRouteChunk), the owner with the most rows, the status line out.
-  __aicore__ inline void Bound(__gm__ int32_t* counts, int64_t experts, int64_t world, int64_t rows,
-                               __gm__ int32_t* status) {
+  __aicore__ inline void OwnerBound(__gm__ int32_t* counts, int64_t experts, int64_t world, int64_t rows,
+                                    __gm__ int32_t* status) {
     if (status == nullptr) return;
     if (world > kMaxExperts - 2 * kRouteChunk - kStatusInts) Fault("exscan: more owners than the bound's counters hold");
     const int64_t local = experts / world;
@@ -664,6 +678,48 @@ class Router {
       if (n > rows) ++over;
       if (n > most) { most = n; worst = o; }
     }
+    Report(line, worst, most, rows, over, status);
+  }
+
+  // The bound of a region per expert (Bound::kPerExpert): each expert's total over the table's rows,
+  // a chunk of experts at a time in UB (meta_ past the exscan's 2 * kRouteChunk), the expert with the
+  // most rows, the status line out.
+  __aicore__ inline void ExpertBound(__gm__ int32_t* counts, int64_t experts, int64_t world,
+                                     int64_t rows, __gm__ int32_t* status) {
+    if (status == nullptr) return;
+    static_assert(3 * kRouteChunk + kStatusInts <= kMaxExperts, "the bound's counters fit meta_");
+    AscendC::LocalTensor<int32_t> meta = meta_.template Get<int32_t>();
+    AscendC::LocalTensor<int32_t> line = meta[2 * kRouteChunk];                 // the status line
+    AscendC::LocalTensor<int32_t> tot = meta[2 * kRouteChunk + kStatusInts];    // rows per expert
+    AscendC::LocalTensor<int32_t> row_s = Ids();
+    AscendC::Duplicate(line, 0, static_cast<int32_t>(kStatusInts));
+    AscendC::PipeBarrier<PIPE_ALL>();
+    int64_t worst = 0, most = -1, over = 0;
+    for (int64_t a = 0; a < experts; a += kRouteChunk) {
+      const int64_t m = Min(kRouteChunk, experts - a);
+      AscendC::Duplicate(tot, 0, static_cast<int32_t>(m));
+      AscendC::PipeBarrier<PIPE_ALL>();
+      for (int64_t s = 0; s < world; ++s) {
+        if (!Live(active_, s)) continue;
+        Fetch(row_s, counts + s * experts + a, m);
+        for (int64_t j = 0; j < m; ++j) {
+          tot.SetValue(static_cast<uint32_t>(j), tot.GetValue(static_cast<uint32_t>(j)) +
+                                                     row_s.GetValue(static_cast<uint32_t>(j)));
+        }
+      }
+      for (int64_t j = 0; j < m; ++j) {
+        const int64_t n = tot.GetValue(static_cast<uint32_t>(j));
+        if (n > rows) ++over;
+        if (n > most) { most = n; worst = a + j; }
+      }
+    }
+    Report(line, worst, most, rows, over, status);
+  }
+
+  // The status line (abi.STATUS_*): over, the owner or expert with the most rows, its rows, the
+  // bound, how many are over; written whether or not the bound holds (a clean line says it does).
+  __aicore__ inline void Report(AscendC::LocalTensor<int32_t> line, int64_t worst, int64_t most,
+                                int64_t rows, int64_t over, __gm__ int32_t* status) {
     if (over > 0) {
       line.SetValue(0, 1);
       line.SetValue(1, static_cast<int32_t>(worst));

@@ -36,7 +36,8 @@ SYNC_SLOTS = 4096
 # (exscan) leaves there: [STATUS_OVER] 1 when some owner would receive more rows than its window
 # holds (then nothing was placed or gathered, on any rank), [STATUS_OWNER] the owner with the most
 # rows, [STATUS_ROWS] its rows, [STATUS_BOUND] the window's rows, [STATUS_OWNERS_OVER] how many
-# owners are over.
+# owners are over. With a region per expert (exscan(counts, R)) the same of experts: the expert
+# with the most rows, its rows, R, how many experts are over.
 STATUS_OVER, STATUS_OWNER, STATUS_ROWS, STATUS_BOUND, STATUS_OWNERS_OVER = range(5)
 
 

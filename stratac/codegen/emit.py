@@ -287,11 +287,13 @@ def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule, also: ir.Route | Non
     if op.kind is K.HISTOGRAM:
         call = f"rt_.Histogram({dst}, {_cname(role['ids'])}, {c(s.param(role['ids']).size)}, {n})"
     elif op.kind is K.EXSCAN:
+        # the bound: an expert's region's rows (exscan(counts, R)), else the window's rows
         win = _window_of(s, op.dst.buffer)
-        rows = c(s.param(win).dims[0]) if win else ir.c_source(   # no window: no bound
-            ir.Bin(ir.BinKind.SHL, ir.Const(1), ir.Const(40)), {})
-        call = (f"rt_.Exscan({dst}, {_cname(role['counts'])}, {n}, rank, world, {rows}, "
-                "strata::StatusLine(sync_, world))")
+        rows = c(op.capacity) if op.capacity is not None else c(s.param(win).dims[0]) if win else \
+            ir.c_source(ir.Bin(ir.BinKind.SHL, ir.Const(1), ir.Const(40)), {})   # no window: no bound
+        layout = "kPerExpert" if op.capacity is not None else "kPerOwner"
+        call = (f"rt_.Exscan({dst}, {_cname(role['counts'])}, {n}, rank, world, strata::Bound::{layout}, "
+                f"{rows}, strata::StatusLine(sync_, world))")
     elif op.kind is K.SLOTS:
         call = f"rt_.Slots({dst}, {n}, {c(op.capacity)}, rank, world)"
     else:

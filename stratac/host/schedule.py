@@ -587,15 +587,18 @@ class Schedule:
         owner, rows, bound, over = (line[abi.STATUS_OWNER], line[abi.STATUS_ROWS],
                                     line[abi.STATUS_BOUND], line[abi.STATUS_OWNERS_OVER])
         win = self._window
-        sym = self.ir.param(win).dims[0] if win else None
+        region = self.ir.contract.region
+        sym = region or (self.ir.param(win).dims[0] if win else None)
         what = "placed" if self.ir.contract.kind.dispatch or self.ir.contract.kind is ir.ContractKind.ALLTOALLV \
             else "gathered"
+        who, holds = (f"expert {owner}", f"the {bound} rows of its region of {win} ({sym} = {bound})") if region \
+            else (f"rank {owner}", f"the {bound} rows of its window {win} ({sym} = {bound})")
         raise StrataRuntimeError(
-            f"{self.name} on rank {self.comm.rank}: the routing sends {rows} rows to rank {owner}, more than "
-            f"the {bound} rows of its window {win} ({sym} = {bound})"
-            + (f"; {over} ranks are over the bound" if over > 1 else "")
+            f"{self.name} on rank {self.comm.rank}: the routing sends {rows} rows to {who}, more than "
+            f"{holds}"
+            + (f"; {over} {'experts' if region else 'ranks'} are over the bound" if over > 1 else "")
             + f". Nothing was {what} on any rank (every rank reports this); raise {sym} to at least {rows}"
-            + (" or route fewer tokens to that rank" if self.ir.contract.kind.moe else ""))
+            + (f" or route fewer tokens to that {'expert' if region else 'rank'}" if self.ir.contract.kind.moe else ""))
 
     def _given(self, tensors: tuple, named: dict) -> dict:
         given = dict(zip((p.name for p in self.ir.tensors), tensors))

@@ -65,7 +65,8 @@ class RouteInst:
     topk: int = 0
     hidden: int = 0
     rows: int = 0                  # rows of the window (place's destination, gather's source)
-    capacity: int = 0
+    capacity: int = 0              # slots: the rows per (expert, source rank)
+    region: int | None = None      # exscan(counts, R): R, the rows of each local expert's region
 
 
 @dataclass(slots=True)
@@ -599,7 +600,7 @@ class _Builder:
             return RouteInst(op.kind, rank, dst, role, dst[3] - dst[2], op.span)
         if op.kind in (K.EXSCAN, K.SLOTS):
             e = experts_of(dst[3] - dst[2])
-            cap = 0
+            cap, region = 0, None
             if op.kind is K.EXSCAN and self.buffer_sizes[role["counts"]] != world * e:
                 fail(f"{role['counts']} must hold world x {e} counts (one row per source rank), it has "
                      f"{self.buffer_sizes[role['counts']]}")
@@ -607,7 +608,11 @@ class _Builder:
                 cap = _ev(op.capacity, env, op.span, "the capacity")
                 if cap < 0:
                     fail(f"the capacity is {cap}")
-            return RouteInst(op.kind, rank, dst, role, e, op.span, capacity=cap)
+            elif op.capacity is not None:
+                region = _ev(op.capacity, env, op.span, "an expert's rows")
+                if region < 0:
+                    fail(f"an expert's region has {region} rows")
+            return RouteInst(op.kind, rank, dst, role, e, op.span, capacity=cap, region=region)
         rows_buf = role["x"] if op.kind is K.PLACE else role["win"]
         tokens, topk = (self.shapes[role["ids"]] + (1,))[:2]   # ids [tokens, topk] or [tokens]
         e = experts_of(self.buffer_sizes[role["offs"]])

@@ -328,6 +328,7 @@ class RouteKind(enum.Enum):
 
     HISTOGRAM = "histogram"   # dst[e] = the number of entries of ids equal to e
     EXSCAN = "exscan"         # dst[e] = first window row of this rank's rows for e (packed layout)
+    # exscan(counts, R): the same in regions of R rows, one per local expert (per-expert bound)
     SLOTS = "slots"           # dst[e] = first window row of this rank's slots for e (fixed capacity)
     PLACE = "place"           # row t of x -> window row offs[e] + (its place among my rows for e)
     GATHER = "gather"         # dst row t = sum over k of weights[t, k] * that window row of ids[t, k]
@@ -346,13 +347,15 @@ class Route:
     dst: Region
     operands: tuple[str, ...]
     span: Span
+    # slots: the rows per (expert, source rank); exscan: the rows of each local expert's region of
+    # the window (its bound), None for one packed run per owner
     capacity: IExpr | None = None
     # a place made in the same pass over the ids as the place right before it (same ids and
     # offsets, buffers apart): set by passes.join_places, never by the front end
     joined: bool = False
 
     def __str__(self) -> str:
-        args = [str(self.capacity)] if self.capacity is not None else list(self.operands)
+        args = list(self.operands) + ([str(self.capacity)] if self.capacity is not None else [])
         return f"{self.dst} = {self.kind.value}({', '.join(args)})"
 
 
@@ -371,6 +374,9 @@ class Contract:
     # moe_dispatch: rows that travel with the tokens, (source, window) pairs: row t of the source
     # goes to the same row of its window as row t of x goes to in win (a quantised payload's scales)
     side: tuple[tuple[str, str], ...] = ()
+    # MoE, `per_expert(R)`: the size symbol of the rows of each local expert's region of the packed
+    # window (the bound each expert's rows are checked against); None: one packed run per owner
+    region: str | None = None
 
     @property
     def in_place(self) -> bool:
@@ -382,6 +388,7 @@ class Contract:
         else:
             data = self.inputs[0] if self.in_place else f"{self.inputs[0]} -> {self.outputs[0]}"
         extra = [a for a in (self.op.value if self.op else None, self.root, self.capacity) if a]
+        extra += [f"per_expert({self.region})"] if self.region else []
         extra += [f"{a} -> {b}" for a, b in self.side]
         return f"{self.kind.value}({', '.join([data, *extra])})"
 

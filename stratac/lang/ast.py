@@ -313,6 +313,7 @@ class ContractArg:
     name: str
     out: str | None
     span: Span
+    form: str | None = None   # `per_expert(R)`: "per_expert", name R
 
 
 @dataclass(frozen=True)

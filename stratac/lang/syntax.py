@@ -115,6 +115,9 @@ class _Builder(Transformer):
     def carg_arrow(self, meta, children):
         return ast.ContractArg(str(children[0]), str(children[1]), self._span(meta))
 
+    def carg_call(self, meta, children):
+        return ast.ContractArg(str(children[1]), None, self._span(meta), form=str(children[0]))
+
     def block(self, meta, stmts):
         return tuple(stmts)
 

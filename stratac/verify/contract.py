@@ -110,11 +110,13 @@ def check_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
     return []
 
 
-def moe_layout(ids: list[np.ndarray], experts: int, capacity: int | None) -> dict:
+def moe_layout(ids: list[np.ndarray], experts: int, capacity: int | None,
+               region: int | None = None) -> dict:
     """The window row of every routed entry: {(source rank, token, k): (owner, row)}, by the
     contract's definition. Packed (capacity None): on each owner, local expert by local expert, the
-    rows from rank 0, then rank 1, ..., each rank's in token order. Slotted: rank s's j-th row for
-    local expert l is row (l * world + s) * capacity + j."""
+    rows from rank 0, then rank 1, ..., each rank's in token order; with `region` (per_expert(R))
+    local expert l's rows start at row l * R instead of right after l - 1's. Slotted: rank s's j-th
+    row for local expert l is row (l * world + s) * capacity + j."""
     W = len(ids)
     L = experts // W
     out = {}
@@ -122,6 +124,8 @@ def moe_layout(ids: list[np.ndarray], experts: int, capacity: int | None) -> dic
         row = 0
         for l in range(L):
             e = o * L + l
+            if region is not None:
+                row = l * region
             for src in range(W):
                 j = 0
                 for t, k in zip(*np.nonzero(ids[src] == e)):
@@ -144,18 +148,21 @@ def _moe_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
         # a masked call: a masked rank routes nothing, and an entry for an expert of a masked rank
         # is dropped (as if it were -1): no row, no count, weight 0 in the combine
         ids = [live_entries(i, E, live) if live[r] else np.full_like(i, -1) for r, i in enumerate(ids)]
-    layout = moe_layout(ids, E, cap)
+    region = inst.sizes[c.region] if c.region else None
+    layout = moe_layout(ids, E, cap, region)
     matrix = np.stack([np.bincount(i[(i >= 0) & (i < E)], minlength=E)[:E] for i in ids]).reshape(-1)
     expected: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}   # values, mask of checked
     describe: dict[str, str] = {}
-    # the bound of a packed window: when some owner would receive more rows than the window holds,
-    # every rank reports it (the owner with the most rows, its rows, the window's rows, how many
-    # owners are over) and nothing is placed or gathered: the window (dispatch) or the output
-    # (combine) keeps its input value
+    # the bound of a packed window: when some owner would receive more rows than the window holds
+    # (per_expert(R): some expert more than R), every rank reports it (the owner or expert with the
+    # most rows, its rows, the bound, how many are over) and nothing is placed or gathered: the
+    # window (dispatch) or the output (combine) keeps its input value
     win_name = c.outputs[0] if c.kind.dispatch else c.inputs[0]
-    bound = inst.buffer_shapes[win_name][0]
+    bound = inst.buffer_shapes[win_name][0] if region is None else region
     L = E // W
-    recv = matrix.reshape(W, W, L).sum(axis=(0, 2))
+    recv = matrix.reshape(W, W, L).sum(axis=(0, 2)) if region is None else matrix.reshape(W, E).sum(axis=0)
+    who, holds = ("rank", f"the {bound} rows of {win_name}") if region is None else \
+        ("expert", f"the {bound} rows of its region of {win_name} ({c.region})")
     report = None
     if cap is None and (recv > bound).any():
         worst = int(np.argmax(recv))
@@ -163,9 +170,9 @@ def _moe_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
     for r in range(W):
         got = sorted({v for (rr, _), v in vals.overflow.items() if rr == r})
         if got != ([report] if report and live[r] else []):
-            want = (f"report that rank {report[0]} would receive {report[1]} rows, more than the "
-                    f"{bound} rows of {win_name}" if report else
-                    f"report no overflow (every rank receives at most {bound} rows, the rows of {win_name})")
+            want = (f"report that {who} {report[0]} would receive {report[1]} rows, more than "
+                    f"{holds}" if report else
+                    f"report no overflow (every {who} receives at most {bound} rows, {holds})")
             return [error(Codes.CONTRACT, f"the schedule does not implement {c} ({context(inst)}): rank {r} "
                           f"should {want}, but it reports {got or 'none'}", c.span)]
     def counts_want(r: int) -> np.ndarray:

@@ -143,18 +143,21 @@ class Values:
         if ri.kind is K.EXSCAN:
             m = self._ints(r, b["counts"]).reshape(W, E) * live[:, None]
             offs = np.zeros(E, dtype=np.int64)
+            R = ri.region   # exscan(counts, R): local expert l's region starts at row l * R
             with np.errstate(over="ignore"):   # counts read before they are complete: garbage, reported
                 for e in range(E):
                     o, l = divmod(e, L)
-                    offs[e] = m[:, o * L:o * L + l].sum() + m[:r, e].sum()
+                    first = m[:, o * L:o * L + l].sum() if R is None else l * R
+                    offs[e] = first + m[:r, e].sum()
             out[lo:hi] = offs.astype(np.uint64)
-            bound = _window_rows(self.inst, dbuf)
+            # the bound: an owner's rows against its window's rows, or (regions) an expert's rows
+            # against R; (the owner or expert with the most rows, its rows, the bound, how many over)
+            bound = _window_rows(self.inst, dbuf) if R is None else R
             if bound is not None:
-                per_owner = m.reshape(W, W, L).sum(axis=(0, 2))
-                if (per_owner > bound).any():
-                    worst = int(np.argmax(per_owner))
-                    self.overflow[(r, dbuf)] = (worst, int(per_owner[worst]), bound,
-                                                int((per_owner > bound).sum()))
+                per = m.reshape(W, W, L).sum(axis=(0, 2)) if R is None else m.sum(axis=0)
+                if (per > bound).any():
+                    worst = int(np.argmax(per))
+                    self.overflow[(r, dbuf)] = (worst, int(per[worst]), bound, int((per > bound).sum()))
             return
         if ri.kind is K.SLOTS:
             e = np.arange(E, dtype=np.int64)

@@ -87,8 +87,11 @@ def moe_roles(s: ir.Schedule) -> dict[str, str]:
         roles["capacity"] = c.capacity
     # a packed window's row count, when it is a size of its own: the bound on the rows a rank
     # receives (the kernel reports a routing over it and places nothing)
+    # (per_expert(R): R, the bound on the rows an expert receives)
     win = s.param(c.outputs[0] if dispatch else c.inputs[0])
-    if not c.capacity and win.dims and isinstance(win.dims[0], ir.Var) and win.dims[0].name not in roles.values():
+    if c.region:
+        roles["bound"] = c.region
+    elif not c.capacity and win.dims and isinstance(win.dims[0], ir.Var) and win.dims[0].name not in roles.values():
         roles["bound"] = win.dims[0].name
     return roles
 
@@ -436,18 +439,19 @@ def _moe_sample(s: ir.Schedule, world: int, role_of: dict[str, str], routing: st
 
 def _received(s: ir.Schedule, world: int, sample: dict[str, int], routing: str) -> int:
     """The most rows one rank receives under a sample routing (what a packed window's bound must
-    hold): the entries of every rank for the experts it owns."""
+    hold): the entries of every rank for the experts it owns; with per_expert(R), the most rows one
+    expert receives (what R must hold)."""
     c = s.contract
     env = {"world": world, **sample}
     try:
         T, K = (tuple(d.eval(env) for d in s.param(c.inputs[1]).dims) + (1,))[:2]
         E = s.param(c.outputs[1] if c.kind.dispatch else c.inputs[3]).dims[-1].eval(env)
-        L = E // world
-        recv = np.zeros(world, dtype=np.int64)
+        L = 1 if c.region else E // world
+        recv = np.zeros(E // L, dtype=np.int64)
         for r in range(world):
             ids = routing_mod.expert_ids(routing, r, T, K, E, capacity=capacity_of(s, env))
             picked = ids[ids >= 0]
-            recv += np.bincount(picked // L, minlength=world)[:world]
+            recv += np.bincount(picked // L, minlength=E // L)[:E // L]
         return int(recv.max())
     except (ZeroDivisionError, ValueError):
         return 0

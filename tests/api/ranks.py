@@ -28,6 +28,7 @@ AG = ROOT / "examples" / "allgather_push.strata"
 PREFILL = ROOT / "examples" / "moe_prefill.strata"
 DECODE = ROOT / "examples" / "moe_decode.strata"
 BOUNDED = ROOT / "examples" / "moe_prefill_bounded.strata"
+EXPERTS = ROOT / "examples" / "moe_prefill_experts.strata"
 
 
 def inputs(world, n, seed):
@@ -245,6 +246,45 @@ def moe_bounded(comm, rank, world):
     want = torch.tensor(want, dtype=torch.float32)
     check(len(want) == bound and bool((win == want[:, None]).all()), win[:, 0])
     check(bool((big[bound:] == -7.0).all()), "the rows after the window were written")
+    moe_bounded_per_expert(comm, rank, world)
+
+
+def moe_bounded_per_expert(comm, rank, world):
+    """A region of R rows per local expert (per_expert(R), examples/moe_prefill_experts.strata): a
+    routing that sends one expert more than R rows is reported on every rank by dispatch and by
+    combine, naming the expert, its rows and R, and nothing is written; a routing that fills every
+    region exactly puts local expert l's rows from row l * R, source by source."""
+    T, H, K, E, G = 4 * world, 8, 2, 2 * world, 4
+    L, R = E // world, T                # the balanced routing below sends each expert T rows
+    mod = comm.load(EXPERTS)
+    x = comm.empty(T, H, dtype=torch.float32)
+    x.copy_((100 * rank + torch.arange(T, dtype=torch.float32))[:, None].expand(T, H))
+    ids = comm.empty(T, K, dtype=torch.int32)
+    w = comm.empty(T, K, dtype=torch.float32)
+    w.fill_(1.0)
+    counts = comm.zeros(world, E, dtype=torch.int32)
+    big = comm.empty(L * R + G, H, dtype=torch.float32)
+    big.fill_(-7.0)
+    win = big[:L * R]
+    y = comm.empty(T, H, dtype=torch.float32)
+    y.fill_(-3.0)
+    ids.copy_(torch.tensor([[0, 1]] * T, dtype=torch.int32))   # experts 0 and 1: world * T rows each
+    comm.barrier()
+    said = (f"the routing sends {world * T} rows to expert 0, more than the {R} rows of its region of win "
+            f"(expert_rows = {R}); 2 experts are over the bound. Nothing was")
+    expect_error(StrataRuntimeError, said + " placed", mod.moe_prefill_experts_dispatch, x, ids, counts, win)
+    check(bool((big == -7.0).all()), "the window or the rows after it were written")
+    check(counts[:, 0].tolist() == [T] * world, counts)
+    expect_error(StrataRuntimeError, said + " gathered", mod.moe_prefill_experts_combine, win, ids, w, counts, y)
+    check(bool((y == -3.0).all()), "the combine wrote its output")
+    # token t to rank t % world's two experts: every expert receives exactly R rows
+    ids.copy_(torch.tensor([[(t % world) * L, (t % world) * L + 1] for t in range(T)], dtype=torch.int32))
+    comm.barrier()
+    mod.moe_prefill_experts_dispatch(x, ids, counts, win)
+    mine = [100 * s + t for s in range(world) for t in range(T) if t % world == rank]
+    want = torch.tensor(mine * L, dtype=torch.float32)        # region l = rows 0..R-1 from row l * R
+    check(len(mine) == R and bool((win == want[:, None]).all()), win[:, 0])
+    check(bool((big[L * R:] == -7.0).all()), "the rows after the window were written")
 
 
 def moe_interleaved(comm, rank, world):

@@ -251,7 +251,7 @@ HEAD = "schedule s(x: sym T[n]) implements allreduce(x, sum) {\n"
     (HEAD + "  on gpu: x = x\n}\n", 2, 6, 3, "unexpected 'gpu'; expected an engine (aiv, sdma, auto)"),
     (HEAD + "  for in in ranks: barrier\n}\n", 2, 7, 2, "unexpected 'in'; expected a name"),
     (HEAD + "  barrier\n", 2, 10, 1, "unexpected end of file; expected '(', 'await', 'barrier', "),
-    ("schedule s(x: T[n]) implements allgather(x = y) {}", 1, 44, 1, "expected ')', ',', '->'"),
+    ("schedule s(x: T[n]) implements allgather(x = y) {}", 1, 44, 1, "expected '(', ')', ',', '->'"),
     ("schedule s(sum: T[n]) implements allreduce(x, sum) {}", 1, 12, 3, "unexpected 'sum'; expected "),
     ("", 1, 1, 1, "unexpected end of file; expected 'schedule'"),
     (HEAD + "}\n\n\n", 2, 2, 1, None),   # trailing blank lines are fine: no error

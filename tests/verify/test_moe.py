@@ -6,7 +6,7 @@ import pytest
 
 from stratac import verify
 from stratac.diagnostics import Source
-from stratac.lang.frontend import schedules
+from stratac.lang.frontend import load_source, schedules
 from stratac.verify.routing import FULL, ROUTINGS, expert_ids
 
 
@@ -58,6 +58,10 @@ def test_reference_layout_by_hand():
     slotted = verify.moe_layout(ids, 4, 2)
     assert slotted == {(0, 0, 0): (0, 0), (0, 1, 1): (0, 1), (1, 0, 0): (0, 2), (1, 1, 1): (0, 3),
                        (0, 1, 0): (0, 4), (0, 0, 1): (1, 0), (1, 1, 0): (1, 6)}
+    # per_expert(5): local expert l's rows start at row 5 l, the sources packed inside it
+    regions = verify.moe_layout(ids, 4, None, 5)
+    assert regions == {(0, 0, 0): (0, 0), (0, 1, 1): (0, 1), (1, 0, 0): (0, 2), (1, 1, 1): (0, 3),
+                       (0, 1, 0): (0, 5), (0, 0, 1): (1, 0), (1, 1, 0): (1, 5)}
 
 
 PLACE_ONLY = """
@@ -92,3 +96,22 @@ def test_a_wrong_offset_is_caught_with_the_token():
     d, = res.diagnostics
     assert d.code == "E0305"
     assert "place puts token" in d.message or "should be the token row the layout puts there" in d.message
+
+
+def test_a_region_per_expert_is_proven_at_its_bound_and_one_row_below(root):
+    """per_expert(expert_rows): the samples hold the bound at exactly the most rows one expert
+    receives (counted here from the ids) and one row less, under a skewed and a uniform routing;
+    both verify: within the bound every row is where the contract says, below it every rank must
+    report the same expert, its rows and the bound, with nothing placed."""
+    for s in schedules(load_source(str(root / "examples" / "moe_prefill_experts.strata"))):
+        world, topk = 2, verify.samples.MOE_TOPK
+        samples = verify.default_samples(s, world)
+        for routing in ("skewed", "uniform"):
+            ids = np.concatenate([expert_ids(routing, r, 5, topk, 2 * world) for r in range(world)])
+            need = int(np.bincount(ids[ids >= 0].ravel(), minlength=2 * world).max())
+            held = [x for x in samples if x.routing == routing and x["tokens"] == 5]
+            assert {need, need - 1} <= {x["expert_rows"] for x in held}, (s.name, routing)
+            for x in held:
+                if x["expert_rows"] in (need, need - 1):
+                    res = verify.verify(s, world, dict(x), routing)
+                    assert res.ok, (s.name, routing, x, [d.message for d in res.diagnostics])

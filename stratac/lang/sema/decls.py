@@ -116,6 +116,9 @@ class Decls(Scope):
             self.err(Codes.BAD_CONTRACT, usage, c.span)
             return None
         data, rest = c.args[0], c.args[1:]
+        if data.form is not None:
+            self.err(Codes.BAD_CONTRACT, usage, c.span)
+            return None
         for n in (data.name, data.out):
             if n and n not in self.params:
                 self.err(Codes.UNKNOWN_NAME, f"the contract names {n!r}, which is not a tensor parameter",
@@ -127,6 +130,9 @@ class Decls(Scope):
         op, root = None, None
         for a in rest:
             x = self.scalars.get(a.name)
+            if a.form is not None:
+                self.err(Codes.BAD_CONTRACT, f"unexpected {a.form}({a.name}): {usage}", a.span)
+                return None
             if a.out is None and (a.name in {o.value for o in ir.ReduceOp}
                                   or (x and x.kind is ir.ScalarKind.REDOP)) and takes_op and op is None:
                 op = self.op(a.name, a.span)

@@ -17,16 +17,32 @@ from stratac.lang.sema.scope import Scope
 
 class Moe(Scope):
     MOE_FORMS = {
-        ir.ContractKind.MOE_DISPATCH: "moe_dispatch(x, ids -> win, counts) or moe_dispatch(x, ids -> "
-                                      "win, counts, CAPACITY), each optionally followed by "
+        ir.ContractKind.MOE_DISPATCH: "moe_dispatch(x, ids -> win, counts), moe_dispatch(x, ids -> "
+                                      "win, counts, CAPACITY) or moe_dispatch(x, ids -> win, counts, "
+                                      "per_expert(ROWS)), each optionally followed by "
                                       "rows that travel with the tokens: ..., xs -> ws",
-        ir.ContractKind.MOE_COMBINE: "moe_combine(win, ids, weights, counts -> y) or moe_combine(win, "
-                                     "ids, weights, counts -> y, CAPACITY)",
+        ir.ContractKind.MOE_COMBINE: "moe_combine(win, ids, weights, counts -> y), moe_combine(win, "
+                                     "ids, weights, counts -> y, CAPACITY) or moe_combine(win, ids, "
+                                     "weights, counts -> y, per_expert(ROWS))",
         ir.ContractKind.ALLTOALLV: "alltoallv(x, dest -> out, counts)",
     }
 
     def moe_contract(self, kind: ir.ContractKind, c: ast.Contract) -> ir.Contract | None:
         usage = f"{kind.value} is written {self.MOE_FORMS[kind]}"
+        # `per_expert(ROWS)`: the packed window in regions of ROWS rows, one per local expert; written
+        # where a slotted layout's CAPACITY is
+        forms = [a for a in c.args if a.form is not None]
+        for a in forms:
+            if a.form != "per_expert" or kind is ir.ContractKind.ALLTOALLV or len(forms) > 1:
+                self.err(Codes.BAD_CONTRACT, f"unexpected {a.form}({a.name}): {usage}", a.span)
+                return None
+            if a.name not in self.sizes:
+                self.err(Codes.BAD_CONTRACT, f"per_expert({a.name}) names the rows of an expert's region of "
+                         f"the window: {a.name} must be a size of the schedule (a dimension of a tensor "
+                         "parameter)", a.span)
+                return None
+        if forms:
+            c = ast.Contract(c.kind, tuple(ast.ContractArg(a.name, a.out, a.span) for a in c.args), c.span)
         arrows = [i for i, a in enumerate(c.args) if a.out is not None]
         side_args = []
         if kind is ir.ContractKind.MOE_DISPATCH:
@@ -42,6 +58,12 @@ class Moe(Scope):
         capacity = None
         if outputs and outputs[-1] in self.sizes:
             capacity = outputs.pop()
+        region = None
+        if forms:
+            if capacity != forms[0].name:
+                self.err(Codes.BAD_CONTRACT, usage, forms[0].span)
+                return None
+            region, capacity = capacity, None
         if kind is ir.ContractKind.ALLTOALLV and capacity is not None:
             self.err(Codes.BAD_CONTRACT, usage, c.span)
             return None
@@ -81,7 +103,7 @@ class Moe(Scope):
         if side is None:
             return None
         return ir.Contract(kind, tuple(inputs), tuple(outputs), None, c.span, capacity=capacity,
-                           side=side)
+                           side=side, region=region)
 
     def side_rows(self, args, x_name: str, win_name: str, span: Span) -> tuple[tuple[str, str], ...] | None:
         """A dispatch's `xs -> ws` pairs: rows of their own width that go where the tokens go, row t
@@ -127,8 +149,12 @@ class Moe(Scope):
         kind = ir.RouteKind(call.kind)
         want = ir.ROUTE_OPERANDS[kind]
         form = f"{kind.value}({', '.join(want)})"
+        if kind is ir.RouteKind.EXSCAN and len(call.args) == 2:
+            want = want + ("capacity",)   # exscan(counts, ROWS): a region of ROWS rows per local expert
         if len(call.args) != len(want):
-            self.err(Codes.BAD_REF, f"{kind.value} takes {len(want)} operand(s): {form}", call.span)
+            self.err(Codes.BAD_REF, "exscan is written exscan(counts) or exscan(counts, ROWS) (a region "
+                     "of ROWS rows per local expert)" if kind is ir.RouteKind.EXSCAN else
+                     f"{kind.value} takes {len(want)} operand(s): {form}", call.span)
             return None
         if loop_vars:
             self.err(Codes.BAD_REF, f"{kind.value} covers every rank itself: write it outside loops",
@@ -156,7 +182,8 @@ class Moe(Scope):
         bufs: dict[str, ir.Buffer] = {}
         for role, arg in zip(want, call.args):
             if role == "capacity":
-                capacity = self.expr(arg, set(self.sizes) | {"world"}, "a capacity")
+                capacity = self.expr(arg, set(self.sizes) | {"world"},
+                                     "a capacity" if kind is ir.RouteKind.SLOTS else "an expert's rows")
                 continue
             if not isinstance(arg, ast.Name) or arg.id not in self.params:
                 self.err(Codes.UNKNOWN_NAME, f"operand {role} of {form} must name a tensor parameter",

@@ -143,9 +143,10 @@ def moe_pairs(scheds: list[ir.Schedule]) -> list:
                                    f"file, before the next dispatch ({s.name})")
             pending = s
         elif c.kind is K.MOE_COMBINE:
-            if pending is None or (pending.contract.capacity is None) != (c.capacity is None):
+            if pending is None or _layout(pending.contract) != _layout(c):
                 raise PairingError(f"{s.name}: a moe_combine runs after the moe_dispatch of the same "
-                                   "layout (packed or with a capacity) that precedes it in the file")
+                                   "layout (packed, per_expert or with a capacity) that precedes it in "
+                                   "the file")
             out.append((pending, s))
             pending = None
         else:
@@ -154,6 +155,10 @@ def moe_pairs(scheds: list[ir.Schedule]) -> list:
         raise PairingError(f"{pending.name}: a moe_dispatch needs a moe_combine after it in the file "
                            "(to run dispatch, the expert step and combine)")
     return out
+
+
+def _layout(c: ir.Contract) -> str:
+    return "slots" if c.capacity else "per_expert" if c.region else "packed"
 
 
 MOE_DEFAULTS = {"tokens": 64, "hidden": 512, "topk": 4, "experts_per_rank": 4}
@@ -241,13 +246,30 @@ class MoeWorkload:
     def slotted(self) -> bool:
         return self.dispatch.contract.capacity is not None
 
+    @property
+    def region(self) -> int | None:
+        """The rows of each local expert's region of the window (per_expert(R)): --max-recv, else
+        world x tokens (a token picks an expert at most once, so that holds any routing); None
+        for a window without regions."""
+        if self.dispatch.contract.region is None:
+            return None
+        return self.max_recv or self.world * self.tokens
+
+    def _first(self, l: int, s: int, row: int) -> int:
+        """The first row of source s's rows for local expert l, `row` rows having gone before."""
+        if self.slotted:
+            return (l * self.world + s) * self.capacity
+        if self.region is not None:
+            return l * self.region + row
+        return row
+
     def sizes(self, s: ir.Schedule) -> dict[str, int]:
         from stratac.verify import moe_roles
         roles = {sym: role for role, sym in moe_roles(s).items()}
         value = {"tokens": self.tokens, "topk": self.topk, "hidden": self.hidden,
                  "experts": self.experts, "capacity": self.capacity}
         anyrouting = self.world * self.tokens * self.topk   # rows any routing fits in a packed window
-        value["bound"] = self.max_recv or anyrouting
+        value["bound"] = self.region or self.max_recv or anyrouting
         return {sym: value.get(roles.get(sym, ""), anyrouting) for sym in s.sizes}
 
     def shape(self, s: ir.Schedule, p: ir.Buffer) -> list[int]:
@@ -284,8 +306,9 @@ class MoeWorkload:
         inputs = [(self.ids(s, seed), self.x(s, seed, dtype)) for s in range(self.world)]
         for l in range(local):
             e = rank * local + l
+            row = 0 if self.region is not None else row   # a region's rows count from its start
             for s, (ids, x) in enumerate(inputs):
-                start = (l * self.world + s) * self.capacity if self.slotted else row
+                start = self._first(l, s, row)
                 hits = [int(t) for t, _ in (ids == e).nonzero().tolist()]
                 for j, t in enumerate(hits):
                     win[start + j] = x[t]
@@ -299,9 +322,10 @@ class MoeWorkload:
         out, row = [], 0
         for l in range(local):
             e = rank * local + l
+            row = 0 if self.region is not None else row   # a region's rows count from its start
             for s in range(self.world):
                 n = int(counts[s, e])
-                start = (l * self.world + s) * self.capacity if self.slotted else row
+                start = self._first(l, s, row)
                 out.append((e, start, n))
                 row += n
         return out
@@ -387,8 +411,9 @@ class MoeWorkload:
         inputs = [(self.ids(s, seed), *self.quantize(s, seed, dtype)) for s in range(self.world)]
         for l in range(local):
             e = rank * local + l
+            row = 0 if self.region is not None else row   # a region's rows count from its start
             for s, (ids, q, sc) in enumerate(inputs):
-                start = (l * self.world + s) * self.capacity if self.slotted else row
+                start = self._first(l, s, row)
                 hits = [int(t) for t, _ in (ids == e).nonzero().tolist()]
                 for j, t in enumerate(hits):
                     wq[start + j], ws[start + j], mask[start + j] = q[t], sc[t], True

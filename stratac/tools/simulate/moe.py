@@ -43,7 +43,8 @@ class MoeSpec:
     experts: int | None = None      # over the whole world; None: MOE_EXPERTS_PER_RANK per rank
     routing: str = "uniform"
     seed: int = 0
-    max_recv: int | None = None     # rows of a bounded packed window; None: any routing fits
+    # rows of a bounded packed window (per_expert(R): of an expert's region); None: any routing fits
+    max_recv: int | None = None
     capacity: int | None = None     # slots per (expert, source rank) of a slotted layout; None: tokens
 
     def resolved(self, s: ir.Schedule, world: int) -> tuple[int, int]:
@@ -134,11 +135,12 @@ def predict_moe(s: ir.Schedule, m: Machine, world: int, tokens: list[int], moe: 
                                         f"{moe.seed}) sends {int(per.max())} tokens of rank {r} to expert "
                                         f"{int(per.argmax())}, more than --capacity {moe.capacity}: that "
                                         "call would be refused")
-        if moe.max_recv is not None and int(routed.received.max()) > moe.max_recv:
-            r = int(routed.received.argmax())
+        # the bound: a rank's rows, or (per_expert(R)) an expert's
+        per, who = (routed.per_expert, "expert") if c.region else (routed.received, "rank")
+        if moe.max_recv is not None and per.size and int(per.max()) > moe.max_recv:
             raise SimulateError(f"{s.name}, {T} tokens: the sample routing ({moe.routing}, seed {moe.seed}) "
-                                f"sends {int(routed.received.max())} rows to rank {r}, more than --max-recv "
-                                f"{moe.max_recv}: that call would be refused")
+                                f"sends {int(per.max())} rows to {who} {int(per.argmax())}, more than "
+                                f"--max-recv {moe.max_recv}: that call would be refused")
         env = wl.sizes(s)
         tpl = template(lowered, world, env)
         lens = lengths(tpl, env)

@@ -23,11 +23,13 @@ class Routed:
         W, L = self.world, max(1, experts // max(1, self.world))
         self.valid = np.zeros((W, self.tokens * self.topk), dtype=bool)
         self.owners = np.zeros((W, W), dtype=np.int64)      # [source, owner]: routed entries
+        self.per_expert = np.zeros(max(experts, 0), dtype=np.int64)   # rows each expert receives
         for r, x in enumerate(ids):
             x = np.asarray(x).reshape(-1)
             v = (x >= 0) & (x < experts)
             self.valid[r] = v
             self.owners[r] = np.bincount(x[v] // L, minlength=W)[:W]
+            self.per_expert += np.bincount(x[v], minlength=experts)[:experts]
         self.routed = self.owners.sum(axis=1)               # entries each rank routes
         self._split: dict = {}
 
