@@ -292,7 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default 4 per rank)")
     moe.add_argument("--max-recv", type=options.positive_int, help="rows per rank of a bounded "
                      "window (a schedule whose window's rows are a size of their own, e.g. "
-                     "examples/moe_prefill_bounded.strata; default world x tokens x topk, any routing); "
+                     "examples/moe_prefill_bounded.strata; default world x tokens x topk, any routing), "
+                     "or rows per expert of a window in regions (per_expert(ROWS), e.g. "
+                     "examples/moe_prefill_experts.strata; default world x tokens); "
                      "a routing past it is reported on every rank; refused for a file without one")
     moe.add_argument("--capacity", type=options.positive_int, help="slots per (expert, source rank) of "
                      "a slotted layout (a contract with a capacity, e.g. examples/moe_decode.strata; "
@@ -356,7 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     bm.add_argument("--experts", type=options.positive_int, help="experts in all, a multiple of --world "
                     "(default 4 per rank)")
     bm.add_argument("--max-recv", type=options.positive_int, help="rows per rank of a bounded window "
-                    "(default world x tokens x topk; refused for a file without one)")
+                    "(default world x tokens x topk), or per expert of a window in regions "
+                    "(per_expert(ROWS); default world x tokens); refused for a file without one")
     bm.add_argument("--capacity", type=options.positive_int, help="slots per (expert, source rank) of a "
                     "slotted layout (default: the tokens of each sweep point; refused for a file "
                     "without one)")

@@ -208,7 +208,8 @@ def test_bench_capacity_reaches_the_sweep(spy, tmp_path, capsys):
     # a slotted layout has no bound to size, a packed one no slots, a collective neither
     (["run", str(DECODE), "--world", "2", "--max-recv", "4"],
      "--max-recv 4 applies to a MoE dispatch/combine whose packed window's rows are a size of their "
-     "own (e.g. examples/moe_prefill_bounded.strata), and none of this file's schedules "
+     "own (e.g. examples/moe_prefill_bounded.strata) or that has a region per expert "
+     "(per_expert(ROWS), e.g. examples/moe_prefill_experts.strata), and none of this file's schedules "
      "(moe_decode_dispatch, moe_decode_combine) has one; a slotted layout takes --capacity"),
     (["run", str(EX / "moe_prefill.strata"), "--world", "2", "--capacity", "4"],
      "--capacity 4 applies to a MoE dispatch/combine with slots per (expert, source rank)"),

@@ -4,6 +4,7 @@ MoE, and every bad request or machine file as one error line."""
 import argparse
 import json
 
+import numpy as np
 import pytest
 from simkit import ROOT, TINY
 
@@ -202,6 +203,37 @@ def test_max_recv_sizes_the_bounded_window(tmp_path, capsys):
     status, out, err = _run(["simulate", str(ROOT / "examples" / "moe_prefill.strata"), "--machine", machine,
                              "--world", str(W), "--tokens", str(T), "--max-recv", "100"], capsys)
     assert status == 1 and "moe_prefill_dispatch's window has none" in err
+
+
+def test_max_recv_sizes_the_region_of_each_expert(tmp_path, capsys):
+    """--max-recv R on a window in regions (per_expert(R)): L = experts / world regions of R rows,
+    so the heap per rank moves by exactly L x hidden x 2 bytes (bf16) per row of R; the default is
+    world x tokens; a sample routing that sends one expert more than R rows is one error line that
+    names the expert and its rows, counted here from the same ids."""
+    from stratac.verify.routing import expert_ids
+    machine = str(ROOT / "machines" / "cloudmatrix384.toml")
+    experts = str(ROOT / "examples" / "moe_prefill_experts.strata")
+    W, T, H, K, E = 4, 64, 256, 4, 16
+    base = ["simulate", experts, "--machine", machine, "--world", str(W), "--tokens", str(T),
+            "--hidden", str(H), "--topk", str(K), "--experts", str(E)]
+
+    def heaps(extra):
+        out_json = tmp_path / "m.json"
+        status, out, err = _run(base + extra + ["--json", str(out_json)], capsys)
+        assert status == 0, err
+        return {r["schedule"]: r["moe"]["heap_bytes"] for r in json.loads(out_json.read_text())["results"]}
+
+    per = np.bincount(np.concatenate([expert_ids("uniform", r, T, K, E, 0).ravel() for r in range(W)]),
+                      minlength=E)
+    need = int(per.max())
+    default, exact = heaps([]), heaps(["--max-recv", str(need)])
+    assert default == heaps(["--max-recv", str(W * T)])
+    for name in default:
+        assert default[name] - exact[name] == (E // W) * (W * T - need) * H * 2, name
+    status, out, err = _run(base + ["--max-recv", str(need - 1)], capsys)
+    assert status == 1 and out == ""
+    assert (f"sends {need} rows to expert {int(per.argmax())}, more than --max-recv {need - 1}: that call "
+            "would be refused") in err
 
 
 def test_capacity_sizes_the_slots(tmp_path, capsys):

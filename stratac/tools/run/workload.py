@@ -167,14 +167,16 @@ MOE_DEFAULTS = {"tokens": 64, "hidden": 512, "topk": 4, "experts_per_rank": 4}
 def layout_options_problem(schedules, max_recv: int | None, capacity: int | None) -> str | None:
     """What is wrong with giving --max-recv or --capacity to these schedules, or None: each sizes
     one kind of window, and a file none of whose schedules has that window is refused (the option
-    would be ignored). --max-recv: a packed window whose rows are a size of their own (a bound);
+    would be ignored). --max-recv: a packed window whose rows are a size of their own (a bound), or
+    the rows of each expert's region (per_expert(ROWS));
     --capacity: a slotted layout (a contract with a capacity)."""
     from stratac.verify import moe_roles
     moe = [s for s in schedules if s.contract.kind.moe]
     names = ", ".join(s.name for s in schedules) or "no schedule"
     if max_recv is not None and not any("bound" in moe_roles(s) for s in moe):
         return (f"--max-recv {max_recv} applies to a MoE dispatch/combine whose packed window's rows "
-                "are a size of their own (e.g. examples/moe_prefill_bounded.strata), and none of "
+                "are a size of their own (e.g. examples/moe_prefill_bounded.strata) or that has a region "
+                "per expert (per_expert(ROWS), e.g. examples/moe_prefill_experts.strata), and none of "
                 f"this file's schedules ({names}) has one"
                 + ("; a slotted layout takes --capacity" if any(s.contract.capacity for s in moe) else "")
                 + ": drop --max-recv")

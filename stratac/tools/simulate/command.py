@@ -78,7 +78,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    f"{MOE_EXPERTS_PER_RANK} per rank: DeepSeek-V3's 256 at world 32)")
     p.add_argument("--max-recv", type=options.positive_int, default=None, metavar="ROWS",
                    help="MoE: rows per rank of a bounded window (e.g. examples/moe_prefill_bounded.strata; "
-                   "default world x tokens x topk, any routing); a sample routing past it is an error")
+                   "default world x tokens x topk, any routing), or per expert of a window in regions "
+                   "(per_expert(ROWS), e.g. examples/moe_prefill_experts.strata; default world x tokens); "
+                   "a sample routing past it is an error")
     p.add_argument("--capacity", type=options.positive_int, default=None, metavar="SLOTS",
                    help="MoE: slots per (expert, source rank) of a slotted layout (e.g. "
                    "examples/moe_decode.strata; default the token count); a sample routing past it is "
