@@ -109,6 +109,8 @@ def _named(e: ir.IExpr) -> ir.IExpr:
         if got is None and isinstance(x, ir.Bin):    # `lane.rank * node.size`
             x = ir.Bin(x.kind, walk(x.lhs), walk(x.rhs))
             got = teams.table.get(x)
+        elif got is None and isinstance(x, ir.Sel):
+            x = ir.Sel(walk(x.cond), walk(x.then), walk(x.orelse))
         if got is None:
             return x
         teams.used.add(teams.owner[got.name])
@@ -238,7 +240,7 @@ def _length(r: ir.Region, s: ir.Schedule) -> str:
 
 def _compound(off: ir.IExpr) -> bool:
     """Whether an offset is more than a name: an operation or a call."""
-    return isinstance(off, ir.Bin) or (isinstance(off, ir.Var) and off.name.startswith(_CPP))
+    return isinstance(off, (ir.Bin, ir.Sel)) or (isinstance(off, ir.Var) and off.name.startswith(_CPP))
 
 
 def _moves(op, s: ir.Schedule) -> dict:

@@ -29,6 +29,7 @@ import math
 import numpy as np
 
 from stratac import ir, verify
+from stratac.ir import passes
 from stratac.host.errors import StrataUsageError
 from stratac.targets import verdicts
 from stratac.verify import routing as routing_mod
@@ -89,6 +90,12 @@ class _Walk:
             return e.value
         if isinstance(e, ir.Var):
             return env[e.name]
+        if isinstance(e, ir.Sel):   # each branch evaluated (and checked) only where it is taken
+            c = np.asarray(self._val(e.cond, env, mask, span)) != 0
+            if self._is_sized(e.cond):
+                self._see(c, mask)
+            return np.where(c, self._val(e.then, env, mask & c, span),
+                            self._val(e.orelse, env, mask & ~c, span))
         a, b = self._val(e.lhs, env, mask, span), self._val(e.rhs, env, mask, span)
         k, sized = e.kind, self._is_sized(e)
         if k in (ir.BinKind.DIV, ir.BinKind.MOD):
@@ -100,10 +107,10 @@ class _Walk:
             if sized:
                 self._see(v == 0 if k is ir.BinKind.DIV else v, mask)
             return v
-        if k is ir.BinKind.MIN:
+        if k in (ir.BinKind.MIN, ir.BinKind.MAX):
             if sized:
                 self._see(np.less_equal(a, b), mask)
-            return np.minimum(a, b)
+            return np.minimum(a, b) if k is ir.BinKind.MIN else np.maximum(a, b)
         if k in _COMPARE:
             v = _COMPARE[k](a, b)
             if sized:
@@ -286,59 +293,15 @@ def _elements(s: ir.Schedule, world: int, params: dict[str, int]) -> int:
     return sum(int(p.size.eval(env)) for p in s.params) * world
 
 
-def _exprs(s: ir.Schedule):
-    """Every integer expression of the schedule."""
-    for p in s.params:
-        yield p.size
-        yield from p.dims
-    for f in s.flags:
-        yield f.size
-
-    def region(r: ir.Region):
-        yield from (r.lo, r.length)
-        if r.rank is not None:
-            yield r.rank
-        if r.part is not None:
-            yield from r.part
-        if r.sub is not None:
-            yield from r.sub[1:]
-
-    def walk(ops):
-        for op in ops:
-            if isinstance(op, ir.If):
-                yield op.cond
-                yield from walk(op.then + op.orelse)
-            elif isinstance(op, (ir.Stage, ir.Loop)):
-                if isinstance(op, ir.Loop) and op.domain is ir.Domain.RANGE:
-                    yield from (op.lo, op.hi)
-                yield from walk(op.body)
-            elif isinstance(op, ir.Barrier):
-                yield op.seq
-            elif isinstance(op, ir.Signal):
-                yield from (op.index, op.rank)
-            elif isinstance(op, ir.Wait):
-                yield op.index
-            elif isinstance(op, ir.Await):
-                continue
-            elif isinstance(op, ir.Route):
-                yield from region(op.dst)
-                if op.capacity is not None:
-                    yield op.capacity
-            else:
-                if isinstance(op, ir.Reduce) and op.count is not None:
-                    yield from (op.count, op.skip)
-                yield from region(op.dst)
-                yield from region(op.src)
-
-    yield from walk(s.body)
-
-
 def _moduli(s: ir.Schedule, env: dict[str, int]) -> dict[str, int]:
     """Per size symbol: 2 and every divisor of a / or % whose dividend mentions it (those divisors
     that do not depend on a rank or loop variable, at the call's values)."""
     out = {sym: 2 for sym in s.sizes}
 
     def visit(e: ir.IExpr) -> None:
+        if isinstance(e, ir.Sel):
+            for x in (e.cond, e.then, e.orelse):
+                visit(x)
         if not isinstance(e, ir.Bin):
             return
         visit(e.lhs)
@@ -350,7 +313,7 @@ def _moduli(s: ir.Schedule, env: dict[str, int]) -> dict[str, int]:
                 if d > 0:
                     out[sym] = math.lcm(out[sym], d)
 
-    for e in _exprs(s):
+    for e in passes.expressions(s):
         visit(e)
     return out
 

@@ -14,6 +14,7 @@ from stratac.ir.expr import (
                              BinKind,
                              Const,
                              IExpr,
+                             Sel,
                              Var,
                              add,
                              bare,
@@ -70,7 +71,7 @@ from stratac.ir.nodes import (
 )
 from stratac.ir.printer import dump
 
-__all__ = ["Bin", "BinKind", "Const", "IExpr", "Var", "add", "bare", "c_source", "log2",
+__all__ = ["Bin", "BinKind", "Const", "IExpr", "Sel", "Var", "add", "bare", "c_source", "log2",
            "nonnegative", "py_source", "Requirement", "unmet_requirement", "MASK_MAX_WORLD", "takes_mask",
            "simplify", "size_scale", "split_part", "substitute", "ROUTE_OPERANDS", "Accumulate", "Await", "Barrier",
            "Buffer", "CallSite", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",

@@ -48,6 +48,7 @@ class BinKind(enum.Enum):
     DIV = "/"   # floor division; operands are never negative in a valid program
     MOD = "%"   # floored: the result lies in [0, rhs) for rhs > 0 (rhs <= 0 is an error)
     MIN = "min"
+    MAX = "max"
     SHL = "<<"  # shifts: lhs >= 0, 0 <= rhs < 63, no bit shifted out of int64
     SHR = ">>"
     AND = "&"   # bitwise, two's complement as int64
@@ -87,6 +88,8 @@ class Bin:
             return a % b
         if k is BinKind.MIN:
             return min(a, b)
+        if k is BinKind.MAX:
+            return max(a, b)
         if k in _BITWISE:
             return _BITWISE[k](a, b)
         return int(_COMPARE[k](a, b))
@@ -95,14 +98,33 @@ class Bin:
         return self.lhs.names() | self.rhs.names()
 
     def __str__(self) -> str:
-        if self.kind is BinKind.MIN:
-            return f"min({self.lhs}, {self.rhs})"
+        if self.kind in (BinKind.MIN, BinKind.MAX):
+            return f"{self.kind.value}({self.lhs}, {self.rhs})"
         if self.kind is BinKind.LOG2:
             return f"log2({bare(self.lhs)})"
         return f"({self.lhs} {self.kind.value} {self.rhs})"
 
 
-IExpr = Union[Const, Var, Bin]
+@dataclass(frozen=True)
+class Sel:
+    """`(then if cond else orelse)`: cond is a comparison (0 or 1) or any integer (true when not
+    0); only the branch taken is evaluated, so the other may divide by zero."""
+
+    cond: "IExpr"
+    then: "IExpr"
+    orelse: "IExpr"
+
+    def eval(self, env: Mapping[str, int]) -> int:
+        return self.then.eval(env) if self.cond.eval(env) else self.orelse.eval(env)
+
+    def names(self) -> frozenset[str]:
+        return self.cond.names() | self.then.names() | self.orelse.names()
+
+    def __str__(self) -> str:
+        return f"({bare(self.then)} if {bare(self.cond)} else {bare(self.orelse)})"
+
+
+IExpr = Union[Const, Var, Bin, Sel]
 
 
 def bare(e: "IExpr") -> str:
@@ -133,6 +155,8 @@ def nonnegative(e: "IExpr") -> bool:
         return e.value >= 0
     if isinstance(e, Var):
         return True
+    if isinstance(e, Sel):
+        return nonnegative(e.then) and nonnegative(e.orelse)
     if e.kind is BinKind.SUB:
         return False
     if e.kind in _COMPARE or e.kind in (BinKind.LOG2, BinKind.MOD):
@@ -159,14 +183,24 @@ def simplify(e: IExpr) -> IExpr:
     (so that a range x[a:a + n] has length n; not when the term cancelled has a / or %, which may
     be a division by zero for instantiation to report), min(x, 0) and x < 0 -> 0 where x is never
     negative by its form (`nonnegative`: not `rank - root < 0`, which holds on some ranks)."""
+    if isinstance(e, Sel):
+        c = simplify(e.cond)
+        if isinstance(c, Const):
+            return simplify(e.then if c.value else e.orelse)
+        return Sel(c, simplify(e.then), simplify(e.orelse))
     if not isinstance(e, Bin):
         return e
     a, b, k = simplify(e.lhs), simplify(e.rhs), e.kind
     if isinstance(a, Const) and isinstance(b, Const):
-        try:   # not folded: what instantiation reports (a division by zero, a negative shift)
-            return Const(Bin(k, a, b).eval({}))
+        # not folded: what instantiation reports (a division by zero, a shift outside int64, a
+        # value that overflows int64)
+        if k in (BinKind.SHL, BinKind.SHR) and not 0 <= b.value < 63:
+            return Bin(k, a, b)
+        try:
+            v = Bin(k, a, b).eval({})
         except (ZeroDivisionError, ValueError, OverflowError):
             return Bin(k, a, b)
+        return Const(v) if -2**63 <= v < 2**63 else Bin(k, a, b)
     if k is BinKind.ADD:
         if a == Const(0):
             return b
@@ -199,6 +233,8 @@ def simplify(e: IExpr) -> IExpr:
 
 
 def _divides_nothing(e: IExpr) -> bool:
+    if isinstance(e, Sel):
+        return all(_divides_nothing(x) for x in (e.cond, e.then, e.orelse))
     if isinstance(e, Bin):
         return e.kind not in (BinKind.DIV, BinKind.MOD) and _divides_nothing(e.lhs) and \
             _divides_nothing(e.rhs)
@@ -229,6 +265,8 @@ def _subst(e: IExpr, name: str, value: IExpr) -> IExpr:
         return value if e.name == name else e
     if isinstance(e, Bin):
         return Bin(e.kind, _subst(e.lhs, name, value), _subst(e.rhs, name, value))
+    if isinstance(e, Sel):
+        return Sel(*(_subst(x, name, value) for x in (e.cond, e.then, e.orelse)))
     return e
 
 
@@ -240,6 +278,8 @@ def substitute(e: IExpr, value_of) -> IExpr:
         return e if got is None else got
     if isinstance(e, Bin):
         return Bin(e.kind, substitute(e.lhs, value_of), substitute(e.rhs, value_of))
+    if isinstance(e, Sel):
+        return Sel(*(substitute(x, value_of) for x in (e.cond, e.then, e.orelse)))
     return e
 
 
@@ -259,9 +299,11 @@ def py_source(e: IExpr) -> str:
         return str(e.value)
     if isinstance(e, Var):
         return f"env[{e.name!r}]"
+    if isinstance(e, Sel):
+        return f"({py_source(e.then)} if {py_source(e.cond)} else {py_source(e.orelse)})"
     a, b = py_source(e.lhs), py_source(e.rhs)
-    if e.kind is BinKind.MIN:
-        return f"min({a}, {b})"
+    if e.kind in (BinKind.MIN, BinKind.MAX):
+        return f"{e.kind.value}({a}, {b})"
     if e.kind is BinKind.LOG2:
         return f"(({a}).bit_length() - 1)"
     if e.kind in _COMPARE:
@@ -305,10 +347,17 @@ def _c(e: IExpr, names: Mapping[str, str]) -> tuple[str, int, bool]:
         return (str(v) if v >= 0 else f"({v})"), _C_PRIMARY, v not in _INT32
     if isinstance(e, Var):
         return names[e.name], _C_PRIMARY, True
+    if isinstance(e, Sel):
+        # (c ? a : b), parenthesized (the conditional binds loosest); int64_t when either branch
+        # is (the usual conversions), else the first branch is cast so that the result is
+        (c, _, _), (a, _, wa), (b, _, wb) = (_c(x, names) for x in (e.cond, e.then, e.orelse))
+        return f"({c} ? {a if wa or wb else f'int64_t({a})'} : {b})", _C_PRIMARY, True
     (a, pa, wa), (b, pb, wb) = _c(e.lhs, names), _c(e.rhs, names)
     k = e.kind
     if k is BinKind.MIN:     # strata::Min(int64_t, int64_t): its arguments convert
         return f"strata::Min({a}, {b})", _C_PRIMARY, True
+    if k is BinKind.MAX:
+        return f"strata::Max({a}, {b})", _C_PRIMARY, True
     if k is BinKind.LOG2:
         return f"strata::Log2({a})", _C_PRIMARY, True
     if k is BinKind.MOD and not nonnegative(e.lhs):

@@ -171,10 +171,12 @@ def _py(e: ir.IExpr) -> str:
         if e.kind is ir.BinKind.LOG2:
             return f"_log2({_py(e.lhs)})"
         return f"{checked[e.kind]}({_py(e.lhs)}, {_py(e.rhs)})"
+    if isinstance(e, ir.Sel):   # only the branch taken is evaluated (and checked)
+        return f"({_py(e.then)} if {_py(e.cond)} else {_py(e.orelse)})"
     if isinstance(e, ir.Bin):
         a, b = _py(e.lhs), _py(e.rhs)
-        if e.kind is ir.BinKind.MIN:
-            return f"min({a}, {b})"
+        if e.kind in (ir.BinKind.MIN, ir.BinKind.MAX):
+            return f"{e.kind.value}({a}, {b})"
         if e.kind in (ir.BinKind.LT, ir.BinKind.LE, ir.BinKind.GT, ir.BinKind.GE, ir.BinKind.EQ,
                       ir.BinKind.NE):
             return f"int({a} {e.kind.value} {b})"

@@ -244,6 +244,64 @@ def join_places(s: ir.Schedule, opts: Options) -> ir.Schedule:
     return replace(s, body=seq(s.body))
 
 
+def expressions(s: ir.Schedule):
+    """Every integer expression of the schedule."""
+    for p in s.params:
+        yield p.size
+        yield from p.dims
+    for f in s.flags:
+        yield f.size
+
+    def region(r: ir.Region):
+        yield from (r.lo, r.length)
+        if r.rank is not None:
+            yield r.rank
+        if r.part is not None:
+            yield from r.part
+        if r.sub is not None:
+            yield from r.sub[1:]
+
+    def walk(ops):
+        for op in ops:
+            if isinstance(op, ir.If):
+                yield op.cond
+                yield from walk(op.then + op.orelse)
+            elif isinstance(op, (ir.Stage, ir.Loop)):
+                if isinstance(op, ir.Loop) and op.domain is ir.Domain.RANGE:
+                    yield from (op.lo, op.hi)
+                yield from walk(op.body)
+            elif isinstance(op, ir.Barrier):
+                yield op.seq
+            elif isinstance(op, ir.Signal):
+                yield from (op.index, op.rank)
+            elif isinstance(op, ir.Wait):
+                yield op.index
+            elif isinstance(op, ir.Await):
+                continue
+            elif isinstance(op, ir.Route):
+                yield from region(op.dst)
+                if op.capacity is not None:
+                    yield op.capacity
+            else:
+                if isinstance(op, ir.Reduce) and op.count is not None:
+                    yield from (op.count, op.skip)
+                yield from region(op.dst)
+                yield from region(op.src)
+
+    yield from walk(s.body)
+
+
+def conditional_conds(e: ir.IExpr):
+    """The conditions of the conditional expressions `(a if c else b)` inside e, outermost first."""
+    if isinstance(e, ir.Sel):
+        yield e.cond
+        for x in (e.cond, e.then, e.orelse):
+            yield from conditional_conds(x)
+    elif isinstance(e, ir.Bin):
+        yield from conditional_conds(e.lhs)
+        yield from conditional_conds(e.rhs)
+
+
 def routes(s: ir.Schedule) -> list[ir.Route]:
     return [m for st in stages(s.body) for m in _moves(st.body) if isinstance(m, ir.Route)]
 

@@ -23,12 +23,22 @@ class Name:
 
 @dataclass(frozen=True)
 class Call:
-    """A built-in integer function of one argument: log2(x)."""
+    """A built-in integer function: log2(x), min(a, b), max(a, b)."""
 
     fn: str
-    arg: "Expr"
+    args: tuple["Expr", ...]
     span: Span
     fn_span: Span
+
+
+@dataclass(frozen=True)
+class CondExpr:
+    """``(then if cond else orelse)``: an integer conditional."""
+
+    cond: "Cond | CondIs"
+    then: "Expr"
+    orelse: "Expr"
+    span: Span
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,7 @@ class Neg:
     span: Span
 
 
-Expr = Union[IntLit, Name, BinOp, Neg, Call, Attr, Member]
+Expr = Union[IntLit, Name, BinOp, Neg, Call, CondExpr, Attr, Member]
 
 
 # ---- references to data ----

@@ -249,8 +249,12 @@ class _Builder(Transformer):
         return ast.Name(str(children[0]), self._span(meta))
 
     def call(self, meta, children):
-        fn, arg = children
-        return ast.Call(str(fn), arg, self._span(meta), _tok_span(self.source, fn))
+        fn, *args = children
+        return ast.Call(str(fn), tuple(args), self._span(meta), _tok_span(self.source, fn))
+
+    def cond_expr(self, meta, children):
+        then, cond, orelse = children
+        return ast.CondExpr(cond, then, orelse, self._span(meta))
 
     def attr(self, meta, children):
         team, attr = children

@@ -22,6 +22,7 @@ import numpy as np
 from stratac import ir
 from stratac.diagnostics import Codes, StrataError, error
 from stratac.ir.instantiate import Instance
+from stratac.ir import passes
 from stratac.ir.passes import SOCS, window_row_faults
 from stratac.verify import routing as routing_mod
 
@@ -226,7 +227,8 @@ def trip_changes(loop: ir.Loop, name: str, world: int, fixed: dict[str, int]) ->
 
 
 def conditions(s: ir.Schedule) -> list[ir.IExpr]:
-    """Every condition of an `if` in the program, once, in program order."""
+    """Every condition of an `if` in the program, once, in program order, then those of the
+    conditional expressions `(a if c else b)` anywhere in it."""
     out: list[ir.IExpr] = []
 
     def walk(nodes) -> None:
@@ -239,6 +241,7 @@ def conditions(s: ir.Schedule) -> list[ir.IExpr]:
                 walk(op.body)
 
     walk(s.body)
+    out += [c for e in passes.expressions(s) for c in passes.conditional_conds(e)]
     return list(dict.fromkeys(out))
 
 
@@ -309,6 +312,8 @@ def _magnitude(e: ir.IExpr, name: str, env: dict[str, int]) -> int:
             return 0
     if isinstance(e, ir.Bin):
         return max(_magnitude(e.lhs, name, env), _magnitude(e.rhs, name, env))
+    if isinstance(e, ir.Sel):
+        return max(_magnitude(x, name, env) for x in (e.cond, e.then, e.orelse))
     return 0
 
 
@@ -319,6 +324,12 @@ def _over(e: ir.IExpr, name: str, env: dict[str, int], v: np.ndarray, valid: np.
         return e.value
     if isinstance(e, ir.Var):
         return v if e.name == name else env[e.name]
+    if isinstance(e, ir.Sel):   # a division by zero counts only where its branch is taken
+        c = np.broadcast_to(np.asarray(_over(e.cond, name, env, v, valid)) != 0, valid.shape)
+        va, vb = valid.copy(), valid.copy()
+        a, b = _over(e.then, name, env, v, va), _over(e.orelse, name, env, v, vb)
+        valid &= np.where(c, va, vb)
+        return np.where(c, a, b)
     a, b = _over(e.lhs, name, env, v, valid), _over(e.rhs, name, env, v, valid)
     k = e.kind
     if k in (ir.BinKind.DIV, ir.BinKind.MOD):
@@ -328,12 +339,12 @@ def _over(e: ir.IExpr, name: str, env: dict[str, int], v: np.ndarray, valid: np.
             b = np.where(zero, 1, b)
         return np.floor_divide(a, b) if k is ir.BinKind.DIV else np.mod(a, b)
     ops = {ir.BinKind.ADD: np.add, ir.BinKind.SUB: np.subtract, ir.BinKind.MUL: np.multiply,
-           ir.BinKind.MIN: np.minimum, ir.BinKind.LT: np.less, ir.BinKind.LE: np.less_equal,
+           ir.BinKind.MIN: np.minimum, ir.BinKind.MAX: np.maximum, ir.BinKind.LT: np.less, ir.BinKind.LE: np.less_equal,
            ir.BinKind.GT: np.greater, ir.BinKind.GE: np.greater_equal, ir.BinKind.EQ: np.equal,
            ir.BinKind.NE: np.not_equal}
     out = ops[k](a, b)
     return out.astype(np.int64) if k not in (ir.BinKind.ADD, ir.BinKind.SUB, ir.BinKind.MUL,
-                                             ir.BinKind.MIN) else out
+                                             ir.BinKind.MIN, ir.BinKind.MAX) else out
 
 
 # ---- MoE and AllToAllV ----

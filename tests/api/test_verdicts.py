@@ -49,6 +49,29 @@ def test_the_representative_keeps_what_the_schedule_branches_on():
         "is not proven, so it was refused before anything was written:\neven.strata:"), str(exc.value)
 
 
+CUT = """
+schedule ag(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {
+  let cut = (n if n < 5000 else n - 1)
+  on sdma: out[rank * n:(rank + 1) * n] = x
+  barrier
+  on sdma: for p in peers: out[p * n:p * n + cut] = x[0:cut]@p
+  barrier
+}
+"""
+
+
+def test_the_representative_keeps_the_side_of_a_conditional_expression():
+    """A schedule right only below n = 5000 (a conditional drops an element from there on): a
+    large call is checked on a representative on the same side of the condition, and refused."""
+    s = lowered(Source("cut.strata", CUT))
+    assert instance.check(s, 2, {"n": 4999}).proof["sizes"] == {"n": 4999}
+    for n in (5000, 1 << 24):
+        with pytest.raises(StrataUsageError) as exc:
+            instance.check(s, 2, {"n": n})
+        assert "is not proven, so it was refused before anything was written" in str(exc.value)
+        assert "out@0[" in str(exc.value) or "out@1[" in str(exc.value), str(exc.value)
+
+
 def test_equal_sizes_stay_equal_in_the_representative():
     s = lowered(Source("grab.strata", GRAB))
     v = instance.check(s, 2, {"n": 3_000_000, "m": 3_000_000, "root": 1})

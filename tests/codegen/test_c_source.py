@@ -56,6 +56,10 @@ def B(kind, x, y):
     (B(K.LT, B(K.LT, a, b), c), "(a < b) < c"),
     (B(K.EQ, B(K.ADD, a, b), B(K.LT, a, b)), "a + b == (a < b)"),
     (B(K.MIN, Const(0), B(K.ADD, a, b)), "strata::Min(0, a + b)"),
+    (B(K.MAX, a, Const(4)), "strata::Max(a, 4)"),
+    # a conditional is parenthesized; int64_t when a branch is, else its first branch is cast
+    (ir.Sel(B(K.GT, w, Const(1)), n, Const(1)), "(world > 1 ? n_ : 1)"),
+    (B(K.MUL, ir.Sel(B(K.LT, a, b), Const(2), Const(3)), c), "(a < b ? int64_t(2) : 3) * c"),
     # a cast exactly where neither operand is int64_t (int arithmetic could overflow)
     (B(K.MUL, Const(2), Const(3)), "int64_t(2) * 3"),
     (B(K.ADD, Const(2147483647), Const(1)), "int64_t(2147483647) + 1"),
@@ -92,12 +96,18 @@ ENVS = [{"a": 0, "b": 0}, {"a": 1, "b": 5}, {"a": 5, "b": 3}, {"a": 3_000_000_00
 def _random_expr(rng: random.Random, depth: int) -> ir.IExpr:
     if depth == 0 or rng.random() < 0.25:
         return rng.choice(LEAVES)
+    if rng.random() < 0.1:
+        return ir.Sel(*(_random_expr(rng, depth - 1) for _ in range(3)))
     return Bin(rng.choice(list(BinKind)), _random_expr(rng, depth - 1), _random_expr(rng, depth - 1))
 
 
 def _value(e: ir.IExpr, env) -> int | None:
     """e's value if every subterm is defined, non-negative (what a valid program has) and fits
-    int64_t with room to spare, else None."""
+    int64_t with room to spare, else None; a conditional needs only its condition and the branch
+    it takes to be."""
+    if isinstance(e, ir.Sel):
+        cond = _value(e.cond, env)
+        return None if cond is None else _value(e.then if cond else e.orelse, env)
     if isinstance(e, Bin):
         x, y = _value(e.lhs, env), _value(e.rhs, env)
         if x is None or y is None:
@@ -125,7 +135,8 @@ def _device_helpers() -> str:
 def _run_cpp(tmp_path: Path, body: str, prelude: str = "") -> str:
     src = tmp_path / "t.cpp"
     src.write_text("#include <cstdint>\n#include <cstdio>\n"
-                   "namespace strata { inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; } }\n"
+                   "namespace strata { inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }\n"
+                   "inline int64_t Max(int64_t a, int64_t b) { return a > b ? a : b; } }\n"
                    + _device_helpers() + prelude + "int main() {\n" + body + "  return 0;\n}\n")
     exe = tmp_path / "t"
     subprocess.run(["g++", "-std=c++17", "-O0", "-w", "-fsanitize=undefined",
@@ -142,7 +153,8 @@ needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 @needs_gxx
 def test_c_source_values_match_the_ir(tmp_path):
     """Random expressions (raw and simplified) over int literals, literals beyond int's range,
-    comparisons and int64_t names, evaluated by C++ as an int64_t (as the kernels pass them)."""
+    comparisons, min, max, conditionals and int64_t names, evaluated by C++ as an int64_t (as the
+    kernels pass them)."""
     rng = random.Random(20240601)
     checks = []
     for _ in range(250):

@@ -1,7 +1,7 @@
 """Constructs the examples never run (tests/e2e/constructs.strata), on real rank processes of the
 CPU build through the runner `stratac run` uses, every result checked against torch: `on auto`
 on both sides of its 256 KiB threshold, `if ... else` on `<`, `<=`, `>`, `>=` of the rank and of a
-size, out-of-place broadcast and reduce at every root. The engine counters say which arm ran: an
+size, out-of-place broadcast and reduce at every root, pieces cut by min, max and a conditional. The engine counters say which arm ran: an
 SDMA copy counts in `sdma`, a vector-core copy in `mte_out`, each of the world's n-element blocks
 once per rank."""
 
@@ -44,7 +44,7 @@ def test_constructs_run_correctly_and_take_the_arms_they_say(world):
              for count, op, root in ((BELOW, "sum", 0), (AT, "max", world - 1), (1001, "min", world // 2))]
     results = _run(world, cases)
     by = {(r["schedule"], r["rank"], r["count"]): r for r in results}
-    schedules = ("allgather_auto", "allgather_ordered", "broadcast_oop", "reduce_oop")
+    schedules = ("allgather_auto", "allgather_ordered", "broadcast_oop", "reduce_oop", "allgather_exprs")
     assert set(by) == {(s, rank, c.count) for s in schedules for rank in range(world) for c in cases}
     for count in (BELOW, AT, 1001):
         want = "sdma" if count * 4 >= AUTO_MIN else "aiv"
@@ -52,3 +52,10 @@ def test_constructs_run_correctly_and_take_the_arms_they_say(world):
         # rank 0: rank < 2, rank <= 0; rank 1: rank < 2 only; rank 3: rank > 2; rank 2: n >= 4096
         arms = ["sdma", "aiv", "sdma" if count >= 4096 else "aiv", "aiv"][:world]
         assert [engine(by["allgather_ordered", r, count]) for r in range(world)] == arms, count
+        # min(n, max(1024, n / 2)) elements of each peer's block by SDMA (and the own block), the
+        # rest, (n - cut if n > cut else 0), by the vector cores
+        cut = min(count, max(1024, count // 2))
+        for r in range(world):
+            ctr = by["allgather_exprs", r, count]["counters"]
+            assert (sum(c["sdma"] for c in ctr), sum(c["mte_out"] for c in ctr)) == \
+                (4 * (count + (world - 1) * cut), 4 * (world - 1) * (count - cut)), (r, count)

@@ -103,13 +103,27 @@ class Scope:
         if isinstance(e, (ast.Attr, ast.Member)):
             return self.team_expr(e, allowed, what)
         if isinstance(e, ast.Call):
-            arg = self.expr(e.arg, allowed, what)
-            if e.fn != "log2":
+            args = [self.expr(a, allowed, what) for a in e.args]
+            arity = {"log2": 1, "min": 2, "max": 2}
+            if e.fn not in arity:
                 self.err(Codes.UNKNOWN_NAME, f"unknown function {e.fn!r}: the integer functions are "
-                         "log2(x) (floor of the base-2 logarithm, x >= 1); for 2^k write 1 << k",
-                         e.fn_span)
+                         "log2(x) (floor of the base-2 logarithm, x >= 1; for 2^k write 1 << k), "
+                         "min(a, b) and max(a, b)", e.fn_span)
                 return ir.Const(0)
-            return self.checked(ir.log2(arg), e.span)
+            if len(args) != arity[e.fn]:
+                form = "log2(x)" if e.fn == "log2" else f"{e.fn}(a, b)"
+                self.err(Codes.BAD_REF, f"{e.fn} takes {arity[e.fn]} argument{'s' * (arity[e.fn] > 1)}: "
+                         f"{form}", e.span)
+                return ir.Const(0)
+            if e.fn == "log2":
+                return self.checked(ir.log2(args[0]), e.span)
+            kind = ir.BinKind.MIN if e.fn == "min" else ir.BinKind.MAX
+            return self.checked(ir.Bin(kind, *args), e.span)
+        if isinstance(e, ast.CondExpr):
+            c = self.cond(e.cond, (), allowed, what)
+            then, orelse = self.expr(e.then, allowed, what), self.expr(e.orelse, allowed, what)
+            return ir.simplify(ir.Sel(c, then, orelse)) if isinstance(ir.simplify(c), ir.Const) \
+                else ir.Sel(c, then, orelse)
         kind = {"+": ir.BinKind.ADD, "-": ir.BinKind.SUB, "*": ir.BinKind.MUL,
                 "/": ir.BinKind.DIV, "%": ir.BinKind.MOD, "<<": ir.BinKind.SHL, ">>": ir.BinKind.SHR,
                 "&": ir.BinKind.AND, "^": ir.BinKind.XOR, "|": ir.BinKind.OR}[e.op]
@@ -275,7 +289,10 @@ def _names(e: ast.Expr) -> set[str]:
     if isinstance(e, ast.Name):
         return {e.id}
     if isinstance(e, ast.Call):
-        return _names(e.arg)
+        return set().union(*(_names(a) for a in e.args))
+    if isinstance(e, ast.CondExpr):
+        return _names(e.cond.lhs) | _names(e.then) | _names(e.orelse) | (
+            _names(e.cond.rhs) if isinstance(e.cond, ast.Cond) else set())
     if isinstance(e, ast.BinOp):
         return _names(e.lhs) | _names(e.rhs)
     if isinstance(e, ast.Neg):
