@@ -177,7 +177,7 @@ class Decls(Scope):
                          "or the schedule's type variable", st.dtype_span)
                 return
             typevar = st.dtype
-        size, shape = self.shape(st.dims, set(self.sizes) | {"world"}, st.name, st.span)
+        size, shape = self.shape(st.dims, self.static_env(), st.name, st.span)
         self.params[st.name] = ir.Buffer(st.name, dtype, typevar, st.symmetric, size, st.span,
                                          scratch=True, shape=shape)
 
@@ -198,7 +198,7 @@ class Decls(Scope):
         if call.buffer not in self.params and parent is None:
             self.err(Codes.UNKNOWN_NAME, f"unknown buffer {call.buffer!r}", call.buffer_span)
             return
-        parts = self.expr(call.parts, set(self.sizes) | {"world"}, "the number of parts")
+        parts = self.expr(call.parts, self.static_env(), "the number of parts")
         if parent is not None:   # every part of the parent split again into `parts` chunks
             self.views[t.name] = _View(parent.buffer, parts, st.span, of=call.buffer)
         else:

@@ -68,6 +68,12 @@ class Scope:
         return (name in RESERVED or name in self.params or name in self.views or name in self.flags
                 or name in self.scalars or name in self.lets or name in self.teams)
 
+    def static_env(self) -> set[str]:
+        """Names a size of the schedule (a flag's, a scratch buffer's, a split's parts) may use:
+        world, the size symbols and the lets made of those alone."""
+        fixed = {"world", *self.sizes}
+        return fixed | {n for n, e in self.lets.items() if e.names() <= fixed}
+
     def env(self, loop_vars=()) -> set[str]:
         """Names an index or rank expression may use."""
         ranks = {x.name for x in self.scalars.values() if x.kind is ir.ScalarKind.RANK}
@@ -95,6 +101,9 @@ class Scope:
                 hint = ""
                 if e.id == "rank" or e.id in self.loop_vars_seen:
                     hint = f" ({what} cannot depend on {e.id})"
+                elif e.id in self.lets:
+                    hint = (f" ({e.id} depends on "
+                            f"{', '.join(sorted(self.lets[e.id].names() - allowed))}, which {what} cannot)")
                 self.err(Codes.UNKNOWN_NAME, f"unknown name {e.id!r} in {what}{hint}", e.span)
                 return ir.Const(0)
             return self.lets.get(e.id, ir.Var(e.id))

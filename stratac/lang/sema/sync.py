@@ -22,7 +22,7 @@ class Sync(Scope):
         if self.taken(st.name):
             self.err(Codes.DUPLICATE_NAME, f"{st.name!r} is already defined", st.span)
             return
-        self.flags[st.name] = ir.Flag(st.name, self.expr(st.size, set(self.sizes) | {"world"},
+        self.flags[st.name] = ir.Flag(st.name, self.expr(st.size, self.static_env(),
                                                         f"the size of flag {st.name}"), st.span)
 
     def barrier(self, st: ast.Barrier, loop_vars, in_stage: bool):
