@@ -440,7 +440,8 @@ def padded_row(cols: int, dtype: "DType") -> int:
 
 
 def unmet_requirement(s: "Schedule", world: int) -> "Requirement | None":
-    """The first world constraint of s that `world` violates, if any."""
+    """The first world constraint of s that `world` violates, if any (those of its callees
+    included: sema adds them to s.requires, read on the team each is called on)."""
     return next((r for r in s.requires if not r.holds(world)), None)
 
 

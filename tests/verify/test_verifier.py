@@ -231,3 +231,21 @@ def test_instances_too_large_to_simulate_are_refused(monkeypatch):
     assert [d.code for d in res.diagnostics] == [Codes.BAD_WORLD]
     assert "(world=2, n=4) has 24 buffer elements over all ranks, more than the 18" in \
         res.diagnostics[0].message
+
+
+def test_a_callees_requires_is_inherited_on_its_team():
+    """`call ring(x, op) on lane` with ring's `requires world is pow2`: the caller supports only the
+    worlds whose lanes are powers of two; world 6 (lanes of 3) is skipped naming the call, the
+    callee's constraint and its line, and a direct verify of it refuses the world (E0201) at the
+    call's line, as for the caller's own `requires`."""
+    path = ROOT / "tests" / "verify" / "corpus" / "good_call_requires_inherited.strata"
+    ring, twolevel = frontend.schedules(frontend.load_source(path))
+    results = verify.verify_worlds(twolevel, [2, 4, 6])
+    assert [r.world for r in results if r.skipped] == [6]
+    assert all(r.ok for r in results)
+    skipped = next(r.skipped for r in results if r.skipped)
+    assert skipped.startswith("requires lane.size is pow2 (call ring(x, op) on lane: ring requires world "
+                              "is pow2, line 8)"), skipped
+    d, = verify.verify(twolevel, 6, {"n": 12}).diagnostics
+    assert d.code == Codes.BAD_WORLD and "twolevel does not support world 6" in d.message
+    assert d.span.line == 30 and ir.unmet_requirement(twolevel, 4) is None

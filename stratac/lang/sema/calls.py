@@ -9,6 +9,8 @@ callee's parameters, and what the inliner does not handle yet is refused (`calle
 
 from __future__ import annotations
 
+import re
+
 from stratac import ir
 from stratac.diagnostics import Codes, Note
 from stratac.ir.inline import inline as ir_inline
@@ -111,8 +113,15 @@ class Calls(Scope):
             else:
                 self.flags[f.name] = f
         args = ", ".join(_text(a.span) for a in st.args)
-        self.calls.append(ir.CallSite(callee.name, None if team is None else team.name, args,
-                                      st.span, 0, 0, prefix, requires))
+        site = ir.CallSite(callee.name, None if team is None else team.name, args, st.span, 0, 0, prefix,
+                           requires)
+        self.calls.append(site)
+        # the callee's world constraints are the caller's too, read on the team: a world whose team
+        # violates one is one the caller does not support (skipped by check, refused by a call)
+        for r, own in zip(requires, callee.requires):
+            said = own.text if team is None else re.sub(r"\bworld\b", f"{team.name}.size", own.text)
+            self.requires.append(ir.Requirement(r.cond, f"{said} ({site}: {callee.name} requires "
+                                                f"{own.text}, line {own.span.line})", st.span))
         return body
 
     def callee_fits(self, callee: ir.Schedule, st: ast.CallStmt) -> bool:
