@@ -122,6 +122,7 @@ class Codes:
     BAD_SIZE = "E0107"
     NOT_SYMMETRIC = "E0108"
     CALL = "E0109"
+    IMPORT = "E0110"
     BAD_WORLD = "E0201"
     SHAPE = "E0202"
     RACE = "E0301"

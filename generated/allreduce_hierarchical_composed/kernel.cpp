@@ -30,23 +30,23 @@ class AllreduceHierarchicalComposed {
     n_ = static_cast<int64_t>(n);
     rank = aclshmem_my_pe();
     world = aclshmem_n_pes();
-    node_ = strata::BlockTeam(rank, (((world & (0 - world)) - 1) & 7) + 1);  // strata:35 team node, block
-    lane_ = strata::StrideTeam(rank, world, node_.size);  // strata:36 team lane, stride
+    node_ = strata::BlockTeam(rank, (((world & (0 - world)) - 1) & 7) + 1);  // strata:20 team node, block
+    lane_ = strata::StrideTeam(rank, world, node_.size);  // strata:21 team lane, stride
     mv_.Init(&pipe_, kTileBytes, kCopyTiles, kReduceTiles, kScratchBytes);
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(33);  // strata:33 the ranks agree on the call
+    STRATA_LINE(18);  // strata:18 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
-    STRATA_LINE(39);  // strata:39
+    STRATA_LINE(24);  // strata:24
     strata::TeamBarrier(sync_, epoch_ + 1, node_);
-    {  // strata:40 stage 1 on aiv
-      STRATA_LINE(40);
+    {  // strata:25 stage 1 on aiv
+      STRATA_LINE(25);
       int64_t total = 0;
       total += PartLength(n_, node_.size, node_.rank);
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(40);  // strata:40
+      STRATA_LINE(25);  // strata:25
       if (cut.Take(PartLength(n_, node_.size, node_.rank), off, len)) {
         const int64_t lo = PartOffset(n_, node_.size, node_.rank);
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
@@ -62,28 +62,28 @@ class AllreduceHierarchicalComposed {
       strata::EndStage(mv_);
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      STRATA_LINE(12);  // strata:12
+      STRATA_LINE(13);  // strata:13 (allreduce_ring.strata)
       strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 3, node_.rank + strata::Mod(lane_.rank - 1, lane_.size) * node_.size);
-      STRATA_LINE(13);  // strata:13
+      STRATA_LINE(14);  // strata:14 (allreduce_ring.strata)
       strata::WaitFlag(strata::SyncSlot(sync_, world), epoch_ + 3);
     }
     AscendC::SyncAll<true>();
-    for (int64_t c1_s_ = 0; c1_s_ < 2 * lane_.size - 2; ++c1_s_) {  // strata:14
+    for (int64_t c1_s_ = 0; c1_s_ < 2 * lane_.size - 2; ++c1_s_) {  // strata:15 (allreduce_ring.strata)
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (c1_s_ > 0) {
-          STRATA_LINE(16);  // strata:16
+          STRATA_LINE(17);  // strata:17 (allreduce_ring.strata)
           strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (c1_s_ - 1)), epoch_ + 4);
         }
       }
       AscendC::SyncAll<true>();
-      if (c1_s_ < lane_.size - 1) {  // strata:17
-        {  // strata:17 stage 2 on aiv
-          STRATA_LINE(17);
+      if (c1_s_ < lane_.size - 1) {  // strata:18 (allreduce_ring.strata)
+        {  // strata:18 (allreduce_ring.strata) stage 2 on aiv
+          STRATA_LINE(18);
           int64_t total = 0;
           total += (n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size + (strata::Mod(lane_.rank - c1_s_, lane_.size) < (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(17);  // strata:17
+          STRATA_LINE(18);  // strata:18 (allreduce_ring.strata)
           if (cut.Take((n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size + (strata::Mod(lane_.rank - c1_s_, lane_.size) < (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size), off, len)) {
             const int64_t lo = node_.rank * (n_ / node_.size) + strata::Min(node_.rank, n_ % node_.size) + (strata::Mod(lane_.rank - c1_s_, lane_.size) * ((n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size) + strata::Min(strata::Mod(lane_.rank - c1_s_, lane_.size), (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size));
             mv_.template AccumulateInto<OP>(x_ + lo + off, node_.rank + ((lane_.rank + 1) % lane_.size) * node_.size,
@@ -92,13 +92,13 @@ class AllreduceHierarchicalComposed {
           strata::EndStage(mv_);
         }
       } else {
-        {  // strata:17 stage 3 on sdma
-          STRATA_LINE(17);
+        {  // strata:18 (allreduce_ring.strata) stage 3 on sdma
+          STRATA_LINE(18);
           int64_t total = 0;
           total += (n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size + (strata::Mod(lane_.rank - c1_s_, lane_.size) < (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(17);  // strata:17
+          STRATA_LINE(18);  // strata:18 (allreduce_ring.strata)
           if (cut.Take((n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size + (strata::Mod(lane_.rank - c1_s_, lane_.size) < (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size), off, len)) {
             const int64_t lo = node_.rank * (n_ / node_.size) + strata::Min(node_.rank, n_ % node_.size) + (strata::Mod(lane_.rank - c1_s_, lane_.size) * ((n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size) + strata::Min(strata::Mod(lane_.rank - c1_s_, lane_.size), (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size));
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, node_.rank + ((lane_.rank + 1) % lane_.size) * node_.size,
@@ -108,20 +108,20 @@ class AllreduceHierarchicalComposed {
         }
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(18);  // strata:18
+        STRATA_LINE(19);  // strata:19 (allreduce_ring.strata)
         strata::Signal(strata::SyncSlot(sync_, world + 1 + c1_s_), epoch_ + 4, node_.rank + ((lane_.rank + 1) % lane_.size) * node_.size);
       }
       AscendC::SyncAll<true>();
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (lane_.size > 1) {
-        STRATA_LINE(20);  // strata:20
+        STRATA_LINE(21);  // strata:21 (allreduce_ring.strata)
         strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (2 * lane_.size - 3)), epoch_ + 4);
       }
     }
     AscendC::SyncAll<true>();
-    {  // strata:42 stage 4 on sdma
-      STRATA_LINE(42);
+    {  // strata:27 stage 4 on sdma
+      STRATA_LINE(27);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < node_.size; ++p_) {
         if (p_ != node_.rank) {
@@ -132,7 +132,7 @@ class AllreduceHierarchicalComposed {
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < node_.size; ++p_) {
         if (p_ != node_.rank) {
-          STRATA_LINE(42);  // strata:42
+          STRATA_LINE(27);  // strata:27
           if (cut.Take(PartLength(n_, node_.size, node_.rank), off, len)) {
             const int64_t lo = PartOffset(n_, node_.size, node_.rank);
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, node_.base + p_,
@@ -142,7 +142,7 @@ class AllreduceHierarchicalComposed {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(43);  // strata:43
+    STRATA_LINE(28);  // strata:28
     strata::TeamBarrier(sync_, epoch_ + 2, node_);
   }
 

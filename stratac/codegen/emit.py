@@ -95,6 +95,15 @@ class _Teams:
 
 
 _TEAMS: ContextVar[_Teams] = ContextVar("teams", default=_Teams())
+# the source of the schedule being generated: a statement inlined from an imported file says which
+_SOURCE: ContextVar[object] = ContextVar("source", default=None)
+
+
+def _at(span) -> dict:
+    """A statement's source line: `line` for STRATA_LINE, `at` for the `// strata:` comment (the
+    line, and the file's name when it is another file's: an imported callee's)."""
+    other = span.source.name != getattr(_SOURCE.get(), "name", span.source.name)
+    return {"line": span.line, "at": f"{span.line} ({Path(span.source.name).name})" if other else str(span.line)}
 
 
 def _named(e: ir.IExpr) -> ir.IExpr:
@@ -141,7 +150,7 @@ def _team_members(s: ir.Schedule) -> list[dict]:
         call = (f"strata::BlockTeam(rank, {t_text})" if team.kind == "block"
                 else f"strata::StrideTeam(rank, world, {t_text})")
         members.append({"name": team.name, "c": _cname(team.name), "call": call,
-                        "line": team.span.line, "kind": team.kind, "deps": teams.used - before})
+                        **_at(team.span), "kind": team.kind, "deps": teams.used - before})
         teams.used = before
         for attr in ("size", "index", "base", "step"):
             raw = ir.simplify(getattr(team, attr))
@@ -262,7 +271,7 @@ def _moves(op, s: ir.Schedule) -> dict:
             at = _chain(ptr, "off")
         return {"ptr": ptr, "at": at, "pe": c(r.rank) if r.rank is not None else "rank"}
 
-    return {"line": op.span.line, "len": _length(op.dst, s), "locals": local,
+    return {**_at(op.span), "len": _length(op.dst, s), "locals": local,
             "dst": side(op.dst, offsets[0]), "src": side(op.src, offsets[1])}
 
 
@@ -316,7 +325,7 @@ def _route(op: ir.Route, engine: ir.Engine, s: ir.Schedule, also: ir.Route | Non
             call = (f"rt_.Gather({_cname(op.dst.buffer)}, {_cname(win.name)}, {rows}, {_cname(ids.name)}, "
                     f"{_cname(role['weights'])}, {_cname(role['offs'])}, {tokens}, {topk}, {hidden}, "
                     f"{experts}, world, {status})")
-    return {"kind": "route", "line": op.span.line, "call": call,
+    return {"kind": "route", **_at(op.span), "call": call,
             "joined": also.span.line if also is not None else None}
 
 
@@ -353,7 +362,7 @@ def _loop(op: ir.Loop, body: list[dict]) -> dict:
             "cond": c(ir.Bin(ir.BinKind.LT, var, op.hi if step else ir.Var("world"))),
             "skip": c(ir.Bin(ir.BinKind.EQ, var, ir.Var("rank"))) if op.domain is ir.Domain.PEERS
             else None,
-            "line": op.span.line, "body": body}
+            **_at(op.span), "body": body}
 
 
 def _nodes(ops, engine: ir.Engine, s: ir.Schedule) -> list[dict]:
@@ -375,7 +384,7 @@ def _node(op, engine: ir.Engine, s: ir.Schedule) -> dict:
     if isinstance(op, ir.Loop):
         return _loop(op, _nodes(op.body, engine, s))
     if isinstance(op, ir.If):
-        return {"kind": "if", "line": op.span.line, "cond": c(op.cond),
+        return {"kind": "if", **_at(op.span), "cond": c(op.cond),
                 "then": _nodes(op.then, engine, s), "orelse": _nodes(op.orelse, engine, s)}
     if isinstance(op, ir.Route):
         return _route(op, engine, s)
@@ -435,7 +444,7 @@ def _statements(s: ir.Schedule) -> list[dict]:
 
     def sync_node(op) -> dict:
         if isinstance(op, ir.If):
-            return {"kind": "if", "line": op.span.line, "cond": c(op.cond),
+            return {"kind": "if", **_at(op.span), "cond": c(op.cond),
                     "then": [sync_node(o) for o in op.then],
                     "orelse": [sync_node(o) for o in op.orelse]}
         if isinstance(op, ir.Loop):
@@ -443,9 +452,9 @@ def _statements(s: ir.Schedule) -> list[dict]:
         f = flags[op.flag]
         slot = f"strata::SyncSlot(sync_, {_chain(bases[op.flag], op.index)})"
         if isinstance(op, ir.Signal):
-            return {"kind": "signal", "line": op.span.line, "slot": slot, "stamp": _stamp(f),
+            return {"kind": "signal", **_at(op.span), "slot": slot, "stamp": _stamp(f),
                     "pe": c(op.rank)}
-        return {"kind": "wait", "line": op.span.line, "slot": slot, "stamp": _stamp(f)}
+        return {"kind": "wait", **_at(op.span), "slot": slot, "stamp": _stamp(f)}
 
     def is_control(op) -> bool:
         """Signals and waits, possibly under loops and ifs, and nothing else."""
@@ -467,7 +476,7 @@ def _statements(s: ir.Schedule) -> list[dict]:
                     _TEAMS.get().used.add(op.team.name)
                 elif op.team is not None:                    # (sync, stamp, base, step, size)
                     team = f"{c(op.team.base)}, {c(op.team.step)}, {c(op.team.size)}"
-                out.append({"kind": "barrier", "line": op.span.line, "stamp": _chain("epoch_", op.seq),
+                out.append({"kind": "barrier", **_at(op.span), "stamp": _chain("epoch_", op.seq),
                             "team": team})
             elif isinstance(op, ir.Stage):
                 body = _nodes(op.body, op.engine, s)
@@ -475,11 +484,11 @@ def _statements(s: ir.Schedule) -> list[dict]:
                 # the stage's own line marker covers its Partition; a stage of routes alone leaves
                 # it to its first statement when that says the same
                 same = bool(body) and body[0]["kind"] == "route" and body[0]["line"] == op.span.line
-                out.append({"kind": "stage", "line": op.span.line, "index": op.index,
+                out.append({"kind": "stage", **_at(op.span), "index": op.index,
                             "engine": op.engine.value, "body": body, "moves": moves,
                             "mark": moves or not same, "handle": op.handle})
             elif isinstance(op, ir.Await):
-                out.append({"kind": "await", "line": op.span.line, "handle": op.handle})
+                out.append({"kind": "await", **_at(op.span), "handle": op.handle})
             elif isinstance(op, ir.Loop) and not is_control(op):
                 # a step loop around stages: every core of the rank runs every step, in step
                 # with the others (each stage ends with all of its cores)
@@ -489,9 +498,9 @@ def _statements(s: ir.Schedule) -> list[dict]:
                 if out and out[-1]["kind"] == "control":
                     out[-1]["body"].append(node)
                 else:
-                    out.append({"kind": "control", "line": op.span.line, "body": [node]})
+                    out.append({"kind": "control", **_at(op.span), "body": [node]})
             else:  # an if around stages or barriers: every core of the rank takes the same arm
-                out.append({"kind": "if", "line": op.span.line, "cond": c(op.cond),
+                out.append({"kind": "if", **_at(op.span), "cond": c(op.cond),
                             "then": top(op.then), "orelse": top(op.orelse)})
         return out
 
@@ -539,12 +548,14 @@ def generate(s: ir.Schedule) -> Output:
     rs = passes_routes(s)
     src = Path(s.source_name).name
     token = _TEAMS.set(_Teams())
+    source_token = _SOURCE.set(s.span.source)
     try:
         teams = _team_members(s)
         statements, agree = _agreement(s, _statements(s))
         return _render(s, env, rs, src, statements, _used_teams(teams), agree)
     finally:
         _TEAMS.reset(token)
+        _SOURCE.reset(source_token)
 
 
 def _agreement(s: ir.Schedule, statements: list[dict]) -> tuple[list[dict], dict | None]:
@@ -556,8 +567,8 @@ def _agreement(s: ir.Schedule, statements: list[dict]) -> tuple[list[dict], dict
         return statements, None
     first = statements[0] if statements else None
     if first is not None and first["kind"] == "barrier" and first["team"] is None:
-        return statements[1:], {"line": first["line"], "fused": True}
-    return statements, {"line": s.span.line, "fused": False}
+        return statements[1:], {"line": first["line"], "at": first["at"], "fused": True}
+    return statements, {**_at(s.span), "fused": False}
 
 
 def _render(s: ir.Schedule, env: jinja2.Environment, rs, src: str, statements: list[dict],

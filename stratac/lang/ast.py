@@ -347,3 +347,12 @@ class Schedule:
 class Module:
     schedules: tuple[Schedule, ...]
     source_name: str
+    imports: tuple["Import", ...] = ()
+
+
+@dataclass(frozen=True)
+class Import:
+    """`import "PATH"`: the schedules of another file, callable from this one."""
+
+    path: str
+    span: Span

@@ -33,7 +33,7 @@ _PRETTY = {
     "REDOP": "sum/max/min", "ENGINE": "an engine (aiv, sdma, auto)", "DOMAIN": "ranks or peers",
     "SYM": "'sym'", "ROUTE": "a routing construct", "$END": "end of file", "CMP": "a comparison (== != < <= > >=)",
     "PLUSEQUAL": "'+='", "LESSTHAN": "'<'", "MORETHAN": "'>'", "CIRCUMFLEX": "'^'",
-    "AMPERSAND": "'&'", "VBAR": "'|'", "SHL": "'<<'", "SHR": "'>>'",
+    "AMPERSAND": "'&'", "VBAR": "'|'", "SHL": "'<<'", "SHR": "'>>'", "STRING": "a quoted path",
 }
 
 
@@ -90,8 +90,13 @@ class _Builder(Transformer):
         return Span(self.source, meta.line, meta.column, meta.end_line, meta.end_column)
 
     # ---- top level
-    def start(self, meta, schedules):
-        return ast.Module(tuple(schedules), self.source.name)
+    def start(self, meta, children):
+        imports = tuple(c for c in children if isinstance(c, ast.Import))
+        return ast.Module(tuple(c for c in children if not isinstance(c, ast.Import)), self.source.name,
+                          imports)
+
+    def import_stmt(self, meta, children):
+        return ast.Import(str(children[0])[1:-1], self._span(meta))
 
     def schedule(self, meta, children):
         name, *rest = children

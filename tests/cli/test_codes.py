@@ -39,6 +39,7 @@ BY_CHECK = {
     Codes.BAD_SIZE: FRONT / "size_not_inferable.strata",
     Codes.NOT_SYMMETRIC: FRONT / "remote_non_symmetric.strata",
     Codes.CALL: FRONT / "call_errors.strata",
+    Codes.IMPORT: FRONT / "import_missing.strata",
     Codes.BAD_WORLD: VERIFY / "world_division_by_zero.strata",
     Codes.SHAPE: VERIFY / "shape_allgather_output_size.strata",
     Codes.RACE: VERIFY / "race_read_write_across_ranks.strata",

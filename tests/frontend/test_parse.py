@@ -253,7 +253,7 @@ HEAD = "schedule s(x: sym T[n]) implements allreduce(x, sum) {\n"
     (HEAD + "  barrier\n", 2, 10, 1, "unexpected end of file; expected '(', 'await', 'barrier', "),
     ("schedule s(x: T[n]) implements allgather(x = y) {}", 1, 44, 1, "expected '(', ')', ',', '->'"),
     ("schedule s(sum: T[n]) implements allreduce(x, sum) {}", 1, 12, 3, "unexpected 'sum'; expected "),
-    ("", 1, 1, 1, "unexpected end of file; expected 'schedule'"),
+    ("", 1, 1, 1, "unexpected end of file; expected 'import', 'schedule'"),
     (HEAD + "}\n\n\n", 2, 2, 1, None),   # trailing blank lines are fine: no error
 ])
 def test_syntax_error_positions(src, line, col, width, words):

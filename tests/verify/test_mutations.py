@@ -157,7 +157,7 @@ EQUIVALENT = {
      "barrier(node)                                 # my node's writes into me have landed", 1):
         NODE_OF_ONE_COMPOSED,
     ("allreduce_hierarchical_composed.strata",
-     'call ring_allreduce(part[me], op) on lane     # part me, all-reduced over my lane', 1): (
+     'call allreduce_ring(part[me], op) on lane     # part me, all-reduced over my lane', 1): (
         (2, 4),
         "at worlds 2 and 4 the world is one node (T = world), so a lane has one rank: the ring over "
         "it has no step (2 * 1 - 2 = 0) and no peer, so the call does nothing; at world 3 (lanes "

@@ -131,7 +131,10 @@ def check_contract_ops(s: ir.Schedule) -> list[Diagnostic]:
     return diags
 
 
-def lower(module: ast.Module) -> list[ir.Schedule]:
+def lower(module: ast.Module, imported: dict | None = None) -> list[ir.Schedule]:
+    """The file's schedules as IR. `imported`: {name: (IR, syntax tree, import)} of the schedules
+    its imports define (stratac.lang.modules), which its schedules may call."""
+    imported = imported or {}
     diags: list[Diagnostic] = []
     names: dict[str, ast.Schedule] = {}
     for sched in module.schedules:
@@ -163,8 +166,10 @@ def lower(module: ast.Module) -> list[ir.Schedule]:
         def callee(name: str):
             """(the callee's IR, its syntax tree), or why it cannot be called."""
             if name not in names:
-                known = ", ".join(n for n in names if n != caller) or "none"
-                return f"no schedule {name!r} in this file (schedules: {known})"
+                if name in imported:
+                    return imported[name][0], imported[name][1]
+                known = ", ".join(n for n in list(names) + list(imported) if n != caller) or "none"
+                return f"no schedule {name!r} in this file or its imports (schedules: {known})"
             if name in active:
                 chain = " -> ".join(active[active.index(name):] + [name])
                 return f"{name} would call itself ({chain}): calls do not recurse"
