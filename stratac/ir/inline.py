@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from stratac.ir.expr import Bin, BinKind, Const, IExpr, Var, add, simplify, substitute
+from stratac.ir.expr import Bin, BinKind, Const, IExpr, Var, add, simplify, size_scale, substitute
 from stratac.ir.nodes import (
     Accumulate,
     Await,
@@ -44,8 +44,21 @@ class _Inliner:
                  ops: dict[str, Op], prefix: str, first_stage: int):
         self.callee, self.team, self.bind, self.ops, self.prefix = callee, team, bind, ops, prefix
         self.stage = first_stage
-        self.sizes = {p.size.name: bind[p.name].length for p in callee.tensors
-                      if isinstance(p.size, Var)}
+        # each size symbol from the first buffer sized by it (`k * n`, k an expression of world,
+        # read on the team: n = the region's length / k); every buffer's region must then have its
+        # size exactly (`shapes`, checked at every instance)
+        self.sizes: dict[str, IExpr] = {}
+        source: dict[str, str] = {}
+        for p in callee.tensors:
+            sym = next(iter(p.size.names() - {"world"}), None)
+            k = size_scale(p.size, sym) if sym is not None else None
+            if k is not None and sym not in self.sizes:
+                self.sizes[sym] = simplify(Bin(BinKind.DIV, bind[p.name].length, self.e(k)))
+                source[sym] = p.name
+        self.shapes = tuple(
+            (p.name, bind[p.name].length, self.e(p.size),
+             f"{p.name}: T[{p.size}], {', '.join(f'{y} read off {source[y]}' for y in sorted(p.size.names() & source.keys()))}")
+            for p in callee.tensors if bind[p.name].length != self.e(p.size))
 
     def value(self, name: str) -> IExpr:
         if name == "rank":
@@ -124,13 +137,14 @@ class _Inliner:
 
 def inline(callee: Schedule, team: Team | None, bind: dict[str, Region], ops: dict[str, Op],
            prefix: str, first_stage: int
-           ) -> tuple[tuple[Node, ...], tuple[Flag, ...], tuple[Requirement, ...], int]:
+           ) -> tuple[tuple[Node, ...], tuple[Flag, ...], tuple[Requirement, ...], int, tuple]:
     """(the caller's ops, the flags they use, the callee's world constraints read on the caller's
-    world, the last stage index used)."""
+    world, the last stage index used, the (buffer, region length, size the callee declares) of
+    every argument whose length is not its size by form: equal at every instance or refused)."""
     x = _Inliner(callee, team, bind, ops, prefix, first_stage)
     body = x.nodes(callee.body)
     flags = tuple(Flag(prefix + f.name, x.e(f.size), f.span) for f in callee.flags)
     size = team.size if team else Var("world")
     requires = tuple(Requirement(simplify(substitute(r.cond, lambda n: size if n == "world" else None)),
                                  r.text, r.span) for r in callee.requires)
-    return body, flags, requires, x.stage
+    return body, flags, requires, x.stage, x.shapes

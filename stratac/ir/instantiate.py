@@ -324,6 +324,17 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
                 raise StrataError(error(Codes.BAD_WORLD, f"{call}: {call.callee} requires {r.text}, "
                                         f"but {on}", call.span,
                                         Note(f"{call.callee} states it here", r.span)))
+        for name, have, want, declared in call.shapes:   # every argument has its declared size
+            for r in range(world):
+                if active is not None and not active[r]:
+                    continue
+                env = {**base, "rank": r}
+                got, need = (_ev(x, env, call.span, f"the size of {name} in {call}") for x in (have, want))
+                if got != need:
+                    raise StrataError(error(Codes.SHAPE, f"{call}: on rank {r}, the region passed as "
+                                            f"{call.callee}'s {name} has {got} elements, but {name} "
+                                            f"needs {need} ({declared}) (with {_env_text(base)})",
+                                            call.span))
     shapes = {p.name: tuple(_ev(d, base, p.span, f"the shape of {p.name}") for d in p.dims)
               for p in s.params}
     b = _Builder(s, world, base, buffer_sizes, flag_sizes, barriers_only)

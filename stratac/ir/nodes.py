@@ -462,6 +462,10 @@ class CallSite:
     end: int
     prefix: str
     requires: tuple[Requirement, ...] = ()
+    # (callee buffer, the length of the region passed, the size the callee declares for it, both
+    # in the caller's names, the declaration as text) where the two are not one expression: equal
+    # at every instance (E0202)
+    shapes: tuple[tuple[str, IExpr, IExpr, str], ...] = ()
 
     def __str__(self) -> str:
         return f"call {self.callee}({self.args}) on {self.team or 'world'}"

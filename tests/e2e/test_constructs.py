@@ -1,9 +1,10 @@
 """Constructs the examples never run (tests/e2e/constructs.strata), on real rank processes of the
 CPU build through the runner `stratac run` uses, every result checked against torch: `on auto`
 on both sides of its 256 KiB threshold, `if ... else` on `<`, `<=`, `>`, `>=` of the rank and of a
-size, out-of-place broadcast and reduce at every root, pieces cut by min, max and a conditional. The engine counters say which arm ran: an
-SDMA copy counts in `sdma`, a vector-core copy in `mte_out`, each of the world's n-element blocks
-once per rank."""
+size, out-of-place broadcast and reduce at every root, pieces cut by min, max and a conditional,
+and a ReduceScatter that calls the shipped one (an imported out-of-place callee). The engine
+counters say which arm ran: an SDMA copy counts in `sdma`, a vector-core copy in `mte_out`, each
+of the world's n-element blocks once per rank."""
 
 from pathlib import Path
 
@@ -44,7 +45,8 @@ def test_constructs_run_correctly_and_take_the_arms_they_say(world):
              for count, op, root in ((BELOW, "sum", 0), (AT, "max", world - 1), (1001, "min", world // 2))]
     results = _run(world, cases)
     by = {(r["schedule"], r["rank"], r["count"]): r for r in results}
-    schedules = ("allgather_auto", "allgather_ordered", "broadcast_oop", "reduce_oop", "allgather_exprs")
+    schedules = ("allgather_auto", "allgather_ordered", "broadcast_oop", "reduce_oop", "allgather_exprs",
+                 "reducescatter_called")
     assert set(by) == {(s, rank, c.count) for s in schedules for rank in range(world) for c in cases}
     for count in (BELOW, AT, 1001):
         want = "sdma" if count * 4 >= AUTO_MIN else "aiv"

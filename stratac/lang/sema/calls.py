@@ -96,8 +96,8 @@ class Calls(Scope):
         if len(self.diags) > reported:
             return ()
         prefix = f"c{len(self.calls) + 1}_"
-        body, flags, requires, self.stage_count = ir_inline(callee, team, bind, ops, prefix,
-                                                            self.stage_count)
+        body, flags, requires, self.stage_count, shapes = ir_inline(callee, team, bind, ops, prefix,
+                                                                    self.stage_count)
         fixed = self.fixed_names()
         for f in flags:
             if self.taken(f.name):
@@ -114,7 +114,7 @@ class Calls(Scope):
                 self.flags[f.name] = f
         args = ", ".join(_text(a.span) for a in st.args)
         site = ir.CallSite(callee.name, None if team is None else team.name, args, st.span, 0, 0, prefix,
-                           requires)
+                           requires, shapes)
         self.calls.append(site)
         # the callee's world constraints are the caller's too, read on the team: a world whose team
         # violates one is one the caller does not support (skipped by check, refused by a call)
@@ -136,10 +136,12 @@ class Calls(Scope):
         elif callee.rank_params:
             why = f"it takes a rank parameter ({callee.rank_params[0].name})"
         else:
-            syms = [p.size.name for p in callee.tensors if isinstance(p.size, ir.Var) and not p.shape]
-            if len(syms) != len(callee.tensors) or len(set(syms)) != len(syms):
-                why = ("its buffers are not each sized by a size symbol of their own (x: T[n], "
-                       "y: T[m])")
+            def scaled(p: ir.Buffer) -> bool:   # T[n], T[n * world], T[2 * n]: one symbol times k
+                syms = p.size.names() - {"world"}
+                return len(syms) == 1 and ir.size_scale(p.size, next(iter(syms))) is not None
+            if any(p.shape or not scaled(p) for p in callee.tensors):
+                why = ("its buffers are not each 1-D and sized by one size symbol times an expression "
+                       "of world (x: T[n], out: T[n * world])")
         if why is None:
             return True
         self.err(Codes.CALL, f"{callee.name} cannot be called yet: {why}; calls inline schedules of "
