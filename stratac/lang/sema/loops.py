@@ -35,8 +35,31 @@ class Loops(Scope):
             return self.step_loop(ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, hi))
         if st.team is not None:
             return self.team_loop(st, loop_vars, engine)
+        if engine is None and _holds_stage(st.body):
+            return self.rank_step_loop(st, loop_vars)
         body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
         return ir.Loop(st.var, ir.Domain(st.domain), tuple(body), st.span)
+
+    def rank_step_loop(self, st: ast.For, loop_vars):
+        """for p in ranks|peers around stages: a step loop over i, with p standing for
+        (rank + i) % world in the body, i from 0 (ranks) or 1 (peers) to world - 1: every rank
+        starts with its next peer, so the ranks' first stages go to different ranks."""
+        if self.masked:
+            self.err(Codes.BAD_ENGINE, "a loop over ranks around stages is not built for MoE dispatch "
+                     "and combine (their calls take a mask of live ranks, which its steps do not "
+                     "follow yet): put the loop inside the stage", st.span)
+            return None
+        index = ir.Var(st.var)
+        lo = ir.Const(1 if st.domain == "peers" else 0)
+        outer = dict(self.lets)
+        self.lets[st.var] = ir.Bin(ir.BinKind.MOD, ir.Bin(ir.BinKind.ADD, ir.Var("rank"), index), ir.Var("world"))
+        self.step_vars.add(st.var)
+        self.loop_bounds.append((lo, ir.Var("world"), st.span))
+        body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=None)
+        self.loop_bounds.pop()
+        self.step_vars.discard(st.var)
+        self.lets = outer
+        return self.step_loop(ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, ir.Var("world")))
 
     def team_loop(self, st: ast.For, loop_vars, engine):
         """for p in node.ranks|peers: a step loop over the members' places i (0 .. node.size), with
@@ -109,3 +132,15 @@ class Loops(Scope):
                      f"{size.value}", st.arg.span)
             return
         self.teams[st.name] = ir.Team(st.name, st.kind, size, st.span)
+
+
+def _holds_stage(stmts) -> bool:
+    """Whether statements hold a stage, at any depth of loops and ifs."""
+    for st in stmts:
+        if isinstance(st, ast.Stage):
+            return True
+        for part in ("body", "then", "orelse"):
+            inner = getattr(st, part, None)
+            if isinstance(inner, tuple) and _holds_stage(inner):
+                return True
+    return False
