@@ -87,6 +87,32 @@ def test_the_collective_check_names_a_changed_or_unwritten_element(path):
             assert not ok and why.startswith(f"{out_name}[3] = {float(SENTINEL)} on rank {rank}"), why
 
 
+IN_PLACE_RS = """
+schedule rs(x: sym T[n * world], op: redop) implements reducescatter(x, op) {
+  blk = split(x, world)
+  barrier
+  on aiv: blk[rank] = op(blk[rank]@p for p in ranks)
+  barrier
+}
+"""
+
+
+def test_an_in_place_reducescatter_is_checked_in_its_block_and_nowhere_else():
+    """In place, ReduceScatter defines block `rank` of x alone: a change there is named with its
+    index in x, anything elsewhere (the schedule's to use) passes."""
+    from stratac.diagnostics import Source
+    s, = schedules(Source("rs.strata", IN_PLACE_RS))
+    world, n = 3, 5
+    wl = Workload(s, world, n, op="sum")
+    for rank in range(world):
+        x = torch.full((world * n,), float(SENTINEL))
+        x[rank * n:(rank + 1) * n] = wl.expected("x", rank, SEED, torch.float32)
+        assert worker._compare_case(wl, {"x": x}, rank, SEED, torch.float32) == (True, "")
+        x[rank * n + 2] += 1
+        ok, why = worker._compare_case(wl, {"x": x}, rank, SEED, torch.float32)
+        assert not ok and why.startswith(f"x[{rank * n + 2}] = "), why
+
+
 def test_the_collective_check_catches_a_clobbered_input():
     """An out-of-place AllGather must leave its input as it was: the check compares inputs too."""
     s = _sched(EXAMPLES / "allgather_push.strata")

@@ -95,11 +95,11 @@ class Decls(Scope):
 
     CONTRACTS = {
         ir.ContractKind.ALLREDUCE: (True, False, True, True),
-        ir.ContractKind.ALLGATHER: (False, False, False, True),
-        ir.ContractKind.REDUCESCATTER: (True, False, False, True),
+        ir.ContractKind.ALLGATHER: (False, False, True, True),
+        ir.ContractKind.REDUCESCATTER: (True, False, True, True),
         ir.ContractKind.BROADCAST: (False, True, True, True),
         ir.ContractKind.REDUCE: (True, True, True, True),
-        ir.ContractKind.ALLTOALL: (False, False, False, True),
+        ir.ContractKind.ALLTOALL: (False, False, True, True),
     }
 
     def contract(self, c: ast.Contract) -> ir.Contract | None:

@@ -367,11 +367,12 @@ def _compare_case(wl, tensors: dict, rank: int, seed: int, tdtype) -> tuple[bool
         want = wl.expected(p.name, rank, seed, tdtype)
         if want is None:
             continue
-        got = tensors[p.name].cpu()   # a no-op on the CPU target
+        part = wl.defined(p.name, rank)
+        got = tensors[p.name].cpu()[part]   # .cpu(): a no-op on the CPU target
         if not torch.equal(got, want):
             bad = (got != want).nonzero()
             i = int(bad[0]) if bad.numel() else -1
-            return False, (f"{p.name}[{i}] = {got[i].item()} on rank {rank}, expected "
+            return False, (f"{p.name}[{i + (part.start or 0)}] = {got[i].item()} on rank {rank}, expected "
                            f"{want[i].item()} ({bad.numel()} elements differ)")
     return True, ""
 

@@ -97,18 +97,31 @@ class Workload:
             acc = combine(acc, self.input(name, r, seed, torch.float64)[part], out=acc)
         return acc
 
+    def defined(self, name: str, rank: int) -> slice:
+        """The part of a parameter the contract defines after the call: all of it, but for an
+        in-place ReduceScatter's x, block `rank` alone (the other blocks are the schedule's)."""
+        c = self.schedule.contract
+        if c.kind is K.REDUCESCATTER and c.in_place and name == c.inputs[0]:
+            m = self.numel(self.schedule.param(name)) // self.world
+            return slice(rank * m, (rank + 1) * m)
+        return slice(None)
+
     def expected(self, name: str, rank: int, seed: int, dtype: torch.dtype) -> torch.Tensor | None:
-        """The reference value of a parameter after the call, or None if the contract says nothing."""
+        """The reference value of a parameter after the call (of its `defined` part), or None if
+        the contract says nothing."""
         c = self.schedule.contract
         x, out = c.inputs[0], c.outputs[0]
         if name != out:
             return self.input(name, rank, seed, dtype) if name in c.inputs else None
         if c.kind is K.ALLREDUCE:
             return self._reduce(x, seed).to(dtype)
+        if c.kind is K.ALLGATHER and c.in_place:   # block p: rank p's own block p
+            m = self.numel(self.schedule.param(x)) // self.world
+            return torch.cat([self.input(x, r, seed, dtype)[r * m:(r + 1) * m] for r in range(self.world)])
         if c.kind is K.ALLGATHER:
             return torch.cat([self.input(x, r, seed, dtype) for r in range(self.world)])
         if c.kind is K.REDUCESCATTER:
-            m = self.numel(self.schedule.param(out))
+            m = self.numel(self.schedule.param(out)) // (self.world if c.in_place else 1)
             return self._reduce(x, seed, slice(rank * m, (rank + 1) * m)).to(dtype)
         if c.kind is K.BROADCAST:
             return self.input(x, self.root, seed, dtype)
