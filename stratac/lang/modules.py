@@ -18,8 +18,9 @@ import os
 from pathlib import Path
 
 from stratac import ir
-from stratac.diagnostics import Codes, Note, Source, StrataError, error
-from stratac.lang import ast
+from stratac.diagnostics import Codes, Note, Source, StrataError, check_source_name, error
+from stratac.lang import ast, sema
+from stratac.lang.syntax import parse
 from stratac.resources import resource_dir
 
 LIBRARY = "stratac:"
@@ -36,6 +37,24 @@ def library_path(name: str) -> Path | None:
         return None
     stem = name[len(LIBRARY):]
     return library_dir() / (stem if stem.endswith(".strata") else stem + ".strata")
+
+
+def load_source(path: str | Path) -> Source:
+    """The text of a .strata file; `stratac:NAME` names one shipped with stratac (lang.modules)."""
+    shipped = library_path(str(path))
+    if shipped is not None:
+        if not shipped.is_file():
+            have = ", ".join(sorted(f"stratac:{p.stem}" for p in library_dir().glob("*.strata")))
+            raise StrataError(error(Codes.IMPORT, f"no schedule file {path} is shipped with stratac "
+                                    f"(shipped: {have})"))
+        path = shipped
+    check_source_name(str(path))   # the name is written into generated files: no line breaks
+    try:
+        return Source.from_path(path)
+    except FileNotFoundError:
+        raise StrataError(error(Codes.SYNTAX, f"no such file: {path}")) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StrataError(error(Codes.SYNTAX, f"cannot read {path}: {exc}")) from None
 
 
 def _search(imp: ast.Import, importer: Source) -> tuple[Path | None, list[Path]]:
@@ -87,9 +106,6 @@ class Loader:
 
     def _load(self, path: Path, imp: ast.Import) -> dict[str, tuple[ir.Schedule, ast.Schedule]]:
         if path not in self.done:
-            from stratac.lang import sema
-            from stratac.lang.frontend import load_source
-            from stratac.lang.syntax import parse
             self.active.append(path)
             try:
                 source = load_source(path)

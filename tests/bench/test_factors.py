@@ -23,6 +23,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+import runkit
 
 from stratac.lang.frontend import load_source, schedules
 from stratac.tools.bench import sweep
@@ -107,7 +108,7 @@ def runs(tmp_path_factory):
     """One real `stratac run` job per world over every collective example (CPU model, 96
     elements): what the worker reports, per rank."""
     path = tmp_path_factory.mktemp("factors") / "all.strata"
-    path.write_text("\n".join((ROOT / "examples" / f"{n}.strata").read_text() for n in EXAMPLES))
+    path.write_text(runkit.concat(ROOT / "examples" / f"{n}.strata" for n in EXAMPLES))
     out = {}
     for world in WORLDS:
         spec = runner.RunSpec(file=str(path), world=world, cases=[runner.Case("f32", count=96)],
@@ -212,7 +213,7 @@ def test_bench_cli_json_has_nccl_tests_figures_at_world_3(tmp_path):
     import sys
     world, nbytes = 3, 4 * 3 * 64
     path = tmp_path / "all.strata"
-    path.write_text("\n".join((ROOT / "examples" / f"{n}.strata").read_text() for n in EXAMPLES))
+    path.write_text(runkit.concat(ROOT / "examples" / f"{n}.strata" for n in EXAMPLES))
     out_json = tmp_path / "out.json"
     p = subprocess.run([sys.executable, "-m", "stratac", "bench", str(path), "--world", str(world),
                         "--sizes", str(nbytes), "--iters", "1", "--warmup", "0", "--cores", "2",

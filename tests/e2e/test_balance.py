@@ -25,6 +25,7 @@ one call, so each expectation is the sum of its stages' ideal splits.
 from pathlib import Path
 
 import pytest
+import runkit
 from routing_meta import combine_dma, routing_dma
 
 from stratac.tools.run import runner
@@ -113,7 +114,7 @@ CASES = [("f32", 1001), ("bf16", 1001), ("f32", 4099), ("i32", 1), ("f16", 16 * 
 @pytest.fixture(scope="module")
 def collectives(tmp_path_factory):
     path = tmp_path_factory.mktemp("balance") / "all.strata"
-    path.write_text("\n".join((ROOT / "examples" / f"{n}.strata").read_text() for n in COLLECTIVES)
+    path.write_text(runkit.concat(ROOT / "examples" / f"{n}.strata" for n in COLLECTIVES)
                     + ALLGATHER_AIV)
     spec = runner.RunSpec(file=str(path), world=WORLD, iters=1, warmup=0, cores=CORES, timeout=60,
                           cases=[runner.Case(d, count=n, op="sum") for d, n in CASES])

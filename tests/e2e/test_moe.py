@@ -36,7 +36,7 @@ assert {c.routing for c in CASES} == set(ROUTINGS)
 @pytest.fixture(scope="module")
 def moe_examples(tmp_path_factory):
     path = tmp_path_factory.mktemp("moe") / "moe.strata"
-    path.write_text("\n".join(p.read_text() for p in MOE))
+    path.write_text(runkit.concat(MOE))
     return path
 
 

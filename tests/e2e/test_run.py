@@ -45,7 +45,7 @@ def all_examples(tmp_path_factory):
     """The examples that allow a world, concatenated into one file."""
     def at(world):
         path = tmp_path_factory.mktemp("examples") / "all.strata"
-        path.write_text("\n".join(p.read_text() for p in EXAMPLES if _supports(p, world)))
+        path.write_text(runkit.concat(p for p in EXAMPLES if _supports(p, world)))
         return path
     return at
 

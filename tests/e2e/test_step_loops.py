@@ -36,7 +36,7 @@ def test_step_loop_examples_run_correctly(tmp_path, world):
     keep = [p for p in files if _supported(p, world)]
     assert len(keep) == (4 if world == 4 else 3)
     path = tmp_path / "steps.strata"
-    path.write_text("\n".join(p.read_text() for p in keep))
+    path.write_text(runkit.concat(keep))
     cases = [runner.Case(dtype=d, count=count, op=op, root=root) for d in ("f32", "bf16")
              for op in ("sum", "max") for count, root in ((1, world - 1), (4099, 0))]
     out = _run(path, world, cases)
@@ -53,7 +53,7 @@ def test_chunked_and_bruck_examples_run_correctly(tmp_path, world):
     keep = [EXAMPLES / "allgather_ring_pipelined.strata", EXAMPLES / "alltoall_bruck.strata"]
     assert all(_supported(p, world) for p in keep)
     path = tmp_path / "copies.strata"
-    path.write_text("\n".join(p.read_text() for p in keep))
+    path.write_text(runkit.concat(keep))
     cases = [runner.Case(dtype=d, count=count) for d in ("f32", "bf16") for count in (1, 4099)]
     out = _run(path, world, cases)
     assert out.failures == []
