@@ -22,12 +22,17 @@ remainder (the critical core's time in none of the named activities: vector ops,
 fibre switches); a negative remainder would mean two terms counted the same time. The table prints
 each term's mean over the calls nearest the median wall time (the fifth of them closest to it, at
 least 3; per-term medians would not add up: a call's terms move together), their sum (the mean
-wall time of those calls), the median wall time of all the calls and the difference. Deliberate costs of the NPU model (runtime/README.md), each with the figure the
-model charges: the SQE cost (its spin; charged = sdma_sqe_us x SQEs, quiets included), the UB
-refill ("UB holds garbage": bytes refilled), UB staging (the GM->UB leg of the vector cores' copies,
-MTE2: bytes), the D-cache (scalar GM through the modelled cache: calls). "less deliberate" is the
-wall time less those four terms of the critical core. Beside the terms, per engine, every core of
-the rank: MTE2/MTE3 bytes and time, SDMA bytes, SQEs, its engine threads' and the cores' copy time.
+wall time of those calls), the median wall time of all the calls and the difference.
+
+Deliberate costs of the NPU model (runtime/README.md), each with the figure the model charges: the
+SQE cost (its spin; charged = sdma_sqe_us x SQEs, quiets included), the UB refill ("UB holds
+garbage": bytes refilled), UB staging (the GM->UB leg of the vector cores' copies, MTE2: bytes),
+the D-cache (scalar GM through the modelled cache: calls). "less deliberate" is the sum less those
+four terms of the critical core. Beside the terms, per engine, every core of the rank: MTE2/MTE3
+bytes and time, SDMA bytes, SQEs, its engine threads' and the cores' copy time; and the own work of
+every core (everything but its waits, the SQE spin as charged) plus its engine threads' copies,
+with the deliberate part of it: what the rank's threads had to run, where the critical core mostly
+waits for the others.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ FIGURES = ("wall", "wall_plain", "cores", "threads", "sqe_us", "crit_core", "cri
            "crit_sqe_charges", "crit_ub_refill_bytes", "crit_mte_in_bytes", "crit_dcache_ops",
            "rank_mte_in_bytes", "rank_mte_out_bytes", "rank_mte_in_s", "rank_mte_out_s", "rank_sdma_bytes",
            "rank_sdma_sqes", "rank_sdma_posts", "rank_sdma_engine_s", "rank_sdma_by_core_s",
-           "rank_sqe_charged", "rank_sqe_s")
+           "rank_sqe_charged", "rank_sqe_s", "rank_busy_s", "rank_deliberate_s")
 
 
 class BreakdownError(Exception):
@@ -114,6 +119,13 @@ def call_terms(call: tuple[float, float], launch: tuple[float, float], cores: li
          "rank_sdma_engine_s": sum(c["sdma_engine"] for c in cores),
          "rank_sdma_by_core_s": sum(c["sdma_by_core"] for c in cores),
          "rank_sqe_charged": sum(c["sqe_charged"] for c in cores), "rank_sqe_s": sum(c["sqe"] for c in cores)}
+    # every core's own work (not its waits; its SQE spin as charged: the spin lets the thread's other
+    # cores run), and the engine threads' copies: what the rank's threads had to run in the call
+    own = [(c["kernel"] - c["start"]) + c["mte_in"] + c["mte_out"] + c["sdma_by_core"] + c["dcache"] + c["ledger"]
+           + c["sqe_charged"] + (c["end"] - c["kernel"] - sum(c[k] for k in CORE_ACTIVITIES)) for c in cores]
+    f["rank_busy_s"] = sum(own) + f["rank_sdma_engine_s"]
+    f["rank_deliberate_s"] = sum((c["kernel"] - c["start"]) + c["mte_in"] + c["dcache"] + c["sqe_charged"]
+                                 for c in cores)
     return {"terms": t, "figures": f}
 
 
@@ -335,6 +347,8 @@ def table(bd: Breakdown, all_ranks: bool = False) -> list[str]:
             lines.append(_row("rank: SDMA copy us, engine threads / run by cores",
                               [f"{f['rank_sdma_engine_s'] * 1e6:.0f} / {f['rank_sdma_by_core_s'] * 1e6:.0f}"
                                for f in fg], w))
+            lines.append(_row("rank: own work of every core + engines / * of it (us)",
+                              [f"{f['rank_busy_s'] * 1e6:.0f} / {f['rank_deliberate_s'] * 1e6:.0f}" for f in fg], w))
             lines.append(_row("rank: SQE cost charged / spun (us, all cores)",
                               [f"{f['rank_sqe_charged'] * 1e6:.0f} / {f['rank_sqe_s'] * 1e6:.0f}" for f in fg], w))
     return lines
