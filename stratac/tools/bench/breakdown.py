@@ -140,8 +140,9 @@ def _read_costs(comm) -> tuple[list[dict], dict]:
 
 
 def rank_main(spec: dict) -> None:
+    from stratac.ir import passes
     comm = callruns.open_comm(spec, "breakdown")
-    mod = comm.load(spec["file"])
+    mod = comm.load(spec["file"], options=passes.Options(soc=spec["soc"]) if spec.get("soc") else None)
     out = []
     for size in spec["sizes"]:
         iters = spec["iters"] if size < spec["large"] else spec["iters_large"]
@@ -243,8 +244,8 @@ def run(file: str, world: int, sizes: list[int], dtype: str = "f32", op: str = "
     iters_large = iters if iters_large is None else iters_large
     from stratac.tools.bench import machine
     copy_ceiling = machine.copy_ceiling() if ceiling else None   # before anything else runs
-    echo(f"# building the schedules of {file} for world {world}")
-    callruns.warm_build(file, world, soc)
+    # no build here: each rank's comm.load proves and builds (the cache publishes one build under a
+    # lock, the others wait for it); a build in this process first would prove every schedule twice
     heap = callruns.heap_bytes(file, world, sizes, dtype)
     meta = {"file": file, "world": world, "sizes": sizes, "dtype": dtype, "op": op, "cores": cores,
             "iters": iters, "iters_large": iters_large, "large": large, "warmup": warmup,
@@ -253,7 +254,7 @@ def run(file: str, world: int, sizes: list[int], dtype: str = "f32", op: str = "
         specs = [{"file": str(Path(file).resolve()), "rank": r, "world": world, "store": f"{tmp}/store",
                   "heap": heap, "timeout": timeout, "sizes": sizes, "dtype": dtype, "op": op, "root": root,
                   "cores": cores, "iters": iters, "iters_large": iters_large, "large": large,
-                  "warmup": warmup, "tmp": tmp} for r in range(world)]
+                  "warmup": warmup, "soc": soc, "tmp": tmp} for r in range(world)]
         results, status, errors = callruns.run_ranks("stratac.tools.bench.breakdown", specs,
                                                      timeout=timeout * (2 + len(sizes)) * 4)
     meta["load_after"] = _load()

@@ -110,16 +110,15 @@ def free_tensors(comm, fn, tensors: dict) -> None:
 def heap_bytes(file: str, world: int, sizes: list[int], dtype: str) -> int:
     """A heap that holds the largest call's tensors of every schedule of FILE, with room for the
     sync area and scratch."""
-    from stratac.host import schedule
-    from stratac.ir import DType, passes
-    from stratac.lang.frontend import load_source
+    from stratac.ir import DType
+    from stratac.lang.frontend import load_source, schedules
     from stratac.tools.run.workload import Workload
     elem = DType.parse(dtype).nbytes
     most = 0
-    for c in schedule.compile_source(load_source(file), passes.Options(), worlds=[world]):
+    for s in schedules(load_source(file)):   # the tensors' sizes only: no proof needed here
         for size in sizes:
-            wl = Workload(c.schedule, world, Workload.count_for_bytes(c.schedule, world, size, elem))
-            most = max(most, sum(wl.numel(p) for p in c.schedule.tensors) * elem)
+            wl = Workload(s, world, Workload.count_for_bytes(s, world, size, elem))
+            most = max(most, sum(wl.numel(p) for p in s.tensors) * elem)
     return max(64 << 20, 2 * most + (32 << 20))
 
 
