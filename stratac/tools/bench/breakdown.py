@@ -291,7 +291,8 @@ def table(bd: Breakdown, all_ranks: bool = False) -> list[str]:
     """The breakdown as text: per size and rank, a row per term, a column per schedule."""
     from stratac.tools.bench.report import fmt_bytes as b
     m = bd.meta
-    fewer = f" ({m['iters_large']} from {b(m['large'])})" if m["iters_large"] != m["iters"] else ""
+    fewer = (f" ({m['iters_large']} from {b(m['large'])})"
+             if m["iters_large"] != m["iters"] and any(n >= m["large"] for n in m["sizes"]) else "")
     head = (f"# stratac bench {m['file']} --breakdown  world {m['world']}  dtype {m['dtype']}  op {m['op']}  "
             f"cores {m['cores'] or 'by size'}  iters {m['iters']}{fewer}  warmup {m['warmup']}  "
             f"({m['cpus']} CPUs, load average {m['load_before']:.1f} before, {m['load_after']:.1f} after)")
