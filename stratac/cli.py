@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -167,15 +168,75 @@ def _bench_serving(args) -> int:
     return status
 
 
+# the bench's flags --breakdown cannot honour: each names what it would need
+_NOT_WITH_BREAKDOWN = (
+    ("vs", "--vs", "peers are measured by the sweep: run stratac bench --vs without --breakdown"),
+    ("plot", "--plot", "the breakdown has no busbw curve to plot"),
+    ("trace", "--trace", "the breakdown reads the model's cost accounting, not its trace"),
+    ("selected", "--selected", "the breakdown measures every schedule of the file"),
+    ("selection", "--selection", "the breakdown measures every schedule of the file"),
+    ("agreement_cost", "--agreement-cost", "the breakdown builds each schedule once"),
+    ("two_pass_places", "--two-pass-places", "the breakdown measures collectives only"),
+    ("moe", "--moe", "the breakdown measures collectives only"),
+    ("tokens", "--tokens", "the breakdown measures collectives at --sizes"),
+    ("hidden", "--hidden", "the breakdown measures collectives at --sizes"),
+    ("topk", "--topk", "the breakdown measures collectives at --sizes"),
+    ("experts", "--experts", "the breakdown measures collectives at --sizes"),
+    ("routing", "--routing", "the breakdown measures collectives at --sizes"),
+    ("max_recv", "--max-recv", "the breakdown measures collectives at --sizes"),
+    ("capacity", "--capacity", "the breakdown measures collectives at --sizes"),
+    ("progress", "--progress", "the breakdown prints no progress bar"),
+)
+BREAKDOWN_SIZES = "4K,1M,64M"
+
+
+def _bench_breakdown(args) -> int:
+    """`stratac bench FILE --breakdown`: where a call's time goes (stratac.tools.bench.breakdown)."""
+    from stratac.tools.bench import breakdown
+    for key, flag, why in _NOT_WITH_BREAKDOWN:
+        v = getattr(args, key, None)
+        if v not in (None, False, [], ""):
+            print(f"stratac: error: --breakdown cannot honour {flag}: {why}", file=sys.stderr)
+            return EXIT_USAGE
+    if args.file is None or args.world is None:
+        print("stratac: error: bench --breakdown needs a FILE and --world", file=sys.stderr)
+        return EXIT_USAGE
+    sizes = args.sizes or options.size_sweep(BREAKDOWN_SIZES)
+    large = 16 << 20
+    iters_large = max(3, args.iters // 4)
+    try:
+        bd = breakdown.run(args.file, args.world, sizes, dtype=args.dtype, op=args.op, root=args.root,
+                           cores=args.cores, iters=args.iters, warmup=args.warmup, iters_large=iters_large,
+                           large=large, timeout=args.timeout, soc=args.soc,
+                           echo=lambda line: print(line, file=sys.stderr))
+    except breakdown.BreakdownError as exc:
+        print(f"stratac bench: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for line in breakdown.table(bd, all_ranks=args.all_ranks):
+        print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(breakdown.to_json(bd), indent=1))
+        print(f"# wrote {args.json}")
+    for f in bd.failures:
+        print(f"stratac: {f}", file=sys.stderr)
+    return bd.status
+
+
 def cmd_bench(args) -> int:
     from stratac.tools.bench import benchspec, mpi, plot, report, sweep
     echo = lambda line: print(line, file=sys.stderr)
+    if args.all_ranks and not args.breakdown:
+        print("stratac: error: --all-ranks goes with --breakdown (the sweep's times are already the "
+              "slowest rank's)", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if args.setup_mpi:
             version = mpi.setup_mpi(echo)
             if args.file is None:
                 print(f"MPI ready: {version}")
                 return EXIT_OK
+        if args.breakdown:
+            return _bench_breakdown(args)
         if args.moe:
             return _bench_serving(args)
         if args.file is None:
@@ -336,6 +397,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar on stderr (default: when stderr is a terminal)")
     b.add_argument("--timeout", type=float, default=120.0, help="seconds any wait may take")
+    b.add_argument("--breakdown", action="store_true",
+                   help="where a call's time goes, per schedule and size (default sizes "
+                   f"{BREAKDOWN_SIZES}; from 16M a quarter of --iters): python, launch, core start, waits, "
+                   "copies per engine, the model's deliberate costs as named terms, join (docs/bench.md)")
+    b.add_argument("--all-ranks", action="store_true",
+                   help="with --breakdown: every rank's breakdown, not only rank 0's")
     b.add_argument("--seed", type=int, default=0)
     twin = b.add_mutually_exclusive_group()   # each builds every schedule once more, another way
     twin.add_argument("--agreement-cost", action="store_true",

@@ -80,6 +80,12 @@ SLOW = [
     BENCH + "test_factors.py::test_moe_and_alltoallv_report_received_bytes_without_a_factor",
     BENCH + "test_factors.py::test_bench_cli_json_has_nccl_tests_figures_at_world_3",
     BENCH + "test_bench_backend.py::*",
+    # the breakdown run (rank processes, two schedules built and proven) that these tests read
+    BENCH + "test_breakdown.py::test_every_schedule_size_and_rank_is_reported",
+    BENCH + "test_breakdown.py::test_the_terms_add_up_to_the_wall_time_of_the_call",
+    BENCH + "test_breakdown.py::test_the_sqe_term_is_what_the_model_was_told_to_charge",
+    BENCH + "test_breakdown.py::test_the_ub_staging_term_counts_the_bytes_read_into_ub",
+    BENCH + "test_breakdown.py::test_the_table_prints_each_term_the_sum_and_the_difference",
     BENCH + "test_bench_moe.py::test_skewed_routing_balanced_partition_against_one_core_per_peer",
     BENCH + "test_bench_moe.py::test_every_pair_of_a_file_gets_its_heap",
     BENCH + "test_bench_moe.py::test_cli_moe_sweep",

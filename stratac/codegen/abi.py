@@ -245,6 +245,8 @@ void strata_cpu_set_timeout(double seconds);
 int strata_cpu_set_aiv_cores(int n);
 void strata_cpu_reset_counters(void);
 int strata_cpu_read_counters(uint64_t* out, int max_cores);
+void strata_cpu_costs_enable(int on);
+int strata_cpu_read_costs(double* out, int max_cores, double* launch);
 int strata_cpu_aborted(void);
 int strata_cpu_take_signal(void);
 void strata_cpu_watch_signals(int on);
@@ -271,3 +273,10 @@ HEAP_ALIGN = 512
 # SDMA posts and the 1 MiB SQEs they were split into
 COUNTERS = ("mte_in", "mte_out", "sdma", "remote_read", "remote_write", "sdma_posts", "sdma_sqes")
 MAX_CORES = 64
+# per core, in the order of strata_cpu.h's STRATA_COST_* (strata_cpu_read_costs): the core's start,
+# its kernel's start (after the UB refill) and end (CLOCK_MONOTONIC s), its exclusive seconds per
+# activity, its SDMA engine's copy seconds, the SQE cost charged (s), UB bytes refilled, D-cache calls
+COSTS = ("start", "kernel", "end", "flag_wait", "syncall", "quiet", "sqe", "mte_in", "mte_out",
+         "sdma_by_core", "dcache", "ledger", "sdma_engine", "sqe_charged", "ub_refill_bytes", "dcache_ops")
+# the launch's own slots (STRATA_LCOST_*)
+LAUNCH_COSTS = ("enter", "dispatch", "exit", "threads", "blocks", "sqe_us")

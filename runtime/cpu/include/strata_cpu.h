@@ -17,6 +17,26 @@ extern "C" {
 enum { STRATA_CTR_MTE_IN = 0, STRATA_CTR_MTE_OUT = 1, STRATA_CTR_SDMA = 2,
        STRATA_CTR_REMOTE_READ = 3, STRATA_CTR_REMOTE_WRITE = 4, STRATA_CTR_SDMA_POSTS = 5,
        STRATA_CTR_SDMA_SQES = 6, STRATA_NUM_CTRS = 7 };
+// Cost slots per core of the last launch (strata_cpu_read_costs), seconds unless named otherwise.
+// START/KERNEL/END are CLOCK_MONOTONIC times: the core entered (before its UB refill), its kernel
+// began (after the refill), it returned. The next slots are the core's exclusive time in each
+// activity (a nested one is not counted twice: the SQE cost of a quiet counts as SQE, a copy a
+// wait runs itself as SDMA_BY_CORE): flag waits, SyncAll, SDMA quiets, the modelled SQE cost
+// (the spin), MTE2 (GM->UB) and MTE3 (UB->GM) copies, SDMA copies run by the core's own waits,
+// the scalar D-cache (GetValue/SetValue/DataCacheCleanAndInvalid), the SDMA ledger's checks.
+// SDMA_ENGINE: the time this core's copy engine thread spent copying (beside the core, not in
+// its time). SQE_CHARGED: what the model was told to charge (sdma_sqe_us x SQEs, quiets
+// included). UB_REFILL_BYTES, DCACHE_OPS: the bytes refilled with 0xff, the scalar cache calls.
+enum { STRATA_COST_START = 0, STRATA_COST_KERNEL = 1, STRATA_COST_END = 2, STRATA_COST_FLAG_WAIT = 3,
+       STRATA_COST_SYNCALL = 4, STRATA_COST_QUIET = 5, STRATA_COST_SQE = 6, STRATA_COST_MTE_IN = 7,
+       STRATA_COST_MTE_OUT = 8, STRATA_COST_SDMA_BY_CORE = 9, STRATA_COST_DCACHE = 10,
+       STRATA_COST_LEDGER = 11, STRATA_COST_SDMA_ENGINE = 12, STRATA_COST_SQE_CHARGED = 13,
+       STRATA_COST_UB_REFILL_BYTES = 14, STRATA_COST_DCACHE_OPS = 15, STRATA_NUM_COSTS = 16 };
+// The last launch as a whole (strata_cpu_read_costs' `launch`): LaunchBlocks entered, its cores
+// handed out (workers notified), LaunchBlocks returning (CLOCK_MONOTONIC), threads T, blocks, and
+// the SQE cost it charged per SQE (us: STRATA_CPU_SDMA_SQE_US or the model's default).
+enum { STRATA_LCOST_ENTER = 0, STRATA_LCOST_DISPATCH = 1, STRATA_LCOST_EXIT = 2, STRATA_LCOST_THREADS = 3,
+       STRATA_LCOST_BLOCKS = 4, STRATA_LCOST_SQE_US = 5, STRATA_NUM_LCOSTS = 6 };
 // STRATA_MAX_CORES sizes the model's per-core tables; a launch may use at most the SoC's vector
 // core count (strata_cpu_set_aiv_cores, default STRATA_SOC_MAX_AIV = 48, the largest A2/A3 count).
 enum { STRATA_MAX_CORES = 64, STRATA_SDMA_MAX_CORE = 48, STRATA_SOC_MAX_AIV = 48 };
@@ -70,6 +90,12 @@ void strata_cpu_reset_counters(void);
 // Copies counters into out[core * STRATA_NUM_CTRS + ctr] for cores [0, max_cores); returns the
 // highest core count launched since the last reset.
 int strata_cpu_read_counters(uint64_t* out, int max_cores);
+// Cost accounting (the STRATA_COST_* slots above): while on, every launch records per core where
+// its time went, with two clock reads per accounted call (off by default). read_costs copies the
+// last launch's: out[core * STRATA_NUM_COSTS + slot] for cores [0, max_cores) and, if `launch` is
+// not null, its STRATA_NUM_LCOSTS slots; returns the last launch's core count (0: none recorded).
+void strata_cpu_costs_enable(int on);
+int strata_cpu_read_costs(double* out, int max_cores, double* launch);
 
 // Abort state of the pool: nonzero once any rank failed; its message is returned by
 // strata_cpu_abort_message().

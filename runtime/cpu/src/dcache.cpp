@@ -97,6 +97,8 @@ void LineCleanInvalidate(CoreState* c, uintptr_t line, const char* op) {
 
 STRATA_EXPORT void ScalarLoad(const void* p, void* out, uint64_t bytes, const char* op) {
   CoreState* c = Cur(op);
+  CostScope scope(c, STRATA_COST_DCACHE);
+  if (c->costing) c->cost[STRATA_COST_DCACHE_OPS] += 1;
   CheckGmImpl(p, bytes, op);
   LedgerRead(p, bytes, op);
   uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -125,6 +127,8 @@ STRATA_EXPORT void ScalarLoad(const void* p, void* out, uint64_t bytes, const ch
 
 STRATA_EXPORT void ScalarStore(void* p, const void* in, uint64_t bytes, const char* op) {
   CoreState* c = Cur(op);
+  CostScope scope(c, STRATA_COST_DCACHE);
+  if (c->costing) c->cost[STRATA_COST_DCACHE_OPS] += 1;
   CheckGmImpl(p, bytes, op);
   uintptr_t a = reinterpret_cast<uintptr_t>(p);
   const uint8_t* i = static_cast<const uint8_t*>(in);
@@ -154,6 +158,8 @@ STRATA_EXPORT void ScalarStore(void* p, const void* in, uint64_t bytes, const ch
 
 STRATA_EXPORT void DataCacheCleanInvalidate(const void* p, bool entire, const char* op) {
   CoreState* c = Cur(op);
+  CostScope scope(c, STRATA_COST_DCACHE);
+  if (c->costing) c->cost[STRATA_COST_DCACHE_OPS] += 1;
   if (entire) {
     std::vector<uintptr_t> lines;
     lines.reserve(g_dcache[c->idx].size());

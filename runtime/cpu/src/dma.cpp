@@ -10,6 +10,7 @@ namespace strata_cpu {
 
 STRATA_EXPORT void CopyGmToUb(void* ub, const void* gm, uint64_t bytes, const char* op) {
   CoreState* c = Cur(op);
+  CostScope scope(c, STRATA_COST_MTE_IN);
   AbortCheck(c, op);
   CheckGmImpl(gm, bytes, op);
   LedgerRead(gm, bytes, op);
@@ -139,6 +140,7 @@ void AtomicCopy(CoreState* c, uint8_t* dst, const uint8_t* src, uint64_t bytes, 
 
 STRATA_EXPORT void CopyUbToGm(void* gm, const void* ub, uint64_t bytes, int dtype, const char* op) {
   CoreState* c = Cur(op);
+  CostScope scope(c, STRATA_COST_MTE_OUT);
   AbortCheck(c, op);
   CheckGmImpl(gm, bytes, op);
   if (c->atomic_op != kAtomicNone)

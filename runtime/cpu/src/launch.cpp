@@ -16,8 +16,14 @@ void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
   cs.launch = L;
   cs.idx = idx;
   cs.ub = g_arenas[idx];
+  cs.costing = g_costs.load(std::memory_order_relaxed);
+  if (cs.costing) cs.cost[STRATA_COST_START] = Now();
   // UB starts as garbage: NaN for floats, -1 for integers (see g_ub_dirty)
-  UbRefill(idx, cs.ub);
+  const uint64_t refilled = UbRefill(idx, cs.ub);
+  if (cs.costing) {
+    cs.cost[STRATA_COST_UB_REFILL_BYTES] = double(refilled);
+    cs.cost[STRATA_COST_KERNEL] = Now();
+  }
   t_core = &cs;
   bool normal = false;
   bool traced = Tracing();
@@ -56,6 +62,10 @@ void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
       if (L->exited++ == 0) L->first_exited = idx;
     }
   }
+  if (cs.costing) {
+    cs.cost[STRATA_COST_END] = Now();
+    CostsCoreDone(cs);
+  }
   Notify();  // a SyncAll waiting for a core that returned fails now
   t_core = nullptr;
 }
@@ -65,6 +75,8 @@ void CoreMain(Launch* L, int idx, BlockFn fn, void* ctx) {
 
 STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn fn, void* ctx) {
   if (t_core) return Error("LaunchBlocks: nested launch from inside a kernel");
+  const bool costs = g_costs.load(std::memory_order_relaxed);
+  const double t_enter = costs ? Now() : 0;
   // one launch at a time per process; taken before the pool checks, so that a launch queued
   // behind another sees a pool that was aborted or finalized meanwhile
   WorkerPool* pool = g_workers;
@@ -121,6 +133,13 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
     L.sdma_delay_seed = strtoull(d, nullptr, 10);
   }
   if (const char* d = getenv("STRATA_CPU_SDMA_SQE_US")) L.sdma_sqe_us = std::max(0.0, strtod(d, nullptr));
+  if (costs) {
+    CostsLaunch(STRATA_LCOST_ENTER, t_enter);
+    CostsLaunch(STRATA_LCOST_THREADS, T);
+    CostsLaunch(STRATA_LCOST_BLOCKS, blocks);
+    CostsLaunch(STRATA_LCOST_SQE_US, L.sdma_sqe_us);
+    for (uint32_t i = 0; i < blocks; ++i) g_engine_ns[i].store(0);
+  }
   std::string spawn_error = GrowWorkers(pool, uint32_t(T - 1));
   if (!spawn_error.empty()) return Error(Sprintf("LaunchBlocks(%s): %s", L.kernel, spawn_error.c_str()));
   {
@@ -136,6 +155,7 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
     }
     w->cv.notify_one();
   }
+  if (costs) CostsLaunch(STRATA_LCOST_DISPATCH, Now());
   RunCores(0, T, &L, fn, ctx);  // this thread's share
   if (T > 1) {
     std::unique_lock<std::mutex> lk(pool->done_mu);
@@ -146,6 +166,7 @@ STRATA_EXPORT int LaunchBlocks(uint32_t blocks, const char* kernel_name, BlockFn
   int prev = g_max_cores.load();
   while (int(blocks) > prev && !g_max_cores.compare_exchange_weak(prev, int(blocks))) {
   }
+  if (costs) CostsLaunch(STRATA_LCOST_EXIT, Now());
   if (L.failed.load()) return Error(L.first_failure);
   return 0;
 }

@@ -92,6 +92,7 @@ void LedgerLaunchStart() {
     }
 }
 void LedgerPost(int core, const void* dst, uint64_t bytes) {
+  CostScope scope(t_core, STRATA_COST_LEDGER);
   std::lock_guard<std::mutex> lk(g_ledger_mu);
   std::vector<Posted>& v = g_posted[core];
   uint64_t d = PoolOff(dst);
@@ -100,6 +101,7 @@ void LedgerPost(int core, const void* dst, uint64_t bytes) {
 }
 // A signal of this rank to `flag` (a pool address): announces every core's unquieted copies.
 void LedgerSignal(const void* flag) {
+  CostScope scope(t_core, STRATA_COST_LEDGER);
   Ledger* l = TheLedger();
   std::lock_guard<std::mutex> lk(g_ledger_mu);
   LedgerLock g(l);
@@ -136,6 +138,7 @@ void LedgerSignal(const void* flag) {
 // (more than it may know: a flag several ranks add to names only its last writer; crediting too
 // much can only miss a violation, never refuse a kernel that is right).
 void LedgerSeen(const void* flag) {
+  CostScope scope(t_core, STRATA_COST_LEDGER);
   Ledger* l = TheLedger();
   const uint64_t key = PoolOff(flag) + 1;
   LedgerLock g(l);
@@ -160,6 +163,7 @@ void LedgerSeen(const void* flag) {
 }
 // The quiet of `core`: its copies have landed; announced ones record the signal number now.
 void LedgerQuiet(int core) {
+  CostScope scope(t_core, STRATA_COST_LEDGER);
   std::lock_guard<std::mutex> lk(g_ledger_mu);
   g_posted[core].clear();
   if (g_announced[core].empty()) return;
@@ -174,6 +178,7 @@ void LedgerQuiet(int core) {
 }
 // A read of [p, p + bytes) by the calling core (see above).
 void LedgerRead(const void* p, uint64_t bytes, const char* op) {
+  CostScope scope(t_core, STRATA_COST_LEDGER);
   Ledger* l = TheLedger();
   if (!CurPool().inited || __atomic_load_n(&l->announced, __ATOMIC_ACQUIRE) == 0 || bytes == 0) return;
   const uint64_t lo = PoolOff(p), hi = lo + bytes;

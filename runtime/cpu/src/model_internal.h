@@ -295,6 +295,9 @@ struct SdmaJob {
   bool wake;   // the engine thread is woken for it (see SdmaPost)
 };
 
+// Moves a job's bytes, timed for the cost accounting (as the engine's or the running core's) (sdma.cpp).
+void SdmaCopyBytes(const SdmaJob& job);
+
 // One core's SDMA queue: a persistent copy engine thread, started the first time the core posts a
 // copy and reused by later launches (see WorkerPool). At the end of every launch the queue is
 // emptied and the copy in progress (if any) finishes, so no copy outlives its launch.
@@ -321,7 +324,7 @@ struct SdmaEngine {
       const double left = job.due - Now();
       if (left > 0) usleep(useconds_t(left * 1e6) + 1);
     }
-    std::memmove(job.dst, job.src, job.bytes);
+    SdmaCopyBytes(job);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (t0 > 0)
       TraceAdd(kSdmaTid + job.core, t0, Now(), quiet ? "sdma copy (run by the quiet)" : "sdma copy", "sdma",
@@ -436,7 +439,41 @@ struct CoreState {
   // STRATA_SYNC_TRAFFIC: the ranks' agreement (strata::Agree) is reading or writing its records;
   // sync traffic, as signals are, so the data counters leave its DMAs out
   bool sync_traffic = false;
+  // cost accounting (strata_cpu_costs_enable; trace.cpp): the activity being timed (-1: none, the
+  // kernel's own code), since when, and the exclusive seconds per STRATA_COST_* slot
+  bool costing = false;
+  int cost_cat = -1;
+  double cost_t0 = 0;
+  double cost[STRATA_NUM_COSTS] = {};
 };
+
+// Times the enclosed activity of core c as STRATA_COST_<cat>, exclusively: the enclosing one (if
+// any) stops while it runs and resumes after. A no-op unless the launch accounts costs.
+struct CostScope {
+  CoreState* c;
+  int prev = -1;
+  CostScope(CoreState* core, int cat) : c(core && core->costing ? core : nullptr) {
+    if (!c) return;
+    const double now = Now();
+    if (c->cost_cat >= 0) c->cost[c->cost_cat] += now - c->cost_t0;
+    prev = c->cost_cat;
+    c->cost_cat = cat;
+    c->cost_t0 = now;
+  }
+  ~CostScope() {
+    if (!c) return;
+    const double now = Now();
+    c->cost[c->cost_cat] += now - c->cost_t0;
+    c->cost_cat = prev;
+    c->cost_t0 = now;
+  }
+  CostScope(const CostScope&) = delete;
+  CostScope& operator=(const CostScope&) = delete;
+};
+extern std::atomic<bool> g_costs;                        // strata_cpu_costs_enable
+extern std::atomic<uint64_t> g_engine_ns[STRATA_MAX_CORES];  // copy time of each core's engine thread
+void CostsCoreDone(const CoreState& c);                  // publishes a core's costs (trace.cpp)
+void CostsLaunch(int slot, double v);                    // a STRATA_LCOST_* slot of this launch
 
 void TraceStage(CoreState* c, int line);  // closes the open stage span, opens one for `line`
 
@@ -477,7 +514,7 @@ extern std::mutex g_arena_mu;
 extern uint8_t* g_arenas[STRATA_MAX_CORES];
 void UbMark(int idx, uint64_t lo, uint64_t hi);  // bytes [lo, hi) of the arena, hi <= kUbBytes
 void UbMarkAll(int idx);
-void UbRefill(int idx, uint8_t* ub);  // every dirty chunk back to 0xff, in runs
+uint64_t UbRefill(int idx, uint8_t* ub);  // every dirty chunk back to 0xff, in runs; bytes refilled
 
 // ---------------------------------------------------------------------------------------------
 // D-cache (dcache.cpp)

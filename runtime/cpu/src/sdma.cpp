@@ -31,6 +31,8 @@ uint64_t Mix64(uint64_t x) {  // splitmix64's finaliser
 // descriptor writes), unwinding if the launch fails meanwhile.
 void SpinCore(CoreState* c, double us, const char* op) {
   if (us <= 0) return;
+  CostScope scope(c, STRATA_COST_SQE);
+  if (c->costing) c->cost[STRATA_COST_SQE_CHARGED] += us * 1e-6;
   const double end = Now() + us * 1e-6;
   for (uint32_t k = 1; Now() < end; ++k)  // other cores of the thread run meanwhile
     if (CoreYield(false) || (k & 255u) == 0) AbortCheck(c, op);
@@ -66,6 +68,13 @@ SdmaEngine* Engine(CoreState* c) {
   return e;
 }
 }  // namespace
+
+void SdmaCopyBytes(const SdmaJob& job) {
+  CostScope scope(t_core, STRATA_COST_SDMA_BY_CORE);  // a core's wait or quiet runs it
+  const double c0 = !t_core && g_costs.load(std::memory_order_relaxed) ? Now() : 0;
+  std::memmove(job.dst, job.src, job.bytes);
+  if (c0 > 0) g_engine_ns[job.core].fetch_add(uint64_t((Now() - c0) * 1e9), std::memory_order_relaxed);
+}
 
 // A core about to pause in a wait (flag, SyncAll, quiet) runs the next copy of its own SDMA queue
 // if the engine has not started it (SdmaEngine::TakeOne); true if it ran one.
@@ -162,6 +171,7 @@ STRATA_EXPORT void SdmaQuiet(const void* ub_buf, uint32_t ub_size, const char* o
   CoreState* c = Cur(op);
   CheckSdmaScratch(c, ub_buf, ub_size, op);
   SdmaEngine* e = g_workers->sdma[c->idx];  // none if this core never posted a copy
+  CostScope scope(c, STRATA_COST_QUIET);
   double t_quiet = Tracing() ? Now() : 0;
   if (c->sdma_sqes_held > 0) {
     // The quiet is one more SQE (an 8-byte flag write) in the same queue, then a poll loop.

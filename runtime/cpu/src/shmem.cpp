@@ -173,6 +173,7 @@ STRATA_EXPORT void NoteWait(const char* what, const int32_t* group, int64_t coun
 STRATA_EXPORT int32_t SignalWaitUntil(int32_t* sig_addr, int cmp, int32_t value) {
   const char* op = "aclshmem_signal_wait_until";
   CoreState* c = Cur(op);
+  CostScope scope(c, STRATA_COST_FLAG_WAIT);
   const char* note_what = c->note_what;
   const int32_t* note_group = c->note_group;
   int64_t note_count = c->note_count, note_index = c->note_index;

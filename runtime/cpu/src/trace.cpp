@@ -1,7 +1,8 @@
 // Counters and the trace: what a profiler of the NPU would show. Per-core counters of DMA bytes in
 // and out, SDMA bytes, posts and SQEs, remote reads and writes (strata_cpu_read_counters), and
 // trace spans (strata_cpu_trace_*: a core's kernel, its strata: stages, waits, quiets and SDMA
-// copies, on CLOCK_MONOTONIC, written as Chrome trace events). Also the settings every later
+// copies, on CLOCK_MONOTONIC, written as Chrome trace events), and the cost accounting of a launch
+// (strata_cpu_costs_enable, strata_cpu_read_costs: where each core's time went). Also the settings every later
 // launch reads: the wait timeout and the SoC's vector core count. In: counts and spans from the
 // other files; out: the host's reads. Rules of runtime/README.md's table: none (the counters are
 // what the "SQE cost" rule's counts are read from).
@@ -31,6 +32,25 @@ std::vector<TraceSpan> g_trace_spans;
 void TraceAdd(int tid, double t0, double t1, std::string name, const char* cat, std::string args) {
   std::lock_guard<std::mutex> lk(g_trace_mu);
   g_trace_spans.push_back(TraceSpan{t0, t1, tid, std::move(name), cat, std::move(args)});
+}
+
+// Cost accounting (strata_cpu_costs_enable): each core's slots of the last launch, published when
+// it returns, and the launch's own.
+std::atomic<bool> g_costs{false};
+std::atomic<uint64_t> g_engine_ns[STRATA_MAX_CORES];
+namespace {
+std::mutex g_costs_mu;
+double g_core_costs[STRATA_MAX_CORES][STRATA_NUM_COSTS] = {};
+double g_launch_costs[STRATA_NUM_LCOSTS] = {};
+}  // namespace
+
+void CostsCoreDone(const CoreState& c) {
+  std::lock_guard<std::mutex> lk(g_costs_mu);
+  for (int k = 0; k < STRATA_NUM_COSTS; ++k) g_core_costs[c.idx][k] = c.cost[k];
+}
+void CostsLaunch(int slot, double v) {
+  std::lock_guard<std::mutex> lk(g_costs_mu);
+  g_launch_costs[slot] = v;
 }
 
 void TraceStage(CoreState* c, int line) {  // closes the open stage span, opens one for `line`
@@ -72,6 +92,20 @@ STRATA_EXPORT int strata_cpu_read_counters(uint64_t* out, int max_cores) {
 }
 
 STRATA_EXPORT void strata_cpu_trace_enable(int on) { g_trace.store(on != 0); }
+
+STRATA_EXPORT void strata_cpu_costs_enable(int on) { g_costs.store(on != 0); }
+
+STRATA_EXPORT int strata_cpu_read_costs(double* out, int max_cores, double* launch) {
+  std::lock_guard<std::mutex> lk(g_costs_mu);
+  const int blocks = int(g_launch_costs[STRATA_LCOST_BLOCKS]);
+  const int n = std::min(std::max(max_cores, 0), int(STRATA_MAX_CORES));
+  for (int i = 0; out && i < n; ++i) {
+    for (int k = 0; k < STRATA_NUM_COSTS; ++k) out[i * STRATA_NUM_COSTS + k] = g_core_costs[i][k];
+    out[i * STRATA_NUM_COSTS + STRATA_COST_SDMA_ENGINE] = double(g_engine_ns[i].load()) * 1e-9;
+  }
+  for (int k = 0; launch && k < STRATA_NUM_LCOSTS; ++k) launch[k] = g_launch_costs[k];
+  return blocks;
+}
 
 STRATA_EXPORT int strata_cpu_trace_write(const char* path) {
   std::vector<TraceSpan> spans;

@@ -38,9 +38,9 @@ void UbMark(int idx, uint64_t lo, uint64_t hi) {  // bytes [lo, hi) of the arena
   }
 }
 void UbMarkAll(int idx) { UbMark(idx, 0, kUbBytes); }
-void UbRefill(int idx, uint8_t* ub) {  // every dirty chunk back to 0xff, in runs
+uint64_t UbRefill(int idx, uint8_t* ub) {  // every dirty chunk back to 0xff, in runs; bytes refilled
   uint64_t* w = g_ub_dirty[idx];
-  uint64_t k = 0;
+  uint64_t k = 0, filled = 0;
   const uint64_t n = kUbBytes / kUbChunk;
   while (k < n) {
     if (w[k / 64] == 0 && k % 64 == 0) {
@@ -54,9 +54,11 @@ void UbRefill(int idx, uint8_t* ub) {  // every dirty chunk back to 0xff, in run
     uint64_t e = k;
     while (e < n && ((w[e / 64] >> (e % 64)) & 1)) ++e;
     std::memset(ub + k * kUbChunk, 0xff, (e - k) * kUbChunk);
+    filled += (e - k) * kUbChunk;
     k = e;
   }
   std::memset(w, 0, sizeof(g_ub_dirty[idx]));
+  return filled;
 }
 
 STRATA_EXPORT uint8_t* UbBase() {

@@ -62,6 +62,7 @@ STRATA_EXPORT void SyncAllCores(bool aiv_only) {
   if (!aiv_only)
     FailStr("SyncAll<false>() also waits for cube cores, which a MIX_AIV_1_0 kernel does not launch (hangs)");
   AbortCheck(c, "SyncAll");
+  CostScope scope(c, STRATA_COST_SYNCALL);
   Launch* L = c->launch;
   struct Span {  // the wait shows in a trace
     CoreState* c;

@@ -19,7 +19,9 @@ the public API (Communicator.from_store, comm.load) and, per schedule, after war
   reductions), and join (the last core returns -> the launcher returns).
 
 Medians over the calls, rank 0's view (both ranks print with --all-ranks). This is a measuring tool
-for docs/bench.md ("Small messages: where the time goes"), not a test.
+for docs/bench.md ("Small messages: where the time goes"), not a test. The rank processes and the
+calls' set-up are callruns' (shared with `stratac bench --breakdown`, which splits a call further
+with the CPU model's cost accounting).
 """
 
 from __future__ import annotations
@@ -27,14 +29,14 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
-import os
 import pstats
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from stratac.tools.bench import callruns
 
 
 def _median(xs):
@@ -71,39 +73,15 @@ def _trace_breakdown(events: list[dict], t_launch0: float, t_launch1: float) -> 
 
 
 def rank_main(spec: dict) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from stratac.host.comm import Communicator
-    from stratac.ir import DType
-    from stratac.tools.run.workload import Workload
-
-    torch.set_num_threads(1)
-    rank, world = spec["rank"], spec["world"]
-    store = dist.FileStore(spec["store"], world)
-    comm = Communicator.from_store(rank, world, store, heap_bytes=spec["heap"], prefix="prof")
+    comm = callruns.open_comm(spec, "prof")
     mod = comm.load(spec["file"])
     out = []
     tmp = Path(spec["tmp"])
     for name, fn in mod.schedules.items():
-        s = fn.ir
-        dtype = DType.parse(spec["dtype"])
-        tdtype = getattr(torch, dtype.torch_name)
-        count = Workload.count_for_bytes(s, world, spec["size"], dtype.nbytes)
-        wl = Workload(s, world, count)
-        tensors = {p.name: comm.zeros(wl.numel(p), dtype=tdtype) for p in s.tensors}
-        args = dict(tensors, **wl.scalars)
+        count, args, tensors = callruns.workload_args(comm, fn, spec["world"], spec["size"], spec["dtype"])
         kw = {} if spec["cores"] is None else {"cores": spec["cores"]}
-        launch_times: list[tuple[float, float]] = []
-        real = fn._launch
-
-        def timed_launch(*a, _real=real):
-            t0 = time.monotonic()
-            rc = _real(*a)
-            launch_times.append((t0, time.monotonic()))
-            return rc
-
-        fn._launch = timed_launch
+        timer = callruns.LaunchTimer(fn)
+        launch_times = timer.times
         for _ in range(spec["warmup"]):
             fn(**args, **kw)
         comm.barrier()
@@ -135,25 +113,23 @@ def rank_main(spec: dict) -> None:
             comm._lib.strata_cpu_trace_enable(1)
             fn(**args, **kw)
             comm._lib.strata_cpu_trace_enable(0)
-            path = tmp / f"r{rank}-{name}-{i}.jsonl"
+            path = tmp / f"r{spec['rank']}-{name}-{i}.jsonl"
             comm._lib.strata_cpu_trace_write(str(path).encode())
             events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
             traces.append(_trace_breakdown(events, *launch_times[-1]))
-        fn._launch = real
+        timer.restore()
         comm.barrier()
         keys = traces[0].keys() if traces else ()
         tb = {k: _median([t[k] for t in traces]) for k in keys}
-        out.append({"schedule": name, "rank": rank, "count": count,
+        out.append({"schedule": name, "rank": spec["rank"], "count": count,
                     "call_us": _median(calls) * 1e6, "launch_us": _median(launches) * 1e6,
                     "cpu_us": cpu_per_call * 1e6,
                     "python_us": _median([c - lt for c, lt in zip(calls, launches)]) * 1e6,
                     "trace": tb,
                     "cprofile": [{"own_s_per_call": t / spec["iters"], "func": f, "calls_per_call":
                                   n / spec["iters"]} for t, f, n in funcs]})
-        for p in reversed(s.tensors):
-            comm.free(tensors[p.name])
-        fn.release_scratch()
-    print("PROFILE " + json.dumps(out), flush=True)
+        callruns.free_tensors(comm, fn, tensors)
+    callruns.emit(out)
     comm.close()
 
 
@@ -177,31 +153,16 @@ def main(argv=None) -> int:
         return 0
     if a.file is None:
         ap.error("FILE is required")
-    from stratac.host import schedule
-    from stratac.ir import passes
-    from stratac.lang.frontend import load_source
-    from stratac.targets import cpu as build
-    for c in schedule.compile_source(load_source(a.file), passes.Options(), worlds=[a.world]):
-        build.build_cpu(c.output)   # warm the cache before the ranks start
+    callruns.warm_build(a.file, a.world)   # warm the cache before the ranks start
     with tempfile.TemporaryDirectory(prefix="stratac-prof-") as tmp:
-        procs = []
-        for r in range(a.world):
-            spec = {"file": str(Path(a.file).resolve()), "rank": r, "world": a.world,
-                    "store": f"{tmp}/store", "heap": 64 << 20 if a.size < 8 << 20 else 8 * a.size,
-                    "size": a.size, "dtype": a.dtype, "cores": a.cores, "iters": a.iters,
-                    "warmup": a.warmup, "traced": a.traced, "tmp": tmp}
-            procs.append(subprocess.Popen([sys.executable, "-m", "stratac.tools.bench.callprofile",
-                                           "--rank-spec", json.dumps(spec)],
-                                          stdout=subprocess.PIPE, text=True,
-                                          env=dict(os.environ, OMP_NUM_THREADS="1")))
-        results = []
-        status = 0
-        for p in procs:
-            text, _ = p.communicate(timeout=600)
-            status |= p.returncode
-            for line in text.splitlines():
-                if line.startswith("PROFILE "):
-                    results += json.loads(line[len("PROFILE "):])
+        specs = [{"file": str(Path(a.file).resolve()), "rank": r, "world": a.world,
+                  "store": f"{tmp}/store", "heap": 64 << 20 if a.size < 8 << 20 else 8 * a.size,
+                  "size": a.size, "dtype": a.dtype, "cores": a.cores, "iters": a.iters,
+                  "warmup": a.warmup, "traced": a.traced, "tmp": tmp} for r in range(a.world)]
+        results, status, errors = callruns.run_ranks("stratac.tools.bench.callprofile", specs, timeout=600)
+    results = [rec for per_rank in results for rec in per_rank]
+    for e in errors:
+        print(e, file=sys.stderr)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     for r in results:
