@@ -398,6 +398,7 @@ namespace strata {
 enum class Red { kSum, kMax, kMin };
 enum class Via { kAiv, kSdma, kAuto };
 inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t Max(int64_t a, int64_t b) { return a > b ? a : b; }
 struct Team { int64_t size = 1, rank = 0, base = 0, step = 1; };
 inline long long L(int64_t v) { return static_cast<long long>(v); }
 struct Ref { float* p; int64_t pe; };
