@@ -49,6 +49,16 @@ def test_wheel_works_outside_the_checkout(tmp_path):
                             "print(default_schedules())"], cwd=work, env=env,
                            capture_output=True, text=True, check=True)
     assert probe.stdout.strip().startswith(str(site))
+    # the shipped schedules are a library: `stratac:NAME`, and an import a file falls back on
+    probe = subprocess.run([sys.executable, "-c", "from stratac.lang.modules import library_dir; "
+                            "print(library_dir())"], cwd=work, env=env,
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.strip().startswith(str(site))
+    (work / "composed.strata").write_text((ROOT / "examples" / "allreduce_hierarchical_composed.strata").read_text())
+    for target in ("stratac:allreduce_ring", "composed.strata"):
+        run = subprocess.run([sys.executable, "-m", "stratac", "check", target, "--world", "2"],
+                             cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0 and "verified" in run.stdout, (target, run.stdout, run.stderr)
 
 
 @pytest.mark.slow
