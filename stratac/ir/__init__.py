@@ -29,6 +29,7 @@ from stratac.ir.expr import (
 )
 from stratac.ir.nodes import (
                              MASK_MAX_WORLD,
+                             MASKED_KINDS,
                              ROUTE_OPERANDS,
                              Accumulate,
                              Await,
@@ -72,7 +73,7 @@ from stratac.ir.nodes import (
 from stratac.ir.printer import dump
 
 __all__ = ["Bin", "BinKind", "Const", "IExpr", "Sel", "Var", "add", "bare", "c_source", "log2",
-           "nonnegative", "py_source", "Requirement", "unmet_requirement", "MASK_MAX_WORLD", "takes_mask",
+           "nonnegative", "py_source", "Requirement", "unmet_requirement", "MASK_MAX_WORLD", "MASKED_KINDS", "takes_mask",
            "simplify", "size_scale", "split_part", "substitute", "ROUTE_OPERANDS", "Accumulate", "Await", "Barrier",
            "Buffer", "CallSite", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",
            "KernelPlan", "Loop", "Node", "Op", "OpParam", "Plan", "Reduce", "ReduceOp", "Region",

@@ -422,7 +422,10 @@ def takes_mask(s: "Schedule") -> bool:
     dispatches and combines. Their kernels get an `active` argument; every barrier and every loop
     over ranks is over the live ranks only, and the routing drops the entries of masked ranks'
     experts. (AllToAllV, routed the same way, does not take one.)"""
-    return s.contract.kind in (ContractKind.MOE_DISPATCH, ContractKind.MOE_COMBINE)
+    return s.contract.kind in MASKED_KINDS
+
+
+MASKED_KINDS = (ContractKind.MOE_DISPATCH, ContractKind.MOE_COMBINE)   # takes_mask, by contract kind
 
 
 # A window row `place` writes from other ranks is a whole number of 32-byte blocks, so that no

@@ -75,8 +75,7 @@ class Decls(Scope):
             self.err(Codes.BAD_TYPE, "one redop parameter per schedule is supported", s.span)
         contract = self.contract(s.contract)
         # a MoE dispatch or combine: its calls take a mask of live ranks (ir.takes_mask)
-        self.masked = contract is not None and contract.kind in (ir.ContractKind.MOE_DISPATCH,
-                                                                  ir.ContractKind.MOE_COMBINE)
+        self.masked = contract is not None and contract.kind in ir.MASKED_KINDS
         if contract is not None and contract.kind.moe and self.teams:
             # a MoE call takes a mask of live ranks, and a team's places are not ranks: the masked
             # variants of team loops and team barriers are not built (dsl/README.md, "Teams")
