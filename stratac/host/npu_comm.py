@@ -533,6 +533,10 @@ def npu_schedule_class():
             super().__init__(comm, s, built)
             self.max_cores = passes.SOCS[s.kernel.soc]
 
+        def auto_limit(self) -> int:
+            """The NPU rule alone: the vector cores are hardware, not this host's CPUs."""
+            return self.cores
+
         def unload(self) -> None:
             super().unload()
             if self._kernels is not None:
@@ -553,7 +557,7 @@ def npu_schedule_class():
             params = self.instance_params(sizes, scalars)
             if bits != ALL_RANKS:   # the masked variant of this instance must be proven too
                 self._check_instance(params, bits)
-            # the same decision as the CPU launcher's (stratac.host.cores): cores follow the bytes
+            # the CPU launcher's rule without its host cap (stratac.host.cores): cores follow the bytes
             blocks = self.last_cores = self.launch_cores(cores, self.max_cores, sizes, dtype)
             op_param = getattr(self.ir, "op_param", None)
             fixed = {"dtype": dtype.code, "op": scalars.get(op_param.name, 0) if op_param else 0,

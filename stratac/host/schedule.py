@@ -21,7 +21,7 @@ from stratac.codegen import abi
 from stratac.codegen.pipeline import Compiled, compile_schedules
 from stratac.diagnostics import Source
 from stratac.host import instance
-from stratac.host.cores import auto_cores
+from stratac.host.cores import auto_cores, host_cores
 from stratac.host.cpu_model import last_error
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.ir import passes
@@ -184,18 +184,23 @@ class Schedule:
         """The vector cores a call launches on: cores itself when given, which must be a whole
         number in [1, limit] (0 is not "all cores"; limit is the vector core count of the SoC the
         kernel was compiled for); when None, the number that follows the bytes the call moves
-        (stratac.host.cores: one per 64 KiB of its largest buffer, at most the plan's cores,
-        self.cores), or the plan's cores when the sizes are not known yet."""
+        (stratac.host.cores: one per 64 KiB of its largest buffer, at most auto_limit()), or the
+        plan's cores when the sizes are not known yet."""
         if cores is None:
             if sizes is None or dtype is None:
                 return self.cores
-            return auto_cores(self.ir, self.comm.world, sizes, dtype.nbytes, self.cores)
+            return auto_cores(self.ir, self.comm.world, sizes, dtype.nbytes, self.auto_limit())
         if isinstance(cores, bool) or not isinstance(cores, int) or not 1 <= cores <= limit:
             raise StrataUsageError(
                 f"{self.name}: cores must be between 1 and {limit}, got {cores!r} ({limit} is the vector "
                 f"core count of {self.soc}, the SoC it was compiled for; compile for another with "
                 f"passes.Options(soc=...) or --soc)")
         return cores
+
+    def auto_limit(self) -> int:
+        """The most cores a call launches on unless it names them: on the CPU model the plan's
+        cores, capped at the CPUs each rank of the world has on this host (stratac.host.cores)."""
+        return min(self.cores, host_cores(self.comm.world))
 
     def unload(self) -> None:
         if self._lib is not None:

@@ -2,6 +2,7 @@
 the call's largest buffer (MoE: its routed rows), at least 1, at most the plan's cores; the figure
 comes from the machine description."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,14 @@ def test_allreduce_allgather_and_moe_count_their_bytes():
     sizes = {k: v for k, v in sizes.items() if k in disp.sizes}
     got = cores.launch_bytes(disp, 4, sizes, 2)
     assert got == 128 * 7168 * 2 * 8, (disp.sizes, got)
+
+
+def test_the_cpu_model_caps_cores_at_the_cpus_each_rank_has():
+    """Every rank runs on this host's CPUs: one rank has them all, a world as large as the CPUs (or
+    larger) one each, never none; the bench header says which cap applied."""
+    cpus = len(os.sched_getaffinity(0))
+    assert cores.host_cores(1) == cpus
+    assert cores.host_cores(cpus) == cores.host_cores(4 * cpus) == 1
+    assert cores.host_cores(2) == max(1, cpus // 2)
+    assert cores.by_size(40, 4 * cpus) == "by size (at most 1: the plan's 40, capped at the 1 CPU per rank)"
+    assert cores.by_size(1, 1) == "by size (at most 1: the plan's 1)"

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from stratac.host import schedule
+from stratac.host.cores import by_size as cores_by_size
 from stratac.ir import DType, passes
 from stratac.lang.frontend import load_source, schedules
 from stratac.tools.bench import benchpeer, machine, proofs
@@ -141,7 +142,7 @@ def run(spec: BenchSpec, pairs: list[tuple[str, str | None]], echo=print) -> Ben
     opts = passes.Options(soc=spec.soc, cores=spec.cores)
     opts.check()
     compiled = schedule.compile_source(load_source(spec.file), opts, worlds=[spec.world])
-    meta["cores"] = spec.cores or f"by size (at most {compiled[0].schedule.kernel.cores})"
+    meta["cores"] = spec.cores or cores_by_size(compiled[0].schedule.kernel.cores, spec.world)
     rspec = runner.RunSpec(file=spec.file, world=spec.world, cases=cases, iters=spec.iters,
                            warmup=spec.warmup, timeout=spec.timeout, check=True, seed=spec.seed,
                            soc=spec.soc, cores=spec.cores)

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from stratac.host import schedule
+from stratac.host.cores import by_size as cores_by_size
 from stratac.ir import DType, passes
 from stratac.lang.frontend import load_source
 from stratac.tools.bench import backendpeer, benchpeer, machine, moe, mpi, proofs, trace
@@ -76,7 +77,7 @@ def run(spec: BenchSpec, echo=print) -> BenchResult:
                             else {"bytes": 0, "gbps_1_thread": 0.0, "gbps_all_threads": 0.0, "threads": 0})
     meta["selected"] = spec.selected
     pl = plan(spec)
-    meta["cores"] = spec.cores or f"by size (at most {pl.compiled[0].schedule.kernel.cores})"
+    meta["cores"] = spec.cores or cores_by_size(pl.compiled[0].schedule.kernel.cores, spec.world)
     meta["instance_proofs"] = proofs.prove(spec.world, pl.instances)
     rspec = runner.RunSpec(file=spec.file, world=spec.world, cases=pl.cases, iters=spec.iters,
                            warmup=spec.warmup, timeout=spec.timeout, check=True, seed=spec.seed,
