@@ -904,6 +904,22 @@ def test_a_segment_someone_else_could_have_made_is_refused(lib, mode, uid):
 
 
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [(8 << 20) // 4 + 7, (8 << 20) // 4 - 9])
+def test_a_large_sdma_post_lands_every_byte_streamed_or_not(driver, tmp_path, n):
+    """Posts of 8 MiB and more are copied with non-temporal stores (runtime/cpu/src/sdma.cpp
+    StreamBytes), smaller ones with memmove: either way a put to a destination 20 bytes off a
+    64-byte line lands exactly its n floats, nothing before or after them."""
+    skew = 5
+    run_driver(driver, tmp_path, "big_put", n, skew)
+    for r in range(2):
+        peer = 1 - r
+        dst = np.fromfile(tmp_path / f"big_put_dst_{r}.bin", dtype=np.float32)
+        want = np.zeros(n + skew + 1)
+        want[skew:skew + n] = peer * 4000000 + np.arange(n, dtype=np.float64)
+        np.testing.assert_array_equal(dst, want)
+
+
+# ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("threads", [None, "1"])
 def test_sdma_copies_land_while_the_core_waits(driver, tmp_path, threads):
     """Rank 0's cores SDMA-put data and then a flag to rank 1 and wait for rank 1's acknowledgement

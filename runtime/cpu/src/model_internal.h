@@ -293,7 +293,11 @@ struct SdmaJob {
   int core;
   double due;  // Now() before which the copy does not land (0: at once); see Mix64
   bool wake;   // the engine thread is woken for it (see SdmaPost)
+  bool stream;  // a post larger than StreamBytes(): copied with non-temporal stores (StreamCopy)
 };
+
+// Posts of at least this many bytes are copied around the CPU caches (sdma.cpp).
+uint64_t StreamBytes();
 
 // Moves a job's bytes, timed for the cost accounting (as the engine's or the running core's) (sdma.cpp).
 void SdmaCopyBytes(const SdmaJob& job);

@@ -7,6 +7,7 @@
 //   driver fail OUT_DIR CASE W C TIMEOUT
 //   driver reuse OUT_DIR W N             driver relaunch OUT_DIR
 //   driver stale_host OUT_DIR          driver progress OUT_DIR C N
+//   driver big_put OUT_DIR N SKEW
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -30,6 +31,7 @@ int launch_syncall(uint32_t, uint8_t*, uint8_t*, uint32_t);
 int launch_numeric(uint8_t*, uint8_t*, uint32_t);
 int launch_fail(uint32_t, uint8_t*, int32_t);
 int launch_sdma_progress(uint32_t, uint8_t*, uint8_t*, uint8_t*, uint8_t*, uint8_t*, uint32_t);
+int launch_big_put(uint8_t*, uint8_t*, uint32_t, uint32_t);
 }
 
 static std::string g_out;
@@ -157,6 +159,24 @@ static int Progress(int C, uint32_t n) {
       if (strata_cpu_barrier() != 0) Die(r, "barrier");
       if (r == 1) Dump("progress_got_" + std::to_string(round) + ".bin", got, C * n * 4);
     }
+    return 0;
+  });
+}
+
+// Two ranks, one SDMA put of n floats each to the other (at float `skew` of dst); dumps dst after
+// the launch.
+static int BigPut(uint32_t n, uint32_t skew) {
+  const uint64_t src_bytes = uint64_t(n) * 4, dst_bytes = (uint64_t(n) + skew + 1) * 4;
+  return RunRanks(2, (src_bytes + dst_bytes + (1u << 20)) / 512 * 512, 20.0, [&](int r) {
+    uint8_t* src = Alloc(r, src_bytes);
+    uint8_t* dst = Alloc(r, dst_bytes);
+    float* s = reinterpret_cast<float*>(src);
+    for (uint32_t i = 0; i < n; ++i) s[i] = float(r * 4000000 + int(i));
+    memset(dst, 0, dst_bytes);
+    if (strata_cpu_barrier() != 0) Die(r, "barrier");
+    if (launch_big_put(src, dst, n, skew) != 0) Die(r, "launch_big_put");
+    if (strata_cpu_barrier() != 0) Die(r, "barrier");
+    Dump("big_put_dst_" + std::to_string(r) + ".bin", dst, dst_bytes);
     return 0;
   });
 }
@@ -377,6 +397,7 @@ int main(int argc, char** argv) {
   if (what == "relaunch") return Relaunch();
   if (what == "stale_host") return StaleHost();
   if (what == "progress") return Progress(int(arg(3)), uint32_t(arg(4)));
+  if (what == "big_put") return BigPut(uint32_t(arg(3)), uint32_t(arg(4)));
   fprintf(stderr, "unknown scenario %s\n", what.c_str());
   return 1;
 }

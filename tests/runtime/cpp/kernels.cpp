@@ -834,3 +834,24 @@ extern "C" int launch_ub_paths(uint32_t blocks, uint8_t* out, uint8_t* zeros, ui
                                uint32_t how) {
   return STRATA_CPU_LAUNCH(ub_paths_kernel, blocks, out, zeros, carve, dirty, how);
 }
+
+// ---------------------------------------------------------------------------------------------
+// big_put: core 0 of each rank SDMA-puts the n floats of `src` to the next rank's `dst` from float
+// `skew` on (a destination off a 64-byte line: the unaligned head and tail of a streamed copy) and
+// quiets. n * 4 bytes above or below the 8 MiB from which the model copies a post with non-temporal
+// stores (runtime/cpu/src/sdma.cpp StreamBytes).
+extern "C" __global__ __aicore__ void big_put_kernel(GM_ADDR src, GM_ADDR dst, uint32_t n, uint32_t skew) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  const int me = aclshmem_my_pe(), W = aclshmem_n_pes();
+  TPipe pipe;
+  TBuf<> scratch;
+  pipe.InitBuffer(scratch, 64);
+  LocalTensor<float> s = scratch.Get<float>();
+  float* from = reinterpret_cast<float*>(src);
+  aclshmemx_sdma_put_nbi(reinterpret_cast<float*>(dst) + skew, from, s.GetPhyAddr(), 64, n, (me + 1) % W, EVENT_ID0);
+  aclshmemx_sdma_quiet(s.GetPhyAddr(), 64, EVENT_ID0);
+}
+
+extern "C" int launch_big_put(uint8_t* src, uint8_t* dst, uint32_t n, uint32_t skew) {
+  return STRATA_CPU_LAUNCH(big_put_kernel, 1, src, dst, n, skew);
+}
