@@ -241,9 +241,11 @@ class Mover {
   }
 
   // Tile reduction of m <= Tile() elements: call Fold once per source (first = true for the
-  // first), then Store. The first source initialises the accumulator through the vector unit
-  // (no UB -> UB DataCopy): 16-bit T by its Cast to float, 32-bit T by Muls(1), exact for every
-  // value (x * 1 == x, -0 and NaN included).
+  // first), then Store. 16-bit T: the first source initialises the float accumulator by its Cast.
+  // 32-bit T: the first source's tile is held in the input queue (its depth is 2) and the second
+  // is combined with it straight into the accumulator (acc = first op second: one vector pass for
+  // the two, no UB -> UB DataCopy); a lone source reaches the accumulator by Muls(1) in Store,
+  // exact for every value (x * 1 == x, -0 and NaN included).
   template <Red op>
   __aicore__ inline void Fold(__gm__ T* src, uint32_t m, bool first) {
     AscendC::GlobalTensor<T> g;
@@ -264,8 +266,15 @@ class Mover {
       }
     } else {
       if (first) {
+        held_ = in;   // freed once the second source is combined with it, or by Store
+        holding_ = true;
+        return;
+      }
+      if (holding_) {
         acc_ = outQ_.template AllocTensor<T>();
-        AscendC::Muls(acc_, in, static_cast<T>(1), n);
+        Combine3<op>(acc_, held_, in, n);
+        inQ_.FreeTensor(held_);   // in allocation order
+        holding_ = false;
       } else {
         Combine<op, T>(acc_, in, n);
       }
@@ -279,6 +288,11 @@ class Mover {
     if constexpr (IsWideAcc<T>::value) {
       acc_ = outQ_.template AllocTensor<T>();
       AscendC::Cast(acc_, accBuf_.template Get<float>(), AscendC::RoundMode::CAST_RINT, m);
+    } else if (holding_) {   // one source: its tile is the result
+      acc_ = outQ_.template AllocTensor<T>();
+      AscendC::Muls(acc_, held_, static_cast<T>(1), static_cast<int32_t>(m));
+      inQ_.FreeTensor(held_);
+      holding_ = false;
     }
     outQ_.EnQue(acc_);
     AscendC::LocalTensor<T> out = outQ_.template DeQue<T>();
@@ -309,6 +323,18 @@ class Mover {
       AscendC::Max(acc, acc, x, n);
     } else {
       AscendC::Min(acc, acc, x, n);
+    }
+  }
+  // dst = a op b (32-bit T: the first two sources of a tile).
+  template <Red op>
+  __aicore__ inline void Combine3(AscendC::LocalTensor<T>& dst, AscendC::LocalTensor<T>& a,
+                                  AscendC::LocalTensor<T>& b, int32_t n) {
+    if (op == Red::kSum) {
+      AscendC::Add(dst, a, b, n);
+    } else if (op == Red::kMax) {
+      AscendC::Max(dst, a, b, n);
+    } else {
+      AscendC::Min(dst, a, b, n);
     }
   }
 
@@ -364,6 +390,8 @@ class Mover {
   AscendC::TBuf<AscendC::TPosition::VECCALC> accBuf_;   // 16-bit T: the float accumulator
   AscendC::TBuf<AscendC::TPosition::VECCALC> tmpBuf_;   // 16-bit T: a source cast to float
   AscendC::LocalTensor<T> acc_;   // 32-bit T: the accumulator; 16-bit T: the rounded result
+  AscendC::LocalTensor<T> held_;  // 32-bit T: the first source of a tile until the second (Fold)
+  bool holding_ = false;
   AscendC::TPipe* pipe_ = nullptr;
   int64_t tile_ = 0;    // elements per copy tile
   int64_t rtile_ = 0;   // elements per reduction tile
