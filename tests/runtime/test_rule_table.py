@@ -20,7 +20,7 @@ REQUIRED = ["UB capacity", "UB bounds", "`DataCopy` length", "UB side of a DMA",
             "GM bounds", "`aclshmem_ptr`:", "`aclshmem_ptr`, SDMA: `pe`", "kernel type", "`SyncAll` only",
             "`SyncAll` that a core", "queues", "`DeQue` of an empty queue", "`TBuf::GetWithOffset`",
             "`WaitFlag` needs", "event flags are binary", "event ids", "UB->GM under `SetAtomic",
-            "DMA atomics only", "SDMA scratch", "SDMA completion", "SDMA queue depth", "SQE cost", "waits",
+            "DMA atomics only", "SDMA scratch", "SDMA overlap", "SDMA completion", "SDMA queue depth", "SQE cost", "waits",
             "dead peers", "core count", "SHMEM default UB", "signal alignment", "stale read",
             "one scalar writer per line", "lost write", "dirty at return", "A2/A3 arithmetic types",
             "A2/A3 `Div` types", "A2/A3 `Duplicate` types", "`Cast` pairs", "`Cast` modes", "widening overlap"]

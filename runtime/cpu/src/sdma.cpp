@@ -4,7 +4,7 @@
 // delayed (STRATA_CPU_SDMA_DELAY_US, Mix64); the quiet waits until the queue is empty. Also
 // SHMEM's MTE UB window (aclshmemx_set_mte_config). In: posts and quiets; out: copies landed,
 // counters, failures. Rules of runtime/README.md's table: "`aclshmem_ptr`, SDMA: `pe` in
-// `[0, world)`" (SdmaPost), "SDMA scratch" (CheckSdmaScratch), "SDMA queue depth" and "SQE cost"
+// `[0, world)`" (SdmaPost), "SDMA overlap" (SdmaPost), "SDMA scratch" (CheckSdmaScratch), "SDMA queue depth" and "SQE cost"
 // (SdmaPost, SdmaQuiet), "waits" (SdmaQuiet's deadline); "SDMA completion" is CoreMain's
 // (launch.cpp).
 #include "model_internal.h"
@@ -79,8 +79,8 @@ SdmaEngine* Engine(CoreState* c) {
 // cache"), 1 MiB pieces of a copy of S bytes: S = 4 MiB 23.9 GB/s with memmove against 21.5 GB/s
 // streamed, 16 MiB 12.6 against 18.4, 64 MiB 9.8 against 15.5. The threshold is a constant, not the
 // cache size: on that host sysconf(_SC_LEVEL3_CACHE_SIZE) gives 256 MiB where lscpu shows 32.
-// Only a speed matter: the bytes and their order are memmove's (streamed only when the source and
-// destination do not overlap).
+// Only a speed matter: the bytes are memmove's (a post never overlaps its own source but in full,
+// which is not streamed: SdmaPost).
 uint64_t StreamBytes() { return uint64_t(8) << 20; }
 
 namespace {
@@ -143,6 +143,14 @@ STRATA_EXPORT void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes
   }
   CheckGmImpl(s, bytes, op);
   CheckGmImpl(d, bytes, op);
+  const uintptr_t da = reinterpret_cast<uintptr_t>(d), sa = reinterpret_cast<uintptr_t>(s);
+  if (bytes != 0 && da != sa && da < sa + bytes && sa < da + bytes)
+    FailStr(Sprintf("%s: source and destination of this %llu-byte copy overlap by %llu bytes (destination %s "
+                    "the source by %llu bytes): what an SDMA engine does with an overlapping copy is not "
+                    "documented, so the model refuses it (a copy onto its own range is allowed)",
+                    op, (unsigned long long)bytes,
+                    (unsigned long long)(bytes - (da > sa ? da - sa : sa - da)), da > sa ? "after" : "before",
+                    (unsigned long long)(da > sa ? da - sa : sa - da)));
   LedgerRead(s, bytes, op);
   // The local symmetric range must stay inside its heap instance too.
   if (put ? (OwnerOf(d) != pe || static_cast<uint8_t*>(d) + bytes > HeapOf(pe) + CurPool().heap_bytes)
@@ -171,8 +179,7 @@ STRATA_EXPORT void SdmaPost(bool put, void* dst, const void* src, uint64_t bytes
     std::lock_guard<std::mutex> lk(e->mu);
     const Launch* L = c->launch;
     const double now = L->sdma_delay_us ? Now() : 0;
-    const uintptr_t da = reinterpret_cast<uintptr_t>(d), sa = reinterpret_cast<uintptr_t>(s);
-    const bool stream = bytes >= StreamBytes() && (da + bytes <= sa || sa + bytes <= da);  // no overlap
+    const bool stream = bytes >= StreamBytes() && da != sa;  // overlaps are refused above
     for (uint64_t k = 0; k < sqes; ++k) {
       uint64_t off = k * STRATA_SDMA_SQE_BYTES, n = std::min<uint64_t>(STRATA_SDMA_SQE_BYTES, bytes - off);
       double due = 0;

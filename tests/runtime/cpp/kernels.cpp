@@ -298,6 +298,8 @@ enum FailCase {
   // (runtime/cpu/src/ledger.cpp, "The SDMA ledger"): signal before the quiet (refused), quiet then signal, and an
   // unrelated signal while the copy is posted followed by quiet and a second signal (both pass)
   kSdmaFlagBeforeQuiet, kSdmaQuietThenFlag, kSdmaAnnouncedThenQuieted,
+  // an SDMA put of 64 floats onto the same buffer 8 floats further on (overlapping)
+  kSdmaOverlap,
 };
 
 extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
@@ -595,6 +597,11 @@ extern "C" __global__ __aicore__ void fail_kernel(GM_ADDR buf, int32_t which) {
         aclshmemx_sdma_put_nbi(reinterpret_cast<float*>(buf), reinterpret_cast<float*>(buf), t.GetPhyAddr(), 64,
                                3u << 18, 0, EVENT_ID0);
       }
+      break;
+    case kSdmaOverlap:
+      if (actor)
+        aclshmemx_sdma_put_nbi(reinterpret_cast<float*>(buf) + 8, reinterpret_cast<float*>(buf), t.GetPhyAddr(), 64,
+                               64, 0, EVENT_ID0);
       break;
     case kEventSetSet:
       if (actor) {
