@@ -4,9 +4,9 @@
 // delayed (STRATA_CPU_SDMA_DELAY_US, Mix64); the quiet waits until the queue is empty. Also
 // SHMEM's MTE UB window (aclshmemx_set_mte_config). In: posts and quiets; out: copies landed,
 // counters, failures. Rules of runtime/README.md's table: "`aclshmem_ptr`, SDMA: `pe` in
-// `[0, world)`" (SdmaPost), "SDMA overlap" (SdmaPost), "SDMA scratch" (CheckSdmaScratch), "SDMA queue depth" and "SQE cost"
-// (SdmaPost, SdmaQuiet), "waits" (SdmaQuiet's deadline); "SDMA completion" is CoreMain's
-// (launch.cpp).
+// `[0, world)`" and "SDMA overlap" (SdmaPost), "SDMA scratch" (CheckSdmaScratch), "SDMA queue
+// depth" and "SQE cost" (SdmaPost, SdmaQuiet), "waits" (SdmaQuiet's deadline); "SDMA completion"
+// is CoreMain's (launch.cpp).
 #include "model_internal.h"
 #if defined(__x86_64__)
 #include <emmintrin.h>  // _mm_stream_si128, _mm_sfence (StreamCopy)
