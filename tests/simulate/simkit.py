@@ -7,6 +7,9 @@ from stratac import ir
 from stratac.ir import passes
 from stratac.lang import frontend
 from stratac.tools.run.workload import MoeWorkload
+from stratac.tools.simulate.sample_routing import Routed
+from stratac.tools.simulate.stage_cost import SCALAR_CALL_US, SCALAR_ELEMENT_US, stage_cost
+from stratac.tools.simulate.template import lengths, template
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.strata"))
@@ -57,3 +60,43 @@ def moe_env(s: ir.Schedule, world: int, tokens: int = 5, hidden: int = 3, topk: 
     if s.contract.kind is ir.ContractKind.ALLTOALLV:
         topk, experts = 1, world
     return MoeWorkload(s, None, world, tokens, hidden, topk, experts or 2 * world).sizes(s)
+
+
+# ---- schedules and helpers shared by several test files of this folder ----
+
+# out-of-place push AllGather on each engine: rank r copies x into block r of every rank's out
+PUSH = """
+schedule push_{engine}(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {{
+  blk = split(out, world)
+  barrier
+  on {engine}: for p in ranks: blk[rank]@p = x
+  barrier
+}}
+"""
+
+# prefill dispatch with place on `{engine}`, and its combine
+MOE = """
+schedule d(x: sym T[tokens, hidden], ids: i32[tokens, topk], counts: sym i32[world, experts],
+           win: sym T[world * tokens * topk, hidden]) implements moe_dispatch(x, ids -> win, counts) {{
+  scratch offs: i32[experts]
+  mine = split(counts, world)
+  on aiv: mine[rank] = histogram(ids)
+  barrier
+  on sdma: for p in peers: mine[rank]@p = mine[rank]
+  barrier
+  on aiv: offs = exscan(counts)
+  on {engine}: win = place(x, ids, offs)
+  barrier
+}}
+"""
+C0, E1 = SCALAR_CALL_US, SCALAR_ELEMENT_US
+
+
+def _moe_cost(s: ir.Schedule, m, world: int, tokens: int, routing: str, stage: int, cores: int = 1,
+              hidden: int = 256, elem: int = 2):
+    """The StageCost of stage `stage` (numbered from 1) of s at these sizes (topk 1, one expert per
+    rank)."""
+    env = moe_env(s, world, tokens, hidden, 1, world)
+    t = template(s, world, env)
+    routed = Routed.sample(routing, world, tokens, 1, world)
+    return stage_cost(t, stage, lengths(t, env), elem, m, cores, routed)

@@ -3,52 +3,18 @@ routing, against hand-computed values on the tiny machine; the prefill schedules
 staging baseline on the shipped machine file; the --tokens syntax."""
 
 import pytest
-from simkit import ROOT, example, moe_env, schedule
+from simkit import C0, E1, MOE, ROOT, _moe_cost, example, schedule
 
-from stratac import ir
 from stratac.ir import passes
 from stratac.lang import frontend
 from stratac.tools.options import parse_counts
 from stratac.tools.simulate.machine import Machine
 from stratac.tools.simulate.moe import MoeSpec, predict_moe
 from stratac.tools.simulate.sample_routing import Routed
-from stratac.tools.simulate.stage_cost import (
-    SCALAR_CALL_US,
-    SCALAR_ELEMENT_US,
-    stage_cost,
-)
-from stratac.tools.simulate.template import lengths, template
+from stratac.tools.simulate.stage_cost import SCALAR_ELEMENT_US
 
 # ---- MoE routing on the tiny machine: built from the sample routing, by hand ----
 # c0 = SCALAR_CALL_US per routing call, e = SCALAR_ELEMENT_US per id/count/offset (assumptions)
-
-# prefill dispatch with place on `{engine}`, and its combine
-MOE = """
-schedule d(x: sym T[tokens, hidden], ids: i32[tokens, topk], counts: sym i32[world, experts],
-           win: sym T[world * tokens * topk, hidden]) implements moe_dispatch(x, ids -> win, counts) {{
-  scratch offs: i32[experts]
-  mine = split(counts, world)
-  on aiv: mine[rank] = histogram(ids)
-  barrier
-  on sdma: for p in peers: mine[rank]@p = mine[rank]
-  barrier
-  on aiv: offs = exscan(counts)
-  on {engine}: win = place(x, ids, offs)
-  barrier
-}}
-"""
-C0, E1 = SCALAR_CALL_US, SCALAR_ELEMENT_US
-
-
-def _moe_cost(s: ir.Schedule, m, world: int, tokens: int, routing: str, stage: int, cores: int = 1,
-              hidden: int = 256, elem: int = 2):
-    """The StageCost of stage `stage` (numbered from 1) of s at these sizes (topk 1, one expert per
-    rank)."""
-    env = moe_env(s, world, tokens, hidden, 1, world)
-    t = template(s, world, env)
-    routed = Routed.sample(routing, world, tokens, 1, world)
-    return stage_cost(t, stage, lengths(t, env), elem, m, cores, routed)
-
 
 def test_moe_place_to_one_peer_is_rows_over_the_link(tmp_path, tiny):
     # routing `single`: every token picks expert 0, which lives on rank 0; rank 1 sends all its rows

@@ -3,23 +3,12 @@ machine, and against the shipped machine file. No test asserts anything about re
 figures are the model's own arithmetic."""
 
 import pytest
-from simkit import example, schedule
+from simkit import PUSH, example, schedule
 
 from stratac.ir import passes
 from stratac.tools.simulate.predict import predict, predict_count
 from stratac.tools.simulate.stage_cost import stage_cost
 from stratac.tools.simulate.template import lengths, template
-
-# out-of-place push AllGather on each engine: rank r copies x into block r of every rank's out
-PUSH = """
-schedule push_{engine}(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {{
-  blk = split(out, world)
-  barrier
-  on {engine}: for p in ranks: blk[rank]@p = x
-  barrier
-}}
-"""
-
 
 # ---- the model's arithmetic on the tiny machine (1 core, 1 SDMA queue) ----
 # barrier = 2 SyncAll + ceil(world / cores) flag issues + fabric latency (world > 1)

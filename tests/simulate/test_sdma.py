@@ -6,9 +6,7 @@ the constants are checked against the device header and the CPU model."""
 import re
 
 import pytest
-from simkit import ROOT, schedule
-from test_moe import C0, E1, MOE, _moe_cost
-from test_predict import PUSH
+from simkit import C0, E1, MOE, PUSH, ROOT, _moe_cost, schedule
 
 from stratac.ir import passes
 from stratac.tools.simulate.machine import Machine
