@@ -262,7 +262,7 @@ class Mover {
       } else {
         AscendC::LocalTensor<float> x = tmpBuf_.template Get<float>();
         AscendC::Cast(x, in, AscendC::RoundMode::CAST_NONE, m);
-        Combine<op, float>(acc, x, n);
+        Combine<op, float>(acc, acc, x, n);
       }
     } else {
       if (first) {
@@ -272,11 +272,11 @@ class Mover {
       }
       if (holding_) {
         acc_ = outQ_.template AllocTensor<T>();
-        Combine3<op>(acc_, held_, in, n);
+        Combine<op, T>(acc_, held_, in, n);
         inQ_.FreeTensor(held_);   // in allocation order
         holding_ = false;
       } else {
-        Combine<op, T>(acc_, in, n);
+        Combine<op, T>(acc_, acc_, in, n);
       }
     }
     inQ_.FreeTensor(in);
@@ -315,20 +315,10 @@ class Mover {
   }
 
  private:
+  // dst = a op b, elementwise (dst may be a: acc op= x).
   template <Red op, typename A>
-  __aicore__ inline void Combine(AscendC::LocalTensor<A>& acc, AscendC::LocalTensor<A>& x, int32_t n) {
-    if (op == Red::kSum) {
-      AscendC::Add(acc, acc, x, n);
-    } else if (op == Red::kMax) {
-      AscendC::Max(acc, acc, x, n);
-    } else {
-      AscendC::Min(acc, acc, x, n);
-    }
-  }
-  // dst = a op b (32-bit T: the first two sources of a tile).
-  template <Red op>
-  __aicore__ inline void Combine3(AscendC::LocalTensor<T>& dst, AscendC::LocalTensor<T>& a,
-                                  AscendC::LocalTensor<T>& b, int32_t n) {
+  __aicore__ inline void Combine(AscendC::LocalTensor<A>& dst, AscendC::LocalTensor<A>& a,
+                                 AscendC::LocalTensor<A>& b, int32_t n) {
     if (op == Red::kSum) {
       AscendC::Add(dst, a, b, n);
     } else if (op == Red::kMax) {
