@@ -170,7 +170,6 @@ def _bench_serving(args) -> int:
 
 # the bench's flags --breakdown cannot honour: each names what it would need
 _NOT_WITH_BREAKDOWN = (
-    ("vs", "--vs", "peers are measured by the sweep: run stratac bench --vs without --breakdown"),
     ("plot", "--plot", "the breakdown has no busbw curve to plot"),
     ("trace", "--trace", "the breakdown reads the model's cost accounting, not its trace"),
     ("selected", "--selected", "the breakdown measures every schedule of the file"),
@@ -201,13 +200,14 @@ def _bench_breakdown(args) -> int:
     if args.file is None or args.world is None:
         print("stratac: error: bench --breakdown needs a FILE and --world", file=sys.stderr)
         return EXIT_USAGE
+    peers = tuple(p.strip() for p in (args.vs or "").split(",") if p.strip())
     sizes = args.sizes or options.size_sweep(BREAKDOWN_SIZES)
     large = 16 << 20
     iters_large = max(3, args.iters // 4)
     try:
         bd = breakdown.run(args.file, args.world, sizes, dtype=args.dtype, op=args.op, root=args.root,
                            cores=args.cores, iters=args.iters, warmup=args.warmup, iters_large=iters_large,
-                           large=large, timeout=args.timeout, soc=args.soc,
+                           large=large, timeout=args.timeout, soc=args.soc, peers=peers,
                            echo=lambda line: print(line, file=sys.stderr))
     except breakdown.BreakdownError as exc:
         print(f"stratac bench: error: {exc}", file=sys.stderr)
@@ -400,7 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--breakdown", action="store_true",
                    help="where a call's time goes, per schedule and size (default sizes "
                    f"{BREAKDOWN_SIZES}; from 16M a quarter of --iters): python, launch, core start, waits, "
-                   "copies per engine, the model's deliberate costs as named terms, join (docs/bench.md)")
+                   "copies per engine, the model's deliberate costs as named terms, join; with --vs mpi, MPI's time "
+                   "of the same collective beside it, as run and less those terms (docs/bench.md)")
     b.add_argument("--all-ranks", action="store_true",
                    help="with --breakdown: every rank's breakdown, not only rank 0's")
     b.add_argument("--seed", type=int, default=0)

@@ -104,7 +104,6 @@ def test_the_table_prints_each_term_the_sum_and_the_difference(bd):
 
 
 @pytest.mark.parametrize("args, flag", [
-    (["--vs", "mpi"], "--vs"),
     (["--plot", "x.png"], "--plot"),
     (["--trace", "t.json"], "--trace"),
     (["--selected"], "--selected"),
@@ -116,6 +115,48 @@ def test_flags_the_breakdown_cannot_honour_are_refused_by_name(capsys, args, fla
                    "--breakdown", *args])
     err = capsys.readouterr().err
     assert rc == 2 and f"--breakdown cannot honour {flag}" in err and "Traceback" not in err
+
+
+def test_peers_but_mpi_are_refused_by_name(capsys):
+    rc = cli.main(["bench", str(ROOT / "examples" / "allreduce_twoshot.strata"), "--world", "2",
+                   "--breakdown", "--vs", "gloo,mpi"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "only mpi beside stratac, not gloo" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_mpi_beside_the_breakdown_in_the_same_run(tmp_path):
+    """--vs mpi: MPI's time of the same collective, measured by mpirun between stratac's sizes, and
+    stratac's time compared the same way (each call's slowest rank), as run and less the
+    deliberate terms."""
+    from stratac.tools.bench import benchspec, mpi
+    try:
+        mpi.setup_mpi(echo=lambda line: None)
+    except benchspec.BenchError as exc:
+        pytest.skip(f"MPI cannot be installed here: {exc}")
+    path = tmp_path / "two.strata"
+    path.write_text((ROOT / "examples" / "allgather_push.strata").read_text() + "\n"
+                    + (ROOT / "examples" / "allreduce_twoshot.strata").read_text())
+    sizes = [4096, 8192]
+    got = breakdown.run(str(path), WORLD, sizes, cores=1, iters=6, warmup=1, ceiling=False,
+                        peers=("mpi",), echo=lambda line: None)
+    assert got.status == 0 and not got.failures, got.failures
+    names = {"allgather_push": "MPI_Allgather", "allreduce_twoshot": "MPI_Allreduce"}
+    rank0 = [r for r in got.rows if r["rank"] == 0]
+    assert {(r["schedule"], r["size"]) for r in rank0} == {(s, n) for s in names for n in sizes}
+    for r in rank0:
+        m = r["mpi"]
+        assert m["schedule"] == names[r["schedule"]] and m["errors"] == 0 and m["time_s"] > 0
+        # the median of each call's slowest rank is no less than rank 0's own median
+        assert m["slowest_s"] >= r["figures"]["wall_plain"] - 1e-9
+        least = min(x["deliberate"] for x in got.rows if (x["schedule"], x["size"]) == (r["schedule"], r["size"]))
+        assert m["slowest_less_deliberate_s"] == pytest.approx(m["slowest_s"] - least)
+    assert all("mpi" not in r for r in got.rows if r["rank"] != 0)
+    text = "\n".join(breakdown.table(got))
+    for line in ("mpi: time (us)", "ratio as run (MPI / stratac)", "ratio less the deliberate terms"):
+        assert line in text
+    named = [line.split() for line in text.splitlines() if line.strip().startswith("mpi: the collective")]
+    assert [row[-2:] for row in named] == [["MPI_Allgather", "MPI_Allreduce"]] * len(sizes)
 
 
 def test_all_ranks_without_breakdown_and_a_moe_file_are_refused(capsys):

@@ -33,6 +33,11 @@ bytes and time, SDMA bytes, SQEs, its engine threads' and the cores' copy time; 
 every core (everything but its waits, the SQE spin as charged) plus its engine threads' copies,
 with the deliberate part of it: what the rank's threads had to run, where the critical core mostly
 waits for the others.
+
+With `--vs mpi`, an mpirun job (benchpeer.mpi_main) measures each schedule's collective at the same
+bytes after each size, the two jobs taking turns through benchpeer's gate; MPI's time is printed
+beside stratac's, compared the same way (each call's slowest rank), as run and less the deliberate
+terms.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stratac.tools.bench import callruns
+from stratac.tools.bench import benchpeer, callruns
 
 # (key, label, deliberate): the additive terms of a call, in time order
 TERMS = (
@@ -143,8 +148,9 @@ def rank_main(spec: dict) -> None:
     from stratac.ir import passes
     comm = callruns.open_comm(spec, "breakdown")
     mod = comm.load(spec["file"], options=passes.Options(soc=spec["soc"]) if spec.get("soc") else None)
+    gate = benchpeer.Gate(spec["gate"]) if spec.get("gate") else None
     out = []
-    for size in spec["sizes"]:
+    for case, size in enumerate(spec["sizes"]):
         iters = spec["iters"] if size < spec["large"] else spec["iters_large"]
         for name, fn in mod.schedules.items():
             count, args, tensors = callruns.workload_args(comm, fn, spec["world"], size, spec["dtype"],
@@ -176,6 +182,13 @@ def rank_main(spec: dict) -> None:
             out.append({"schedule": name, "rank": spec["rank"], "size": size, "count": count, "iters": iters,
                         "wall_plain": plain, "calls": calls})
             callruns.free_tensors(comm, fn, tensors)
+        if gate is not None:   # this size is done on every rank: the MPI job measures it now
+            comm.barrier()
+            if spec["rank"] == 0:
+                gate.mark(f"stratac-{case}")
+            if not gate.wait(f"mpi-{case}", spec["peer_timeout"]):
+                raise SystemExit(f"stratac bench: the MPI job did not measure {size} B (it failed or took "
+                                 f"over {spec['peer_timeout']:.0f} s)")
     callruns.emit(out)
     comm.close()
 
@@ -230,43 +243,119 @@ def summarize(rec: dict) -> dict:
 def run(file: str, world: int, sizes: list[int], dtype: str = "f32", op: str = "sum", root: int = 0,
         cores: int | None = None, iters: int = 20, warmup: int = 5, iters_large: int | None = None,
         large: int = 16 << 20, timeout: float = 120.0, soc: str | None = None, ceiling: bool = True,
-        echo=print) -> Breakdown:
+        peers: tuple[str, ...] = (), echo=print) -> Breakdown:
     """Measures the breakdown of every schedule of FILE at every size (ranks started here); with
-    `ceiling`, the copy ceiling first (machine.copy_ceiling: one thread and all of torch's)."""
+    `ceiling`, the copy ceiling first (machine.copy_ceiling: one thread and all of torch's); with
+    peers ("mpi", the only one), the same collectives under mpirun, taking turns with stratac's
+    ranks size by size (benchpeer's gate), each row's time beside stratac's."""
+    bad = [p for p in peers if p != "mpi"]
+    if bad:
+        raise BreakdownError(f"--breakdown measures only mpi beside stratac, not {', '.join(bad)}: run the "
+                             "sweep (without --breakdown) for gloo and backend")
     if not Path(file).is_file():
         raise BreakdownError(f"{file}: no such file")
     from stratac.lang.frontend import load_source, schedules
-    moe = [s.name for s in schedules(load_source(file)) if s.contract.kind.moe]
+    found = schedules(load_source(file))
+    moe = [s.name for s in found if s.contract.kind.moe]
     if moe:
         raise BreakdownError(f"--breakdown measures collectives at --sizes; {file} holds MoE schedules "
                              f"({', '.join(moe)}), whose calls take routed tokens: bench them without "
                              "--breakdown")
     iters_large = iters if iters_large is None else iters_large
-    from stratac.tools.bench import machine
+    from stratac.tools.bench import machine, mpi
+    version = mpi.setup_mpi(echo) if peers else None
     copy_ceiling = machine.copy_ceiling() if ceiling else None   # before anything else runs
     # no build here: each rank's comm.load proves and builds (the cache publishes one build under a
     # lock, the others wait for it); a build in this process first would prove every schedule twice
     heap = callruns.heap_bytes(file, world, sizes, dtype)
     meta = {"file": file, "world": world, "sizes": sizes, "dtype": dtype, "op": op, "cores": cores,
             "iters": iters, "iters_large": iters_large, "large": large, "warmup": warmup,
-            "heap_per_rank": heap, "cpus": _cpus(), "load_before": _load(), "copy_ceiling": copy_ceiling}
+            "heap_per_rank": heap, "cpus": _cpus(), "load_before": _load(), "copy_ceiling": copy_ceiling,
+            "mpi": version}
+    tasks, task_of = _peer_tasks(found, world, sizes, dtype, op, root) if peers else ([], {})
     with tempfile.TemporaryDirectory(prefix="stratac-breakdown-") as tmp:
+        gate = None
+        if peers:
+            gate = Path(tmp) / "gate"
+            gate.mkdir()
         specs = [{"file": str(Path(file).resolve()), "rank": r, "world": world, "store": f"{tmp}/store",
                   "heap": heap, "timeout": timeout, "sizes": sizes, "dtype": dtype, "op": op, "root": root,
                   "cores": cores, "iters": iters, "iters_large": iters_large, "large": large,
-                  "warmup": warmup, "soc": soc, "tmp": tmp} for r in range(world)]
-        results, status, errors = callruns.run_ranks("stratac.tools.bench.breakdown", specs,
-                                                     timeout=timeout * (2 + len(sizes)) * 4)
+                  "warmup": warmup, "soc": soc, "tmp": tmp, "gate": gate and str(gate),
+                  "peer_timeout": timeout * 4} for r in range(world)]
+        job = None
+        if peers:
+            job = mpi.MpiJob(world, {"tasks": tasks, "gate": str(gate), "iters": iters, "warmup": warmup,
+                                     "peer_timeout": timeout * 4}, Path(tmp))
+            job.start()
+        try:
+            results, status, errors = callruns.run_ranks("stratac.tools.bench.breakdown", specs,
+                                                         timeout=timeout * (2 + len(sizes)) * 4)
+        finally:
+            if job:
+                job.stop()
     meta["load_after"] = _load()
-    bd = Breakdown(meta=meta, failures=errors, status=1 if status else 0)
+    if job and job.failure:
+        errors.append(job.failure)
+    bd = Breakdown(meta=meta, failures=errors, status=1 if status or errors else 0)
     for rank_records in results:
         for rec in rank_records:
             bd.rows.append(summarize(rec))
     bd.rows.sort(key=lambda r: (sizes.index(r["size"]), r["rank"]))
+    if job:
+        _beside_mpi(bd, results, job.results, task_of, sizes)
     if not bd.rows and not bd.failures:
         bd.failures.append("no rank reported a breakdown")
         bd.status = 1
     return bd
+
+
+def _peer_tasks(found, world: int, sizes: list[int], dtype: str, op: str, root: int):
+    """The MPI job's tasks, one case per size (the distinct collectives of the file's schedules at
+    that size), and the task key of each (schedule, size)."""
+    from stratac.ir import DType
+    from stratac.tools.bench.sweep import peer_task
+    from stratac.tools.run.workload import Workload
+    elem = DType.parse(dtype).nbytes
+    tasks, task_of = [], {}
+    for case, size in enumerate(sizes):
+        distinct: dict[tuple, dict] = {}
+        for s in found:
+            wl = Workload(s, world, Workload.count_for_bytes(s, world, size, elem), op=op, root=root)
+            t = peer_task(s, wl, world, dtype, op, root, case)
+            key = (case, t["kind"], t["in_numel"])
+            distinct.setdefault(key, t)
+            task_of[(s.name, size)] = key
+        tasks.append(list(distinct.values()))
+    return tasks, task_of
+
+
+def _beside_mpi(bd: Breakdown, results: list, peer: list[dict], task_of: dict, sizes: list[int]) -> None:
+    """Puts MPI's time of the same collective and bytes beside each row of rank 0 (row["mpi"]), with
+    stratac's time as run compared the way MPI's is: the median over calls of each call's slowest
+    rank (calls with the accounting off), and that less the deliberate terms of the rank that has
+    the fewest of them."""
+    by_key = {(r["case"], r["kind"], r["count"]): r for r in peer}
+    plain: dict[tuple, list[list[float]]] = {}
+    for rank_records in results:
+        for rec in rank_records:
+            plain.setdefault((rec["schedule"], rec["size"]), []).append(rec["wall_plain"])
+    for row in bd.rows:
+        if row["rank"] != 0:
+            continue
+        got = by_key.get(task_of.get((row["schedule"], row["size"])))
+        walls = plain.get((row["schedule"], row["size"]), [])
+        slowest = _median([max(call) for call in zip(*walls)]) if walls else 0.0
+        least = min((r["deliberate"] for r in bd.rows
+                     if r["schedule"] == row["schedule"] and r["size"] == row["size"]), default=0.0)
+        row["mpi"] = {"schedule": got["schedule"] if got else None,
+                      "time_s": got["time_s"] if got else None,
+                      "errors": got["errors"] if got else None, "note": got["note"] if got else "",
+                      "slowest_s": slowest, "slowest_less_deliberate_s": slowest - least}
+        if got and got["errors"]:
+            bd.failures.append(f"mpi: {got['schedule']} at {row['size']} B gave a wrong result on "
+                               f"{got['errors']} rank(s)")
+            bd.status = 1
 
 
 def _cpus() -> int:
@@ -331,6 +420,8 @@ def table(bd: Breakdown, all_ranks: bool = False) -> list[str]:
                               [f"{r['less_deliberate'] * 1e6:.1f}" for r in rows], w))
             lines.append(_row("wall time, cost accounting off (median)",
                               [f"{f['wall_plain'] * 1e6:.1f}" for f in fg], w))
+            if any("mpi" in r for r in rows):
+                lines.extend(_mpi_rows(rows, w))
             lines.append("# figures the deliberate terms charge (critical core) and the engines (every core "
                          "of the rank), per call")
             lines.append(_row("cores / threads", [f"{f['cores']:.0f} / {f['threads']:.0f}" for f in fg], w))
@@ -354,6 +445,30 @@ def table(bd: Breakdown, all_ranks: bool = False) -> list[str]:
             lines.append(_row("rank: SQE cost charged / spun (us, all cores)",
                               [f"{f['rank_sqe_charged'] * 1e6:.0f} / {f['rank_sqe_s'] * 1e6:.0f}" for f in fg], w))
     return lines
+
+
+def _mpi_rows(rows: list[dict], w: int) -> list[str]:
+    """MPI beside rank 0's columns: its time, stratac's time compared the same way (each call's
+    slowest rank, accounting off), and the ratios as run and less the deliberate terms."""
+    ms = [r.get("mpi") or {} for r in rows]
+
+    def cell(m, f):
+        t = m.get("time_s")
+        return f(m, t) if t else (m.get("note") or "-")
+    us = lambda x: f"{x * 1e6:.1f}"
+    out = ["# MPI beside it (the same collective and bytes, under mpirun after each size: "
+           "the median over calls of each call's slowest rank; ratio = MPI's time / stratac's, > 1: stratac ahead)"]
+    out.append(_row("mpi: the collective", [m.get("schedule") or "-" for m in ms], w))
+    out.append(_row("mpi: time (us)", [cell(m, lambda m, t: us(t)) for m in ms], w))
+    out.append(_row("stratac, slowest rank per call, accounting off (us)", [us(m.get("slowest_s", 0)) for m in ms], w))
+    out.append(_row("  less the deliberate terms (the rank with fewest) (us)",
+                    [us(m.get("slowest_less_deliberate_s", 0)) for m in ms], w))
+    out.append(_row("ratio as run (MPI / stratac)",
+                    [cell(m, lambda m, t: f"{t / m['slowest_s']:.2f}x" if m.get("slowest_s") else "-") for m in ms], w))
+    out.append(_row("ratio less the deliberate terms",
+                    [cell(m, lambda m, t: f"{t / m['slowest_less_deliberate_s']:.2f}x"
+                          if m.get("slowest_less_deliberate_s", 0) > 0 else "-") for m in ms], w))
+    return out
 
 
 def to_json(bd: Breakdown) -> dict:

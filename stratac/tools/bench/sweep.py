@@ -137,23 +137,28 @@ def plan(spec: BenchSpec) -> Plan:
             wl = Workload(s, spec.world, n, op=spec.op, root=spec.root)
             largest = max([largest] + [wl.numel(p) for p in s.params])
             instances.append((s, {**wl.sizes, **{x.name: spec.root for x in s.rank_params}}))
-            kind = s.contract.kind.value
-            x = s.param(s.contract.inputs[0])
-            out_numel = None
-            if kind in ("allgather", "reducescatter", "alltoall"):
-                out_numel = wl.numel(s.param(s.contract.outputs[0]))
-                if s.contract.in_place:   # the peers run out of place: the output's own size
-                    out_numel = {"allgather": wl.numel(x) * spec.world,
-                                 "reducescatter": wl.numel(x) // spec.world,
-                                 "alltoall": wl.numel(x)}[kind]
-            task = {"kind": kind, "in_numel": wl.numel(x), "out_numel": out_numel,
-                    "dtype": spec.dtype, "op": spec.op, "root": spec.root,
-                    "size": wl.size_bytes(elem), "busbw_factor": wl.busbw_factor(),
-                    "case": len(cases)}
-            case_tasks.setdefault((kind, task["in_numel"], out_numel), task)
+            task = peer_task(s, wl, spec.world, spec.dtype, spec.op, spec.root, case=len(cases))
+            case_tasks.setdefault((task["kind"], task["in_numel"], task["out_numel"]), task)
         cases.append(runner.Case(dtype=spec.dtype, size=size, op=spec.op, root=spec.root))
         tasks.append(list(case_tasks.values()))
     return Plan(compiled, cases, tasks, largest, instances)
+
+
+def peer_task(s, wl: Workload, world: int, dtype: str, op: str, root: int, case: int) -> dict:
+    """The collective the peers (gloo, MPI) run beside schedule `s` on workload `wl`: its kind, the
+    elements of its input and output (out of place: an in-place contract's output gets its own
+    buffer), the bytes S and the busbw factor, for case number `case`."""
+    kind = s.contract.kind.value
+    x = s.param(s.contract.inputs[0])
+    out_numel = None
+    if kind in ("allgather", "reducescatter", "alltoall"):
+        out_numel = wl.numel(s.param(s.contract.outputs[0]))
+        if s.contract.in_place:
+            out_numel = {"allgather": wl.numel(x) * world, "reducescatter": wl.numel(x) // world,
+                         "alltoall": wl.numel(x)}[kind]
+    return {"kind": kind, "in_numel": wl.numel(x), "out_numel": out_numel, "dtype": dtype, "op": op,
+            "root": root, "size": wl.size_bytes(DType.parse(dtype).nbytes), "busbw_factor": wl.busbw_factor(),
+            "case": case}
 
 
 def backend_heap(spec: BenchSpec, pl: Plan) -> int:
