@@ -252,15 +252,21 @@ def _compound(off: ir.IExpr) -> bool:
     return isinstance(off, (ir.Bin, ir.Sel)) or (isinstance(off, ir.Var) and off.name.startswith(_CPP))
 
 
+def _sources(op) -> tuple[ir.Region, ...]:
+    """The regions a copy, accumulate or reduction reads (a comprehension's, per its variable)."""
+    return op.srcs if isinstance(op, ir.ReduceList) else (op.src,)
+
+
 def _moves(op, s: ir.Schedule) -> dict:
     """The regions of a copy, accumulate or reduce: each side's pointer (its buffer plus its offset,
-    as T*) and rank, and the locals the move declares. An offset both sides share, if it is more
-    than a name, is computed once, into `lo`."""
-    offsets = [_offset(op.dst, s), _offset(op.src, s)]
+    as T*) and rank, and the locals the move declares. An offset every side shares, if it is more
+    than a name, is computed once, into `lo`. `src` is the first source, `srcs` all of them."""
+    regions = (op.dst, *_sources(op))
+    offsets = [_offset(r, s) for r in regions]
     local = []
-    if offsets[0] == offsets[1] and _compound(offsets[0]):
+    if all(o == offsets[0] for o in offsets) and _compound(offsets[0]):
         local = [{"name": "lo", "value": c(offsets[0])}]
-        offsets = [_cpp("lo"), _cpp("lo")]
+        offsets = [_cpp("lo")] * len(offsets)
 
     def side(r: ir.Region, off: ir.IExpr) -> dict:
         # ptr: the region's first element (a reduce reads element off + t of it, strata::At);
@@ -271,8 +277,9 @@ def _moves(op, s: ir.Schedule) -> dict:
             at = _chain(ptr, "off")
         return {"ptr": ptr, "at": at, "pe": c(r.rank) if r.rank is not None else "rank"}
 
+    sides = [side(r, o) for r, o in zip(regions, offsets)]
     return {**_at(op.span), "len": _length(op.dst, s), "locals": local,
-            "dst": side(op.dst, offsets[0]), "src": side(op.src, offsets[1])}
+            "dst": sides[0], "src": sides[1], "srcs": sides[1:]}
 
 
 def _place_rows(op: ir.Route, s: ir.Schedule) -> str:
@@ -393,6 +400,8 @@ def _node(op, engine: ir.Engine, s: ir.Schedule) -> dict:
         return {"kind": "copy", "via": via, **_moves(op, s)}
     if isinstance(op, ir.Accumulate):
         return {"kind": "accumulate", "op": _red(op.op), **_moves(op, s)}
+    if isinstance(op, ir.ReduceList):
+        return {"kind": "reduce_list", "op": _red(op.op), **_moves(op, s)}
     peers = op.domain is ir.Domain.PEERS
     # over ranks (0 .. world, peers skip the running rank) or a team's places (0 .. its size,
     # peers skip the running rank's place)
@@ -410,14 +419,14 @@ def _regions(ops):
             yield from _regions(op.body)
         elif isinstance(op, ir.If):
             yield from _regions(op.then + op.orelse)
-        elif isinstance(op, (ir.Copy, ir.Accumulate, ir.Reduce)):
+        elif isinstance(op, (ir.Copy, ir.Accumulate, ir.Reduce, ir.ReduceList)):
             yield op.dst
-            yield op.src
+            yield from _sources(op)
 
 
 def _has_moves(nodes: list[dict]) -> bool:
     """Whether a stage moves data (so needs its Partition): routes alone do not."""
-    return any(n["kind"] in ("copy", "accumulate", "reduce")
+    return any(n["kind"] in ("copy", "accumulate", "reduce", "reduce_list")
                or _has_moves(n.get("body", []) + n.get("then", []) + n.get("orelse", []))
                for n in nodes)
 

@@ -51,6 +51,7 @@ from stratac.ir.nodes import (
                              OpParam,
                              Plan,
                              Reduce,
+                             ReduceList,
                              ReduceOp,
                              Region,
                              Requirement,
@@ -76,6 +77,6 @@ __all__ = ["Bin", "BinKind", "Const", "IExpr", "Sel", "Var", "add", "bare", "c_s
            "nonnegative", "py_source", "Requirement", "unmet_requirement", "MASK_MAX_WORLD", "MASKED_KINDS", "takes_mask",
            "simplify", "size_scale", "split_part", "substitute", "ROUTE_OPERANDS", "Accumulate", "Await", "Barrier",
            "Buffer", "CallSite", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",
-           "KernelPlan", "Loop", "Node", "Op", "OpParam", "Plan", "Reduce", "ReduceOp", "Region",
+           "KernelPlan", "Loop", "Node", "Op", "OpParam", "Plan", "Reduce", "ReduceList", "ReduceOp", "Region",
            "Route", "RouteKind", "Scalar", "ScalarKind", "Schedule", "Signal", "SizeRule", "Stage",
            "Team", "Wait", "size_rules", "dump", "WINDOW_ROW_ALIGN", "padded_row"]

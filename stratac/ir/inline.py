@@ -29,6 +29,7 @@ from stratac.ir.nodes import (
     Op,
     OpParam,
     Reduce,
+    ReduceList,
     Region,
     Requirement,
     Schedule,
@@ -104,6 +105,9 @@ class _Inliner:
             return replace(op, dst=self.region(op.dst), src=self.region(op.src))
         if isinstance(op, Accumulate):
             return replace(op, dst=self.region(op.dst), src=self.region(op.src), op=self.op(op.op))
+        if isinstance(op, ReduceList):
+            return replace(op, dst=self.region(op.dst), srcs=tuple(self.region(r) for r in op.srcs),
+                           op=self.op(op.op))
         if isinstance(op, Reduce):
             out = replace(op, dst=self.region(op.dst), src=self.region(op.src), op=self.op(op.op),
                           var=self.prefix + op.var)

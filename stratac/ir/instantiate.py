@@ -569,6 +569,9 @@ class _Builder:
         if isinstance(op, (ir.Copy, ir.Accumulate)):
             srcs = (self.region(op.src, env),)
             red = op.op if isinstance(op, ir.Accumulate) else None
+        elif isinstance(op, ir.ReduceList):
+            srcs = tuple(self.region(r, env) for r in op.srcs)
+            red = op.op
         else:
             srcs = []
             for v in self.reduce_domain(op, env):

@@ -207,6 +207,18 @@ class Reduce:
 
 
 @dataclass(frozen=True)
+class ReduceList:
+    """dst = op(srcs[0], srcs[1], ...): the reduction of two or more named regions (NCCL's
+    recvReduceCopy/recvReduceSend: a local block and a received one, into a local or a peer's
+    buffer), folded in the order written."""
+
+    dst: Region
+    op: Op
+    srcs: tuple[Region, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
 class Accumulate:
     """dst op= src: reduce on write, an atomic DMA accumulate (concurrent accumulates commute)."""
 
@@ -359,7 +371,7 @@ class Route:
         return f"{self.dst} = {self.kind.value}({', '.join(args)})"
 
 
-Node = Union[Copy, Reduce, Accumulate, Route, If, Loop, Stage, Await, Barrier, Signal, Wait]
+Node = Union[Copy, Reduce, ReduceList, Accumulate, Route, If, Loop, Stage, Await, Barrier, Signal, Wait]
 
 
 @dataclass(frozen=True)

@@ -203,7 +203,7 @@ def place_engines(s: ir.Schedule, opts: Options) -> ir.Schedule:
         return replace(op, plan=ir.Plan(
             copies_on_aiv=copies and op.engine in (ir.Engine.AIV, ir.Engine.AUTO),
             copies_on_sdma=copies and op.engine in (ir.Engine.SDMA, ir.Engine.AUTO),
-            reduces=any(isinstance(m, ir.Reduce) for m in moves),
+            reduces=any(isinstance(m, (ir.Reduce, ir.ReduceList)) for m in moves),
             routes=any(isinstance(m, ir.Route) for m in moves),
             sdma_threshold=opts.sdma_threshold))
     return replace(s, body=tuple(map(plan, s.body)))
@@ -286,7 +286,8 @@ def expressions(s: ir.Schedule):
                 if isinstance(op, ir.Reduce) and op.count is not None:
                     yield from (op.count, op.skip)
                 yield from region(op.dst)
-                yield from region(op.src)
+                for src in op.srcs if isinstance(op, ir.ReduceList) else (op.src,):
+                    yield from region(src)
 
     yield from walk(s.body)
 

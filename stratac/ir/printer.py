@@ -14,6 +14,7 @@ from stratac.ir.nodes import (
     Loop,
     Node,
     Reduce,
+    ReduceList,
     Route,
     Schedule,
     Signal,
@@ -92,6 +93,8 @@ def _dump_op(op: Node, depth: int, out: list[str]) -> None:
             f"0 .. {bare(op.count)}" + (f" but {bare(op.skip)}" if op.domain is Domain.PEERS else ""))
         out.append(f"{pad}{op.dst} = {op.op.value}({op.src} for {op.var} in {dom})"
                    f"{_line(op.span)}")
+    elif isinstance(op, ReduceList):
+        out.append(f"{pad}{op.dst} = {op.op.value}({', '.join(map(str, op.srcs))}){_line(op.span)}")
     elif isinstance(op, Accumulate):
         out.append(f"{pad}{op.dst} {op.op.value}= {op.src}{_line(op.span)}")
     elif isinstance(op, Route):

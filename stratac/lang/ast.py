@@ -124,6 +124,15 @@ class ReduceCall:
     team: str | None = None   # `for p in node.ranks`: the members of a team (domain ranks|peers)
 
 
+@dataclass(frozen=True)
+class ReduceList:
+    """`op(a, b, ...)`: the reduction of two or more named regions, element by element."""
+
+    op: str  # sum | max | min | the name of a redop parameter
+    operands: tuple[Ref, ...]
+    span: Span
+
+
 # ---- statements ----
 
 @dataclass(frozen=True)
@@ -138,7 +147,7 @@ class RouteCall:
 @dataclass(frozen=True)
 class Assign:
     target: Ref
-    value: Ref | SplitCall | ReduceCall | RouteCall
+    value: Ref | SplitCall | ReduceCall | ReduceList | RouteCall
     span: Span
 
 

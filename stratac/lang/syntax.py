@@ -181,6 +181,10 @@ class _Builder(Transformer):
         op, operand, var, team, domain = children
         return ast.ReduceCall(str(op), operand, str(var), str(domain), self._span(meta), str(team))
 
+    def reduce_list(self, meta, children):
+        op, *operands = children
+        return ast.ReduceList(str(op), tuple(operands), self._span(meta))
+
     def route_call(self, meta, children):
         kind, *args = children
         return ast.RouteCall(str(kind), tuple(a for a in args if a is not None), self._span(meta))

@@ -122,7 +122,7 @@ def check_contract_ops(s: ir.Schedule) -> list[Diagnostic]:
             elif isinstance(op, ir.If):
                 walk(op.then)
                 walk(op.orelse)
-            elif isinstance(op, (ir.Reduce, ir.Accumulate)) and s.contract.op is not None \
+            elif isinstance(op, (ir.Reduce, ir.ReduceList, ir.Accumulate)) and s.contract.op is not None \
                     and op.op != s.contract.op:
                 diags.append(error(Codes.CONTRACT, f"this reduces with {op.op.value}, but the schedule "
                                    f"implements {s.contract}", op.span,

@@ -1,10 +1,10 @@
-"""Data movement and stages: copies, reductions (`reduce(...)` over ranks or a team's members),
-reduce on write (`+=`), and the stages that run them (`on aiv|sdma|auto:`, asynchronous
+"""Data movement and stages: copies, reductions (`op(x@p for p in ranks)` over ranks or a team's
+members, `op(a, b, ...)` of named regions), reduce on write (`+=`), and the stages that run them (`on aiv|sdma|auto:`, asynchronous
 `on sdma async h:` and its `await h`).
 
 In: ast.Stage, ast.Await, ast.Assign (a copy or a reduction) and ast.Accum, with the loop
 variables around them and the engine of the enclosing stage. Out: ir.Stage, ir.Await, ir.Copy,
-ir.Reduce and ir.Accumulate (or None after a diagnostic); what each engine can do (SDMA neither
+ir.Reduce, ir.ReduceList and ir.Accumulate (or None after a diagnostic); what each engine can do (SDMA neither
 computes nor copies between two remote sides) is checked here.
 """
 
@@ -100,6 +100,8 @@ class Moves(Scope):
                 return ir.Reduce(dst[0], op, src[0], rc.var, ir.Domain(rc.domain), st.span,
                                  count=team.size, skip=team.index)
             return ir.Reduce(dst[0], op, src[0], rc.var, ir.Domain(rc.domain), st.span)
+        if isinstance(st.value, ast.ReduceList):
+            return self.reduce_list(st, st.value, dst, loop_vars, engine)
         src = self.region(st.value, loop_vars, "source")
         if dst is None or src is None:
             return None
@@ -114,6 +116,21 @@ class Moves(Scope):
                      "running rank's memory: make one side local (no @), or copy `on aiv`", st.span)
             return None
         return ir.Copy(dst[0], src[0], st.span)
+
+    def reduce_list(self, st: ast.Assign, rl: ast.ReduceList, dst, loop_vars, engine: ir.Engine):
+        """`dst = op(a, b, ...)`: two or more regions, each of dst's type and (checked per
+        instance) of its length; dst and each source may be a peer's."""
+        if engine is ir.Engine.SDMA:
+            self.err(Codes.BAD_ENGINE, "SDMA cannot compute: reductions run `on aiv`", rl.span)
+            return None
+        srcs = [self.region(r, loop_vars, "source") for r in rl.operands]
+        op = self.op(rl.op, rl.span)
+        if dst is None or op is None or any(x is None for x in srcs):
+            return None
+        for x in srcs:
+            self._same_type(dst[1], x[1], st.span)
+        self._computable(dst[1], "a reduction", st.span)
+        return ir.ReduceList(dst[0], op, tuple(x[0] for x in srcs), st.span)
 
     def accum(self, st: ast.Accum, loop_vars, engine: ir.Engine):
         if engine is not ir.Engine.AIV:

@@ -209,6 +209,9 @@ class _Walker:
                 skip = self.ev(op.skip, env, "the team's rank") if op.domain is ir.Domain.PEERS else -1
                 values = [i for i in range(self.ev(op.count, env, "the team's size")) if i != skip]
             srcs = [self.owner(op.src, {**env, op.var: v}) for v in values]
+        elif isinstance(op, ir.ReduceList):
+            sm.kind.append(REDUCE)
+            srcs = [self.owner(r, env) for r in op.srcs]
         else:
             sm.kind.append(ACCUMULATE if isinstance(op, ir.Accumulate) else COPY)
             srcs = [self.owner(op.src, env)]
