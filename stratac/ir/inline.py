@@ -7,7 +7,8 @@ the team's rank, its `world` the team's size, its loop variables are places; a p
 rank where the callee names one (after @, in a signal) through the team's member(place). Its size
 symbols are the lengths of the bound regions, its offsets are added to theirs. Its flags, loop
 variables and asynchronous handles are renamed with the prefix, its barriers join the team.
-Sema checks the callee fits (no teams, scratch, rank parameters or routing; 1-D buffers sized by
+Its scratch buffers become the caller's, renamed with the prefix and sized in the caller's terms.
+Sema checks the callee fits (no teams, rank parameters or routing; 1-D buffers sized by
 one symbol each) before it calls `inline`.
 """
 
@@ -20,6 +21,7 @@ from stratac.ir.nodes import (
     Accumulate,
     Await,
     Barrier,
+    Buffer,
     Copy,
     Domain,
     Flag,
@@ -141,14 +143,23 @@ class _Inliner:
 
 def inline(callee: Schedule, team: Team | None, bind: dict[str, Region], ops: dict[str, Op],
            prefix: str, first_stage: int
-           ) -> tuple[tuple[Node, ...], tuple[Flag, ...], tuple[Requirement, ...], int, tuple]:
-    """(the caller's ops, the flags they use, the callee's world constraints read on the caller's
-    world, the last stage index used, the (buffer, region length, size the callee declares) of
-    every argument whose length is not its size by form: equal at every instance or refused)."""
+           ) -> tuple[tuple[Node, ...], tuple[Flag, ...], tuple[Buffer, ...], tuple[Requirement, ...], int,
+                      tuple]:
+    """(the caller's ops, the flags they use, the scratch buffers they use (the callee's, renamed,
+    in the callee's element type: the caller retypes a type variable), the callee's world
+    constraints read on the caller's world, the last stage index used, the (buffer, region length,
+    size the callee declares) of every argument whose length is not its size by form: equal at
+    every instance or refused)."""
     x = _Inliner(callee, team, bind, ops, prefix, first_stage)
+    # the callee's scratch buffers become the caller's, renamed, sized in the caller's terms (the
+    # team's size for world, the bound regions' sizes for the callee's size symbols)
+    scratch = tuple(replace(p, name=prefix + p.name, size=x.e(p.size), shape=tuple(x.e(d) for d in p.shape))
+                    for p in callee.scratch)
+    x.bind = {**bind, **{p.name: Region(new.name, Const(0), new.size, None, p.span)
+                         for p, new in zip(callee.scratch, scratch)}}
     body = x.nodes(callee.body)
     flags = tuple(Flag(prefix + f.name, x.e(f.size), f.span) for f in callee.flags)
     size = team.size if team else Var("world")
     requires = tuple(Requirement(simplify(substitute(r.cond, lambda n: size if n == "world" else None)),
                                  r.text, r.span) for r in callee.requires)
-    return body, flags, requires, x.stage, x.shapes
+    return body, flags, scratch, requires, x.stage, x.shapes

@@ -10,6 +10,7 @@ callee's parameters, and what the inliner does not handle yet is refused (`calle
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from stratac import ir
 from stratac.diagnostics import Codes, Note
@@ -96,8 +97,8 @@ class Calls(Scope):
         if len(self.diags) > reported:
             return ()
         prefix = f"c{len(self.calls) + 1}_"
-        body, flags, requires, self.stage_count, shapes = ir_inline(callee, team, bind, ops, prefix,
-                                                                    self.stage_count)
+        body, flags, scratch, requires, self.stage_count, shapes = ir_inline(callee, team, bind, ops, prefix,
+                                                                             self.stage_count)
         fixed = self.fixed_names()
         for f in flags:
             if self.taken(f.name):
@@ -112,6 +113,25 @@ class Calls(Scope):
                          st.span, Note("the flag is declared here", f.span))
             else:
                 self.flags[f.name] = f
+        for b in scratch:
+            own = b.name[len(prefix):]
+            if self.taken(b.name):
+                self.err(Codes.DUPLICATE_NAME, f"the scratch buffer {b.name} of this call (scratch {own} "
+                         f"of {callee.name}) is already defined: rename yours", st.span)
+            elif b.size.names() - {"world", *self.sizes}:
+                self.err(Codes.CALL, f"scratch {own} of {callee.name} would hold {ir.bare(b.size)} "
+                         f"elements, which depends on {', '.join(sorted(b.size.names() - {'world', *self.sizes}))}: "
+                         "a scratch buffer has one size on every rank (pass regions whose lengths are "
+                         "expressions of world and sizes)", st.span, Note("the buffer is declared here", b.span))
+            elif b.typevar is not None and b.typevar not in typevar:
+                self.err(Codes.CALL, f"scratch {own} of {callee.name} holds its type {b.typevar}, which no "
+                         "argument gives", st.span, Note("the buffer is declared here", b.span))
+            else:
+                if b.typevar is not None:   # the callee's type variable: the type its arguments gave it
+                    given = typevar[b.typevar][0]
+                    dtype = ir.DType.parse(given)
+                    b = replace(b, dtype=dtype, typevar=None if dtype is not None else given)
+                self.params[b.name] = b
         args = ", ".join(_text(a.span) for a in st.args)
         site = ir.CallSite(callee.name, None if team is None else team.name, args, st.span, 0, 0, prefix,
                            requires, shapes)
@@ -131,8 +151,6 @@ class Calls(Scope):
             why = f"it is a {callee.contract.kind.value} (routing)"
         elif callee.teams:
             why = f"it declares teams ({', '.join(t.name for t in callee.teams)})"
-        elif callee.scratch:
-            why = f"it declares scratch buffers ({', '.join(p.name for p in callee.scratch)})"
         elif callee.rank_params:
             why = f"it takes a rank parameter ({callee.rank_params[0].name})"
         else:
