@@ -8,7 +8,8 @@ rank where the callee names one (after @, in a signal) through the team's member
 symbols are the lengths of the bound regions, its offsets are added to theirs. Its flags, loop
 variables and asynchronous handles are renamed with the prefix, its barriers join the team.
 Its scratch buffers become the caller's, renamed with the prefix and sized in the caller's terms.
-Sema checks the callee fits (no teams, rank parameters or routing; 1-D buffers sized by
+Its teams become the caller's (renamed) in a call on world.
+Sema checks the callee fits (no teams in a call on a team, no rank parameters or routing; 1-D buffers sized by
 one symbol each) before it calls `inline`.
 """
 
@@ -132,6 +133,8 @@ class _Inliner:
                 body = (If(Bin(BinKind.NE, Var(var), self.team.index), body, (), op.span),)
             return Loop(var, Domain.RANGE, body, op.span, Const(0), self.team.size)
         if isinstance(op, Barrier):
+            if op.team is not None:   # a team of the callee (sema: only in a call on world)
+                return replace(op, team=self.teams[op.team.name])
             return replace(op, team=self.team)
         if isinstance(op, Signal):
             return replace(op, flag=self.prefix + op.flag, index=self.e(op.index),
@@ -143,10 +146,11 @@ class _Inliner:
 
 def inline(callee: Schedule, team: Team | None, bind: dict[str, Region], ops: dict[str, Op],
            prefix: str, first_stage: int
-           ) -> tuple[tuple[Node, ...], tuple[Flag, ...], tuple[Buffer, ...], tuple[Requirement, ...], int,
-                      tuple]:
+           ) -> tuple[tuple[Node, ...], tuple[Flag, ...], tuple[Buffer, ...], tuple[Team, ...],
+                      tuple[Requirement, ...], int, tuple]:
     """(the caller's ops, the flags they use, the scratch buffers they use (the callee's, renamed,
-    in the callee's element type: the caller retypes a type variable), the callee's world
+    in the callee's element type: the caller retypes a type variable), the teams they use (the
+    callee's, renamed; a callee with teams is called on world only), the callee's world
     constraints read on the caller's world, the last stage index used, the (buffer, region length,
     size the callee declares) of every argument whose length is not its size by form: equal at
     every instance or refused)."""
@@ -157,9 +161,11 @@ def inline(callee: Schedule, team: Team | None, bind: dict[str, Region], ops: di
                     for p in callee.scratch)
     x.bind = {**bind, **{p.name: Region(new.name, Const(0), new.size, None, p.span)
                          for p, new in zip(callee.scratch, scratch)}}
+    # the callee's teams (a call on world: rank and world are the caller's) become the caller's
+    x.teams = {t.name: replace(t, name=prefix + t.name, t=x.e(t.t)) for t in callee.teams}
     body = x.nodes(callee.body)
     flags = tuple(Flag(prefix + f.name, x.e(f.size), f.span) for f in callee.flags)
     size = team.size if team else Var("world")
     requires = tuple(Requirement(simplify(substitute(r.cond, lambda n: size if n == "world" else None)),
                                  r.text, r.span) for r in callee.requires)
-    return body, flags, scratch, requires, x.stage, x.shapes
+    return body, flags, scratch, tuple(x.teams.values()), requires, x.stage, x.shapes

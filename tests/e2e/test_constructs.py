@@ -3,7 +3,8 @@ CPU build through the runner `stratac run` uses, every result checked against to
 on both sides of its 256 KiB threshold, `if ... else` on `<`, `<=`, `>`, `>=` of the rank and of a
 size, out-of-place broadcast and reduce at every root, pieces cut by min, max and a conditional,
 a ReduceScatter that calls the shipped one (an imported out-of-place callee), one that calls the
-shipped ring (a callee with a scratch buffer) and an AllGather
+shipped ring (a callee with a scratch buffer), an AllReduce that calls the two-level one (a callee
+with teams) and an AllGather
 with a stage per peer (a loop over peers around stages), in-place AllGather, ReduceScatter and
 AllToAll. The engine counters say which arm ran:
 an SDMA copy counts in `sdma`, a vector-core copy in `mte_out`, each of the world's n-element
@@ -49,7 +50,8 @@ def test_constructs_run_correctly_and_take_the_arms_they_say(world):
     results = _run(world, cases)
     by = {(r["schedule"], r["rank"], r["count"]): r for r in results}
     schedules = ("allgather_auto", "allgather_ordered", "broadcast_oop", "reduce_oop", "allgather_exprs",
-                 "reducescatter_called", "reducescatter_ring_called", "allgather_peer_stages", "allgather_in_place",
+                 "reducescatter_called", "reducescatter_ring_called", "allreduce_hierarchical_called",
+                 "allgather_peer_stages", "allgather_in_place",
                  "reducescatter_in_place", "alltoall_in_place")
     assert set(by) == {(s, rank, c.count) for s in schedules for rank in range(world) for c in cases}
     for count in (BELOW, AT, 1001):

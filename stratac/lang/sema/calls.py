@@ -39,7 +39,7 @@ class Calls(Scope):
             self.err(Codes.CALL, got, st.callee_span)
             return ()
         callee, tree = got
-        if not self.callee_fits(callee, st):
+        if not self.callee_fits(callee, st, team):
             return ()
         signature = ", ".join(f"{p.name}: {p.dtype}" + (f"[{', '.join(_text(d.span) for d in p.dims)}]"
                                                          if p.dims else "") for p in tree.params)
@@ -97,8 +97,8 @@ class Calls(Scope):
         if len(self.diags) > reported:
             return ()
         prefix = f"c{len(self.calls) + 1}_"
-        body, flags, scratch, requires, self.stage_count, shapes = ir_inline(callee, team, bind, ops, prefix,
-                                                                             self.stage_count)
+        body, flags, scratch, teams, requires, self.stage_count, shapes = ir_inline(
+            callee, team, bind, ops, prefix, self.stage_count)
         fixed = self.fixed_names()
         for f in flags:
             if self.taken(f.name):
@@ -113,6 +113,12 @@ class Calls(Scope):
                          st.span, Note("the flag is declared here", f.span))
             else:
                 self.flags[f.name] = f
+        for t in teams:
+            if self.taken(t.name):
+                self.err(Codes.DUPLICATE_NAME, f"the team {t.name} of this call (team {t.name[len(prefix):]} "
+                         f"of {callee.name}) is already defined: rename yours", st.span)
+            else:
+                self.teams[t.name] = t
         for b in scratch:
             own = b.name[len(prefix):]
             if self.taken(b.name):
@@ -144,13 +150,17 @@ class Calls(Scope):
                                                 f"{own.text}, line {own.span.line})", st.span))
         return body
 
-    def callee_fits(self, callee: ir.Schedule, st: ast.CallStmt) -> bool:
+    def callee_fits(self, callee: ir.Schedule, st: ast.CallStmt, team: ir.Team | None) -> bool:
         """What the inliner does not handle yet is refused with E0109 (dsl/README.md, Composition)."""
         why = None
         if callee.contract.kind.moe:
             why = f"it is a {callee.contract.kind.value} (routing)"
-        elif callee.teams:
-            why = f"it declares teams ({', '.join(t.name for t in callee.teams)})"
+        elif callee.teams and self.routed:
+            why = (f"it declares teams ({', '.join(t.name for t in callee.teams)}), which a MoE schedule "
+                   "cannot hold (its calls take a mask of live ranks, which teams do not follow yet)")
+        elif callee.teams and team is not None:
+            why = (f"it declares teams ({', '.join(t.name for t in callee.teams)}), and a call on a team "
+                   "cannot hold teams of its own (call it on world)")
         elif callee.rank_params:
             why = f"it takes a rank parameter ({callee.rank_params[0].name})"
         else:

@@ -76,6 +76,7 @@ class Decls(Scope):
         contract = self.contract(s.contract)
         # a MoE dispatch or combine: its calls take a mask of live ranks (ir.takes_mask)
         self.masked = contract is not None and contract.kind in ir.MASKED_KINDS
+        self.routed = contract is not None and contract.kind.moe
         if contract is not None and contract.kind.moe and self.teams:
             # a MoE call takes a mask of live ranks, and a team's places are not ranks: the masked
             # variants of team loops and team barriers are not built (dsl/README.md, "Teams")

@@ -59,6 +59,7 @@ class Scope:
         self.lets: dict[str, ir.IExpr] = {}     # the named integers in scope (substituted)
         self.step_vars: set[str] = set()        # variables of step loops (for s in lo .. hi)
         self.masked = False                     # a MoE dispatch or combine (Decls.lower sets it)
+        self.routed = False                     # a MoE contract: dispatch, combine or AllToAllV (likewise)
         self.requires: list[ir.Requirement] = []
         self.teams: dict[str, ir.Team] = {}
         self.loop_bounds: list[tuple[ir.IExpr, ir.IExpr, Span]] = []   # of the step loops around

@@ -337,7 +337,7 @@ def mpi_main(spec: dict) -> int:
         if not comm.allreduce(int(ok), op=MPI.MIN):
             return 1
         for task in tasks:
-            rec = mpi_task(MPI, comm, task, spec["iters"], spec["warmup"])
+            rec = mpi_task(MPI, comm, task, task.get("iters", spec["iters"]), spec["warmup"])
             if rec is not None:
                 print(PEER_PREFIX + json.dumps(rec), flush=True)
         comm.Barrier()

@@ -4,9 +4,10 @@ CPU model's deliberate costs as named terms.
 In: the file, world, sizes, dtype, op, cores, calls. Out: per schedule, size and rank, the median
 over the calls of each term of the call's wall time (Breakdown.rows) and the lines of its table.
 
-Each rank (callruns: its own process, the public API) makes `warmup` calls, then `iters` calls with
-the CPU model's cost accounting off (their median wall time is printed beside, so that what the
-accounting costs shows), then `iters` calls with it on (strata_cpu_costs_enable). Of each of those
+Each rank (callruns: its own process, the public API) makes `warmup` calls, then `iters` pairs in
+turns: a barrier and a call with the CPU model's cost accounting off (their median wall time is
+printed beside, so that what the accounting costs shows), then a call with it on
+(strata_cpu_costs_enable). Of each accounted call
 it takes, on CLOCK_MONOTONIC: the call entered and returned (Python), the launcher's cffi call
 entered and returned (callruns.LaunchTimer), and from the model (strata_cpu_read_costs) LaunchBlocks'
 entry and every core's start, kernel start (after its UB refill), end and exclusive time per
@@ -149,6 +150,8 @@ def rank_main(spec: dict) -> None:
     comm = callruns.open_comm(spec, "breakdown")
     mod = comm.load(spec["file"], options=passes.Options(soc=spec["soc"]) if spec.get("soc") else None)
     gate = benchpeer.Gate(spec["gate"]) if spec.get("gate") else None
+    if gate is not None and not _agreed(gate, "mpi-ready", spec["rank"], spec["peer_timeout"]):
+        gate = None   # the MPI job did not start: the breakdown goes on alone (the job's failure is reported)
     out = []
     for case, size in enumerate(spec["sizes"]):
         iters = spec["iters"] if size < spec["large"] else spec["iters_large"]
@@ -163,6 +166,7 @@ def rank_main(spec: dict) -> None:
             plain, calls = [], []
             try:
                 for _ in range(iters):   # in turns: a call without the accounting, one with it
+                    comm.barrier()       # no rank still reading the costs of the call before
                     t0 = time.monotonic()
                     fn(**args, **kw)
                     plain.append(time.monotonic() - t0)
@@ -186,11 +190,25 @@ def rank_main(spec: dict) -> None:
             comm.barrier()
             if spec["rank"] == 0:
                 gate.mark(f"stratac-{case}")
-            if not gate.wait(f"mpi-{case}", spec["peer_timeout"]):
-                raise SystemExit(f"stratac bench: the MPI job did not measure {size} B (it failed or took "
-                                 f"over {spec['peer_timeout']:.0f} s)")
+            if not _agreed(gate, f"mpi-{case}", spec["rank"], spec["peer_timeout"]):
+                gate = None    # the MPI job failed or hangs: the other sizes go on without it
     callruns.emit(out)
     comm.close()
+
+
+def _agreed(gate: benchpeer.Gate, mark: str, rank: int, timeout: float) -> bool:
+    """Whether the MPI job made `mark` in time, as rank 0 saw it: rank 0 waits and writes its
+    verdict, the other ranks read it, so that the ranks go on taking turns, or stop, together."""
+    verdict = gate.path / f"seen-{mark}"
+    if rank == 0:
+        gate.mark(verdict.name, "1" if gate.wait(mark, timeout) else "0")
+    else:
+        deadline = time.monotonic() + timeout + 60
+        while not verdict.exists():   # not gate.wait: an abort mark must not end this wait early
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+    return verdict.read_text() == "1"
 
 
 @dataclass
@@ -272,7 +290,8 @@ def run(file: str, world: int, sizes: list[int], dtype: str = "f32", op: str = "
             "iters": iters, "iters_large": iters_large, "large": large, "warmup": warmup,
             "heap_per_rank": heap, "cpus": _cpus(), "load_before": _load(), "copy_ceiling": copy_ceiling,
             "mpi": version}
-    tasks, task_of = _peer_tasks(found, world, sizes, dtype, op, root) if peers else ([], {})
+    tasks, task_of = (_peer_tasks(found, world, sizes, dtype, op, root,
+                                  lambda n: iters if n < large else iters_large) if peers else ([], {}))
     with tempfile.TemporaryDirectory(prefix="stratac-breakdown-") as tmp:
         gate = None
         if peers:
@@ -285,8 +304,9 @@ def run(file: str, world: int, sizes: list[int], dtype: str = "f32", op: str = "
                   "peer_timeout": timeout * 4} for r in range(world)]
         job = None
         if peers:
+            # its first wait covers the ranks' proofs and builds and the first size: the run's deadline
             job = mpi.MpiJob(world, {"tasks": tasks, "gate": str(gate), "iters": iters, "warmup": warmup,
-                                     "peer_timeout": timeout * 4}, Path(tmp))
+                                     "peer_timeout": timeout * (2 + len(sizes)) * 4}, Path(tmp))
             job.start()
         try:
             results, status, errors = callruns.run_ranks("stratac.tools.bench.breakdown", specs,
@@ -310,9 +330,10 @@ def run(file: str, world: int, sizes: list[int], dtype: str = "f32", op: str = "
     return bd
 
 
-def _peer_tasks(found, world: int, sizes: list[int], dtype: str, op: str, root: int):
+def _peer_tasks(found, world: int, sizes: list[int], dtype: str, op: str, root: int, iters_at):
     """The MPI job's tasks, one case per size (the distinct collectives of the file's schedules at
-    that size), and the task key of each (schedule, size)."""
+    that size, each timed over as many calls as stratac's at that size, iters_at(size)), and the
+    task key of each (schedule, size)."""
     from stratac.ir import DType
     from stratac.tools.bench.sweep import peer_task
     from stratac.tools.run.workload import Workload
@@ -322,7 +343,7 @@ def _peer_tasks(found, world: int, sizes: list[int], dtype: str, op: str, root: 
         distinct: dict[tuple, dict] = {}
         for s in found:
             wl = Workload(s, world, Workload.count_for_bytes(s, world, size, elem), op=op, root=root)
-            t = peer_task(s, wl, world, dtype, op, root, case)
+            t = dict(peer_task(s, wl, world, dtype, op, root, case), iters=iters_at(size))
             key = (case, t["kind"], t["in_numel"])
             distinct.setdefault(key, t)
             task_of[(s.name, size)] = key
@@ -352,9 +373,10 @@ def _beside_mpi(bd: Breakdown, results: list, peer: list[dict], task_of: dict, s
                       "time_s": got["time_s"] if got else None,
                       "errors": got["errors"] if got else None, "note": got["note"] if got else "",
                       "slowest_s": slowest, "slowest_less_deliberate_s": slowest - least}
-        if got and got["errors"]:
-            bd.failures.append(f"mpi: {got['schedule']} at {row['size']} B gave a wrong result on "
-                               f"{got['errors']} rank(s)")
+        wrong = (f"mpi: {got['schedule']} at {row['size']} B gave a wrong result on {got['errors']} rank(s)"
+                 if got and got["errors"] else None)
+        if wrong and wrong not in bd.failures:   # one line per collective, not per schedule
+            bd.failures.append(wrong)
             bd.status = 1
 
 
