@@ -5,7 +5,7 @@ In: the file, world, sizes, dtype, op, cores, calls. Out: per schedule, size and
 over the calls of each term of the call's wall time (Breakdown.rows) and the lines of its table.
 
 Each rank (callruns: its own process, the public API) makes `warmup` calls, then `iters` pairs in
-turns: a barrier and a call with the CPU model's cost accounting off (their median wall time is
+turns, back to back: a call with the CPU model's cost accounting off (their median wall time is
 printed beside, so that what the accounting costs shows), then a call with it on
 (strata_cpu_costs_enable). Of each accounted call
 it takes, on CLOCK_MONOTONIC: the call entered and returned (Python), the launcher's cffi call
@@ -165,8 +165,10 @@ def rank_main(spec: dict) -> None:
             comm.barrier()
             plain, calls = [], []
             try:
-                for _ in range(iters):   # in turns: a call without the accounting, one with it
-                    comm.barrier()       # no rank still reading the costs of the call before
+                # in turns: a call without the accounting, one with it, back to back as MPI's are (a
+                # barrier before each would time the wake-up of core threads parked in it: about 1 ms
+                # per call at 1 MiB, world 2)
+                for _ in range(iters):
                     t0 = time.monotonic()
                     fn(**args, **kw)
                     plain.append(time.monotonic() - t0)
