@@ -13,7 +13,7 @@ an `if` on a size whose arms are the same). So
 * hypothesis draws the choices (`schedules()`), so CI runs a fixed, derandomized set.
 
 The families cover the language: splits and splits of splits, step loops with per-step flags or
-barriers, teams (block, stride, across) and their barriers, asynchronous SDMA stages and their
+barriers, reductions over ranks and of named regions (`op(a, b)`), accumulates, teams (block, stride, across) and their barriers, asynchronous SDMA stages and their
 awaits, composition (`call ... on TEAM`), rank parameters, and MoE routing (histogram, exscan,
 slots, place, gather).
 """
@@ -209,7 +209,7 @@ schedule {name}(x: sym T[n], op: redop) implements allreduce(x, op) {{
   let next = {next}
 {entry}  for s in 0 .. {hi} {{
     let c = {c}
-{wait}    if s < world - 1 {{ on aiv: part[c]@next op= part[c] }} else {{ {copy} }}
+{wait}    if s < world - 1 {{ {reduce} }} else {{ {copy} }}
 {signal}  }}
 {last}}}
 """
@@ -238,8 +238,14 @@ def ring_text(pick, name: str) -> str:
         sig = pick("signal", ["    signal got[s]@next\n", "    if s > 0: signal got[s]@next\n"])
     last = pick("last", ["  if world > 1: wait got[2 * world - 3]\n", "",
                          "  if world > 1: wait got[2 * world - 4]\n"])
+    # a reduce-scatter step: the DMA's atomic accumulate, or NCCL's recvReduceSend (a reduction of
+    # two named regions into the next rank's copy; its mistake names the running rank's twice)
+    if pick("~reduce_form", ["accumulate", "reduce_list"]) == "accumulate":
+        reduce = "on aiv: part[c]@next op= part[c]"
+    else:
+        reduce = "on aiv: part[c]@next = op(part[c], " + pick("reduce_src", ["part[c]@next", "part[c]"]) + ")"
     return RING.format(name=name, next=nxt, entry=entry, hi=hi, c=c, wait=wait, copy=copy,
-                       signal=sig, last=last)
+                       signal=sig, last=last, reduce=reduce)
 
 
 def ring(pick) -> Spec:
