@@ -252,16 +252,11 @@ def _compound(off: ir.IExpr) -> bool:
     return isinstance(off, (ir.Bin, ir.Sel)) or (isinstance(off, ir.Var) and off.name.startswith(_CPP))
 
 
-def _sources(op) -> tuple[ir.Region, ...]:
-    """The regions a copy, accumulate or reduction reads (a comprehension's, per its variable)."""
-    return op.srcs if isinstance(op, ir.ReduceList) else (op.src,)
-
-
 def _moves(op, s: ir.Schedule) -> dict:
     """The regions of a copy, accumulate or reduce: each side's pointer (its buffer plus its offset,
     as T*) and rank, and the locals the move declares. An offset every side shares, if it is more
     than a name, is computed once, into `lo`. `src` is the first source, `srcs` all of them."""
-    regions = (op.dst, *_sources(op))
+    regions = (op.dst, *ir.sources(op))
     offsets = [_offset(r, s) for r in regions]
     local = []
     if all(o == offsets[0] for o in offsets) and _compound(offsets[0]):
@@ -421,7 +416,7 @@ def _regions(ops):
             yield from _regions(op.then + op.orelse)
         elif isinstance(op, (ir.Copy, ir.Accumulate, ir.Reduce, ir.ReduceList)):
             yield op.dst
-            yield from _sources(op)
+            yield from ir.sources(op)
 
 
 def _has_moves(nodes: list[dict]) -> bool:

@@ -265,13 +265,10 @@ class _Walk:
             self._loops.append(op.var)
             self._shift(dst[..., None], self._region(op.src, inner, deeper, "reads"), deeper)
             self._loops.pop()
-        elif isinstance(op, ir.ReduceList):
+        else:   # Copy, Accumulate, ReduceList
             dst = self._region(op.dst, env, mask, "writes")
-            for src in op.srcs:
+            for src in ir.sources(op):
                 self._shift(dst, self._region(src, env, mask, "reads"), mask)
-        else:   # Copy, Accumulate
-            dst = self._region(op.dst, env, mask, "writes")
-            self._shift(dst, self._region(op.src, env, mask, "reads"), mask)
 
 
 def _same(a: _Walk, b: _Walk) -> bool:

@@ -67,6 +67,7 @@ from stratac.ir.nodes import (
                              WINDOW_ROW_ALIGN,
                              Wait,
                              size_rules,
+                             sources,
                              takes_mask,
                              padded_row,
                              unmet_requirement,
@@ -78,5 +79,5 @@ __all__ = ["Bin", "BinKind", "Const", "IExpr", "Sel", "Var", "add", "bare", "c_s
            "simplify", "size_scale", "split_part", "substitute", "ROUTE_OPERANDS", "Accumulate", "Await", "Barrier",
            "Buffer", "CallSite", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",
            "KernelPlan", "Loop", "Node", "Op", "OpParam", "Plan", "Reduce", "ReduceList", "ReduceOp", "Region",
-           "Route", "RouteKind", "Scalar", "ScalarKind", "Schedule", "Signal", "SizeRule", "Stage",
+           "Route", "RouteKind", "sources", "Scalar", "ScalarKind", "Schedule", "Signal", "SizeRule", "Stage",
            "Team", "Wait", "size_rules", "dump", "WINDOW_ROW_ALIGN", "padded_row"]

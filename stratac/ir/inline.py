@@ -63,6 +63,14 @@ class _Inliner:
             (p.name, bind[p.name].length, self.e(p.size),
              f"{p.name}: T[{p.size}], {', '.join(f'{y} read off {source[y]}' for y in sorted(p.size.names() & source.keys()))}")
             for p in callee.tensors if bind[p.name].length != self.e(p.size))
+        # the callee's scratch buffers become the caller's, renamed, sized in the caller's terms
+        # (the team's size for world, the bound regions' sizes for the callee's size symbols)
+        self.scratch = tuple(replace(p, name=prefix + p.name, size=self.e(p.size),
+                                     shape=tuple(self.e(d) for d in p.shape)) for p in callee.scratch)
+        self.bind = {**bind, **{p.name: Region(new.name, Const(0), new.size, None, p.span)
+                                for p, new in zip(callee.scratch, self.scratch)}}
+        # its teams (a call on world: rank and world are the caller's) become the caller's
+        self.teams = {t.name: replace(t, name=prefix + t.name, t=self.e(t.t)) for t in callee.teams}
 
     def value(self, name: str) -> IExpr:
         if name == "rank":
@@ -155,17 +163,9 @@ def inline(callee: Schedule, team: Team | None, bind: dict[str, Region], ops: di
     size the callee declares) of every argument whose length is not its size by form: equal at
     every instance or refused)."""
     x = _Inliner(callee, team, bind, ops, prefix, first_stage)
-    # the callee's scratch buffers become the caller's, renamed, sized in the caller's terms (the
-    # team's size for world, the bound regions' sizes for the callee's size symbols)
-    scratch = tuple(replace(p, name=prefix + p.name, size=x.e(p.size), shape=tuple(x.e(d) for d in p.shape))
-                    for p in callee.scratch)
-    x.bind = {**bind, **{p.name: Region(new.name, Const(0), new.size, None, p.span)
-                         for p, new in zip(callee.scratch, scratch)}}
-    # the callee's teams (a call on world: rank and world are the caller's) become the caller's
-    x.teams = {t.name: replace(t, name=prefix + t.name, t=x.e(t.t)) for t in callee.teams}
     body = x.nodes(callee.body)
     flags = tuple(Flag(prefix + f.name, x.e(f.size), f.span) for f in callee.flags)
     size = team.size if team else Var("world")
     requires = tuple(Requirement(simplify(substitute(r.cond, lambda n: size if n == "world" else None)),
                                  r.text, r.span) for r in callee.requires)
-    return body, flags, scratch, tuple(x.teams.values()), requires, x.stage, x.shapes
+    return body, flags, x.scratch, tuple(x.teams.values()), requires, x.stage, x.shapes

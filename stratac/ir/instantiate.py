@@ -566,12 +566,9 @@ class _Builder:
             ev.routes.append(self.route(op, env))
             return
         dst = self.region(op.dst, env)
-        if isinstance(op, (ir.Copy, ir.Accumulate)):
-            srcs = (self.region(op.src, env),)
-            red = op.op if isinstance(op, ir.Accumulate) else None
-        elif isinstance(op, ir.ReduceList):
-            srcs = tuple(self.region(r, env) for r in op.srcs)
-            red = op.op
+        if not isinstance(op, ir.Reduce):   # a copy, an accumulate, a reduction of named regions
+            srcs = tuple(self.region(r, env) for r in ir.sources(op))
+            red = None if isinstance(op, ir.Copy) else op.op
         else:
             srcs = []
             for v in self.reduce_domain(op, env):

@@ -374,6 +374,12 @@ class Route:
 Node = Union[Copy, Reduce, ReduceList, Accumulate, Route, If, Loop, Stage, Await, Barrier, Signal, Wait]
 
 
+def sources(op: "Copy | Reduce | ReduceList | Accumulate") -> tuple[Region, ...]:
+    """The regions a move reads as written: a copy's or accumulate's source, a reduction's operand
+    (one region, per its variable) or each region of a reduction of named regions."""
+    return op.srcs if isinstance(op, ReduceList) else (op.src,)
+
+
 @dataclass(frozen=True)
 class Contract:
     kind: ContractKind

@@ -286,7 +286,7 @@ def expressions(s: ir.Schedule):
                 if isinstance(op, ir.Reduce) and op.count is not None:
                     yield from (op.count, op.skip)
                 yield from region(op.dst)
-                for src in op.srcs if isinstance(op, ir.ReduceList) else (op.src,):
+                for src in ir.sources(op):
                     yield from region(src)
 
     yield from walk(s.body)

@@ -120,13 +120,13 @@ class Calls(Scope):
             else:
                 self.teams[t.name] = t
         for b in scratch:
-            own = b.name[len(prefix):]
+            own, varying = b.name[len(prefix):], b.size.names() - {"world", *self.sizes}
             if self.taken(b.name):
                 self.err(Codes.DUPLICATE_NAME, f"the scratch buffer {b.name} of this call (scratch {own} "
                          f"of {callee.name}) is already defined: rename yours", st.span)
-            elif b.size.names() - {"world", *self.sizes}:
+            elif varying:
                 self.err(Codes.CALL, f"scratch {own} of {callee.name} would hold {ir.bare(b.size)} "
-                         f"elements, which depends on {', '.join(sorted(b.size.names() - {'world', *self.sizes}))}: "
+                         f"elements, which depends on {', '.join(sorted(varying))}: "
                          "a scratch buffer has one size on every rank (pass regions whose lengths are "
                          "expressions of world and sizes)", st.span, Note("the buffer is declared here", b.span))
             elif b.typevar is not None and b.typevar not in typevar:

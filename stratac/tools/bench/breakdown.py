@@ -325,7 +325,7 @@ def run(file: str, world: int, sizes: list[int], dtype: str = "f32", op: str = "
             bd.rows.append(summarize(rec))
     bd.rows.sort(key=lambda r: (sizes.index(r["size"]), r["rank"]))
     if job:
-        _beside_mpi(bd, results, job.results, task_of, sizes)
+        _beside_mpi(bd, results, job.results, task_of)
     if not bd.rows and not bd.failures:
         bd.failures.append("no rank reported a breakdown")
         bd.status = 1
@@ -353,7 +353,7 @@ def _peer_tasks(found, world: int, sizes: list[int], dtype: str, op: str, root: 
     return tasks, task_of
 
 
-def _beside_mpi(bd: Breakdown, results: list, peer: list[dict], task_of: dict, sizes: list[int]) -> None:
+def _beside_mpi(bd: Breakdown, results: list, peer: list[dict], task_of: dict) -> None:
     """Puts MPI's time of the same collective and bytes beside each row of rank 0 (row["mpi"]), with
     stratac's time as run compared the way MPI's is: the median over calls of each call's slowest
     rank (calls with the accounting off), and that less the deliberate terms of the rank that has
