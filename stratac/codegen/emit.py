@@ -48,6 +48,8 @@ def _env() -> jinja2.Environment:
 
 
 def _cname(name: str) -> str:
+    if name == ir.ELEM:   # the element size of the kernel's type T, as every other integer an int64_t
+        return "int64_t(sizeof(T))"
     return "rank" if name == "rank" else "world" if name == "world" else f"{abi.c_name(name)}_"
 
 

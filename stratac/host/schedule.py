@@ -273,6 +273,9 @@ class Schedule:
             extent = t.numel() if len(p.dims) == 1 else t.shape[rule.dim]
             scale = rule.scale.eval(env)
             sizes[rule.sym] = env[rule.sym] = extent // scale if scale else 0
+        elem = ir.elem_env(self.ir, dtype.nbytes)   # sizeof(T): an instance per element size
+        sizes.update(elem)
+        env.update(elem)
         for p in params:
             t = given[p.name]
             if len(p.dims) > 1:

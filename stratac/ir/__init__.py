@@ -28,6 +28,7 @@ from stratac.ir.expr import (
                              substitute,
 )
 from stratac.ir.nodes import (
+                             ELEM,
                              MASK_MAX_WORLD,
                              MASKED_KINDS,
                              ROUTE_OPERANDS,
@@ -71,11 +72,13 @@ from stratac.ir.nodes import (
                              takes_mask,
                              padded_row,
                              unmet_requirement,
+                             elem_env,
+                             elem_sizes,
 )
 from stratac.ir.printer import dump
 
 __all__ = ["Bin", "BinKind", "Const", "IExpr", "Sel", "Var", "add", "bare", "c_source", "log2",
-           "nonnegative", "py_source", "Requirement", "unmet_requirement", "MASK_MAX_WORLD", "MASKED_KINDS", "takes_mask",
+           "nonnegative", "py_source", "Requirement", "unmet_requirement", "MASK_MAX_WORLD", "ELEM", "elem_env", "elem_sizes", "MASKED_KINDS", "takes_mask",
            "simplify", "size_scale", "split_part", "substitute", "ROUTE_OPERANDS", "Accumulate", "Await", "Barrier",
            "Buffer", "CallSite", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",
            "KernelPlan", "Loop", "Node", "Op", "OpParam", "Plan", "Reduce", "ReduceList", "ReduceOp", "Region",

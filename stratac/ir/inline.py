@@ -8,7 +8,8 @@ rank where the callee names one (after @, in a signal) through the team's member
 symbols are the lengths of the bound regions, its offsets are added to theirs. Its flags, loop
 variables and asynchronous handles are renamed with the prefix, its barriers join the team.
 Its scratch buffers become the caller's, renamed with the prefix and sized in the caller's terms.
-Its teams become the caller's (renamed) in a call on world.
+Its teams become the caller's (renamed) in a call on world. Its sizeof(T) becomes the size of the
+type its arguments give T.
 Sema checks the callee fits (no teams in a call on a team, no rank parameters or routing; 1-D buffers sized by
 one symbol each) before it calls `inline`.
 """
@@ -19,6 +20,7 @@ from dataclasses import replace
 
 from stratac.ir.expr import Bin, BinKind, Const, IExpr, Var, add, simplify, size_scale, substitute
 from stratac.ir.nodes import (
+    ELEM,
     Accumulate,
     Await,
     Barrier,
@@ -45,8 +47,9 @@ from stratac.ir.nodes import (
 
 class _Inliner:
     def __init__(self, callee: Schedule, team: Team | None, bind: dict[str, Region],
-                 ops: dict[str, Op], prefix: str, first_stage: int):
+                 ops: dict[str, Op], prefix: str, first_stage: int, elem: IExpr):
         self.callee, self.team, self.bind, self.ops, self.prefix = callee, team, bind, ops, prefix
+        self.elem = elem
         self.stage = first_stage
         # each size symbol from the first buffer sized by it (`k * n`, k an expression of world,
         # read on the team: n = the region's length / k); every buffer's region must then have its
@@ -79,6 +82,8 @@ class _Inliner:
             return self.team.size if self.team else Var("world")
         if name in self.sizes:
             return self.sizes[name]
+        if name == ELEM:
+            return self.elem
         return Var(self.prefix + name)       # a loop or reduction variable of the callee
 
     def e(self, x: IExpr) -> IExpr:
@@ -153,7 +158,7 @@ class _Inliner:
 
 
 def inline(callee: Schedule, team: Team | None, bind: dict[str, Region], ops: dict[str, Op],
-           prefix: str, first_stage: int
+           prefix: str, first_stage: int, elem: IExpr = Var(ELEM)
            ) -> tuple[tuple[Node, ...], tuple[Flag, ...], tuple[Buffer, ...], tuple[Team, ...],
                       tuple[Requirement, ...], int, tuple]:
     """(the caller's ops, the flags they use, the scratch buffers they use (the callee's, renamed,
@@ -161,8 +166,9 @@ def inline(callee: Schedule, team: Team | None, bind: dict[str, Region], ops: di
     callee's, renamed; a callee with teams is called on world only), the callee's world
     constraints read on the caller's world, the last stage index used, the (buffer, region length,
     size the callee declares) of every argument whose length is not its size by form: equal at
-    every instance or refused)."""
-    x = _Inliner(callee, team, bind, ops, prefix, first_stage)
+    every instance or refused). elem: the callee's sizeof(T) in the caller's terms (the size of
+    the fixed type its arguments give T, or the caller's own ELEM)."""
+    x = _Inliner(callee, team, bind, ops, prefix, first_stage, elem)
     body = x.nodes(callee.body)
     flags = tuple(Flag(prefix + f.name, x.e(f.size), f.span) for f in callee.flags)
     size = team.size if team else Var("world")

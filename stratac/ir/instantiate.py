@@ -297,6 +297,9 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
         active = tuple(bool(v) for v in active)
         if all(active):
             active = None
+    if s.elem and sizes.get(ir.ELEM) not in ir.elem_sizes(s):
+        raise StrataError(error(Codes.BAD_WORLD, f"{s.name} names sizeof(T), so an instance gives it "
+                                f"one of {list(ir.elem_sizes(s))} bytes; got {sizes.get(ir.ELEM)}", s.span))
     for x in s.rank_params:
         if not 0 <= sizes[x.name] < world:
             raise StrataError(error(Codes.BAD_WORLD, f"{x.name} = {sizes[x.name]} is not a rank of a "

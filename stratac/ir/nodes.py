@@ -39,6 +39,13 @@ class DType(enum.Enum):
         return next((d for d in DType if d.short == text), None)
 
 
+# `sizeof(T)`: the element size in bytes of a schedule's type variable, a name of its expressions
+# (sema makes it; no name the grammar reads can be it). Every environment of an instance that uses
+# it binds it: the verifier to each of ELEM_SIZES, a call to its tensors' element size, the kernel
+# to sizeof(T) of its template parameter.
+ELEM = "sizeof(T)"
+
+
 class Engine(enum.Enum):
     AIV = "aiv"
     SDMA = "sdma"
@@ -521,6 +528,7 @@ class Schedule:
     requires: tuple[Requirement, ...] = ()
     teams: tuple[Team, ...] = ()
     calls: tuple[CallSite, ...] = ()
+    elem: bool = False              # its expressions name ELEM (`sizeof(T)` of its type variable)
 
     def stamps(self, env: dict) -> int:
         """The stamps one call uses (how far the epoch advances) at world, sizes and rank
@@ -560,6 +568,19 @@ class Schedule:
             if p.typevar and p.typevar not in seen:
                 seen.append(p.typevar)
         return tuple(seen)
+
+
+def elem_sizes(s: Schedule) -> tuple[int, ...]:
+    """The values ELEM takes in s's instances: the element sizes of the types its type variable is
+    compiled for (f32 and i32: 4, f16 and bf16: 2; codegen.abi.dtypes), largest first; () when s
+    does not name it."""
+    return (4, 2) if s.elem else ()
+
+
+def elem_env(s: Schedule, nbytes: int) -> dict[str, int]:
+    """What an instance of s at an element size of nbytes binds besides its sizes: ELEM, when s
+    names it."""
+    return {ELEM: nbytes} if s.elem else {}
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ class Name:
 
 @dataclass(frozen=True)
 class Call:
-    """A built-in integer function: log2(x), min(a, b), max(a, b)."""
+    """A built-in integer function: log2(x), min(a, b), max(a, b), sizeof(T)."""
 
     fn: str
     args: tuple["Expr", ...]

@@ -103,20 +103,30 @@ def default_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
     each kept only while the simulation stays within budget, and never none at all."""
     if s.contract.kind.moe:
         return _moe_samples(s, world)
-    base = base_sizes(s, world)
-    mid = _middle(base)
-    sizes = list(base)
-    for sym, v in size_boundaries(s, world, mid):
-        sizes.append({**mid, sym: v})
-    return _keep(s, world, [{**sz, **rs} for sz in _unique(sizes) for rs in rank_samples(s, world)])
+    out = []
+    for elem in element_sizes(s):   # all of them once per element size sizeof(T) can have
+        base = base_sizes(s, world, elem)
+        mid = _middle(base)
+        sizes = list(base)
+        for sym, v in size_boundaries(s, world, mid):
+            sizes.append({**mid, sym: v})
+        out += [{**sz, **rs} for sz in _unique(sizes) for rs in rank_samples(s, world, elem)]
+    return _keep(s, world, out)
 
 
-def base_sizes(s: ir.Schedule, world: int) -> list[dict[str, int]]:
+def element_sizes(s: ir.Schedule) -> list[dict[str, int]]:
+    """What a sample says of the element size: nothing, or (s names sizeof(T)) each value of
+    ir.elem_sizes in turn."""
+    return [{ir.ELEM: e} for e in ir.elem_sizes(s)] or [{}]
+
+
+def base_sizes(s: ir.Schedule, world: int, elem: dict[str, int] | None = None) -> list[dict[str, int]]:
     """The base samples: the pool of `size_pool` handed round the size symbols in turn, so that in
     each sample the symbols differ (when there are no more symbols than values) and each symbol
-    takes every value of the pool, above and below each other symbol."""
+    takes every value of the pool, above and below each other symbol; each with `elem` (the
+    element size of `element_sizes`, if any)."""
     pool = size_pool(world, len(s.sizes))
-    return [{sym: pool[(j + i) % len(pool)] for i, sym in enumerate(s.sizes)}
+    return [{**(elem or {}), **{sym: pool[(j + i) % len(pool)] for i, sym in enumerate(s.sizes)}}
             for j in range(len(pool) if s.sizes else 1)]
 
 
@@ -138,7 +148,7 @@ def size_pool(world: int, symbols: int = 1) -> list[int]:
     return pool
 
 
-def rank_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
+def rank_samples(s: ir.Schedule, world: int, elem: dict[str, int] | None = None) -> list[dict[str, int]]:
     """Values of the rank parameters: every rank up to world ALL_RANKS_UP_TO; above it 0, world / 2,
     world - 1 and the boundaries of every condition on a rank parameter that does not mention
     `rank` or a loop variable (a condition that does, `rank == root`, takes both arms within every
@@ -151,8 +161,8 @@ def rank_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
         values = list(range(world))
     else:
         found = {0, world // 2, world - 1}
-        free = set(params) | set(s.sizes) | {"world"}
-        mid = _middle(base_sizes(s, world))
+        free = set(params) | set(s.sizes) | {"world"} | set(elem or {})
+        mid = _middle(base_sizes(s, world, elem))
         for cond in conditions(s):
             if cond.names() <= free:
                 for p in params:

@@ -36,8 +36,12 @@ def one(comm, rank, fn, inst):
         t = comm.empty(*inst.shapes[p.name], dtype=getattr(torch, inst.dtypes[p.name]))
         t.view(-1).copy_(torch.from_numpy(inst.init[rank][p.name]))
         tensors[p.name] = t
-    env = {"world": comm.world, **inst.sizes}
-    scratch = dict(zip((p.name for p in s.scratch), fn._scratch_for(tvkit.ir.DType.F32, env)))
+    # the type a type variable runs as (tvkit.typevar_dtype), which scratch buffers of it hold
+    ir = tvkit.ir
+    tv = next((d for p in s.params if p.typevar for d in ir.DType if d.torch_name == inst.dtypes[p.name]),
+              ir.DType.F32)
+    env = {"world": comm.world, **inst.sizes, **ir.elem_env(s, tv.nbytes)}
+    scratch = dict(zip((p.name for p in s.scratch), fn._scratch_for(tv, env)))
     for name, t in scratch.items():
         t.view(-1)[:inst.init[rank][name].size].copy_(torch.from_numpy(inst.init[rank][name]))
     comm.barrier()   # every rank's inputs are in place before any kernel starts

@@ -97,8 +97,12 @@ class Calls(Scope):
         if len(self.diags) > reported:
             return ()
         prefix = f"c{len(self.calls) + 1}_"
+        # the callee's sizeof(T): the size of a fixed type its arguments give T, else the caller's
+        given = ir.DType.parse(next(iter(typevar.values()))[0]) if typevar else None
+        elem = ir.Const(given.nbytes) if given is not None else ir.Var(ir.ELEM)
         body, flags, scratch, teams, requires, self.stage_count, shapes = ir_inline(
-            callee, team, bind, ops, prefix, self.stage_count)
+            callee, team, bind, ops, prefix, self.stage_count, elem)
+        self.elem |= callee.elem and given is None
         fixed = self.fixed_names()
         for f in flags:
             if self.taken(f.name):

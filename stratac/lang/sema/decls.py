@@ -89,7 +89,7 @@ class Decls(Scope):
         return ir.Schedule(s.name, self.source_name, tuple(self.params.values()), tuple(self.sizes),
                            tuple(self.flags.values()), contract, tuple(body), s.span,
                            scalars=tuple(self.scalars.values()), requires=tuple(self.requires),
-                           teams=tuple(self.teams.values()), calls=tuple(self.calls))
+                           teams=tuple(self.teams.values()), calls=tuple(self.calls), elem=self.elem)
 
     # kind: (takes an op, takes a root, may be in place, may be out of place)
 

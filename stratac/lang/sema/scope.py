@@ -60,6 +60,7 @@ class Scope:
         self.step_vars: set[str] = set()        # variables of step loops (for s in lo .. hi)
         self.masked = False                     # a MoE dispatch or combine (Decls.lower sets it)
         self.routed = False                     # a MoE contract: dispatch, combine or AllToAllV (likewise)
+        self.elem = False                       # an expression names ir.ELEM (sizeof of the type variable)
         self.requires: list[ir.Requirement] = []
         self.teams: dict[str, ir.Team] = {}
         self.loop_bounds: list[tuple[ir.IExpr, ir.IExpr, Span]] = []   # of the step loops around
@@ -73,13 +74,13 @@ class Scope:
     def static_env(self) -> set[str]:
         """Names a size of the schedule (a flag's, a scratch buffer's, a split's parts) may use:
         world, the size symbols and the lets made of those alone."""
-        fixed = {"world", *self.sizes}
+        fixed = {"world", ir.ELEM, *self.sizes}
         return fixed | {n for n, e in self.lets.items() if e.names() <= fixed}
 
     def env(self, loop_vars=()) -> set[str]:
         """Names an index or rank expression may use."""
         ranks = {x.name for x in self.scalars.values() if x.kind is ir.ScalarKind.RANK}
-        return {"rank", "world", *self.sizes, *ranks, *loop_vars, *self.lets}
+        return {"rank", "world", ir.ELEM, *self.sizes, *ranks, *loop_vars, *self.lets}
 
     def op(self, name: str, span: Span) -> ir.Op | None:
         if name in {o.value for o in ir.ReduceOp}:
@@ -113,13 +114,16 @@ class Scope:
             return ir.Bin(ir.BinKind.SUB, ir.Const(0), self.expr(e.operand, allowed, what))
         if isinstance(e, (ast.Attr, ast.Member)):
             return self.team_expr(e, allowed, what)
+        if isinstance(e, ast.Call) and e.fn == "sizeof":
+            return self.sizeof(e, allowed, what)
         if isinstance(e, ast.Call):
             args = [self.expr(a, allowed, what) for a in e.args]
             arity = {"log2": 1, "min": 2, "max": 2}
             if e.fn not in arity:
                 self.err(Codes.UNKNOWN_NAME, f"unknown function {e.fn!r}: the integer functions are "
                          "log2(x) (floor of the base-2 logarithm, x >= 1; for 2^k write 1 << k), "
-                         "min(a, b) and max(a, b)", e.fn_span)
+                         "min(a, b), max(a, b) and sizeof(T) (an element type's size in bytes)",
+                         e.fn_span)
                 return ir.Const(0)
             if len(args) != arity[e.fn]:
                 form = "log2(x)" if e.fn == "log2" else f"{e.fn}(a, b)"
@@ -140,6 +144,38 @@ class Scope:
                 "&": ir.BinKind.AND, "^": ir.BinKind.XOR, "|": ir.BinKind.OR}[e.op]
         return self.checked(ir.Bin(kind, self.expr(e.lhs, allowed, what),
                                    self.expr(e.rhs, allowed, what)), e.span)
+
+    def sizeof(self, e: ast.Call, allowed: set[str], what: str) -> ir.IExpr:
+        """sizeof(TYPE): a fixed type's size as a constant; the type variable's as ir.ELEM, which
+        every instance binds (the verifier to each of ir.elem_sizes, a call to its tensors'). After an
+        error, 1: a size that divides nothing by zero."""
+        arg = e.args[0] if len(e.args) == 1 else None
+        if not isinstance(arg, ast.Name):
+            self.err(Codes.BAD_REF, "sizeof takes one element type: sizeof(T) of the schedule's type "
+                     "variable, or sizeof(f16)", e.span)
+            return ir.Const(1)
+        fixed = ir.DType.parse(arg.id)
+        if fixed is not None:
+            return ir.Const(fixed.nbytes)
+        if ir.ELEM not in allowed:
+            self.err(Codes.UNKNOWN_NAME, f"sizeof({arg.id}) cannot be used in {what}: a parameter's "
+                     "size reads the tensors the caller passes, whatever their element type (and a "
+                     "`requires` is a condition on world alone)", e.span)
+            return ir.Const(1)
+        typevars = {p.typevar for p in self.params.values() if p.typevar}
+        if arg.id not in typevars:
+            have = (f"its type variable {', '.join(sorted(typevars))}" if typevars
+                    else "it has no type variable")
+            self.err(Codes.UNKNOWN_NAME, f"{arg.id!r} is not an element type of {self.s.name}: sizeof "
+                     f"takes f32, f16, bf16, i32, i8 or the schedule's type variable ({have})", arg.span)
+            return ir.Const(1)
+        if self.routed:
+            self.err(Codes.BAD_REF, f"sizeof({arg.id}) of a {self.s.contract.kind} schedule is not "
+                     "supported yet: its verifier samples do not range over the element size (write "
+                     "the tokens' type, or sizeof(f16) of a fixed type)", e.span)
+            return ir.Const(1)
+        self.elem = True
+        return ir.Var(ir.ELEM)
 
     def checked(self, e: ir.Bin, span: Span) -> ir.IExpr:
         """e, with an operation on constants checked now (1 << 64, log2(0), 5 % 0): the rules of
@@ -299,6 +335,8 @@ def _text(span: Span) -> str:
 def _names(e: ast.Expr) -> set[str]:
     if isinstance(e, ast.Name):
         return {e.id}
+    if isinstance(e, ast.Call) and e.fn == "sizeof":   # names a type, not an integer
+        return set()
     if isinstance(e, ast.Call):
         return set().union(*(_names(a) for a in e.args))
     if isinstance(e, ast.CondExpr):

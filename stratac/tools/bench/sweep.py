@@ -27,7 +27,7 @@ import torch
 
 from stratac.host import schedule
 from stratac.host.cores import by_size as cores_by_size
-from stratac.ir import DType, passes
+from stratac.ir import DType, elem_env, passes
 from stratac.lang.frontend import load_source
 from stratac.tools.bench import backendpeer, benchpeer, machine, moe, mpi, proofs, trace
 from stratac.tools.bench.benchspec import (
@@ -136,7 +136,8 @@ def plan(spec: BenchSpec) -> Plan:
             s = c.schedule
             wl = Workload(s, spec.world, n, op=spec.op, root=spec.root)
             largest = max([largest] + [wl.numel(p) for p in s.params])
-            instances.append((s, {**wl.sizes, **{x.name: spec.root for x in s.rank_params}}))
+            instances.append((s, {**wl.sizes, **{x.name: spec.root for x in s.rank_params},
+                                  **elem_env(s, elem)}))
             task = peer_task(s, wl, spec.world, spec.dtype, spec.op, spec.root, case=len(cases))
             case_tasks.setdefault((task["kind"], task["in_numel"], task["out_numel"]), task)
         cases.append(runner.Case(dtype=spec.dtype, size=size, op=spec.op, root=spec.root))

@@ -27,7 +27,8 @@ def predict_count(s: ir.Schedule, m: Machine, world: int, count: int, dtype: str
     s must have been through passes.pipeline (the `on auto` threshold lives in the stage plans)."""
     cores = check_cores(m, cores)
     elem = elem_bytes(dtype)
-    env = {**{n: count for n in s.sizes}, **{x.name: root for x in s.rank_params}}
+    env = {**{n: count for n in s.sizes}, **{x.name: root for x in s.rank_params},
+           **ir.elem_env(s, elem)}
     if tpl is None or tpl.size_dependent or tpl.world != world:
         tpl = template(s, world, env)
     lens = lengths(tpl, env)

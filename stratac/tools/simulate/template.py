@@ -72,7 +72,7 @@ class _Walker:
 
     def __init__(self, s: ir.Schedule, world: int, env: dict):
         self.s, self.world, self.base = s, world, {"world": world, **env}
-        self.size_syms = frozenset(s.sizes)
+        self.size_syms = frozenset((*s.sizes, ir.ELEM))   # what varies from one prediction to the next
         self.keys: list[tuple[ir.IExpr, dict]] = []
         self.key_index: dict[tuple, int] = {}
         self.names: dict[int, tuple[ir.IExpr, tuple[str, ...]]] = {}
