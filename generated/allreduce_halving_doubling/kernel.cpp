@@ -11,15 +11,6 @@ constexpr uint32_t kReduceTiles = 0;
 constexpr uint32_t kScratchBytes = 256;
 constexpr int64_t kSdmaThreshold = 262144;
 
-// Part i of `total` elements split into `parts` (`split` in the .strata source) is
-// [PartOffset, PartOffset + PartLength): the first total % parts parts get one element more.
-__aicore__ inline int64_t PartOffset(int64_t total, int64_t parts, int64_t i) {
-  return i * (total / parts) + strata::Min(i, total % parts);
-}
-__aicore__ inline int64_t PartLength(int64_t total, int64_t parts, int64_t i) {
-  return total / parts + (i < total % parts);
-}
-
 template <typename T, strata::Red OP>
 class AllreduceHalvingDoubling {
  public:
@@ -34,88 +25,136 @@ class AllreduceHalvingDoubling {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(8);  // strata:8 the ranks agree on the call
+    STRATA_LINE(14);  // strata:14 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {
-        STRATA_LINE(14);  // strata:14
-        strata::Signal(strata::SyncSlot(sync_, world + k_), epoch_ + 1, rank ^ (world >> (k_ + 1)));
-      }
-      for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {
-        STRATA_LINE(15);  // strata:15
-        strata::WaitFlag(strata::SyncSlot(sync_, world + k_), epoch_ + 1);
-      }
-    }
-    AscendC::SyncAll<true>();
-    for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {  // strata:16
+    if ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank % 2 : 0) == 1) {  // strata:23
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        if (k_ > 0) {
-          STRATA_LINE(19);  // strata:19
-          strata::WaitFlag(strata::SyncSlot(sync_, world + world + (k_ - 1)), epoch_ + 2);
-        }
+        STRATA_LINE(24);  // strata:24
+        strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world)), epoch_ + 1);
       }
       AscendC::SyncAll<true>();
-      {  // strata:20 stage 1 on aiv
-        STRATA_LINE(20);
+      {  // strata:25 stage 1 on aiv
+        STRATA_LINE(25);
         int64_t total = 0;
-        for (int64_t j_ = 0; j_ < world >> (k_ + 1); ++j_) {
-          total += PartLength(n_, world, ((rank ^ (world >> (k_ + 1))) / (world >> (k_ + 1))) * (world >> (k_ + 1)) + j_);
-        }
+        total += n_;
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
-        for (int64_t j_ = 0; j_ < world >> (k_ + 1); ++j_) {
-          STRATA_LINE(20);  // strata:20
-          if (cut.Take(PartLength(n_, world, ((rank ^ (world >> (k_ + 1))) / (world >> (k_ + 1))) * (world >> (k_ + 1)) + j_), off, len)) {
-            const int64_t lo = PartOffset(n_, world, ((rank ^ (world >> (k_ + 1))) / (world >> (k_ + 1))) * (world >> (k_ + 1)) + j_);
-            mv_.template AccumulateInto<OP>(x_ + lo + off, rank ^ (world >> (k_ + 1)),
-                                                   x_ + lo + off, rank, len);
-          }
+        STRATA_LINE(25);  // strata:25
+        if (cut.Take(n_, off, len)) {
+          mv_.template AccumulateInto<OP>(x_ + off, rank - 1,
+                                                 x_ + off, rank, len);
         }
         strata::EndStage(mv_);
       }
-      if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(21);  // strata:21
-        strata::Signal(strata::SyncSlot(sync_, world + world + k_), epoch_ + 2, rank ^ (world >> (k_ + 1)));
-      }
-      AscendC::SyncAll<true>();
-    }
-    for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {  // strata:23
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(26);  // strata:26
-        strata::WaitFlag(strata::SyncSlot(sync_, world + world + (strata::Log2(world) + k_ - 1)), epoch_ + 2);
+        strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + 2 * strata::Log2(world)), epoch_ + 2, rank - 1);
+        STRATA_LINE(27);  // strata:27
+        strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + 2 * strata::Log2(world) + 1), epoch_ + 2);
       }
       AscendC::SyncAll<true>();
-      {  // strata:27 stage 2 on sdma
-        STRATA_LINE(27);
-        int64_t total = 0;
-        for (int64_t j_ = 0; j_ < int64_t{1} << k_; ++j_) {
-          total += PartLength(n_, world, (rank / (int64_t{1} << k_)) * (int64_t{1} << k_) + j_);
+    } else {
+      if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
+        if (rank < 2 * (world - (int64_t{1} << strata::Log2(world)))) {
+          STRATA_LINE(30);  // strata:30
+          strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world)), epoch_ + 1, rank + 1);
         }
-        strata::Partition cut(total, sizeof(T));
-        int64_t off = 0, len = 0;
-        for (int64_t j_ = 0; j_ < int64_t{1} << k_; ++j_) {
-          STRATA_LINE(27);  // strata:27
-          if (cut.Take(PartLength(n_, world, (rank / (int64_t{1} << k_)) * (int64_t{1} << k_) + j_), off, len)) {
-            const int64_t lo = PartOffset(n_, world, (rank / (int64_t{1} << k_)) * (int64_t{1} << k_) + j_);
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, rank ^ (int64_t{1} << k_),
-                     x_ + lo + off, rank, len, rank, kSdmaThreshold);
+        for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {
+          STRATA_LINE(33);  // strata:33
+          strata::Signal(strata::SyncSlot(sync_, world + k_), epoch_ + 1, (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) < world - (int64_t{1} << strata::Log2(world)) ? 2 * ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) : ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) + (world - (int64_t{1} << strata::Log2(world)))));
+        }
+        for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {
+          STRATA_LINE(35);  // strata:35
+          strata::WaitFlag(strata::SyncSlot(sync_, world + k_), epoch_ + 1);
+        }
+        if (rank < 2 * (world - (int64_t{1} << strata::Log2(world)))) {
+          STRATA_LINE(36);  // strata:36
+          strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + 2 * strata::Log2(world)), epoch_ + 2);
+        }
+      }
+      AscendC::SyncAll<true>();
+      for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {  // strata:37
+        if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
+          if (k_ > 0) {
+            STRATA_LINE(41);  // strata:41
+            strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + (k_ - 1)), epoch_ + 2);
           }
         }
-        strata::EndStage(mv_);
+        AscendC::SyncAll<true>();
+        {  // strata:43 stage 2 on aiv
+          STRATA_LINE(43);
+          int64_t total = 0;
+          total += ((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world))) - ((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world))));
+          strata::Partition cut(total, sizeof(T));
+          int64_t off = 0, len = 0;
+          STRATA_LINE(43);  // strata:43
+          if (cut.Take(((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world))) - ((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world)))), off, len)) {
+            const int64_t lo = (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world)));
+            mv_.template AccumulateInto<OP>(x_ + lo + off, (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) < world - (int64_t{1} << strata::Log2(world)) ? 2 * ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) : ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) + (world - (int64_t{1} << strata::Log2(world)))),
+                                                   x_ + lo + off, rank, len);
+          }
+          strata::EndStage(mv_);
+        }
+        if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
+          STRATA_LINE(44);  // strata:44
+          strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + k_), epoch_ + 2, (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) < world - (int64_t{1} << strata::Log2(world)) ? 2 * ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) : ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) + (world - (int64_t{1} << strata::Log2(world)))));
+        }
+        AscendC::SyncAll<true>();
+      }
+      for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {  // strata:46
+        if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
+          STRATA_LINE(50);  // strata:50
+          strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + (strata::Log2(world) + k_ - 1)), epoch_ + 2);
+        }
+        AscendC::SyncAll<true>();
+        {  // strata:52 stage 3 on sdma
+          STRATA_LINE(52);
+          int64_t total = 0;
+          total += (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world))) - (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world))));
+          strata::Partition cut(total, sizeof(T));
+          int64_t off = 0, len = 0;
+          STRATA_LINE(52);  // strata:52
+          if (cut.Take((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world))) - (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world)))), off, len)) {
+            const int64_t lo = ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world)));
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ (int64_t{1} << k_)) < world - (int64_t{1} << strata::Log2(world)) ? 2 * ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ (int64_t{1} << k_)) : ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ (int64_t{1} << k_)) + (world - (int64_t{1} << strata::Log2(world)))),
+                     x_ + lo + off, rank, len, rank, kSdmaThreshold);
+          }
+          strata::EndStage(mv_);
+        }
+        if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
+          STRATA_LINE(53);  // strata:53
+          strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + strata::Log2(world) + k_), epoch_ + 2, (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ (int64_t{1} << k_)) < world - (int64_t{1} << strata::Log2(world)) ? 2 * ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ (int64_t{1} << k_)) : ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ (int64_t{1} << k_)) + (world - (int64_t{1} << strata::Log2(world)))));
+        }
+        AscendC::SyncAll<true>();
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(28);  // strata:28
-        strata::Signal(strata::SyncSlot(sync_, world + world + strata::Log2(world) + k_), epoch_ + 2, rank ^ (int64_t{1} << k_));
+        if (strata::Log2(world) > 0) {
+          STRATA_LINE(55);  // strata:55
+          strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + (2 * strata::Log2(world) - 1)), epoch_ + 2);
+        }
       }
       AscendC::SyncAll<true>();
-    }
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      if (world > 1) {
-        STRATA_LINE(30);  // strata:30
-        strata::WaitFlag(strata::SyncSlot(sync_, world + world + (2 * strata::Log2(world) - 1)), epoch_ + 2);
+      if (rank < 2 * (world - (int64_t{1} << strata::Log2(world)))) {  // strata:56
+        {  // strata:57 stage 4 on sdma
+          STRATA_LINE(57);
+          int64_t total = 0;
+          total += n_;
+          strata::Partition cut(total, sizeof(T));
+          int64_t off = 0, len = 0;
+          STRATA_LINE(57);  // strata:57
+          if (cut.Take(n_, off, len)) {
+            mv_.Copy(strata::Via::kSdma, x_ + off, rank + 1,
+                     x_ + off, rank, len, rank, kSdmaThreshold);
+          }
+          strata::EndStage(mv_);
+        }
+        if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
+          STRATA_LINE(58);  // strata:58
+          strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + 2 * strata::Log2(world) + 1), epoch_ + 2, rank + 1);
+        }
+        AscendC::SyncAll<true>();
       }
     }
-    AscendC::SyncAll<true>();
   }
 
  private:

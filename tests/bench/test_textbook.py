@@ -24,10 +24,17 @@ def test_sim_tables_give_each_schedule_its_ratio_to_the_direct_one(tmp_path, cap
                              for n in ("twoshot", "oneshot", "ring", "halving_doubling")))
     m = load_machine(ROOT / "machines" / "cloudmatrix384.toml")
     paths = []
-    for world in (3, 4):          # halving-doubling is skipped at 3 (power-of-two worlds only)
+    for world in (3, 4):
         res = simulate_file(str(src), m, world, [4096, 1 << 20])
         paths.append(str(tmp_path / f"w{world}.json"))
         write_json(res, paths[-1])
+    # a schedule the run skipped, as a `requires` makes simulate skip one: world 3's halving-doubling
+    # results replaced by the record (tests/simulate/test_command.py checks the record itself)
+    data = json.loads(Path(paths[0]).read_text())
+    data["results"] = [r for r in data["results"] if r["schedule"] != "allreduce_halving_doubling"]
+    data["skipped"] = [{"schedule": "allreduce_halving_doubling",
+                        "why": "does not support world 3: it requires world is pow2, f.strata:9"}]
+    Path(paths[0]).write_text(json.dumps(data))
     lines = sim_tables(paths)
     assert lines[0] == "#### allreduce: predicted us per call (x allreduce_twoshot, bound)"
     assert lines[2] == "| world | schedule | 4KiB | 1MiB |"
@@ -40,6 +47,9 @@ def test_sim_tables_give_each_schedule_its_ratio_to_the_direct_one(tmp_path, cap
             assert cell == f"{ring.time_us:,.1f} ({two.time_us / ring.time_us:.2f}x, {ring.bound})"
         two = got[(world, "allreduce_twoshot", 4096)]
         assert _row(lines, world, "allreduce_twoshot")[2] == f"{two.time_us:,.1f} (1.00x, {two.bound})"
+    hd, two = got[(4, "allreduce_halving_doubling", 4096)], got[(4, "allreduce_twoshot", 4096)]
+    assert _row(lines, 4, "allreduce_halving_doubling")[2] == \
+        f"{hd.time_us:,.1f} ({two.time_us / hd.time_us:.2f}x, {hd.bound})"
     assert _row(lines, 3, "allreduce_halving_doubling")[2] == \
         "skipped: does not support world 3: it requires world is pow2"
     assert _row(lines, 4, "allreduce_hierarchical")[2] == "not in this run"   # the slot kept for it

@@ -35,8 +35,7 @@ def _run(path, world, cases):
 def test_step_loop_examples_run_correctly(tmp_path, world):
     files = [EXAMPLES / f"{name}.strata" for name in STEP_LOOPS]
     keep = [p for p in files if _supported(p, world)]
-    pow2 = world & (world - 1) == 0
-    assert [p.stem for p in files if p not in keep] == ([] if pow2 else ["allreduce_halving_doubling"])
+    assert keep == files
     path = tmp_path / "steps.strata"
     path.write_text(runkit.concat(keep))
     cases = [runner.Case(dtype=d, count=count, op=op, root=root) for d in ("f32", "bf16")
@@ -117,8 +116,8 @@ def test_barriers_in_step_loops_run_correctly(world):
 
 
 def test_a_call_on_a_world_the_schedule_excludes_names_the_constraint():
-    out = _run(EXAMPLES / "allreduce_halving_doubling.strata", 3, [runner.Case("f32", count=8)])
+    out = _run(Path(__file__).resolve().parent / "requires_pow2.strata", 3, [runner.Case("f32", count=8)])
     assert out.exit_code != 0
     text = "\n".join(map(str, out.failures))
-    assert "allreduce_halving_doubling does not support world 3: it requires world is pow2, " in text
-    assert "allreduce_halving_doubling.strata:9" in text
+    assert "halving_doubling_pow2 does not support world 3: it requires world is pow2, " in text
+    assert "requires_pow2.strata:12" in text

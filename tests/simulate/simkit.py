@@ -13,6 +13,8 @@ from stratac.tools.simulate.template import lengths, template
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.strata"))
+# a schedule with `requires world is pow2` (line 12)
+REQUIRES = ROOT / "tests" / "e2e" / "requires_pow2.strata"
 
 # A machine whose figures make the hand arithmetic short: bandwidths in GB/s = 1e3 bytes per us.
 TINY = """

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from simkit import ROOT, TINY
+from simkit import REQUIRES, ROOT, TINY
 
 from stratac.tools.simulate.command import add_parser
 from stratac.tools.simulate.stage_cost import CATEGORIES, SCALAR_ELEMENT_US
@@ -147,27 +147,28 @@ def test_bad_machine_file_through_the_command(tmp_path, capsys):
 
 
 def test_a_schedule_that_excludes_the_world_is_skipped_next_to_the_others(tmp_path, capsys):
-    # halving-doubling takes power-of-two worlds only: at world 12 the ring is still predicted
+    # the textbook halving-doubling takes power-of-two worlds only: at world 12 the ring is still
+    # predicted
     src = tmp_path / "ar.strata"
     src.write_text((ROOT / "examples" / "allreduce_ring.strata").read_text() + "\n"
-                   + (ROOT / "examples" / "allreduce_halving_doubling.strata").read_text())
+                   + REQUIRES.read_text())
     machine = str(ROOT / "machines" / "cloudmatrix384.toml")
     out_json = tmp_path / "out.json"
     status, out, err = _run(["simulate", str(src), "--machine", machine, "--world", "12",
                              "--sizes", "1M", "--json", str(out_json)], capsys)
     assert status == 0, err
     assert "# allreduce_ring: allreduce, world 12" in out
-    assert "# allreduce_halving_doubling: skipped: does not support world 12: it requires world is pow2" in out
+    assert "# halving_doubling_pow2: skipped: does not support world 12: it requires world is pow2" in out
     data = json.loads(out_json.read_text())
     assert [r["schedule"] for r in data["results"]] == ["allreduce_ring"]
     [skip] = data["skipped"]
-    assert skip["schedule"] == "allreduce_halving_doubling"
-    assert skip["why"] == f"does not support world 12: it requires world is pow2, {src}:32"
+    assert skip["schedule"] == "halving_doubling_pow2"
+    assert skip["why"] == f"does not support world 12: it requires world is pow2, {src}:35"
     # alone, it is an error naming the constraint
-    status, out, err = _run(["simulate", str(ROOT / "examples" / "allreduce_halving_doubling.strata"),
+    status, out, err = _run(["simulate", str(REQUIRES),
                              "--machine", machine, "--world", "12", "--sizes", "1M"], capsys)
     assert status == 1
-    assert "allreduce_halving_doubling does not support world 12: it requires world is pow2" in err
+    assert "halving_doubling_pow2 does not support world 12: it requires world is pow2" in err
 
 
 def test_max_recv_sizes_the_bounded_window(tmp_path, capsys):

@@ -2,7 +2,7 @@
 is one the model can predict."""
 
 import pytest
-from simkit import EXAMPLES, moe_env
+from simkit import EXAMPLES, REQUIRES, moe_env
 
 from stratac import ir
 from stratac.ir import instantiate
@@ -21,8 +21,8 @@ def test_template_matches_instantiate(path):
 
 
 def test_a_world_the_schedule_excludes_is_refused_with_its_constraint():
-    s = frontend.schedules(frontend.load_source(EXAMPLES[0].parent / "allreduce_halving_doubling.strata"))[0]
-    with pytest.raises(SimulateError, match="allreduce_halving_doubling does not support world 3: it requires "
+    s = frontend.schedules(frontend.load_source(REQUIRES))[0]
+    with pytest.raises(SimulateError, match="halving_doubling_pow2 does not support world 3: it requires "
                                             "world is pow2"):
         template(s, 3, {n: 7 for n in s.sizes})
 

@@ -75,6 +75,11 @@ NODE_OF_ONE = (
     "own part onto itself, its all-gather and barriers have no peer; from world 6 on (nodes of "
     "2) the mutant is rejected (tests/verify/corpus/good_team_two_level.strata has both levels "
     "from world 4)")
+# allreduce_halving_doubling.strata's folding of the ranks beyond a power of two
+NO_FOLD = (
+    (2, 4),
+    "at a power-of-two world no rank is beyond the power of two (E = 0), so the fold into a "
+    "neighbour and the copy back never run; at world 3 (E = 1) the mutant is rejected")
 LANE_OF_ONE = (
     (2, 4),
     "at worlds 2 and 4 the world is one node (T = world), so a lane has one rank: the lane's "
@@ -109,14 +114,20 @@ EQUIVALENT = {
     ("alltoall_bruck.strata", "if k + 1 < L: signal ok[k + 1]@((rank - 2 * d) % world)", 1): (
         (2,),
         "at world 2 there is one round (L = 1), so the next round's handshake is never signalled"),
-    ("allreduce_halving_doubling.strata", "requires world is pow2", 1): (
-        (2, 4),
-        "the constraint only excludes worlds: at power-of-two worlds the schedule is the same; at "
-        "world 3, which it excludes, the mutant is verified and rejected"),
+    **{("allreduce_halving_doubling.strata", line, 1): NO_FOLD for line in (
+        "wait ready[L]                               # my left neighbour has entered",
+        "on aiv: x@(rank - 1) op= x                  # fold my contribution into it",
+        "signal got[2 * L]@(rank - 1)",
+        "wait got[2 * L + 1]                         # the result landed in my x",
+        "if rank < 2 * E: signal ready[L]@(rank + 1)",
+        "if rank < 2 * E: wait got[2 * L]            # my right neighbour's contribution has landed",
+        "on sdma: x@(rank + 1) = x",
+        "signal got[2 * L + 1]@(rank + 1)")},
     ("allreduce_halving_doubling.strata", "if k > 0: wait got[k - 1]", 1): (
-        (2,),
-        "at world 2 the reduce-scatter has one step (k = 0), so the wait for the step before it "
-        "never runs; from world 4 on the mutant is rejected (a race)"),
+        (2, 3),
+        "at worlds 2 and 3 the power-of-two part has 2 ranks, so the reduce-scatter has one step "
+        "(k = 0) and the wait for the step before it never runs; from world 4 on the mutant is "
+        "rejected (a race)"),
     ("reducescatter_ring.strata",
      "if s > 0: wait got[s - 1]                # the previous rank's step s - 1 is in my block c", 1): (
         (2,),
