@@ -17,7 +17,7 @@ from stratac.tools.run import runner
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STEP_LOOPS = ["allreduce_ring", "allreduce_ring_reduce_send", "reducescatter_ring", "allreduce_halving_doubling",
-              "broadcast_tree"]
+              "allreduce_double_tree", "broadcast_tree"]
 
 
 def _supported(path: Path, world: int) -> bool:

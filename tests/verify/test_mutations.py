@@ -75,6 +75,11 @@ NODE_OF_ONE = (
     "own part onto itself, its all-gather and barriers have no peer; from world 6 on (nodes of "
     "2) the mutant is rejected (tests/verify/corpus/good_team_two_level.strata has both levels "
     "from world 4)")
+# allreduce_double_tree.strata's second child (label 2 l + 2)
+ONE_CHILD = (
+    (2,),
+    "at world 2 each tree is a root and one child, so no rank has a second child and the lines for "
+    "it never run; from world 3 on the root of each tree has two, and the mutant is rejected")
 # allreduce_halving_doubling.strata's folding of the ranks beyond a power of two
 NO_FOLD = (
     (2, 4),
@@ -123,6 +128,11 @@ EQUIVALENT = {
         "if rank < 2 * E: wait got[2 * L]            # my right neighbour's contribution has landed",
         "on sdma: x@(rank + 1) = x",
         "signal got[2 * L + 1]@(rank + 1)")},
+    **{("allreduce_double_tree.strata", line, nth): ONE_CHILD for line, nth in (
+        ("if 2 * l + 2 < world: signal ready[t]@((2 * l + 2 if t == 0 else world - 3 - 2 * l))", 1),
+        ("if 2 * l + 2 < world: wait up[2 * t + 1]", 1),
+        ("on sdma: half[t]@c = half[t]", 2),
+        ("signal down[t]@c", 2))},
     ("allreduce_halving_doubling.strata", "if k > 0: wait got[k - 1]", 1): (
         (2, 3),
         "at worlds 2 and 3 the power-of-two part has 2 ranks, so the reduce-scatter has one step "

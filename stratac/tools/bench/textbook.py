@@ -24,7 +24,7 @@ from stratac.tools.bench.report import fmt_bytes, fmt_ratio
 # contract -> (the direct schedule the ratios are to, the other direct ones, the textbook ones)
 PAIRS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "allreduce": ("allreduce_twoshot", ("allreduce_oneshot",),
-                  ("allreduce_ring", "allreduce_halving_doubling",
+                  ("allreduce_ring", "allreduce_halving_doubling", "allreduce_double_tree",
                    "allreduce_hierarchical")),      # hierarchical: another helper's, over teams
     "reducescatter": ("reducescatter", (), ("reducescatter_ring",)),
     "allgather": ("allgather_push", ("allgather_pull",), ("allgather_ring_pipelined",)),
