@@ -131,7 +131,7 @@ def cmd_run(args) -> int:
                        size=args.size if args.size is not None else (None if args.count else 1 << 20),
                        op=args.op, root=args.root, tokens=args.tokens, hidden=args.hidden,
                        topk=args.topk, experts=args.experts, routing=args.routing,
-                       max_recv=args.max_recv, capacity=args.capacity)
+                       max_recv=args.max_recv, capacity=args.capacity, params=dict(args.param))
     spec = runner.RunSpec(file=args.file, world=args.world, cases=[case], iters=args.iters,
                           timeout=args.timeout, check=args.check, seed=args.seed, soc=args.soc,
                           cores=args.cores, target=args.target, selected=args.selected,
@@ -345,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--op", choices=["sum", "max", "min"], default="sum",
                    help="the reduction, for schedules with a redop parameter (default sum)")
     r.add_argument("--root", type=int, default=0, help="the root rank, for broadcast and reduce")
+    r.add_argument("--param", type=options.param_value, action="append", default=[], metavar="NAME=D",
+                   help="the value of a divisor parameter (a team's size, e.g. node=4), for the "
+                        "schedules that take one; repeat for several")
     moe = r.add_argument_group("MoE dispatch/combine")
     moe.add_argument("--tokens", type=options.positive_int, help="tokens per rank (default 64)")
     moe.add_argument("--hidden", type=options.positive_int, help="elements per token (default 512)")

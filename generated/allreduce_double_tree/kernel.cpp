@@ -34,107 +34,107 @@ class AllreduceDoubleTree {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(13);  // strata:13 the ranks agree on the call
+    STRATA_LINE(15);  // strata:15 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       for (int64_t t_ = 0; t_ < 2; ++t_) {
-        if (2 * (t_ == 0 ? rank : world - 1 - rank) + 1 < world) {
-          STRATA_LINE(20);  // strata:20
-          strata::Signal(strata::SyncSlot(sync_, world + t_), epoch_ + 1, (t_ == 0 ? 2 * (t_ == 0 ? rank : world - 1 - rank) + 1 : world - 2 - 2 * (t_ == 0 ? rank : world - 1 - rank)));
+        if (2 * (rank + t_ * (world - 1 - 2 * rank)) + 1 < world) {
+          STRATA_LINE(22);  // strata:22
+          strata::Signal(strata::SyncSlot(sync_, world + t_), epoch_ + 1, 2 * (rank + t_ * (world - 1 - 2 * rank)) + 1 + t_ * (world - 3 - 4 * (rank + t_ * (world - 1 - 2 * rank))));
         }
-        if (2 * (t_ == 0 ? rank : world - 1 - rank) + 2 < world) {
-          STRATA_LINE(21);  // strata:21
-          strata::Signal(strata::SyncSlot(sync_, world + t_), epoch_ + 1, (t_ == 0 ? 2 * (t_ == 0 ? rank : world - 1 - rank) + 2 : world - 3 - 2 * (t_ == 0 ? rank : world - 1 - rank)));
+        if (2 * (rank + t_ * (world - 1 - 2 * rank)) + 2 < world) {
+          STRATA_LINE(23);  // strata:23
+          strata::Signal(strata::SyncSlot(sync_, world + t_), epoch_ + 1, 2 * (rank + t_ * (world - 1 - 2 * rank)) + 2 + t_ * (world - 5 - 4 * (rank + t_ * (world - 1 - 2 * rank))));
         }
       }
     }
     AscendC::SyncAll<true>();
-    for (int64_t t_ = 0; t_ < 2; ++t_) {  // strata:23
+    for (int64_t t_ = 0; t_ < 2; ++t_) {  // strata:25
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        if (2 * (t_ == 0 ? rank : world - 1 - rank) + 1 < world) {
-          STRATA_LINE(25);  // strata:25
+        if (2 * (rank + t_ * (world - 1 - 2 * rank)) + 1 < world) {
+          STRATA_LINE(27);  // strata:27
           strata::WaitFlag(strata::SyncSlot(sync_, world + 2 + 2 * t_), epoch_ + 2);
         }
-        if (2 * (t_ == 0 ? rank : world - 1 - rank) + 2 < world) {
-          STRATA_LINE(26);  // strata:26
+        if (2 * (rank + t_ * (world - 1 - 2 * rank)) + 2 < world) {
+          STRATA_LINE(28);  // strata:28
           strata::WaitFlag(strata::SyncSlot(sync_, world + 2 + 2 * t_ + 1), epoch_ + 2);
         }
       }
       AscendC::SyncAll<true>();
-      if ((t_ == 0 ? rank : world - 1 - rank) > 0) {  // strata:27
+      if (rank + t_ * (world - 1 - 2 * rank) > 0) {  // strata:29
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(29);  // strata:29
+          STRATA_LINE(31);  // strata:31
           strata::WaitFlag(strata::SyncSlot(sync_, world + t_), epoch_ + 1);
         }
         AscendC::SyncAll<true>();
-        {  // strata:30 stage 1 on aiv
-          STRATA_LINE(30);
+        {  // strata:32 stage 1 on aiv
+          STRATA_LINE(32);
           int64_t total = 0;
           total += PartLength(n_, 2, t_);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(30);  // strata:30
+          STRATA_LINE(32);  // strata:32
           if (cut.Take(PartLength(n_, 2, t_), off, len)) {
             const int64_t lo = PartOffset(n_, 2, t_);
-            mv_.template AccumulateInto<OP>(x_ + lo + off, (t_ == 0 ? ((t_ == 0 ? rank : world - 1 - rank) - 1) / 2 : world - 1 - ((t_ == 0 ? rank : world - 1 - rank) - 1) / 2),
+            mv_.template AccumulateInto<OP>(x_ + lo + off, (rank + t_ * (world - 1 - 2 * rank) - 1) / 2 + t_ * (world - 1 - 2 * ((rank + t_ * (world - 1 - 2 * rank) - 1) / 2)),
                                                    x_ + lo + off, rank, len);
           }
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(31);  // strata:31
-          strata::Signal(strata::SyncSlot(sync_, world + 2 + 2 * t_ + strata::Mod((t_ == 0 ? rank : world - 1 - rank) - 1, 2)), epoch_ + 2, (t_ == 0 ? ((t_ == 0 ? rank : world - 1 - rank) - 1) / 2 : world - 1 - ((t_ == 0 ? rank : world - 1 - rank) - 1) / 2));
+          STRATA_LINE(33);  // strata:33
+          strata::Signal(strata::SyncSlot(sync_, world + 2 + 2 * t_ + strata::Mod(rank + t_ * (world - 1 - 2 * rank) - 1, 2)), epoch_ + 2, (rank + t_ * (world - 1 - 2 * rank) - 1) / 2 + t_ * (world - 1 - 2 * ((rank + t_ * (world - 1 - 2 * rank) - 1) / 2)));
         }
         AscendC::SyncAll<true>();
       }
     }
-    for (int64_t t_ = 0; t_ < 2; ++t_) {  // strata:34
+    for (int64_t t_ = 0; t_ < 2; ++t_) {  // strata:36
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        if ((t_ == 0 ? rank : world - 1 - rank) > 0) {
-          STRATA_LINE(36);  // strata:36
+        if (rank + t_ * (world - 1 - 2 * rank) > 0) {
+          STRATA_LINE(38);  // strata:38
           strata::WaitFlag(strata::SyncSlot(sync_, world + 2 + 4 + t_), epoch_ + 3);
         }
       }
       AscendC::SyncAll<true>();
-      if (2 * (t_ == 0 ? rank : world - 1 - rank) + 1 < world) {  // strata:37
-        {  // strata:39 stage 2 on sdma
-          STRATA_LINE(39);
+      if (2 * (rank + t_ * (world - 1 - 2 * rank)) + 1 < world) {  // strata:39
+        {  // strata:41 stage 2 on sdma
+          STRATA_LINE(41);
           int64_t total = 0;
           total += PartLength(n_, 2, t_);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(39);  // strata:39
+          STRATA_LINE(41);  // strata:41
           if (cut.Take(PartLength(n_, 2, t_), off, len)) {
             const int64_t lo = PartOffset(n_, 2, t_);
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, (t_ == 0 ? 2 * (t_ == 0 ? rank : world - 1 - rank) + 1 : world - 2 - 2 * (t_ == 0 ? rank : world - 1 - rank)),
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, 2 * (rank + t_ * (world - 1 - 2 * rank)) + 1 + t_ * (world - 3 - 4 * (rank + t_ * (world - 1 - 2 * rank))),
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(40);  // strata:40
-          strata::Signal(strata::SyncSlot(sync_, world + 2 + 4 + t_), epoch_ + 3, (t_ == 0 ? 2 * (t_ == 0 ? rank : world - 1 - rank) + 1 : world - 2 - 2 * (t_ == 0 ? rank : world - 1 - rank)));
+          STRATA_LINE(42);  // strata:42
+          strata::Signal(strata::SyncSlot(sync_, world + 2 + 4 + t_), epoch_ + 3, 2 * (rank + t_ * (world - 1 - 2 * rank)) + 1 + t_ * (world - 3 - 4 * (rank + t_ * (world - 1 - 2 * rank))));
         }
         AscendC::SyncAll<true>();
       }
-      if (2 * (t_ == 0 ? rank : world - 1 - rank) + 2 < world) {  // strata:42
-        {  // strata:44 stage 3 on sdma
-          STRATA_LINE(44);
+      if (2 * (rank + t_ * (world - 1 - 2 * rank)) + 2 < world) {  // strata:44
+        {  // strata:46 stage 3 on sdma
+          STRATA_LINE(46);
           int64_t total = 0;
           total += PartLength(n_, 2, t_);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(44);  // strata:44
+          STRATA_LINE(46);  // strata:46
           if (cut.Take(PartLength(n_, 2, t_), off, len)) {
             const int64_t lo = PartOffset(n_, 2, t_);
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, (t_ == 0 ? 2 * (t_ == 0 ? rank : world - 1 - rank) + 2 : world - 3 - 2 * (t_ == 0 ? rank : world - 1 - rank)),
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, 2 * (rank + t_ * (world - 1 - 2 * rank)) + 2 + t_ * (world - 5 - 4 * (rank + t_ * (world - 1 - 2 * rank))),
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(45);  // strata:45
-          strata::Signal(strata::SyncSlot(sync_, world + 2 + 4 + t_), epoch_ + 3, (t_ == 0 ? 2 * (t_ == 0 ? rank : world - 1 - rank) + 2 : world - 3 - 2 * (t_ == 0 ? rank : world - 1 - rank)));
+          STRATA_LINE(47);  // strata:47
+          strata::Signal(strata::SyncSlot(sync_, world + 2 + 4 + t_), epoch_ + 3, 2 * (rank + t_ * (world - 1 - 2 * rank)) + 2 + t_ * (world - 5 - 4 * (rank + t_ * (world - 1 - 2 * rank))));
         }
         AscendC::SyncAll<true>();
       }

@@ -25,21 +25,21 @@ class AllreduceHalvingDoubling {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(14);  // strata:14 the ranks agree on the call
+    STRATA_LINE(15);  // strata:15 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
-    if ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank % 2 : 0) == 1) {  // strata:23
+    if ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank % 2 : 0) == 1) {  // strata:24
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(24);  // strata:24
+        STRATA_LINE(25);  // strata:25
         strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world)), epoch_ + 1);
       }
       AscendC::SyncAll<true>();
-      {  // strata:25 stage 1 on aiv
-        STRATA_LINE(25);
+      {  // strata:26 stage 1 on aiv
+        STRATA_LINE(26);
         int64_t total = 0;
         total += n_;
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
-        STRATA_LINE(25);  // strata:25
+        STRATA_LINE(26);  // strata:26
         if (cut.Take(n_, off, len)) {
           mv_.template AccumulateInto<OP>(x_ + off, rank - 1,
                                                  x_ + off, rank, len);
@@ -47,101 +47,101 @@ class AllreduceHalvingDoubling {
         strata::EndStage(mv_);
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(26);  // strata:26
-        strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + 2 * strata::Log2(world)), epoch_ + 2, rank - 1);
         STRATA_LINE(27);  // strata:27
+        strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + 2 * strata::Log2(world)), epoch_ + 2, rank - 1);
+        STRATA_LINE(28);  // strata:28
         strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + 2 * strata::Log2(world) + 1), epoch_ + 2);
       }
       AscendC::SyncAll<true>();
     } else {
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (rank < 2 * (world - (int64_t{1} << strata::Log2(world)))) {
-          STRATA_LINE(30);  // strata:30
+          STRATA_LINE(31);  // strata:31
           strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world)), epoch_ + 1, rank + 1);
         }
         for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {
-          STRATA_LINE(33);  // strata:33
-          strata::Signal(strata::SyncSlot(sync_, world + k_), epoch_ + 1, (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) < world - (int64_t{1} << strata::Log2(world)) ? 2 * ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) : ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) + (world - (int64_t{1} << strata::Log2(world)))));
+          STRATA_LINE(34);  // strata:34
+          strata::Signal(strata::SyncSlot(sync_, world + k_), epoch_ + 1, ((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) + strata::Min((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), world - (int64_t{1} << strata::Log2(world))));
         }
         for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {
-          STRATA_LINE(35);  // strata:35
+          STRATA_LINE(36);  // strata:36
           strata::WaitFlag(strata::SyncSlot(sync_, world + k_), epoch_ + 1);
         }
         if (rank < 2 * (world - (int64_t{1} << strata::Log2(world)))) {
-          STRATA_LINE(36);  // strata:36
+          STRATA_LINE(37);  // strata:37
           strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + 2 * strata::Log2(world)), epoch_ + 2);
         }
       }
       AscendC::SyncAll<true>();
-      for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {  // strata:37
+      for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {  // strata:38
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           if (k_ > 0) {
-            STRATA_LINE(41);  // strata:41
+            STRATA_LINE(42);  // strata:42
             strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + (k_ - 1)), epoch_ + 2);
           }
         }
         AscendC::SyncAll<true>();
-        {  // strata:43 stage 2 on aiv
-          STRATA_LINE(43);
+        {  // strata:44 stage 2 on aiv
+          STRATA_LINE(44);
           int64_t total = 0;
-          total += ((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world))) - ((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world))));
+          total += ((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world))) - ((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world))));
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(43);  // strata:43
-          if (cut.Take(((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world))) - ((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world)))), off, len)) {
-            const int64_t lo = (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world)));
-            mv_.template AccumulateInto<OP>(x_ + lo + off, (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) < world - (int64_t{1} << strata::Log2(world)) ? 2 * ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) : ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) + (world - (int64_t{1} << strata::Log2(world)))),
+          STRATA_LINE(44);  // strata:44
+          if (cut.Take(((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world))) - ((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world)))), off, len)) {
+            const int64_t lo = (((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world)));
+            mv_.template AccumulateInto<OP>(x_ + lo + off, ((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) + strata::Min((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), world - (int64_t{1} << strata::Log2(world))),
                                                    x_ + lo + off, rank, len);
           }
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(44);  // strata:44
-          strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + k_), epoch_ + 2, (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) < world - (int64_t{1} << strata::Log2(world)) ? 2 * ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) : ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) + (world - (int64_t{1} << strata::Log2(world)))));
+          STRATA_LINE(45);  // strata:45
+          strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + k_), epoch_ + 2, ((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) + strata::Min((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), world - (int64_t{1} << strata::Log2(world))));
         }
         AscendC::SyncAll<true>();
       }
-      for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {  // strata:46
+      for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {  // strata:47
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(50);  // strata:50
+          STRATA_LINE(51);  // strata:51
           strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + (strata::Log2(world) + k_ - 1)), epoch_ + 2);
         }
         AscendC::SyncAll<true>();
-        {  // strata:52 stage 3 on sdma
-          STRATA_LINE(52);
+        {  // strata:53 stage 3 on sdma
+          STRATA_LINE(53);
           int64_t total = 0;
-          total += (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world))) - (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world))));
+          total += (((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world))) - (((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world))));
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(52);  // strata:52
-          if (cut.Take((((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world))) - (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world)))), off, len)) {
-            const int64_t lo = ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) / (int64_t{1} << k_)) * (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world)));
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ (int64_t{1} << k_)) < world - (int64_t{1} << strata::Log2(world)) ? 2 * ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ (int64_t{1} << k_)) : ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ (int64_t{1} << k_)) + (world - (int64_t{1} << strata::Log2(world)))),
+          STRATA_LINE(53);  // strata:53
+          if (cut.Take((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world))) - (((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world)))), off, len)) {
+            const int64_t lo = ((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world)));
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, ((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ (int64_t{1} << k_)) + strata::Min((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ (int64_t{1} << k_), world - (int64_t{1} << strata::Log2(world))),
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(53);  // strata:53
-          strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + strata::Log2(world) + k_), epoch_ + 2, (((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ (int64_t{1} << k_)) < world - (int64_t{1} << strata::Log2(world)) ? 2 * ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ (int64_t{1} << k_)) : ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank / 2 : rank - (world - (int64_t{1} << strata::Log2(world)))) ^ (int64_t{1} << k_)) + (world - (int64_t{1} << strata::Log2(world)))));
+          STRATA_LINE(54);  // strata:54
+          strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + strata::Log2(world) + k_), epoch_ + 2, ((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ (int64_t{1} << k_)) + strata::Min((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ (int64_t{1} << k_), world - (int64_t{1} << strata::Log2(world))));
         }
         AscendC::SyncAll<true>();
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (strata::Log2(world) > 0) {
-          STRATA_LINE(55);  // strata:55
+          STRATA_LINE(56);  // strata:56
           strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + (2 * strata::Log2(world) - 1)), epoch_ + 2);
         }
       }
       AscendC::SyncAll<true>();
-      if (rank < 2 * (world - (int64_t{1} << strata::Log2(world)))) {  // strata:56
-        {  // strata:57 stage 4 on sdma
-          STRATA_LINE(57);
+      if (rank < 2 * (world - (int64_t{1} << strata::Log2(world)))) {  // strata:57
+        {  // strata:58 stage 4 on sdma
+          STRATA_LINE(58);
           int64_t total = 0;
           total += n_;
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(57);  // strata:57
+          STRATA_LINE(58);  // strata:58
           if (cut.Take(n_, off, len)) {
             mv_.Copy(strata::Via::kSdma, x_ + off, rank + 1,
                      x_ + off, rank, len, rank, kSdmaThreshold);
@@ -149,7 +149,7 @@ class AllreduceHalvingDoubling {
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(58);  // strata:58
+          STRATA_LINE(59);  // strata:59
           strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + 2 * strata::Log2(world) + 1), epoch_ + 2, rank + 1);
         }
         AscendC::SyncAll<true>();

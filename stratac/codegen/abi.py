@@ -214,7 +214,7 @@ def args(s: ir.Schedule) -> list[Arg]:
     out += [Arg(p.name, "void*", "GM_ADDR", "tensor", c_param(s, p.name)) for p in s.tensors]
     out += [Arg(p.name, "void*", "GM_ADDR", "scratch", c_param(s, p.name)) for p in s.scratch]
     out += [Arg(n, "uint64_t", "uint64_t", "size", c_param(s, n)) for n in s.sizes]
-    out += [Arg(x.name, "int32_t", "int32_t", "rank", c_param(s, x.name)) for x in s.rank_params]
+    out += [Arg(x.name, "int32_t", "int32_t", x.kind.value, c_param(s, x.name)) for x in s.int_params]
     return out
 
 

@@ -591,7 +591,7 @@ def _render(s: ir.Schedule, env: jinja2.Environment, rs, src: str, statements: l
                      "red": _red(op) if op else "strata::Red::kSum",
                      "name": abi.kernel_name(s, d, op)} for d in abi.dtypes(s) for op in abi.ops(s)],
         "has_op": s.op_param is not None,
-        "ranks": [{"name": abi.c_param(s, x.name), "c": _cname(x.name)} for x in s.rank_params],
+        "ints": [{"name": abi.c_param(s, x.name), "c": _cname(x.name)} for x in s.int_params],
         "kernel_args": abi.kernel_args(s),
         "launcher_args": abi.args(s),
         "launcher": abi.launcher_name(s),

@@ -236,6 +236,13 @@ class Schedule:
                 if v not in ops:
                     raise StrataUsageError(f"{self.name}: {name} must be one of {', '.join(ops)}, got {v!r}")
                 scalar_args[name] = ops[v]
+            elif x.kind is ir.ScalarKind.DIVISOR:
+                w = self.comm.world
+                if isinstance(v, bool) or not isinstance(v, int) or not (v >= 1 and w % v == 0):
+                    divisors = ", ".join(str(d) for d in range(1, w + 1) if w % d == 0)
+                    raise StrataUsageError(f"{self.name}: {name} must divide the world ({w}): one of "
+                                           f"{divisors}; got {v!r}")
+                scalar_args[name] = v
             else:
                 if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < self.comm.world:
                     raise StrataUsageError(f"{self.name}: {name} must be a rank in [0, {self.comm.world}), "
@@ -304,6 +311,7 @@ class Schedule:
         self._check_aliasing(given)
         self._check_instance(self.instance_params(sizes, scalar_args))
         ptrs = [self._ffi.cast("void*", given[p.name].data_ptr()) for p in params]
+        env.update((x.name, scalar_args[x.name]) for x in self.ir.int_params)   # a scratch's size may name g
         ptrs += [self._ffi.cast("void*", t.data_ptr()) for t in self._scratch_for(dtype, env)]
         return dtype, sizes, ptrs, scalar_args
 
@@ -368,8 +376,8 @@ class Schedule:
         return sum(1 << r for r, v in enumerate(values) if v)
 
     def instance_params(self, sizes: dict[str, int], scalars: dict) -> dict[str, int]:
-        """The parameters of a call's instance: its sizes and rank parameters."""
-        return {**sizes, **{x.name: scalars[x.name] for x in self.ir.rank_params}}
+        """The parameters of a call's instance: its sizes and rank and divisor parameters."""
+        return {**sizes, **{x.name: scalars[x.name] for x in self.ir.int_params}}
 
     def _check_routing(self, given: dict, env: dict) -> None:
         """Expert ids are checked before anything is written: a bad id would send a token into
@@ -444,12 +452,13 @@ class Schedule:
                         f"[{max(lo_a, lo_b) - self.comm._base}, {min(hi_a, hi_b) - self.comm._base}) "
                         f"overlap) and the schedule writes {w}: pass separate tensors")
 
-    def _describe_sync(self, sizes: dict[str, int]) -> None:
+    def _describe_sync(self, params: dict[str, int]) -> None:
         """Names the flag slots of this call's sync area for the model's wait-timeout messages, and
-        refuses flags that would not fit the area (nothing may be written outside it)."""
-        key = tuple(sorted(sizes.items()))
+        refuses flags that would not fit the area (nothing may be written outside it). params: the
+        instance's (sizes, rank and divisor parameters)."""
+        key = tuple(sorted(params.items()))
         if self._sync_described != key:
-            env = {"world": self.comm.world, **sizes}
+            env = {"world": self.comm.world, **params}
             base, parts = self.comm.world, []
             for f in self.ir.flags:
                 n = int(f.size.eval(env))
@@ -536,7 +545,7 @@ class Schedule:
         parts = [f"{k}={v}" for k, v in prep.sizes.items()] + [prep.dtype.short]
         if self.ir.op_param is not None:
             parts.append(abi.OPS[prep.head[1]].value)
-        parts += [f"{x.name}={prep.params[x.name]}" for x in self.ir.rank_params]
+        parts += [f"{x.name}={prep.params[x.name]}" for x in self.ir.int_params]
         if bits != ALL_RANKS:
             parts.append("active=[" + ",".join(str(bits >> r & 1) for r in range(self.comm.world)) + "]")
         return f"{self.name}({', '.join(parts)})"
@@ -548,7 +557,7 @@ class Schedule:
         description."""
         key = repr((self._identity, self.comm.world, sorted(prep.sizes.items()), prep.dtype.short,
                     prep.head[1] if self.ir.op_param is not None else None,
-                    sorted((x.name, prep.params[x.name]) for x in self.ir.rank_params), bits, prep.offsets))
+                    sorted((x.name, prep.params[x.name]) for x in self.ir.int_params), bits, prep.offsets))
         h = hashlib.blake2b(key.encode(), digest_size=16).digest()
         digest = tuple(int.from_bytes(h[i:i + 4], "little", signed=True) for i in range(0, 16, 4))
         text = self.describe_call(prep, bits).encode()[:abi.AGREE_TEXT_BYTES - 1]
@@ -620,20 +629,20 @@ class Schedule:
             self.launch_cores(cores, self.max_cores)         # a bad cores value first, as before
         dtype, sizes, ptrs, scalars = self.bind(*tensors, **named)
         blocks = self.launch_cores(cores, self.max_cores, sizes, dtype)
-        self._describe_sync(sizes)
+        params = self.instance_params(sizes, scalars)
+        self._describe_sync(params)
         comm = self.comm
         given = self._given(tensors, named)
         op = scalars.get(self.ir.op_param.name, 0) if self.ir.op_param else 0
-        params = self.instance_params(sizes, scalars)
         return _Prepared(
             sizes=sizes, dtype=dtype, records={},
             offsets=tuple(given[p.name].data_ptr() - comm._base for p in self.ir.tensors if p.symmetric),
             storages=tuple(given[p.name].untyped_storage()._cdata for p in self.ir.tensors),
-            blocks=blocks, routed=self.ir.contract.kind.moe, env={"world": comm.world, **sizes},
+            blocks=blocks, routed=self.ir.contract.kind.moe, env={"world": comm.world, **params},
             layout=self._layout, stamps=self.ir.stamps({"world": comm.world, **params}),
             masked=ir.takes_mask(self.ir), params=params,
             head=(dtype.code, op, blocks, self._ffi.NULL, self._ffi.cast("void*", comm._base + comm._sync)),
-            tail=(*ptrs, *(sizes[n] for n in self.ir.sizes), *(scalars[x.name] for x in self.ir.rank_params)))
+            tail=(*ptrs, *(sizes[n] for n in self.ir.sizes), *(scalars[x.name] for x in self.ir.int_params)))
 
 
 _MAX_SIGNATURES = 64   # prepared calls kept per schedule (all dropped when there are more)

@@ -300,10 +300,14 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
     if s.elem and sizes.get(ir.ELEM) not in ir.elem_sizes(s):
         raise StrataError(error(Codes.BAD_WORLD, f"{s.name} names sizeof(T), so an instance gives it "
                                 f"one of {list(ir.elem_sizes(s))} bytes; got {sizes.get(ir.ELEM)}", s.span))
-    for x in s.rank_params:
-        if not 0 <= sizes[x.name] < world:
-            raise StrataError(error(Codes.BAD_WORLD, f"{x.name} = {sizes[x.name]} is not a rank of a "
+    for x in s.int_params:
+        v = sizes[x.name]
+        if x.kind is ir.ScalarKind.RANK and not 0 <= v < world:
+            raise StrataError(error(Codes.BAD_WORLD, f"{x.name} = {v} is not a rank of a "
                                     f"world of {world}", x.span))
+        if x.kind is ir.ScalarKind.DIVISOR and not (v >= 1 and world % v == 0):
+            raise StrataError(error(Codes.BAD_WORLD, f"{x.name} = {v} does not divide the world "
+                                    f"({world})", x.span))
     base = {"world": world, **sizes}
     buffer_sizes = {p.name: _ev(p.size, base, p.span, f"the size of {p.name}") for p in s.params}
     for name, n in buffer_sizes.items():

@@ -88,6 +88,7 @@ class ContractKind(enum.Enum):
 class ScalarKind(enum.Enum):
     RANK = "rank"       # a rank of the world, e.g. the root of a broadcast
     REDOP = "redop"     # a reduction operation, chosen at the call
+    DIVISOR = "divisor"  # a divisor of the world, e.g. a team's size (the ranks of a node)
 
 
 @dataclass(frozen=True)
@@ -560,6 +561,12 @@ class Schedule:
     @property
     def rank_params(self) -> tuple[Scalar, ...]:
         return tuple(x for x in self.scalars if x.kind is ScalarKind.RANK)
+
+    @property
+    def int_params(self) -> tuple[Scalar, ...]:
+        """The integers a call gives (rank and divisor parameters), in the order declared: the
+        kernel's arguments after the sizes."""
+        return tuple(x for x in self.scalars if x.kind is not ScalarKind.REDOP)
 
     @property
     def typevars(self) -> tuple[str, ...]:

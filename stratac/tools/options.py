@@ -140,6 +140,14 @@ def positive_int(text: str) -> int:
     return v
 
 
+def param_value(text: str) -> tuple[str, int]:
+    """NAME=D, a divisor parameter's value (`stratac run --param node=4`)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name.strip(), positive_int(value.strip())
+
+
 def seconds(text: str) -> float:
     try:
         v = float(text)

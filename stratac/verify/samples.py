@@ -149,14 +149,16 @@ def size_pool(world: int, symbols: int = 1) -> list[int]:
 
 
 def rank_samples(s: ir.Schedule, world: int, elem: dict[str, int] | None = None) -> list[dict[str, int]]:
-    """Values of the rank parameters: every rank up to world ALL_RANKS_UP_TO; above it 0, world / 2,
+    """Values of the rank parameters, each with each sample of the divisor parameters
+    (`_divisor_samples`). Rank parameters: every rank up to world ALL_RANKS_UP_TO; above it 0, world / 2,
     world - 1 and the boundaries of every condition on a rank parameter that does not mention
     `rank` or a loop variable (a condition that does, `rank == root`, takes both arms within every
     instance). With several rank parameters, sample i gives the j-th parameter the (i + j)-th value,
     and one more sample per value gives it to all of them."""
+    divs = _divisor_samples(s, world)
     params = [x.name for x in s.rank_params]
     if not params:
-        return [{}]
+        return divs
     if world <= ALL_RANKS_UP_TO:
         values = list(range(world))
     else:
@@ -171,6 +173,30 @@ def rank_samples(s: ir.Schedule, world: int, elem: dict[str, int] | None = None)
         values = sorted(found)
     out = [{p: values[(i + j) % len(values)] for j, p in enumerate(params)}
            for i in range(len(values))]
+    if len(params) > 1:
+        out += [{p: v for p in params} for v in values]
+    return _unique([{**r, **d} for r in out for d in divs])
+
+
+def divisors_to_check(world: int) -> list[int]:
+    """The values a divisor parameter is checked at: every divisor of the world up to world
+    ALL_RANKS_UP_TO; above it 1, the world, its least prime factor p and world / p, and the
+    node sizes 2, 4, 8 and 16 where they divide it."""
+    every = [d for d in range(1, world + 1) if world % d == 0] if world <= ALL_RANKS_UP_TO else None
+    if every is not None:
+        return every
+    p = next(d for d in range(2, world + 1) if world % d == 0)
+    return sorted({1, world, p, world // p} | {d for d in (2, 4, 8, 16) if world % d == 0})
+
+
+def _divisor_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
+    """Values of the divisor parameters (`divisors_to_check`), handed round them in turn as rank
+    parameters' are, and one sample per value giving it to all of them."""
+    params = [x.name for x in s.int_params if x.kind is ir.ScalarKind.DIVISOR]
+    if not params:
+        return [{}]
+    values = divisors_to_check(world)
+    out = [{p: values[(i + j) % len(values)] for j, p in enumerate(params)} for i in range(len(values))]
     if len(params) > 1:
         out += [{p: v for p in params} for v in values]
     return _unique(out)

@@ -32,3 +32,23 @@ schedule big_only(x: sym T[n], op: redop) implements allreduce(x, op) {
   barrier
 }
 """
+# The two-level AllReduce with the node's size given at the call (a divisor parameter): every
+# divisor of the world is a different instance, and a call with another value is refused.
+TWO_LEVEL = """
+schedule two_level(x: sym T[n], g: divisor, op: redop) implements allreduce(x, op) {
+  team node = block(g)
+  team lane = across(node)
+  part = split(x, g)
+  chunk = split(part, world / g)
+  let me = node.rank
+  barrier(node)
+  on aiv: part[me] = op(part[me]@p for p in node.ranks)
+  barrier(lane)
+  on aiv: chunk[me][lane.rank] = op(chunk[me][lane.rank]@p for p in lane.ranks)
+  barrier(lane)
+  on sdma: for p in lane.peers: chunk[me][lane.rank]@p = chunk[me][lane.rank]
+  barrier(lane)
+  on sdma: for p in node.peers: part[me]@p = part[me]
+  barrier(node)
+}
+"""

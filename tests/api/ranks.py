@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from call_schedules import EVEN_ONLY, GRAB
+from call_schedules import EVEN_ONLY, GRAB, TWO_LEVEL
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: expect.py
 from expect import Failed, check, expect_error  # noqa: E402
@@ -604,7 +604,30 @@ def several_communicators(comm, rank, world):
     dist.barrier()
 
 
-SCENARIOS = {f.__name__: f for f in (interleaved, bad_input, segment_gone, closed, moe_bad_input, moe_masks,
+def divisor_params(comm, rank, world):
+    """A divisor parameter (the node size of a two-level AllReduce): every divisor of the world
+    gives the sum; a value that does not divide it is refused before anything is written; ranks
+    that give different values are stopped by the ranks' agreement, every rank naming both calls."""
+    mod = comm.load(TWO_LEVEL)
+    n = 1001
+    x = comm.empty(n, dtype=torch.float32)
+    for it, g in enumerate(d for d in range(1, world + 1) if world % d == 0):
+        xs = inputs(world, n, it)
+        x.copy_(xs[rank])
+        mod.two_level(x, g=g, op="sum")
+        check(torch.equal(x, torch.stack(xs).sum(0)), g)
+    x.fill_(7)
+    expect_error(StrataUsageError, f"g must divide the world ({world}): one of 1, {world}; got 2",
+                 mod.two_level, x, g=2, op="sum")
+    expect_error(StrataUsageError, "g must divide the world", mod.two_level, x, g=0, op="sum")
+    check(bool((x == 7).all()), "a refused call wrote")
+    expect_error(StrataUsageError, "the ranks made different calls", mod.two_level, x,
+                 g=1 if rank == 0 else world, op="sum")
+    check(bool((x == 7).all()), "a call the ranks disagreed on wrote")
+    comm.free(x)
+
+
+SCENARIOS = {f.__name__: f for f in (interleaved, divisor_params, bad_input, segment_gone, closed, moe_bad_input, moe_masks,
                                      moe_bounded,
                                      moe_interleaved, call_refusals, verdict_cache, half_sums_round_once,
                                      cached_calls, selecting_entry_point,

@@ -30,7 +30,7 @@ def run_ranks(scenario, world, tmp_path, mode="pg", env=None) -> list[str]:
 @pytest.mark.parametrize("scenario", ["interleaved", "bad_input", "segment_gone", "closed",
                                       "moe_bad_input", "moe_masks", "moe_bounded", "moe_interleaved", "call_refusals",
                                       "half_sums_round_once", "cached_calls",
-                                      "selecting_entry_point", "several_communicators"])
+                                      "selecting_entry_point", "several_communicators", "divisor_params"])
 def test_scenario_process_group(scenario, tmp_path):
     run_ranks(scenario, 3, tmp_path)
 

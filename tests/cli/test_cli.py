@@ -215,3 +215,31 @@ def test_compile_into_a_directory_without_write_permission(tmp_path):
     assert p.returncode == 1
     assert f"error[E0403]: -o {ro / 'gen'}: cannot write into {ro} (permission denied)" in p.stderr
     no_traceback(p)
+
+
+DIVISOR = ROOT / "tests" / "verify" / "corpus" / "good_divisor_team_size.strata"   # g: divisor
+
+
+@pytest.mark.parametrize("args,text", [
+    ((), "two_level takes a divisor parameter: give --param g=D, D a divisor of the world 6 (1, 2, 3, 6)"),
+    (("--param", "g=4"), "--param g=4 does not divide the world 6 (its divisors: 1, 2, 3, 6)"),
+    (("--param", "g=2", "--param", "h=3"), "--param h: no schedule of the file takes a divisor parameter h"),
+    (("--param", "g"), "'g' is not NAME=VALUE"),
+    (("--param", "g=two"), "'two' is not an integer"),
+])
+def test_run_names_a_divisor_parameter_missing_or_wrong(args, text):
+    """`stratac run --param NAME=D`: every divisor parameter given, each a divisor of the world,
+    each some schedule's; refused before any rank starts."""
+    p = stratac("run", DIVISOR, "--world", "6", "--count", "8", *args)
+    assert p.returncode in (1, 2) and text in p.stderr, p.stderr
+    no_traceback(p)
+
+
+def test_bench_and_simulate_say_they_cannot_give_a_divisor_parameter():
+    p = stratac("bench", DIVISOR, "--world", "2", "--sizes", "4K")
+    assert p.returncode != 0 and "which `stratac bench` cannot give yet: run it with `stratac run " \
+        "--param g=D`" in p.stderr, p.stderr
+    no_traceback(p)
+    p = stratac("simulate", DIVISOR, "--world", "8", "--machine", ROOT / "machines" / "cloudmatrix384.toml")
+    assert "two_level: skipped: not modelled: it takes a divisor parameter (g)" in p.stdout + p.stderr
+    no_traceback(p)

@@ -40,7 +40,8 @@ def one(comm, rank, fn, inst):
     ir = tvkit.ir
     tv = next((d for p in s.params if p.typevar for d in ir.DType if d.torch_name == inst.dtypes[p.name]),
               ir.DType.F32)
-    env = {"world": comm.world, **inst.sizes, **ir.elem_env(s, tv.nbytes)}
+    env = {"world": comm.world, **inst.sizes, **ir.elem_env(s, tv.nbytes),
+           **{x.name: inst.scalars[x.name] for x in s.int_params}}   # scratch sizes may name them
     scratch = dict(zip((p.name for p in s.scratch), fn._scratch_for(tv, env)))
     for name, t in scratch.items():
         t.view(-1)[:inst.init[rank][name].size].copy_(torch.from_numpy(inst.init[rank][name]))
@@ -61,7 +62,7 @@ def one(comm, rank, fn, inst):
         # the live ranks' calls took stamps from their communicators' epochs; a masked rank is
         # meant to stay out for good (docs/robustness.md), but here it takes part in the next
         # instance, so its epoch moves on as theirs did (comm.next_call, as a call does)
-        params = {**inst.sizes, **{x.name: inst.scalars[x.name] for x in s.rank_params}}
+        params = {**inst.sizes, **{x.name: inst.scalars[x.name] for x in s.int_params}}
         comm.next_call(s.stamps({"world": comm.world, **params}))
     comm.barrier()   # every kernel of the instance is done
     wrong = []

@@ -259,7 +259,7 @@ def plan(world: int, paths: list[Path], options: passes.Options | None = None,
                     raise AssertionError(f"{path.name}: {s.name} ({context(inst)}): a sample whose "
                                          "int8 window rows are not whole 32-byte blocks")
                 dtypes = {p.name: (p.dtype or typevar_dtype(sizes)).torch_name for p in s.params}
-                scalars = {x.name: sizes[x.name] for x in s.rank_params}
+                scalars = {x.name: sizes[x.name] for x in s.int_params}
                 if s.op_param:
                     scalars[s.op_param.name] = op
                 out.instances.append(Instance(

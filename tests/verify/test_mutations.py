@@ -129,7 +129,7 @@ EQUIVALENT = {
         "on sdma: x@(rank + 1) = x",
         "signal got[2 * L + 1]@(rank + 1)")},
     **{("allreduce_double_tree.strata", line, nth): ONE_CHILD for line, nth in (
-        ("if 2 * l + 2 < world: signal ready[t]@((2 * l + 2 if t == 0 else world - 3 - 2 * l))", 1),
+        ("if 2 * l + 2 < world: signal ready[t]@(2 * l + 2 + t * (world - 5 - 4 * l))", 1),
         ("if 2 * l + 2 < world: wait up[2 * t + 1]", 1),
         ("on sdma: half[t]@c = half[t]", 2),
         ("signal down[t]@c", 2))},

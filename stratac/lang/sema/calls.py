@@ -165,8 +165,9 @@ class Calls(Scope):
         elif callee.teams and team is not None:
             why = (f"it declares teams ({', '.join(t.name for t in callee.teams)}), and a call on a team "
                    "cannot hold teams of its own (call it on world)")
-        elif callee.rank_params:
-            why = f"it takes a rank parameter ({callee.rank_params[0].name})"
+        elif callee.int_params:
+            x = callee.int_params[0]
+            why = f"it takes a {x.kind.value} parameter ({x.name})"
         else:
             def scaled(p: ir.Buffer) -> bool:   # T[n], T[n * world], T[2 * n]: one symbol times k
                 syms = p.size.names() - {"world"}

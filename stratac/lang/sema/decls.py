@@ -26,7 +26,7 @@ class Decls(Scope):
         for p in s.params:
             for d in p.dims or ():
                 size_names |= _names(d)
-        size_names -= RESERVED
+        size_names -= RESERVED | {p.name for p in s.params if p.dims is None}   # scalars are not sizes
         self.sizes = sorted(size_names)
         size_env = set(self.sizes) | {"world"}
         typevar_seen: dict[str, Span] = {}
@@ -43,7 +43,7 @@ class Decls(Scope):
                 kinds = {k.value: k for k in ir.ScalarKind}
                 if p.dtype not in kinds or p.symmetric:
                     self.err(Codes.BAD_TYPE, f"{p.name} has no size, so it is a scalar: its type is "
-                             "`rank` or `redop` (a tensor needs a size: T[n])", p.dtype_span)
+                             "`rank`, `divisor` or `redop` (a tensor needs a size: T[n])", p.dtype_span)
                     continue
                 self.scalars[p.name] = ir.Scalar(p.name, kinds[p.dtype], p.span)
                 continue
@@ -67,7 +67,7 @@ class Decls(Scope):
                      typevar_seen[names[1]])
             self.bad_types |= {p.name for p in self.params.values() if p.typevar not in (None, names[0])}
         _, unread = ir.size_rules(tuple(self.params.values()), tuple(self.sizes))
-        for sym in unread:
+        for sym in unread if not self.diags else ():   # not after a size refused (it reads nothing)
             self.err(Codes.BAD_SIZE, f"size {sym!r} must be read off some parameter's shape: some "
                      f"extent must be {sym} times a factor of world and of sizes read elsewhere (such as "
                      f"{sym}, {sym} * world or experts * {sym})", s.span)

@@ -122,9 +122,10 @@ class Loops(Scope):
         size = ir.simplify(self.expr(st.arg, self.env(), "a team's size (an expression of world)"))
         if len(self.diags) > reported:
             return
-        if size.names() - {"world"}:
-            self.err(Codes.BAD_REF, f"a team's size is an expression of world alone (every rank must "
-                     f"agree on it); this one uses {', '.join(sorted(size.names() - {'world'}))}",
+        others = size.names() - {"world", *self.divisors()}
+        if others:
+            self.err(Codes.BAD_REF, f"a team's size is an expression of world and divisor parameters "
+                     f"(every rank must agree on it); this one uses {', '.join(sorted(others))}",
                      st.arg.span)
             return
         if isinstance(size, ir.Const) and size.value < 1:

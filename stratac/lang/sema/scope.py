@@ -74,13 +74,17 @@ class Scope:
     def static_env(self) -> set[str]:
         """Names a size of the schedule (a flag's, a scratch buffer's, a split's parts) may use:
         world, the size symbols and the lets made of those alone."""
-        fixed = {"world", ir.ELEM, *self.sizes}
+        fixed = {"world", ir.ELEM, *self.sizes, *self.divisors()}
         return fixed | {n for n, e in self.lets.items() if e.names() <= fixed}
+
+    def divisors(self) -> list[str]:
+        """The divisor parameters: integers every rank of a call is given alike."""
+        return [x.name for x in self.scalars.values() if x.kind is ir.ScalarKind.DIVISOR]
 
     def env(self, loop_vars=()) -> set[str]:
         """Names an index or rank expression may use."""
-        ranks = {x.name for x in self.scalars.values() if x.kind is ir.ScalarKind.RANK}
-        return {"rank", "world", ir.ELEM, *self.sizes, *ranks, *loop_vars, *self.lets}
+        ints = {x.name for x in self.scalars.values() if x.kind is not ir.ScalarKind.REDOP}
+        return {"rank", "world", ir.ELEM, *self.sizes, *ints, *loop_vars, *self.lets}
 
     def op(self, name: str, span: Span) -> ir.Op | None:
         if name in {o.value for o in ir.ReduceOp}:
@@ -238,9 +242,10 @@ class Scope:
         return ir.simplify(value)
 
     def fixed_names(self) -> set[str]:
-        """What every rank of a call agrees on: world, the sizes and the rank parameters."""
-        ranks = [x.name for x in self.scalars.values() if x.kind is ir.ScalarKind.RANK]
-        return {"world", *self.sizes, *ranks}
+        """What every rank of a call agrees on: world, the sizes and the rank and divisor
+        parameters."""
+        ints = [x.name for x in self.scalars.values() if x.kind is not ir.ScalarKind.REDOP]
+        return {"world", ir.ELEM, *self.sizes, *ints}
 
     # ---- data
     def region(self, ref: ast.Ref, loop_vars, role: str) -> tuple[ir.Region, ir.Buffer] | None:

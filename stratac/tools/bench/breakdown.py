@@ -276,6 +276,10 @@ def run(file: str, world: int, sizes: list[int], dtype: str = "f32", op: str = "
         raise BreakdownError(f"{file}: no such file")
     from stratac.lang.frontend import load_source, schedules
     found = schedules(load_source(file))
+    from stratac.tools.run.workload import divisor_problem
+    problem = divisor_problem(found, world, None, "bench --breakdown")
+    if problem:
+        raise BreakdownError(problem)
     moe = [s.name for s in found if s.contract.kind.moe]
     if moe:
         raise BreakdownError(f"--breakdown measures collectives at --sizes; {file} holds MoE schedules "

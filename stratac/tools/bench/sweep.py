@@ -42,7 +42,7 @@ from stratac.tools.bench.progress import Progress
 from stratac.tools.bench.report import fmt_bytes
 from stratac.tools.options import parse_sizes
 from stratac.tools.run import runner
-from stratac.tools.run.workload import Workload
+from stratac.tools.run.workload import Workload, divisor_problem
 
 
 def run(spec: BenchSpec, echo=print) -> BenchResult:
@@ -124,6 +124,9 @@ def plan(spec: BenchSpec) -> Plan:
     compiled = schedule.compile_source(source, opts, worlds=[spec.world])
     if not compiled:
         raise BenchError(f"{spec.file} holds no schedule")
+    problem = divisor_problem([c.schedule for c in compiled], spec.world, None, "bench")
+    if problem:
+        raise BenchError(problem)
     elem = DType.parse(spec.dtype).nbytes
     cases, tasks, seen_counts, largest, instances = [], [], None, 0, []
     for size in spec.sizes:

@@ -47,6 +47,7 @@ class Case:
     routing: str = "uniform"
     max_recv: int | None = None   # rows of a bounded packed window (None: world x tokens x topk)
     capacity: int | None = None   # slots per (expert, source rank) of a slotted layout (None: tokens)
+    params: dict[str, int] = field(default_factory=dict)   # divisor parameters by name (--param)
 
 
 @dataclass
@@ -97,7 +98,7 @@ def heap_bytes(spec: RunSpec, schedules) -> int:
                 continue
             n = case.count if case.count is not None else \
                 Workload.count_for_bytes(s, spec.world, case.size, elem)
-            wl = Workload(s, spec.world, n)
+            wl = Workload(s, spec.world, n, params=tuple(sorted(case.params.items())))
             # tensors and scratch (s.params has both), each rounded to the allocator's 512 bytes
             need = max(need, sum((max(wl.numel(p), 1) * elem + 511) // 512 * 512 for p in s.params))
     return need + abi.sync_area_bytes(spec.world) + (1 << 20)
@@ -138,9 +139,11 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
     opts.check()
     compiled = compile_schedules(source, opts, [spec.world])
     routed = [c.schedule.name for c in compiled if c.schedule.contract.kind.moe]
-    from stratac.tools.run.workload import layout_options_problem
+    from stratac.tools.run.workload import divisor_problem, layout_options_problem
     for case in spec.cases:
-        problem = layout_options_problem([c.schedule for c in compiled], case.max_recv, case.capacity)
+        problem = (layout_options_problem([c.schedule for c in compiled], case.max_recv, case.capacity)
+                   or divisor_problem([c.schedule for c in compiled], spec.world, case.params,
+                                      None if spec.bench is None else "bench"))
         if problem:
             raise StrataError(error(Codes.BAD_CONTRACT, f"{spec.file}: {problem}; nothing was run"))
     for case in spec.cases:

@@ -435,7 +435,8 @@ def _run_case(comm, fn, case: dict, spec: dict, rank: int, world: int) -> dict:
         count = case["count"]
     else:
         count = Workload.count_for_bytes(s, world, case["size"], dtype.nbytes)
-    wl = Workload(s, world, count, op=case.get("op") or "sum", root=case.get("root") or 0)
+    wl = Workload(s, world, count, op=case.get("op") or "sum", root=case.get("root") or 0,
+                  params=tuple(sorted((case.get("params") or {}).items())))
     heap_before = comm.heap_used
     tensors = {p.name: comm.empty(wl.numel(p), dtype=tdtype) for p in s.tensors}
     args = dict(tensors, **wl.scalars)

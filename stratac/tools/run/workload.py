@@ -28,6 +28,7 @@ class Workload:
     count: int          # the value of the size symbol(s)
     op: str = "sum"     # for a schedule with a redop parameter
     root: int = 0       # for every rank parameter
+    params: tuple[tuple[str, int], ...] = ()   # the divisor parameters by name (`--param NAME=D`)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -35,7 +36,9 @@ class Workload:
 
     @property
     def scalars(self) -> dict[str, object]:
-        out: dict[str, object] = {x.name: self.root for x in self.schedule.rank_params}
+        given = dict(self.params)
+        out: dict[str, object] = {x.name: self.root if x.kind is ir.ScalarKind.RANK else given[x.name]
+                                  for x in self.schedule.int_params}
         if self.schedule.op_param:
             out[self.schedule.op_param.name] = self.op
         return out
@@ -46,7 +49,8 @@ class Workload:
         return self.op if isinstance(op, ir.OpParam) else (op.value if op else "sum")
 
     def numel(self, p: ir.Buffer) -> int:
-        return p.size.eval({"world": self.world, **self.sizes})
+        """Elements of a tensor or scratch buffer (a scratch's size may name a divisor parameter)."""
+        return p.size.eval({"world": self.world, **self.sizes, **dict(self.params)})
 
     @staticmethod
     def main_buffer(s: ir.Schedule) -> ir.Buffer:
@@ -175,6 +179,32 @@ def _layout(c: ir.Contract) -> str:
 
 
 MOE_DEFAULTS = {"tokens": 64, "hidden": 512, "topk": 4, "experts_per_rank": 4}
+
+
+def divisor_problem(schedules, world: int, params: dict[str, int] | None, command: str) -> str | None:
+    """What is wrong with the divisor parameters given (`--param NAME=D`) for these schedules at
+    this world, or None: each schedule's must be given and divide the world, and every one given
+    must be some schedule's. `command` is the tool, for the message of one that takes none
+    (None: `stratac run`, which takes them)."""
+    params = params or {}
+    every = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
+    wanted = {x.name for s in schedules for x in s.int_params if x.kind is ir.ScalarKind.DIVISOR}
+    for s in schedules:
+        for x in s.int_params:
+            if x.kind is not ir.ScalarKind.DIVISOR:
+                continue
+            if command is not None:
+                return (f"{s.name} takes a divisor parameter ({x.name}), which `stratac {command}` "
+                        f"cannot give yet: run it with `stratac run --param {x.name}=D`")
+            if x.name not in params:
+                return (f"{s.name} takes a divisor parameter: give --param {x.name}=D, D a divisor of "
+                        f"the world {world} ({every})")
+    for name, v in params.items():
+        if name not in wanted:
+            return f"--param {name}: no schedule of the file takes a divisor parameter {name}"
+        if not (v >= 1 and world % v == 0):
+            return f"--param {name}={v} does not divide the world {world} (its divisors: {every})"
+    return None
 
 
 def layout_options_problem(schedules, max_recv: int | None, capacity: int | None) -> str | None:

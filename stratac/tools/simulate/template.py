@@ -264,6 +264,10 @@ def _routes(ops) -> bool:
 def not_modelled(s: ir.Schedule) -> str | None:
     """Why the model cannot predict this schedule, or None. MoE and AllToAllV schedules are
     modelled on a sample routing; routing constructs outside such a contract have no ids to sample."""
+    divisor = next((x for x in s.int_params if x.kind is ir.ScalarKind.DIVISOR), None)
+    if divisor is not None:
+        return (f"it takes a divisor parameter ({divisor.name}), which the model cannot be given yet "
+                f"(`stratac run --param {divisor.name}=D` runs it)")
     if _routes(s.body) and not s.contract.kind.moe:
         return ("its routing constructs move data that depends on ids, and only a MoE or AllToAllV "
                 "contract says which buffer holds ids the model can sample")
