@@ -552,9 +552,9 @@ class Schedule:
 
     def _record(self, prep: "_Prepared", bits: int) -> tuple[tuple[int, ...], bytes]:
         """A call's agreement record but its number: four int32 of a hash of the schedule and the
-        call's instance (world, sizes, dtype, op, rank parameters, mask, and the heap offsets of its
-        symmetric tensors: a kernel addresses a peer's tensor at its own tensor's offset), and its
-        description."""
+        call's instance (world, sizes, dtype, op, rank and divisor parameters, mask, and the heap
+        offsets of its symmetric tensors and scratch: a kernel addresses a peer's at its own's
+        offset), and its description."""
         key = repr((self._identity, self.comm.world, sorted(prep.sizes.items()), prep.dtype.short,
                     prep.head[1] if self.ir.op_param is not None else None,
                     sorted((x.name, prep.params[x.name]) for x in self.ir.int_params), bits, prep.offsets))
@@ -572,6 +572,9 @@ class Schedule:
         ranks = [r for r in range(comm.world) if bits >> r & 1]
         records = {r: comm.read_record(r, parity) for r in ranks}
         comm.settle_disagreement([epoch for _, epoch, _ in records.values()])
+        # each rank sized its scratch by its own call (its sizes, its divisor parameters): every
+        # live rank gives it back here, so that the heaps are laid out alike again for the next call
+        self.release_scratch()
         groups: dict[tuple, list[int]] = {}
         for r, (words, _, text) in records.items():
             groups.setdefault((text, words[0]), []).append(r)
@@ -636,7 +639,9 @@ class Schedule:
         op = scalars.get(self.ir.op_param.name, 0) if self.ir.op_param else 0
         return _Prepared(
             sizes=sizes, dtype=dtype, records={},
-            offsets=tuple(given[p.name].data_ptr() - comm._base for p in self.ir.tensors if p.symmetric),
+            # symmetric tensors and scratch: a peer's is addressed at the rank's own offset
+            offsets=tuple(given[p.name].data_ptr() - comm._base for p in self.ir.tensors if p.symmetric)
+            + tuple(self._scratch[p.name].data_ptr() - comm._base for p in self.ir.scratch if p.symmetric),
             storages=tuple(given[p.name].untyped_storage()._cdata for p in self.ir.tensors),
             blocks=blocks, routed=self.ir.contract.kind.moe, env={"world": comm.world, **params},
             layout=self._layout, stamps=self.ir.stamps({"world": comm.world, **params}),

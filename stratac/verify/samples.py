@@ -104,14 +104,17 @@ def default_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
     if s.contract.kind.moe:
         return _moe_samples(s, world)
     out = []
-    for elem in element_sizes(s):   # all of them once per element size sizeof(T) can have
-        base = base_sizes(s, world, elem)
+    # all of them once per value of what is the same on every rank and not a size: the element
+    # size sizeof(T) and the divisor parameters (the conditions' boundaries taken at each); each
+    # such group keeps its first sample even over the budget
+    for fixed in (({**e, **d}) for e in element_sizes(s) for d in _divisor_samples(s, world)):
+        base = base_sizes(s, world, fixed)
         mid = _middle(base)
         sizes = list(base)
         for sym, v in size_boundaries(s, world, mid):
             sizes.append({**mid, sym: v})
-        out += [{**sz, **rs} for sz in _unique(sizes) for rs in rank_samples(s, world, elem)]
-    return _keep(s, world, out)
+        out += _keep(s, world, [{**sz, **rs} for sz in _unique(sizes) for rs in rank_samples(s, world, fixed)])
+    return out
 
 
 def element_sizes(s: ir.Schedule) -> list[dict[str, int]]:
@@ -124,7 +127,7 @@ def base_sizes(s: ir.Schedule, world: int, elem: dict[str, int] | None = None) -
     """The base samples: the pool of `size_pool` handed round the size symbols in turn, so that in
     each sample the symbols differ (when there are no more symbols than values) and each symbol
     takes every value of the pool, above and below each other symbol; each with `elem` (the
-    element size of `element_sizes`, if any)."""
+    element size of `element_sizes` and the divisor parameters' values, if any)."""
     pool = size_pool(world, len(s.sizes))
     return [{**(elem or {}), **{sym: pool[(j + i) % len(pool)] for i, sym in enumerate(s.sizes)}}
             for j in range(len(pool) if s.sizes else 1)]
@@ -149,16 +152,15 @@ def size_pool(world: int, symbols: int = 1) -> list[int]:
 
 
 def rank_samples(s: ir.Schedule, world: int, elem: dict[str, int] | None = None) -> list[dict[str, int]]:
-    """Values of the rank parameters, each with each sample of the divisor parameters
-    (`_divisor_samples`). Rank parameters: every rank up to world ALL_RANKS_UP_TO; above it 0, world / 2,
+    """Values of the rank parameters (elem: the element size and divisor parameters of the
+    samples they go with): every rank up to world ALL_RANKS_UP_TO; above it 0, world / 2,
     world - 1 and the boundaries of every condition on a rank parameter that does not mention
     `rank` or a loop variable (a condition that does, `rank == root`, takes both arms within every
     instance). With several rank parameters, sample i gives the j-th parameter the (i + j)-th value,
     and one more sample per value gives it to all of them."""
-    divs = _divisor_samples(s, world)
     params = [x.name for x in s.rank_params]
     if not params:
-        return divs
+        return [{}]
     if world <= ALL_RANKS_UP_TO:
         values = list(range(world))
     else:
@@ -175,7 +177,7 @@ def rank_samples(s: ir.Schedule, world: int, elem: dict[str, int] | None = None)
            for i in range(len(values))]
     if len(params) > 1:
         out += [{p: v for p in params} for v in values]
-    return _unique([{**r, **d} for r in out for d in divs])
+    return _unique(out)
 
 
 def divisors_to_check(world: int) -> list[int]:
@@ -189,16 +191,22 @@ def divisors_to_check(world: int) -> list[int]:
     return sorted({1, world, p, world // p} | {d for d in (2, 4, 8, 16) if world % d == 0})
 
 
+# several divisor parameters take every combination of their values up to this many
+DIVISOR_COMBINATIONS = 64
+
+
 def _divisor_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
-    """Values of the divisor parameters (`divisors_to_check`), handed round them in turn as rank
+    """Values of the divisor parameters (`divisors_to_check`): every combination, or past
+    DIVISOR_COMBINATIONS of them, the values handed round the parameters in turn as rank
     parameters' are, and one sample per value giving it to all of them."""
     params = [x.name for x in s.int_params if x.kind is ir.ScalarKind.DIVISOR]
     if not params:
         return [{}]
     values = divisors_to_check(world)
+    if len(values) ** len(params) <= DIVISOR_COMBINATIONS:
+        return [dict(zip(params, combo)) for combo in itertools.product(values, repeat=len(params))]
     out = [{p: values[(i + j) % len(values)] for j, p in enumerate(params)} for i in range(len(values))]
-    if len(params) > 1:
-        out += [{p: v for p in params} for v in values]
+    out += [{p: v for p in params} for v in values]
     return _unique(out)
 
 

@@ -29,6 +29,7 @@ PREFILL = ROOT / "examples" / "moe_prefill.strata"
 DECODE = ROOT / "examples" / "moe_decode.strata"
 BOUNDED = ROOT / "examples" / "moe_prefill_bounded.strata"
 EXPERTS = ROOT / "examples" / "moe_prefill_experts.strata"
+DIVISOR_FILE = ROOT / "tests" / "verify" / "corpus" / "good_divisor_team_size.strata"
 
 
 def inputs(world, n, seed):
@@ -624,7 +625,21 @@ def divisor_params(comm, rank, world):
     expect_error(StrataUsageError, "the ranks made different calls", mod.two_level, x,
                  g=1 if rank == 0 else world, op="sum")
     check(bool((x == 7).all()), "a call the ranks disagreed on wrote")
-    comm.free(x)
+    # a scratch buffer sized by g: each rank allocated its own call's before the ranks compared
+    # their calls; the refused call gives it back on every rank, so the heaps are alike again and
+    # the next call (and an allocation between) is right
+    gather = comm.load(DIVISOR_FILE)
+    out = comm.zeros(n * world)
+    expect_error(StrataUsageError, "the ranks made different calls", gather.node_gather, x, out,
+                 g=1 if rank == 0 else world)
+    z = comm.zeros(4 * n)
+    xs = inputs(world, n, 99)
+    x.copy_(xs[rank])
+    gather.node_gather(x, out, g=world)
+    check(torch.equal(out, torch.cat(xs)), "the call after a disagreement")
+    check(bool((z == 0).all()), "the call after a disagreement wrote into a later allocation")
+    for t in (z, out, x):
+        comm.free(t)
 
 
 SCENARIOS = {f.__name__: f for f in (interleaved, divisor_params, bad_input, segment_gone, closed, moe_bad_input, moe_masks,

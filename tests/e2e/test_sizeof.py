@@ -1,6 +1,6 @@
 """sizeof(T) end to end (dsl/README.md, "Data"): the schedules of
 tests/verify/corpus/good_sizeof_byte_chunks.strata (byte-sized blocks, HCCL's 128-byte ring slices,
-sizeof(T) in flag, scratch and split sizes) and tests/e2e/sizeof.strata run on rank processes of
+sizeof(T) in flag, scratch and split sizes, a scratch sized by it) and tests/e2e/sizeof.strata run on rank processes of
 the CPU build in every element type, each result checked against torch; the engine counters show
 that the kernel's sizeof(T) is the element size of the call. Translation validation
 (tests/e2e/test_translation.py) runs the corpus file's schedules against the verifier's memory at
@@ -31,7 +31,8 @@ def test_every_element_type_runs_correctly_and_the_kernel_reads_its_size(tmp_pat
     wrong = [(r["schedule"], r["dtype"], r["rank"], r["why"]) for r in out.results if not r["ok"]]
     assert wrong == []
     ran = {(r["schedule"], r["dtype"]) for r in out.results}
-    names = {"allgather_blocks_64b", "allreduce_ring_128b", "broadcast_sized", "allgather_by_elem"}
+    names = {"allgather_blocks_64b", "allreduce_ring_128b", "broadcast_sized", "broadcast_scratch_bytes",
+             "allgather_by_elem"}
     assert ran >= {(s, d) for s in names for d in BYTES}
     for r in out.results:
         if r["schedule"] != "allgather_by_elem":

@@ -124,7 +124,7 @@ class Calls(Scope):
             else:
                 self.teams[t.name] = t
         for b in scratch:
-            own, varying = b.name[len(prefix):], b.size.names() - {"world", *self.sizes}
+            own, varying = b.name[len(prefix):], b.size.names() - fixed
             if self.taken(b.name):
                 self.err(Codes.DUPLICATE_NAME, f"the scratch buffer {b.name} of this call (scratch {own} "
                          f"of {callee.name}) is already defined: rename yours", st.span)
@@ -168,6 +168,15 @@ class Calls(Scope):
         elif callee.int_params:
             x = callee.int_params[0]
             why = f"it takes a {x.kind.value} parameter ({x.name})"
+        elif callee.requires and team is not None and team.size.names() - {"world"}:
+            # a requirement is a condition on world alone (ir.Requirement.holds), and the team's
+            # size, the callee's world, names what the call gives
+            why = (f"it requires {callee.requires[0].text}, and the size of team {team.name} depends on "
+                   f"{', '.join(sorted(team.size.names() - {'world'}))}, which a world constraint "
+                   "cannot name (call it on a team whose size is an expression of world)")
+        elif callee.elem and self.routed:
+            why = (f"it names sizeof(T), which a {self.s.contract.kind} schedule cannot yet (its verifier "
+                   "samples do not range over the element size)")
         else:
             def scaled(p: ir.Buffer) -> bool:   # T[n], T[n * world], T[2 * n]: one symbol times k
                 syms = p.size.names() - {"world"}

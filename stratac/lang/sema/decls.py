@@ -83,6 +83,12 @@ class Decls(Scope):
             self.err(Codes.BAD_REF, f"a {contract.kind.value} schedule cannot declare teams (its calls "
                      "take a mask of live ranks, which teams do not follow yet)",
                      next(iter(self.teams.values())).span)
+        if self.routed:
+            for x in self.scalars.values():
+                if x.kind is ir.ScalarKind.DIVISOR:
+                    self.err(Codes.BAD_REF, f"a {contract.kind.value} schedule cannot take a divisor "
+                             f"parameter yet ({x.name}): its calls and `stratac run` do not pass one",
+                             x.span)
         body = self.block(s.body, top=True, loop_vars=())
         if self.diags or contract is None:
             raise StrataError(self.diags)

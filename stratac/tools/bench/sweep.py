@@ -137,7 +137,7 @@ def plan(spec: BenchSpec) -> Plan:
         case_tasks: dict[tuple, dict] = {}
         for c, n in zip(compiled, counts):
             s = c.schedule
-            wl = Workload(s, spec.world, n, op=spec.op, root=spec.root)
+            wl = Workload(s, spec.world, n, op=spec.op, root=spec.root, elem=elem)
             largest = max([largest] + [wl.numel(p) for p in s.params])
             instances.append((s, {**wl.sizes, **{x.name: spec.root for x in s.rank_params},
                                   **elem_env(s, elem)}))

@@ -98,7 +98,7 @@ def heap_bytes(spec: RunSpec, schedules) -> int:
                 continue
             n = case.count if case.count is not None else \
                 Workload.count_for_bytes(s, spec.world, case.size, elem)
-            wl = Workload(s, spec.world, n, params=tuple(sorted(case.params.items())))
+            wl = Workload(s, spec.world, n, params=tuple(sorted(case.params.items())), elem=elem)
             # tensors and scratch (s.params has both), each rounded to the allocator's 512 bytes
             need = max(need, sum((max(wl.numel(p), 1) * elem + 511) // 512 * 512 for p in s.params))
     return need + abi.sync_area_bytes(spec.world) + (1 << 20)

@@ -29,6 +29,7 @@ class Workload:
     op: str = "sum"     # for a schedule with a redop parameter
     root: int = 0       # for every rank parameter
     params: tuple[tuple[str, int], ...] = ()   # the divisor parameters by name (`--param NAME=D`)
+    elem: int | None = None   # the element size in bytes, which a scratch's size may name (sizeof(T))
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -49,8 +50,10 @@ class Workload:
         return self.op if isinstance(op, ir.OpParam) else (op.value if op else "sum")
 
     def numel(self, p: ir.Buffer) -> int:
-        """Elements of a tensor or scratch buffer (a scratch's size may name a divisor parameter)."""
-        return p.size.eval({"world": self.world, **self.sizes, **dict(self.params)})
+        """Elements of a tensor or scratch buffer (a scratch's size may name a divisor parameter,
+        or sizeof(T): then `elem` must be given)."""
+        elem = ir.elem_env(self.schedule, self.elem) if self.elem is not None else {}
+        return p.size.eval({"world": self.world, **self.sizes, **dict(self.params), **elem})
 
     @staticmethod
     def main_buffer(s: ir.Schedule) -> ir.Buffer:
