@@ -269,6 +269,11 @@ class Schedule:
         if self.ir.contract.kind.moe and dtype not in abi.dtypes(self.ir):
             raise StrataUsageError(f"{self.name}: the tokens must be float32, float16 or bfloat16, got "
                                    f"{_TORCH_DTYPES[dtype]}")
+        if dtype not in abi.dtypes(self.ir):   # a type variable's: no kernel was built for int8
+            raise StrataUsageError(f"{self.name} is built for "
+                                   f"{', '.join(str(_TORCH_DTYPES[d]) for d in abi.dtypes(self.ir))}, not "
+                                   f"{_TORCH_DTYPES[dtype]}: int8 is a payload to move (a quantised MoE "
+                                   "dispatch's rows), not a type variable's type")
         sizes: dict[str, int] = {}
         env = {"world": self.comm.world}
         rules, _ = ir.size_rules(params, self.ir.sizes)

@@ -62,6 +62,9 @@ def bad_input(comm, rank, world):
     x = comm.empty(8, dtype=torch.float64)
     expect_error(StrataUsageError, "parameter x has dtype torch.float64", ar.allreduce_twoshot, x,
                  op="sum")
+    q = comm.empty(8, dtype=torch.int8)   # a type variable's schedule has no int8 kernel
+    expect_error(StrataUsageError, "allreduce_twoshot is built for torch.float32, torch.float16, "
+                 "torch.bfloat16, torch.int32, not torch.int8", ar.allreduce_twoshot, q, op="sum")
     x32 = comm.empty(8, dtype=torch.float32)
     expect_error(StrataUsageError, "missing argument(s) op", ar.allreduce_twoshot, x32)
     expect_error(StrataUsageError, "op must be one of sum, max, min, got 'avg'", ar.allreduce_twoshot,

@@ -28,13 +28,19 @@ from stratac.host.schedule import Module  # noqa: E402
 TIMEOUT = 20.0   # a kernel wait that never comes (a broken kernel) ends the job, not the test run
 
 
+def numbers(t, inst):
+    """t as the instance's numbers are written into it and read back: its values, or a float16
+    tensor's bit patterns (tvkit.F16_PATTERNS)."""
+    return t.view(torch.int16) if inst.bits and t.dtype == torch.float16 else t
+
+
 def one(comm, rank, fn, inst):
     """Runs one instance on this rank; (the call's error or None, the buffers that differ)."""
     s = fn.ir
     tensors = {}
     for p in s.tensors:
         t = comm.empty(*inst.shapes[p.name], dtype=getattr(torch, inst.dtypes[p.name]))
-        t.view(-1).copy_(torch.from_numpy(inst.init[rank][p.name]))
+        numbers(t.view(-1), inst).copy_(torch.from_numpy(inst.init[rank][p.name]))
         tensors[p.name] = t
     # the type a type variable runs as (tvkit.typevar_dtype), which scratch buffers of it hold
     ir = tvkit.ir
@@ -44,7 +50,7 @@ def one(comm, rank, fn, inst):
            **{x.name: inst.scalars[x.name] for x in s.int_params}}   # scratch sizes may name them
     scratch = dict(zip((p.name for p in s.scratch), fn._scratch_for(tv, env)))
     for name, t in scratch.items():
-        t.view(-1)[:inst.init[rank][name].size].copy_(torch.from_numpy(inst.init[rank][name]))
+        numbers(t.view(-1)[:inst.init[rank][name].size], inst).copy_(torch.from_numpy(inst.init[rank][name]))
     comm.barrier()   # every rank's inputs are in place before any kernel starts
     error = None
     if inst.active is None or inst.active[rank]:   # a masked rank does not call
@@ -68,7 +74,7 @@ def one(comm, rank, fn, inst):
     wrong = []
     for name, want in inst.expect[rank].items():
         t = tensors[name] if name in tensors else scratch[name].view(-1)[:want.size]
-        got = t.reshape(-1).to(torch.float64).numpy()   # exact: every number is below 2^24
+        got = numbers(t.reshape(-1), inst).to(torch.float64).numpy()   # exact: every number is below 2^24
         bad = np.nonzero(got != want.astype(np.float64))[0]
         if bad.size:
             i = int(bad[0])

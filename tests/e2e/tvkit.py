@@ -29,7 +29,12 @@ The numbers (`encode`):
 A reduction's op is evaluated as the op (max, min) where the schedule fixes it; a schedule taking a
 redop runs with op=sum, where the verifier's sums of tags are the kernel's sums. A type variable
 runs as float32 (f16 and bf16 hold too few integers exactly for distinct numbers with sums), but in
-an instance whose sizeof(T) is 2, which runs as float16, a redop as max.
+an instance whose sizeof(T) is 2, which runs as float16, a redop as max. Where an instance only
+picks numbers (no reduction, or a max or min), its float16 numbers are bit patterns, not values
+(F16_PATTERNS: 31,743 positive finite values, in the order of their patterns), so that a world-9
+gather has enough of them. There a kernel that adds where the proof copies is caught unless every
+such sum rounds back to its larger operand (a tiny value added to a large one); the float32
+instances of the same kernel catch it exactly.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ WEIGHT_MAX = 16
 SUMMANDS = 16          # contributions one element may receive (world <= 9 ranks, topk weights)
 # the integers each element type holds exactly (int32 up to 2^24 too: results compare as floats)
 EXACT = {ir.DType.F32: 1 << 24, ir.DType.I32: 1 << 24, ir.DType.F16: 1 << 11, ir.DType.BF16: 1 << 8}
+# the positive finite float16 values, as bit patterns 1 .. 0x7bff: in the order of their values, so
+# max and min of two of them pick the same one as max and min of their patterns; a copy keeps them
+F16_PATTERNS = 0x7C00
 
 
 
@@ -79,6 +87,7 @@ class Instance:
     dtypes: dict[str, str]       # torch dtype names, by buffer (tensors and scratch)
     init: list[dict[str, np.ndarray]]      # per rank, int64
     expect: list[dict[str, np.ndarray]]    # per rank, int64: the simulated memory after the call
+    bits: bool = False           # the float16 buffers' numbers are bit patterns (`encode`)
 
 
 @dataclass
@@ -160,6 +169,16 @@ class _OpValues(provenance.Values):
             self.cur[(owner, buf)][lo:hi] = out.astype(np.uint64)
 
 
+def float16_bits(s: ir.Schedule, op: str) -> bool:
+    """Whether an instance's float16 numbers are bit patterns (F16_PATTERNS) rather than integer
+    values: when its reductions only pick (a copy, max, min, as `encode` says), so that neither the
+    kernel nor the simulation ever adds them."""
+    c = s.contract
+    return (c.op is None and c.kind is not ir.ContractKind.MOE_COMBINE) or (
+        isinstance(c.op, ir.ReduceOp) and c.op is not ir.ReduceOp.SUM) or (
+        isinstance(c.op, ir.OpParam) and op != "sum")
+
+
 def typevar_dtype(sizes: dict) -> ir.DType:
     """The type a type variable runs as: float32, or float16 in an instance whose sizeof(T) is 2."""
     return ir.DType.F16 if sizes.get(ir.ELEM) == 2 else ir.DType.F32
@@ -192,6 +211,8 @@ def encode(inst, rng: np.random.Generator, op: str = "sum") -> dict[tuple[int, s
         isinstance(c.op, ir.OpParam) and op != "sum")
     for d, ks in groups.items():
         limit = EXACT[d] // (1 if picks else SUMMANDS * (WEIGHT_MAX if weights else 1))
+        if d is ir.DType.F16 and picks:   # numbers as bit patterns (float16_bits): far more of them
+            limit = F16_PATTERNS
         total = sum(inst.buffer_sizes[b] for _, b in ks)
         if total >= limit:
             raise AssertionError(f"{s.name} ({context(inst)}): {total} {d.short} elements need distinct "
@@ -270,7 +291,8 @@ def plan(world: int, paths: list[Path], options: passes.Options | None = None,
                             for p in s.params},
                     dtypes=dtypes,
                     init=[{b: init[(r, b)] for b in dtypes} for r in range(world)],
-                    expect=[{b: after[(r, b)] for b in dtypes} for r in range(world)]))
+                    expect=[{b: after[(r, b)] for b in dtypes} for r in range(world)],
+                    bits=float16_bits(s, op)))
     return out
 
 

@@ -60,7 +60,7 @@ RUN_WORLDS = _worlds(os.environ.get("STRATAC_MUTATION_WORLDS", "2-4"))
 # many accepted mutants at one world the test fails at once, naming them (not when asked for worlds).
 # Asked for worlds, every accepted mutant runs at every one of them that accepts it (_runs_at).
 EVERY_WORLD = "STRATAC_MUTATION_WORLDS" in os.environ
-MAX_RUNS_PER_WORLD = None if EVERY_WORLD else 16
+MAX_RUNS_PER_WORLD = None if EVERY_WORLD else 24
 
 # (file, the deleted line's text, which occurrence of that text among the file's mutated lines)
 # -> (the worlds of VERIFY_WORLDS above 1 at which the verifier accepts the mutant, why the
