@@ -9,17 +9,11 @@ or the verifier's diagnostics on this instance.
 
 The regions are evaluated rank by rank, every value of a loop variable at once (numpy), so the
 check costs little even at world 384. The proof is stratac.verify on this very instance (MoE:
-under each sample routing that fits its capacity), cached by stratac.targets.verdicts. An instance
-whose simulation would hold more elements than the verifier's sample budget is proven on its
-representative instead: the same world and rank parameters, and sizes as small as possible that
-keep equal sizes equal and distinct ones distinct, each size's residue modulo 2 and every divisor
-of a `/` or `%` over it, for MoE the experts a multiple of the world (several per rank if the call
-has several), and that the schedule's IR cannot tell from the call's own by anything it computes
-of its sizes: the same arm of every `if`, the same outcome of every comparison, `min`, `%` and
-zero test of a `/` over a size, the same order of all the ends of the regions of each buffer
-(hence the same overlaps, adjacencies and empty regions) and the same direction of every move, at
-every rank and loop variable. When no smaller instance qualifies, the call's own is proven (and
-one too large for the verifier to simulate is refused).
+under each sample routing that fits its capacity), cached by stratac.targets.verdicts. It is the
+call's own instance at its own sizes, whatever they are: the verifier's memory holds pieces of
+buffers, not elements (stratac.verify.segments), so a 256 MiB call is proven as cheaply as a small
+one. An instance whose proof would walk more events than the verifier
+holds (ir.instantiate.MAX_EVENTS) is refused, naming the count, before anything is written.
 """
 
 from __future__ import annotations
@@ -33,8 +27,7 @@ from stratac.ir import passes
 from stratac.host.errors import StrataUsageError
 from stratac.targets import verdicts
 from stratac.verify import routing as routing_mod
-from stratac.verify.check import SIM_ELEMENT_LIMIT
-from stratac.verify.samples import SIM_ELEMENT_BUDGET, live_text, moe_experts
+from stratac.verify.samples import live_text
 
 _ARITH = {ir.BinKind.ADD: np.add, ir.BinKind.SUB: np.subtract, ir.BinKind.MUL: np.multiply}
 # shifts, bitwise operators and log2 (the verifier has checked their operands on the instance it
@@ -59,32 +52,18 @@ class _Fault(Exception):
 
 class _Walk:
     """One pass over the schedule for every rank of an instance, loop variables as numpy axes:
-    checks that every region, rank and flag slot exists, and records what the schedule can observe
-    of its sizes (`seen`, in walk order) and the ends of the regions of each buffer (`ends`)."""
+    checks that every region, rank and flag slot exists."""
 
     def __init__(self, s: ir.Schedule, world: int, params: dict[str, int]):
         self.s, self.world = s, world
         self.base = {"world": world, **params}
         self.extent = {p.name: int(p.size.eval(self.base)) for p in s.params}
         self.flag_size = {f.name: int(f.size.eval(self.base)) for f in s.flags}
-        self.seen: list[np.ndarray] = []
-        self.ends: dict[str, list[np.ndarray]] = {}
-        self._size_names = set(s.sizes)
-        self._sized: dict[int, bool] = {}   # by node identity: the IR outlives the walk
         self._loops: list[str] = []
         for r in range(world):
             self._top(s.body, {**self.base, "rank": r}, np.ones((), dtype=bool))
 
     # ---- expressions
-    def _is_sized(self, e: ir.IExpr) -> bool:
-        hit = self._sized.get(id(e))
-        if hit is None:
-            hit = self._sized[id(e)] = bool(e.names() & self._size_names)
-        return hit
-
-    def _see(self, value, mask: np.ndarray) -> None:
-        self.seen.append(np.broadcast_to(value, mask.shape)[mask])
-
     def _val(self, e: ir.IExpr, env: dict, mask: np.ndarray, span):
         if isinstance(e, ir.Const):
             return e.value
@@ -92,30 +71,20 @@ class _Walk:
             return env[e.name]
         if isinstance(e, ir.Sel):   # each branch evaluated (and checked) only where it is taken
             c = np.asarray(self._val(e.cond, env, mask, span)) != 0
-            if self._is_sized(e.cond):
-                self._see(c, mask)
             return np.where(c, self._val(e.then, env, mask & c, span),
                             self._val(e.orelse, env, mask & ~c, span))
         a, b = self._val(e.lhs, env, mask, span), self._val(e.rhs, env, mask, span)
-        k, sized = e.kind, self._is_sized(e)
+        k = e.kind
         if k in (ir.BinKind.DIV, ir.BinKind.MOD):
             zero = mask & (np.asarray(b) == 0)
             if zero.any():
                 self._fault(span, zero, env, f"divides by zero evaluating {ir.bare(e)}")
             b = np.where(np.asarray(b) == 0, 1, b)
-            v = np.floor_divide(a, b) if k is ir.BinKind.DIV else np.mod(a, b)
-            if sized:
-                self._see(v == 0 if k is ir.BinKind.DIV else v, mask)
-            return v
+            return np.floor_divide(a, b) if k is ir.BinKind.DIV else np.mod(a, b)
         if k in (ir.BinKind.MIN, ir.BinKind.MAX):
-            if sized:
-                self._see(np.less_equal(a, b), mask)
             return np.minimum(a, b) if k is ir.BinKind.MIN else np.maximum(a, b)
         if k in _COMPARE:
-            v = _COMPARE[k](a, b)
-            if sized:
-                self._see(v, mask)
-            return v.astype(np.int64)
+            return _COMPARE[k](a, b).astype(np.int64)
         if k in _BITS or k is ir.BinKind.LOG2:
             if k is ir.BinKind.LOG2:
                 v = _log2(a)
@@ -123,8 +92,6 @@ class _Walk:
                 v = _BITS[k](np.asarray(a, dtype=np.int64), np.clip(np.asarray(b, dtype=np.int64), 0, 62))
             else:
                 v = _BITS[k](np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
-            if sized:
-                self._see(v, mask)
             return v
         return _ARITH[k](a, b)
 
@@ -161,9 +128,7 @@ class _Walk:
             if not mask.any():
                 return
             if isinstance(op, ir.Barrier):
-                seq = self._val(op.seq, env, mask, op.span)
-                if self._is_sized(op.seq):
-                    self._see(seq, mask)
+                self._val(op.seq, env, mask, op.span)
             elif isinstance(op, ir.Stage):
                 for inner in op.body:
                     self._move(inner, env, mask)
@@ -186,8 +151,6 @@ class _Walk:
             self._rank(op.rank, env, mask, op.span, f"signals {op.flag}[{ir.bare(op.index)}]@"
                        f"{ir.bare(op.rank)}")
         slot = self._val(op.index, env, mask, op.span)
-        if self._is_sized(op.index):
-            self._see(slot, mask)
         n = self.flag_size[op.flag]
         bad = mask & ((np.asarray(slot) < 0) | (np.asarray(slot) >= n))
         if bad.any():
@@ -227,11 +190,7 @@ class _Walk:
                             f"{verb} {text} = {r.buffer}[{int(lo[i])}:{int(lo[i] + n[i])}], but {what} "
                             f"{r.buffer} has {size} elements: the schedule was proven for calls where "
                             f"{relation}" + (f", and this call has {values}" if values else ""))
-        self.ends.setdefault(r.buffer, []).extend((lo[mask], (lo + n)[mask]))
         return lo
-
-    def _shift(self, dst_lo, src_lo, mask: np.ndarray) -> None:
-        self._see(np.sign(np.asarray(dst_lo) - np.asarray(src_lo)), mask)
 
     def _move(self, op, env: dict, mask: np.ndarray) -> None:
         if not mask.any():
@@ -250,10 +209,10 @@ class _Walk:
                 self._move(o, env, mask & ~cond)
         elif isinstance(op, ir.Route):
             self._region(op.dst, env, mask, "writes")
-            if op.capacity is not None:   # evaluated for what it observes of the sizes
+            if op.capacity is not None:   # evaluated for its faults
                 self._val(op.capacity, env, mask, op.span)
         elif isinstance(op, ir.Reduce):
-            dst = self._region(op.dst, env, mask, "writes")
+            self._region(op.dst, env, mask, "writes")
             if op.count is None:
                 inner, deeper = self._loop(op.var, op.domain, env, mask)
             else:   # a team's places 0 .. count (peers: but the running rank's, skip)
@@ -263,103 +222,37 @@ class _Walk:
                     skip = np.asarray(self._val(op.skip, env, mask, op.span))
                     deeper = deeper & (inner[op.var] != (skip[..., None] if skip.ndim else skip))
             self._loops.append(op.var)
-            self._shift(dst[..., None], self._region(op.src, inner, deeper, "reads"), deeper)
+            self._region(op.src, inner, deeper, "reads")
             self._loops.pop()
         else:   # Copy, Accumulate, ReduceList
-            dst = self._region(op.dst, env, mask, "writes")
+            self._region(op.dst, env, mask, "writes")
             for src in ir.sources(op):
-                self._shift(dst, self._region(src, env, mask, "reads"), mask)
-
-
-def _same(a: _Walk, b: _Walk) -> bool:
-    """Whether the schedule observes the same of both instances (module docstring)."""
-    if len(a.seen) != len(b.seen) or a.ends.keys() != b.ends.keys():
-        return False
-    if any(x.shape != y.shape or not np.array_equal(x, y) for x, y in zip(a.seen, b.seen)):
-        return False
-    for buf in a.ends:
-        x = np.concatenate(a.ends[buf] + [np.array([0, a.extent[buf]])])
-        y = np.concatenate(b.ends[buf] + [np.array([0, b.extent[buf]])])
-        if x.shape != y.shape:
-            return False
-        order = np.argsort(x, kind="stable")
-        dx, dy = np.diff(x[order]), np.diff(y[order])
-        if (dy < 0).any() or not np.array_equal(dx > 0, dy > 0):
-            return False
-    return True
-
-
-def _elements(s: ir.Schedule, world: int, params: dict[str, int]) -> int:
-    env = {"world": world, **params}
-    return sum(int(p.size.eval(env)) for p in s.params) * world
-
-
-def _moduli(s: ir.Schedule, env: dict[str, int]) -> dict[str, int]:
-    """Per size symbol: 2 and every divisor of a / or % whose dividend mentions it (those divisors
-    that do not depend on a rank or loop variable, at the call's values)."""
-    out = {sym: 2 for sym in s.sizes}
-
-    def visit(e: ir.IExpr) -> None:
-        if isinstance(e, ir.Sel):
-            for x in (e.cond, e.then, e.orelse):
-                visit(x)
-        if not isinstance(e, ir.Bin):
-            return
-        visit(e.lhs)
-        visit(e.rhs)
-        syms = e.lhs.names() & set(s.sizes)
-        if e.kind in (ir.BinKind.DIV, ir.BinKind.MOD) and syms and e.rhs.names() <= env.keys():
-            d = e.rhs.eval(env)
-            for sym in syms:
-                if d > 0:
-                    out[sym] = math.lcm(out[sym], d)
-
-    for e in passes.expressions(s):
-        visit(e)
-    return out
-
-
-def _reduced(s: ir.Schedule, world: int, params: dict[str, int], floor: int,
-             moduli: dict[str, int]) -> dict[str, int]:
-    """The call's parameters with every size above `floor` replaced by the least value above floor
-    with its residues, distinct from the other sizes' (module docstring)."""
-    roles = verify.moe_roles(s) if s.contract.kind.moe else {}
-    experts = roles.get("experts")
-    sizes = {sym: params[sym] for sym in s.sizes}
-    out = dict(params)
-    taken: set[int] = set()
-    for value in sorted(set(sizes.values())):
-        syms = [sym for sym, v in sizes.items() if v == value]
-        new = value
-        if value > floor:
-            m = math.lcm(*(moduli[sym] for sym in syms))
-            least = floor + 1
-            if experts in syms:   # as many per rank as the call has, up to what the samples afford
-                m = math.lcm(m, world)
-                least = max(least, world * min(value // world, moe_experts(world) // world))
-            new = least + (value - least) % m
-            while new in taken:
-                new += m
-        taken.add(new)
-        out.update({sym: new for sym in syms})
-    if experts in sizes and roles.get("topk") in sizes:   # a token picks at most every expert
-        out[experts] = max(out[experts], -(-out[roles["topk"]] // world) * world)
-    return out
+                self._region(src, env, mask, "reads")
 
 
 def _routings(s: ir.Schedule, world: int, params: dict[str, int]) -> list[str]:
     """The sample routings a MoE instance is proven under: those whose entries for one expert from
     one rank fit its capacity (the call refuses any routing that does not), and for a slotted
     layout routing.FULL, which fills the call's capacity exactly (a call whose routing needs every
-    slot is proven with every slot in use); only the first that fits when the instance is over the
-    sample budget, as the verifier's own samples do at large worlds."""
+    slot is proven with every slot in use); only the first that fits when the instance routes more
+    than ROUTED_ENTRIES entries over all ranks (the proof's cost follows them)."""
     if not s.contract.kind.moe:
         return []
     names = list(dict.fromkeys(r for _, r in verify.MOE_SAMPLES))
     cap = s.contract.capacity
     if cap:
         names = [n for n in names + [routing_mod.FULL] if _need(s, world, params, n) <= params[cap]]
-    return names[:1] if _elements(s, world, params) > SIM_ELEMENT_BUDGET else names
+    return names[:1] if _entries(s, world, params) > ROUTED_ENTRIES else names
+
+
+# a MoE instance routing more entries (world x tokens x topk) is proven under one sample routing
+ROUTED_ENTRIES = 1 << 16
+
+
+def _entries(s: ir.Schedule, world: int, params: dict[str, int]) -> int:
+    env = {"world": world, **params}
+    dims = [int(d.eval(env)) for d in s.param(s.contract.inputs[1]).dims]
+    return world * math.prod(dims)
 
 
 def least_capacity(s: ir.Schedule, world: int, params: dict[str, int]) -> int | None:
@@ -388,27 +281,6 @@ def _need(s: ir.Schedule, world: int, params: dict[str, int], routing: str) -> i
     return need
 
 
-def _proof(s: ir.Schedule, world: int, params: dict[str, int], call: _Walk) -> tuple[dict, list]:
-    """The parameters to prove (the call's own, or its representative) and the routings."""
-    if _elements(s, world, params) > SIM_ELEMENT_BUDGET and s.sizes:
-        moduli = _moduli(s, {"world": world, **params})
-        floor = 1
-        while True:
-            cand = _reduced(s, world, params, floor, moduli)
-            if cand == params or _elements(s, world, cand) > SIM_ELEMENT_LIMIT:
-                break
-            routings = _routings(s, world, cand)
-            try:
-                if (routings or not s.contract.kind.moe) and _same(call, _Walk(s, world, cand)):
-                    return cand, routings
-            except _Fault:
-                pass
-            # the next candidate differs once the floor reaches the least reduced size; doubling
-            # at least bounds the search by the bits of the largest size
-            floor = max(2 * floor, min(v for k, v in cand.items() if k in s.sizes and v != params[k]))
-    return params, _routings(s, world, params)
-
-
 def _text(params: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
 
@@ -420,22 +292,14 @@ def check(s: ir.Schedule, world: int, params: dict[str, int],
     not proven. Nothing is launched or written either way. `active`: the call's mask of active
     ranks (None: every rank); a masked instance is its own instance, proven with that mask."""
     try:
-        call = _Walk(s, world, params)
+        _Walk(s, world, params)
     except _Fault as exc:
         raise StrataUsageError(f"{s.name}: {exc}; nothing was written") from None
 
     def prove() -> dict:
-        proof, routings = _proof(s, world, params, call)
+        routings = _routings(s, world, params)
         instance = f"world={world}" + (f", {_text(params)}" if params else "") + (
             "" if active is None else f", active ranks {live_text(active)}")
-        on = "" if proof == params else f", checked on its representative ({_text(proof)}),"
-        if proof == params and _elements(s, world, params) > SIM_ELEMENT_LIMIT:
-            raise StrataUsageError(
-                f"{s.name}: this call's instance ({instance}) has {_elements(s, world, params)} buffer "
-                f"elements over all ranks, more than the {SIM_ELEMENT_LIMIT} the verifier simulates, "
-                "and no smaller instance is one the schedule cannot tell from it (an `if`, a "
-                "comparison or the order of its regions differs); it cannot be proven, so it was "
-                "refused before anything was written")
         if s.contract.kind.moe and not routings:
             least = least_capacity(s, world, params)
             raise StrataUsageError(f"{s.name}: this call's instance ({instance}) cannot be proven: "
@@ -444,12 +308,12 @@ def check(s: ir.Schedule, world: int, params: dict[str, int],
                                    + (f"; the least capacity the verifier can prove at these sizes is "
                                       f"{least}" if least is not None else "") + "; nothing was written")
         for routing in routings or [None]:
-            res = verify.verify(s, world, proof, routing, active=active)
+            res = verify.verify(s, world, params, routing, active=active)
             if not res.ok:
                 raise StrataUsageError(
-                    f"{s.name}: this call's instance ({instance}){on} is not proven, so it was refused "
+                    f"{s.name}: this call's instance ({instance}) is not proven, so it was refused "
                     "before anything was written:\n" + "\n".join(d.render() for d in res.diagnostics))
-        return {"sizes": proof, "routings": routings}
+        return {"sizes": params, "routings": routings}
 
     # the mask is part of the verdict's key (a name no size or rank parameter can have)
     key = params if active is None else {**params, "active ranks": sum(1 << r for r, v in

@@ -275,6 +275,13 @@ def _env_text(env: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
 
 
+# The most events and moves an instance may hold over all ranks. An event costs about 500 bytes
+# with its moves and accesses, so this bounds the verifier's memory near 2 GiB (world 384's ring
+# AllReduce holds 0.9 M events and 0.3 M moves); a larger instance is refused while it is being
+# built, before its memory grows, naming the count.
+MAX_EVENTS = 4_000_000
+
+
 def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | None = None,
                 barriers_only: bool = False, active: tuple[bool, ...] | None = None) -> Instance:
     """sizes gives every size symbol and every rank parameter a value; data the initial values of
@@ -347,9 +354,11 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
     b = _Builder(s, world, base, buffer_sizes, flag_sizes, barriers_only)
     b.shapes = shapes
     b.live = frozenset(r for r in range(world) if active is None or active[r])
-    timelines = [b.timeline(r) if r in b.live else
-                 [Event(EventKind.ENTRY, r, 0, None), Event(EventKind.EXIT, r, 1, None)]
-                 for r in range(world)]
+    timelines = []
+    for r in range(world):
+        timelines.append(b.timeline(r) if r in b.live else
+                         [Event(EventKind.ENTRY, r, 0, None), Event(EventKind.EXIT, r, 1, None)])
+        b.held += len(timelines[-1])
     return Instance(s, world, dict(sizes), timelines, buffer_sizes, flag_sizes, shapes, dict(data or {}),
                     active=active)
 
@@ -361,6 +370,16 @@ class _Builder:
         self.barriers_only = barriers_only
         self.instance = 0
         self.live = frozenset(range(world))
+        self.held = 0     # events of the ranks before this one
+
+    def grow(self, span: Span, events: int) -> None:
+        """Refuses the instance once its events (the ranks' before this one, and `events` of this
+        one) and moves exceed MAX_EVENTS."""
+        if self.held + events + self.instance > MAX_EVENTS:
+            raise StrataError(error(Codes.BAD_WORLD, f"{self.s.name} at {_env_text(self.base)} has more "
+                                    f"than {MAX_EVENTS} events and moves over its ranks, more than the "
+                                    "verifier holds: it is refused before its memory grows; prove it at a "
+                                    "smaller world or with fewer loop iterations", span))
 
     def timeline(self, rank: int) -> list[Event]:
         env = dict(self.base, rank=rank)
@@ -453,6 +472,7 @@ class _Builder:
                         posted[op.handle] = ev
                 elif t is Loop:
                     for v in self.values(op, env):
+                        self.grow(op.span, len(events))
                         inner = dict(env)
                         inner[op.var] = v
                         top(op.body, inner)
@@ -559,6 +579,7 @@ class _Builder:
     def moves(self, op, env: dict, ev: Event) -> None:
         if isinstance(op, ir.Loop):
             for v in self.values(op, env):
+                self.grow(op.span, ev.index)
                 inner = dict(env)
                 inner[op.var] = v
                 for o in op.body:

@@ -2,8 +2,8 @@
 
 In: a schedule, world sizes and samples (by default `samples.default_samples`). Out: a `Result` per
 instance checked, with its diagnostics. Each instance is instantiated (a MoE one gets its sample
-routing), refused if too large to simulate, executed with vector clocks (`timeline`: deadlocks),
-checked for races and entry/exit (`races`) and then for its contract (`contract`); each step only
+routing; one of more events than ir.instantiate.MAX_EVENTS is refused), executed with vector
+clocks (`timeline`: deadlocks), checked for races and entry/exit (`races`) and then for its contract (`contract`); each step only
 runs when the previous found nothing. verify_worlds stops at the first instance that fails.
 verify_lowered checks the IR after the passes against the proof of the IR before them.
 """
@@ -18,17 +18,8 @@ from stratac.diagnostics import Codes, Diagnostic, StrataError, error
 from stratac.ir.instantiate import instantiate
 from stratac.verify.contract import check_contract
 from stratac.verify.races import check_races
-from stratac.verify.samples import (
-    SIM_ELEMENT_BUDGET,
-    context,
-    default_samples,
-    route_sample,
-)
+from stratac.verify.samples import context, default_samples, route_sample
 from stratac.verify.timeline import Execution, stamp_errors, unmet_barriers
-
-# larger instances are refused, not simulated: the simulation holds one 64-bit value per element
-# (the initial tags are regenerated on demand), so this is 512 MB
-SIM_ELEMENT_LIMIT = 16 * SIM_ELEMENT_BUDGET
 
 
 @dataclass
@@ -66,15 +57,6 @@ def verify(s: ir.Schedule, world: int, sizes: dict[str, int], routing: str | Non
         res.seconds = time.perf_counter() - t0
         return res
     res.events = sum(len(t) for t in inst.timelines)
-    elements = sum(inst.buffer_sizes.values()) * world
-    if elements > SIM_ELEMENT_LIMIT:
-        # the provenance simulation holds a 64-bit value per element: refuse rather than exhaust
-        # memory (or report success without having checked the contract)
-        res.diagnostics = [error(Codes.BAD_WORLD, f"this instance ({context(inst)}) has {elements} "
-                                 f"buffer elements over all ranks, more than the {SIM_ELEMENT_LIMIT} "
-                                 "the verifier simulates; verify it with smaller sizes", s.span)]
-        res.seconds = time.perf_counter() - t0
-        return res
     ex = Execution(inst)
     res.diagnostics.extend(ex.run())
     res.accesses = ex.access_count

@@ -17,6 +17,7 @@ from stratac.diagnostics import Codes, Diagnostic, error
 from stratac.ir.instantiate import Instance
 from stratac.verify.provenance import Values
 from stratac.verify.samples import context, live_entries
+from stratac.verify.segments import Segs, mismatch
 
 
 def check_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
@@ -29,19 +30,18 @@ def check_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
     x, out = c.inputs[0], c.outputs[0]
     nx, nout = inst.buffer_sizes[x], inst.buffer_sizes[out]
     K = ir.ContractKind
-    expected: dict[tuple[int, str], np.ndarray | None] = {}   # None: the contract says nothing
-    care: dict[tuple[int, str], np.ndarray] = {}   # where only part of a buffer is defined
+    expected: dict[tuple[int, str], Segs | None] = {}   # None: the contract says nothing
+    care: dict[tuple[int, str], list[tuple[int, int]]] = {}   # where only part of a buffer is defined
     describe: dict[str, str] = {}
 
     def shape(want: int, why: str) -> list[Diagnostic]:
         return [error(Codes.SHAPE, f"{c.kind.value} needs {why}: {want} elements, but {out} has {nout} "
                       f"and {x} has {nx} ({context(inst)})", s.param(out).span)]
 
-    def total(part: slice = slice(None)) -> np.ndarray:
-        acc = np.zeros(len(range(nx)[part]), dtype=np.uint64)
-        with np.errstate(over="ignore"):
-            for r in range(W):
-                acc += vals.init[(r, x)][part]
+    def total(lo: int = 0, hi: int = nx) -> Segs:
+        acc = Segs.zeros(hi - lo)
+        for r in range(W):
+            acc = acc + vals.init[(r, x)][lo:hi]
         return acc
 
     opname = c.op.value if c.op else ""
@@ -58,14 +58,14 @@ def check_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
         if nx % W:
             return shape(nx - nx % W, f"{x} to hold world blocks")
         m = nx // W
-        gathered = np.concatenate([vals.init[(p, x)][p * m:(p + 1) * m] for p in range(W)])
+        gathered = Segs.concat(vals.init[(p, x)][p * m:(p + 1) * m] for p in range(W))
         for r in range(W):
             expected[(r, x)] = gathered
         describe[x] = f"block i // {m} of the gather: {x}[i] of rank i // {m} (its own block)"
     elif c.kind is K.ALLGATHER:
         if nout != nx * W:
             return shape(nx * W, f"{out} to hold world x {x}")
-        gathered = np.concatenate([vals.init[(p, x)] for p in range(W)])
+        gathered = Segs.concat(vals.init[(p, x)] for p in range(W))
         for r in range(W):
             expected[(r, out)] = gathered
         describe[out] = f"block i // {nx} of the gather: {x}[i % {nx}] of rank i // {nx}"
@@ -77,17 +77,15 @@ def check_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
             return shape(nx - nx % W, f"{x} to hold world blocks")
         m = nx // W
         for r in range(W):
-            want = vals.init[(r, x)].copy()
-            want[r * m:(r + 1) * m] = total(slice(r * m, (r + 1) * m))
+            want = Segs.concat([Segs.zeros(r * m), total(r * m, (r + 1) * m), Segs.zeros(nx - (r + 1) * m)])
             expected[(r, x)] = want
-            care[(r, x)] = np.zeros(nx, dtype=bool)
-            care[(r, x)][r * m:(r + 1) * m] = True
+            care[(r, x)] = [(r * m, (r + 1) * m)]
         describe[x] = f"in block `rank` (of {m}), the {opname} over all ranks of that block of {x}"
     elif c.kind is K.REDUCESCATTER:
         if nx != nout * W:
             return shape(nout * W, f"{x} to hold world x {out}")
         for r in range(W):
-            expected[(r, out)] = total(slice(r * nout, (r + 1) * nout))
+            expected[(r, out)] = total(r * nout, (r + 1) * nout)
         describe[out] = f"the {opname} over all ranks of block `rank` of {x}"
     elif c.kind is K.BROADCAST:
         if nout != nx:
@@ -112,26 +110,36 @@ def check_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
                          f"{x} and {out} of one size, a multiple of the world size")
         m = nx // W
         for r in range(W):
-            expected[(r, out)] = np.concatenate([vals.init[(p, x)][r * m:(r + 1) * m] for p in range(W)])
-        describe[out] = f"block p of {out} on rank r is block r of {x} on rank p (blocks of {m})"
-    for r in range(W):
+            expected[(r, out)] = Segs.concat(vals.init[(p, x)][r * m:(r + 1) * m] for p in range(W))
+        describe[out] = f"block p of {out} on rank r is block r of {x} on p (blocks of {m})"
+    return _compare(inst, vals, {k: (v, care.get(k)) if v is not None else None
+                                 for k, v in expected.items()}, describe)
+
+
+def _compare(inst: Instance, vals: Values, expected: dict, describe: dict[str, str]) -> list[Diagnostic]:
+    """The first buffer, rank by rank, that holds other than `expected` says: {(rank, buffer):
+    (value, the ranges it is said of, None for all) or None (nothing is said)}; a buffer not in it
+    keeps its input value."""
+    s, c = inst.schedule, inst.schedule.contract
+    for r in range(inst.world):
         for b in vals.names:
             if s.param(b).scratch:
                 continue
-            want = expected.get((r, b), vals.init[(r, b)])
-            if want is None:
+            if (r, b) not in expected:
+                want, care = vals.init[(r, b)], None
+            elif expected[(r, b)] is None:
                 continue
+            else:
+                want, care = expected[(r, b)]
             got = vals.cur[(r, b)]
-            bad = np.nonzero((got != want) & care[(r, b)] if (r, b) in care else got != want)[0]
-            if bad.size == 0:
+            bad = mismatch(got, want, care)
+            if bad is None:
                 continue
-            i = int(bad[0])
+            i, count = bad
             what = describe.get(b, f"its input value (the contract leaves {b} unchanged)")
-            holds = _explain(vals, int(got[i]))
             return [error(Codes.CONTRACT, f"the schedule does not implement {c} ({context(inst)}): "
-                          f"{b}@{r}[{i}] should be {what}, but {holds}"
-                          + (f"; {bad.size} elements are wrong" if bad.size > 1 else ""),
-                          c.span)]
+                          f"{b}@{r}[{i}] should be {what}, but {_explain(vals, int(got[i]))}"
+                          + (f"; {count} elements are wrong" if count > 1 else ""), c.span)]
     return []
 
 
@@ -176,7 +184,7 @@ def _moe_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
     region = inst.sizes[c.region] if c.region else None
     layout = moe_layout(ids, E, cap, region)
     matrix = np.stack([np.bincount(i[(i >= 0) & (i < E)], minlength=E)[:E] for i in ids]).reshape(-1)
-    expected: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}   # values, mask of checked
+    expected: dict[tuple[int, str], tuple] = {}   # value, the ranges checked (None: all)
     describe: dict[str, str] = {}
     # the bound of a packed window: when some owner would receive more rows than the window holds
     # (per_expert(R): some expert more than R), every rank reports it (the owner or expert with the
@@ -206,12 +214,12 @@ def _moe_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
         want = matrix.astype(np.uint64).reshape(W, E).copy()
         for q in range(W):
             if not live[q]:
-                want[q] = vals.init[(r, counts_name)].reshape(W, E)[q]
+                want[q] = np.asarray(vals.init[(r, counts_name)]).reshape(W, E)[q]
         return want.reshape(-1)
     if report and c.kind.dispatch:
         for r in range(W):
             if live[r]:
-                expected[(r, c.outputs[1])] = (counts_want(r), np.ones(matrix.size, dtype=bool))
+                expected[(r, c.outputs[1])] = (counts_want(r), None)
         describe[c.outputs[1]] = f"the number of entries of {ids_name} on rank i // experts equal to i % experts"
     elif report:
         pass   # nothing gathered: every buffer keeps its input value
@@ -226,18 +234,18 @@ def _moe_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
                               f"into {win} ({inst.buffer_shapes[win]}): {T} rows of one width on both "
                               f"sides ({context(inst)})", c.span)]
             want = {r: vals.init[(r, win)].copy() for r in range(W)}
-            mask = {r: np.zeros(inst.buffer_sizes[win], dtype=bool) for r in range(W)}
+            rows: dict[int, list[tuple[int, int]]] = {r: [] for r in range(W)}
             for (src, t, _), (o, row) in layout.items():
                 want[o][row * H:(row + 1) * H] = vals.init[(src, x)][t * H:(t + 1) * H]
-                mask[o][row * H:(row + 1) * H] = True
+                rows[o].append((row * H, (row + 1) * H))
             for r in range(W):
                 if live[r]:   # a masked rank: nothing of it is written (the default: every input kept)
-                    expected[(r, win)] = (want[r], mask[r])
+                    expected[(r, win)] = (want[r], rows[r])
             describe[win] = ("the token row the layout puts there" if win == c.outputs[0] else
                              f"the row of {x} whose token the layout puts in that row of {c.outputs[0]}")
         for r in range(W):
             if live[r]:
-                expected[(r, counts_name)] = (counts_want(r), np.ones(matrix.size, dtype=bool))
+                expected[(r, counts_name)] = (counts_want(r), None)
         describe[counts_name] = f"the number of entries of {ids_name} on rank i // experts equal to i % experts"
     else:
         win, weights, y = c.inputs[0], c.inputs[2], c.outputs[0]
@@ -245,37 +253,24 @@ def _moe_contract(inst: Instance, vals: Values) -> list[Diagnostic]:
         for r in range(W):
             if not live[r]:
                 continue
-            out = np.zeros(T * H, dtype=np.uint64)
-            with np.errstate(over="ignore"):
-                for t in range(T):
-                    for k in range(K):
-                        hit = layout.get((r, t, k))
-                        if hit:
-                            o, row = hit
-                            out[t * H:(t + 1) * H] += vals.init[(r, weights)][t * K + k] * \
-                                vals.init[(o, win)][row * H:(row + 1) * H]
-            expected[(r, y)] = (out, np.ones(out.size, dtype=bool))
+            token_rows = []
+            for t in range(T):
+                acc = Segs.zeros(H)
+                for k in range(K):
+                    hit = layout.get((r, t, k))
+                    if hit:
+                        o, row = hit
+                        acc = acc + int(vals.init[(r, weights)][t * K + k]) * \
+                            vals.init[(o, win)][row * H:(row + 1) * H]
+                token_rows.append(acc)
+            expected[(r, y)] = (Segs.concat(token_rows), None)
         describe[y] = f"the sum over k of {weights}[t, k] times the window row of entry (t, k)"
-    for r in range(W):
-        for b in vals.names:
-            if s.param(b).scratch:
-                continue
-            want, mask = expected.get((r, b), (vals.init[(r, b)], None))
-            got = vals.cur[(r, b)]
-            bad = np.nonzero((got != want) if mask is None else ((got != want) & mask))[0]
-            if bad.size == 0:
-                continue
-            i = int(bad[0])
-            what = describe.get(b, f"its input value (the contract leaves {b} unchanged)")
-            return [error(Codes.CONTRACT, f"the schedule does not implement {c} ({context(inst)}): "
-                          f"{b}@{r}[{i}] should be {what}, but {_explain(vals, int(got[i]))}"
-                          + (f"; {bad.size} elements are wrong" if bad.size > 1 else ""), c.span)]
-    return []
+    return _compare(inst, vals, expected, describe)
 
 
 def _explain(vals: Values, value: int) -> str:
-    for (r, b), arr in vals.init.every():
-        hit = np.nonzero(arr == np.uint64(value))[0]
-        if hit.size:
-            return f"it holds {b}@{r}[{int(hit[0])}] as the call found it"
+    for (r, b), buf in vals.init.every():
+        i = buf.find(value)
+        if i is not None:
+            return f"it holds {b}@{r}[{i}] as the call found it"
     return "it holds a combination with some contribution missing or counted twice"

@@ -7,6 +7,9 @@ distinct 64-bit tag; copies move tags and reductions add them (mod 2^64), so a r
 equals the expected sum of tags exactly when each expected contribution arrived exactly once.
 Routing constructs (histogram, exscan, slots, place, gather) are executed on these values, and
 only then are their accesses known: they depend on the expert ids and counts.
+
+The values are held as pieces (`segments`): a tag is affine in its element's index, and every
+operation keeps it so, so the simulation's memory and time follow the moves, not the elements.
 """
 
 from __future__ import annotations
@@ -17,25 +20,27 @@ from stratac import ir
 from stratac.diagnostics import Codes, Diagnostic, Note, error
 from stratac.ir.instantiate import Access, Event, Instance
 from stratac.verify.samples import context, live_entries
+from stratac.verify.segments import MASK, Buffer, Segs
 
 
-def _tags(rank: int, buf_index: int, n: int) -> np.ndarray:
-    """Distinct pseudo-random 64-bit tags for the elements of one buffer instance (splitmix64)."""
-    with np.errstate(over="ignore"):
-        x = (np.arange(n, dtype=np.uint64) + np.uint64((rank << 40) + (buf_index << 32) + 1)) \
-            * np.uint64(0x9E3779B97F4A7C15)
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return x
+def _tag_params(rank: int, buf_index: int) -> tuple[int, int]:
+    """(a, c) of one buffer instance's tags, element i holding a + c * i (segments.Buffer.tags):
+    two splitmix64 draws from (rank, buffer), c made odd."""
+    def mix(x: int) -> int:
+        x = (x * 0x9E3779B97F4A7C15) & MASK
+        x ^= x >> 30
+        x = (x * 0xBF58476D1CE4E5B9) & MASK
+        x ^= x >> 27
+        x = (x * 0x94D049BB133111EB) & MASK
+        return x ^ (x >> 31)
+    seed = (rank << 40) + (buf_index << 32) + 1
+    return mix(2 * seed), mix(2 * seed + 1) | 1
 
 
 class _Initial(dict):
     """What every buffer held when the call began, by (rank, buffer): the instance's data (expert
-    ids, a combine's counts), else distinct tags. Generated on demand and kept only when small:
-    a MoE instance's count tables (world x experts per rank) would otherwise be held twice."""
+    ids, a combine's counts), else distinct tags. Generated on demand; data is kept only when
+    small: a MoE instance's count tables (world x experts per rank) would otherwise be held twice."""
 
     KEEP = 1 << 16
 
@@ -46,12 +51,13 @@ class _Initial(dict):
     def __missing__(self, key):
         r, b = key
         if key in self.inst.data:
-            arr = np.asarray(self.inst.data[key], dtype=np.int64).reshape(-1).astype(np.uint64)
+            buf = Buffer.data(np.asarray(self.inst.data[key], dtype=np.int64).reshape(-1).astype(np.uint64))
+            if buf.n > self.KEEP:
+                return buf
         else:
-            arr = _tags(r, self.index[b], self.inst.buffer_sizes[b])
-        if arr.size <= self.KEEP:
-            self[key] = arr
-        return arr
+            buf = Buffer.tags(self.inst.buffer_sizes[b], *_tag_params(r, self.index[b]))
+        self[key] = buf
+        return buf
 
     def every(self):
         for r in range(self.inst.world):
@@ -67,8 +73,7 @@ class Values:
         self.cur = {}
         for r in range(inst.world):
             for b in self.names:
-                v = self.init[(r, b)]
-                self.cur[(r, b)] = v.copy() if (r, b) in self.init else v   # a kept array is shared
+                self.cur[(r, b)] = self.init[(r, b)].copy()   # pieces are shared, never changed
         self.faults: list[Diagnostic] = []   # routing that went outside its window
         # (rank, offsets) -> (owner with the most rows, its rows, the window's rows, owners over):
         # the exscan that computed those offsets found a window too small (the bound's status line);
@@ -87,12 +92,10 @@ class Values:
             vals = [self.cur[(o, b)][l:h] for o, b, l, h in mv.srcs]
             if mv.accumulate:
                 out = self.cur[(owner, buf)][lo:hi] + vals[0]
-            elif mv.op is None:
-                out = vals[0].copy()
-            else:
-                out = np.zeros(hi - lo, dtype=np.uint64)
-                for v in vals:
-                    out += v
+            else:   # a copy, or the sum of every source (of none: zeros)
+                out = vals[0] if vals else Segs.zeros(hi - lo)
+                for v in vals[1:]:
+                    out = out + v
             self.cur[(owner, buf)][lo:hi] = out
 
 
@@ -171,7 +174,7 @@ class Values:
         place = ri.kind is K.PLACE
         win = dbuf if place else b["win"]
         used: list[tuple[int, int]] = []
-        rows_out = np.zeros((ri.tokens, H), dtype=np.uint64)
+        rows_out: list = [None] * ri.tokens   # a gathered token: the sum of its weighted rows
         weights = self.cur[(r, b["weights"])] if not place else None
         x = self.cur[(r, b["x"])] if place else None
         with np.errstate(over="ignore"):
@@ -195,13 +198,23 @@ class Values:
                     if place:
                         self.cur[(o, win)][row * H:(row + 1) * H] = x[t * H:(t + 1) * H]
                     else:
-                        rows_out[t] += weights[t * ri.topk + k] * self.cur[(o, win)][row * H:(row + 1) * H]
+                        term = weights[t * ri.topk + k] * self.cur[(o, win)][row * H:(row + 1) * H]
+                        rows_out[t] = term if rows_out[t] is None else rows_out[t] + term
         if place:
             self._access(ev, ri, r, b["x"], 0, self.inst.buffer_sizes[b["x"]], False)
             self._rows(ri, ev, used, win, True)
         else:
             self._rows(ri, ev, used, win, False)
-            out[lo:hi] = rows_out.reshape(-1)
+            out[lo:hi] = _rows_value(rows_out, H, isinstance(out, np.ndarray))
+
+
+def _rows_value(rows: list, width: int, dense: bool):
+    """Rows of `width` elements, one after the other (a row never written is zeros): pieces, or
+    with `dense` an array (a subclass simulating numbers in arrays, tests/e2e/tvkit.py)."""
+    if dense:
+        zero = np.zeros(width, dtype=np.uint64)
+        return np.concatenate([zero if r is None else r for r in rows]) if rows else zero[:0]
+    return Segs.concat(Segs.zeros(width) if r is None else r for r in rows)
 
 
 def _window_rows(inst: Instance, offs: str) -> int | None:

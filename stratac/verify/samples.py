@@ -34,7 +34,9 @@ from stratac.verify import routing as routing_mod
 MAX_WORLD = 384
 
 # a default sample with more buffer elements over all ranks than this is dropped (the smaller
-# ones are kept): the simulation's time and memory grow with the elements
+# ones are kept). The simulation's memory no longer grows with the elements (segments), but a MoE
+# sample's routed rows and a sweep of sizes still do, and a sample this large adds no boundary the
+# smaller ones miss: the samples are taken where the conditions change, not by size.
 SIM_ELEMENT_BUDGET = 4_000_000
 
 # up to this world size every value of a rank parameter is checked; above it (an instance costs

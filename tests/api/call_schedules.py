@@ -21,8 +21,8 @@ schedule even_only(x: sym T[n], op: redop) implements allreduce(x, op) {
   barrier
 }
 """
-# Right only for n above 33 million: an instance of that size is more than the verifier simulates,
-# and every smaller one takes the other arm of the `if`.
+# Right only for n above 33 million: every smaller instance takes the other arm of the `if`, so
+# only the call's own instance can prove a call of that size.
 BIG_ONLY = """
 schedule big_only(x: sym T[n], op: redop) implements allreduce(x, op) {
   part = split(x, world)

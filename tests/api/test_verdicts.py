@@ -1,6 +1,5 @@
-"""The proof of a call's instance, without ranks: which instance is proven (the call's own, or its
-representative when the call's is too large to simulate), the relation a refused region breaks,
-and the verdict cache's trust (stratac.host.instance, stratac.targets.verdicts)."""
+"""The proof of a call's instance, without ranks: the call's own instance is proven at its own
+size, the relation a refused region breaks, and the verdict cache's trust (stratac.host.instance, stratac.targets.verdicts)."""
 
 import json
 import os
@@ -29,24 +28,23 @@ def lowered(source: Source):
     return passes.pipeline(frontend.schedules(source)[0], passes.Options(cores=2))
 
 
-def test_a_small_instance_is_proven_as_it_is_and_a_large_one_on_its_representative():
+def test_an_instance_is_proven_as_it_is_whatever_its_size():
     s = lowered(frontend.load_source(AR))
     assert instance.check(s, 8, {"n": 1000}).proof == {"sizes": {"n": 1000}, "routings": []}
-    # n = 2^23 + 3 over 8 ranks: three parts of one element more; the least n with the same
-    # residues (mod 2 and 8) whose parts are as (un)even and none of them empty is 11
     v = instance.check(s, 8, {"n": (1 << 23) + 3})
-    assert v.proof == {"sizes": {"n": 11}, "routings": []} and not v.cached
+    assert v.proof == {"sizes": {"n": (1 << 23) + 3}, "routings": []} and not v.cached
     assert instance.check(s, 8, {"n": (1 << 23) + 3}).cached
 
 
-def test_the_representative_keeps_what_the_schedule_branches_on():
+def test_a_large_call_is_refused_on_what_its_own_instance_does():
     s = lowered(Source("even.strata", EVEN_ONLY))
-    assert instance.check(s, 4, {"n": 1 << 22}).proof["sizes"] == {"n": 4}
+    assert instance.check(s, 4, {"n": 1 << 22}).proof["sizes"] == {"n": 1 << 22}
     with pytest.raises(StrataUsageError) as exc:
         instance.check(s, 4, {"n": (1 << 22) + 1})
     assert str(exc.value).startswith(
-        "even_only: this call's instance (world=4, n=4194305), checked on its representative (n=5), "
-        "is not proven, so it was refused before anything was written:\neven.strata:"), str(exc.value)
+        "even_only: this call's instance (world=4, n=4194305) is not proven, so it was refused "
+        "before anything was written:\neven.strata:"), str(exc.value)
+    assert "x@0[1048577] should be" in str(exc.value), str(exc.value)   # part 1's first element
 
 
 CUT = """
@@ -60,9 +58,9 @@ schedule ag(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {
 """
 
 
-def test_the_representative_keeps_the_side_of_a_conditional_expression():
+def test_a_large_call_is_proven_on_its_side_of_a_conditional_expression():
     """A schedule right only below n = 5000 (a conditional drops an element from there on): a
-    large call is checked on a representative on the same side of the condition, and refused."""
+    large call is proven at its own size, on its side of the condition, and refused."""
     s = lowered(Source("cut.strata", CUT))
     assert instance.check(s, 2, {"n": 4999}).proof["sizes"] == {"n": 4999}
     for n in (5000, 1 << 24):
@@ -72,18 +70,16 @@ def test_the_representative_keeps_the_side_of_a_conditional_expression():
         assert "out@0[" in str(exc.value) or "out@1[" in str(exc.value), str(exc.value)
 
 
-def test_equal_sizes_stay_equal_in_the_representative():
-    s = lowered(Source("grab.strata", GRAB))
-    v = instance.check(s, 2, {"n": 3_000_000, "m": 3_000_000, "root": 1})
-    assert v.proof["sizes"] == {"n": 2, "m": 2, "root": 1}
-
-
-def test_an_instance_too_large_to_simulate_and_without_a_representative_is_refused():
+def test_a_schedule_right_only_above_33_million_elements_is_proven_there_and_refused_below():
+    """No smaller instance stands in for a large one: each is proven at its own size."""
     s = lowered(Source("big.strata", BIG_ONLY))
-    with pytest.raises(StrataUsageError, match=r"^big_only: this call's instance \(world=2, n=40000000\) has "
-                       r"80000000 buffer elements over all ranks, more than the 64000000 the verifier "
-                       r"simulates, and no smaller instance is one the schedule cannot tell from it"):
-        instance.check(s, 2, {"n": 40_000_000})
+    assert instance.check(s, 2, {"n": 40_000_000}).proof["sizes"] == {"n": 40_000_000}
+    with pytest.raises(StrataUsageError, match=r"^big_only: this call's instance \(world=2, n=1000\) "
+                       r"is not proven"):
+        instance.check(s, 2, {"n": 1000})
+    g = lowered(Source("grab.strata", GRAB))
+    assert instance.check(g, 2, {"n": 3_000_000, "m": 3_000_000, "root": 1}).proof["sizes"] == \
+        {"n": 3_000_000, "m": 3_000_000, "root": 1}
 
 
 def test_a_region_outside_its_tensor_names_the_parameter_and_the_relation():

@@ -45,8 +45,8 @@ def simulate(s: ir.Schedule, world: int, n: int):
     inst = instantiate(s, world, {"n": n})
     ex = verify.timeline.Execution(inst)
     assert ex.run() == []
-    init = [ex.values.init[(r, "x")] for r in range(world)]
-    cur = [ex.values.cur[(r, "x")] for r in range(world)]
+    init = [np.asarray(ex.values.init[(r, "x")]) for r in range(world)]
+    cur = [np.asarray(ex.values.cur[(r, "x")]) for r in range(world)]
     return init, cur
 
 
@@ -138,7 +138,7 @@ def test_allgather_final_state_is_the_concatenation():
     inst = instantiate(s, world, {"n": n})
     ex = verify.timeline.Execution(inst)
     assert ex.run() == []
-    xs = [ex.values.init[(p, "x")] for p in range(world)]
+    xs = [np.asarray(ex.values.init[(p, "x")]) for p in range(world)]
     for r in range(world):
         assert np.array_equal(ex.values.cur[(r, "out")], np.concatenate(xs))
         assert np.array_equal(ex.values.cur[(r, "x")], xs[r])

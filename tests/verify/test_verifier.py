@@ -9,6 +9,7 @@ import pytest
 
 from stratac import ir, verify
 from stratac.diagnostics import Codes, Source
+from stratac.ir import instantiate as instantiate_mod
 from stratac.ir.instantiate import EventKind, instantiate
 from stratac.lang import frontend
 
@@ -219,18 +220,33 @@ def test_deadlock_at_a_barrier_names_the_waiting_ranks():
     assert first_error(s, [8]).notes[1].message == "ranks 1..7 (7 ranks) wait at a barrier for the others"
 
 
-def test_instances_too_large_to_simulate_are_refused(monkeypatch):
-    # regression: a large fixed size made the provenance simulation allocate gigabytes
+def test_an_instance_is_proven_at_any_size_and_refused_by_its_events(monkeypatch):
+    """The simulation holds pieces, not elements (verify.segments): 400 M elements of a fixed size
+    and a 2^30-element AllGather verify, and a 2^30-element one that drops its last element is
+    rejected naming that element. What bounds an instance is its events and moves
+    (ir.instantiate.MAX_EVENTS): more is refused while it is built, naming the schedule and sizes."""
     s, = lower("schedule s(x: sym T[400000000]) implements allreduce(x, sum) {}")
-    d = first_error(s, [1])
-    assert d.code == Codes.BAD_WORLD and "more than the" in d.message and d.span.line == 1
+    assert verify.verify(s, 1, {}).ok
     ok, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allgather_push.strata"))
-    monkeypatch.setattr(verify.check, "SIM_ELEMENT_LIMIT", 2 * (3 + 3 * 2))
-    assert verify.verify(ok, 2, {"n": 3}).ok
-    res = verify.verify(ok, 2, {"n": 4})
-    assert [d.code for d in res.diagnostics] == [Codes.BAD_WORLD]
-    assert "(world=2, n=4) has 24 buffer elements over all ranks, more than the 18" in \
-        res.diagnostics[0].message
+    assert verify.verify(ok, 3, {"n": 1 << 30}).ok
+    short, = lower(CUT_LAST)
+    d, = verify.verify(short, 2, {"n": 1 << 30}).diagnostics
+    assert d.code == Codes.CONTRACT and f"out@0[{(2 << 30) - 1}] should be" in d.message, d.message
+    assert "it holds out@0[2147483647] as the call found it" in d.message
+    monkeypatch.setattr(instantiate_mod, "MAX_EVENTS", 40)
+    ring, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allreduce_ring.strata"))
+    assert verify.verify(ring, 2, {"n": 3}).ok
+    d, = verify.verify(ring, 6, {"n": 3}).diagnostics
+    assert d.code == Codes.BAD_WORLD and d.message.startswith(
+        "allreduce_ring at n=3, world=6 has more than 40 events and moves over its ranks"), d.message
+
+
+CUT_LAST = """schedule short(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {
+  on sdma: out[rank * n:(rank + 1) * n] = x
+  barrier
+  on sdma: for p in peers: out[p * n:(p + 1) * n - (1 if p == world - 1 else 0)] = x[0:n - (1 if p == world - 1 else 0)]@p
+  barrier
+}"""
 
 
 def test_a_callees_requires_is_inherited_on_its_team():
