@@ -407,6 +407,7 @@ class NpuCommunicator:
         """Compiles every schedule of a .strata file or source text and builds it with CANN
         (through the cache)."""
         from stratac.codegen.pipeline import compile_schedules
+        from stratac.host.schedule import prove_worlds
         from stratac.lang import frontend
         self._check_open()
         options = options or passes.Options(soc=self.soc() or passes.DEFAULT_SOC)
@@ -424,7 +425,7 @@ class NpuCommunicator:
             raise StrataUsageError(f"this NPU is {here}; the schedules were asked for "
                                    f"{options.soc}: load them with Options(soc={here!r})")
         source = frontend.path_or_text(path_or_source, name)
-        compiled = compile_schedules(source, options, [self.world])
+        compiled = compile_schedules(source, options, [self.world], prove_worlds)
         for c in compiled:
             check_engines(c.schedule, self.engines)
         mod = NpuModule(self, [(c.schedule, build(c.output, options.soc, toolchain=self.toolchain))

@@ -16,7 +16,7 @@ import inspect
 import cffi
 import torch
 
-from stratac import ir
+from stratac import ir, verify
 from stratac.codegen import abi
 from stratac.codegen.pipeline import Compiled, compile_schedules
 from stratac.diagnostics import Source
@@ -26,6 +26,7 @@ from stratac.host.cpu_model import last_error
 from stratac.host.errors import StrataRuntimeError, StrataUsageError
 from stratac.ir import passes
 from stratac.targets import cpu as build
+from stratac.targets import verdicts
 
 SYNC_SLOTS = abi.SYNC_SLOTS            # flag slots (64 B each) after the world barrier slots
 _TORCH_DTYPES = {d: getattr(torch, d.torch_name) for d in ir.DType}
@@ -36,8 +37,38 @@ ALL_RANKS = (1 << 64) - 1  # strata::kAllRanks: the `active` argument of a call 
 
 def compile_source(source: Source, options: passes.Options, worlds: list[int]) -> list[Compiled]:
     """The compile pipeline (stratac.codegen.pipeline): verified before and after the passes at the
-    given world sizes, then generated."""
-    return compile_schedules(source, options, worlds)
+    given world sizes (the proof before them kept as a verdict: prove_worlds), then generated."""
+    return compile_schedules(source, options, worlds, prove_worlds)
+
+
+# the verdict key of a schedule's proof at a world's default samples: a name no size or rank
+# parameter can have, beside the call verdicts' (stratac.host.instance)
+SAMPLES_KEY = "default samples"
+
+
+class _Unproven(Exception):
+    pass
+
+
+def prove_worlds(s: ir.Schedule, worlds: list[int]) -> list[verify.Result]:
+    """verify.verify_worlds with each world's proof kept as a verdict (stratac.targets.verdicts,
+    keyed by the IR, stratac's code and the world): the ranks of a job that load a file at once
+    prove each schedule once, one of them proving while the others wait for its verdict (at world
+    128 every rank proving it again took longer than the run's deadline). Returns the results up
+    to the first instance that fails, which is not kept; [] when every world is proven."""
+    failed: list[verify.Result] = []
+    for w in worlds:
+        def prove() -> dict:
+            results = verify.verify_worlds(s, [w])
+            if not all(r.ok for r in results):
+                failed.extend(results)
+                raise _Unproven
+            return {"instances": len(results)}
+        try:
+            verdicts.verdict(s, w, {SAMPLES_KEY: 1}, prove)
+        except _Unproven:
+            return failed
+    return []
 
 
 def _written_params(s: ir.Schedule) -> set[str]:

@@ -140,3 +140,29 @@ def test_a_capacity_no_sample_routing_fits_names_the_least_provable_one():
                        r"the verifier's sample routings fits its capacity \(0\); the least capacity the "
                        r"verifier can prove at these sizes is 1; nothing was written$"):
         instance.check(s, 2, {**DECODE_SIZES, "capacity": 0})
+
+
+def test_a_files_proof_at_a_world_is_kept_and_a_failed_one_is_not(monkeypatch):
+    """comm.load proves every schedule at its world once per IR, stratac and world: ranks that load
+    a file at once read the one that proved it (stratac.host.schedule.prove_worlds)."""
+    from stratac import verify
+    from stratac.diagnostics import StrataError
+    from stratac.host import schedule
+    proofs = []
+    real = verify.verify_worlds
+
+    def counted(s, worlds, samples=None):
+        proofs.append((s.name, tuple(worlds)))
+        return real(s, worlds, samples)
+
+    monkeypatch.setattr(verify, "verify_worlds", counted)
+    src = frontend.load_source(AR)
+    schedule.compile_source(src, passes.Options(cores=2), worlds=[3, 4])
+    assert proofs == [("allreduce_twoshot", (3,)), ("allreduce_twoshot", (4,))]
+    schedule.compile_source(src, passes.Options(cores=2), worlds=[4, 5])
+    assert proofs[2:] == [("allreduce_twoshot", (5,))]            # world 4's verdict was read
+    bad = Source("even.strata", EVEN_ONLY.replace("n % 2 == 0", "n % 2 == 1"))
+    for _ in range(2):
+        with pytest.raises(StrataError, match="does not implement"):
+            schedule.compile_source(bad, passes.Options(cores=2), worlds=[2])
+    assert [p for p in proofs if p[0] == "even_only"] == [("even_only", (2,))] * 2

@@ -19,8 +19,8 @@ from stratac.ir import passes
 from stratac.lang import frontend
 
 
-def compile_unverified(source, options: passes.Options, worlds: list[int]) -> list[Compiled]:
-    """compile_schedules' signature and output, without either verification."""
+def compile_unverified(source, options: passes.Options, worlds: list[int], prove=None) -> list[Compiled]:
+    """compile_schedules' signature and output, without either verification (`prove` ignored)."""
     out = []
     for s in frontend.schedules(source):
         lowered = passes.pipeline(s, options)

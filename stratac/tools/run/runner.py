@@ -24,6 +24,7 @@ from stratac.codegen import abi
 from stratac.codegen.pipeline import compile_schedules
 from stratac.diagnostics import Codes, StrataError, error
 from stratac.host import comm
+from stratac.host.schedule import prove_worlds
 from stratac.ir import passes
 from stratac.lang.frontend import load_source
 from stratac.tools.run.procs import Rank
@@ -137,7 +138,8 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
     source = load_source(spec.file)
     opts = passes.Options(soc=spec.soc, cores=spec.cores)
     opts.check()
-    compiled = compile_schedules(source, opts, [spec.world])
+    # its proof kept as a verdict, which every rank's comm.load then reads (prove_worlds)
+    compiled = compile_schedules(source, opts, [spec.world], prove_worlds)
     routed = [c.schedule.name for c in compiled if c.schedule.contract.kind.moe]
     from stratac.tools.run.workload import divisor_problem, layout_options_problem
     for case in spec.cases:
