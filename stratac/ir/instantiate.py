@@ -275,6 +275,13 @@ def _env_text(env: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
 
 
+# From this many live ranks on, an instance is first estimated from three of its ranks (_probe) and
+# refused before it is built when the estimate is over MAX_EVENTS or CLOCK_BYTES.
+PROBE_FROM = 64
+# The most bytes the vector clocks of an instance's execution may take (stratac.verify.timeline: an
+# array of world entries per wait and per barrier).
+CLOCK_BYTES = 2 << 30
+
 # The most events and moves an instance may hold over all ranks. An event costs about 500 bytes
 # with its moves and accesses, so this bounds the verifier's memory near 2 GiB (world 384's ring
 # AllReduce holds 0.9 M events and 0.3 M moves); a larger instance is refused while it is being
@@ -354,6 +361,8 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
     b = _Builder(s, world, base, buffer_sizes, flag_sizes, barriers_only)
     b.shapes = shapes
     b.live = frozenset(r for r in range(world) if active is None or active[r])
+    if len(b.live) > PROBE_FROM:
+        _probe(s, world, base, buffer_sizes, flag_sizes, barriers_only, shapes, b.live)
     timelines = []
     for r in range(world):
         timelines.append(b.timeline(r) if r in b.live else
@@ -361,6 +370,34 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
         b.held += len(timelines[-1])
     return Instance(s, world, dict(sizes), timelines, buffer_sizes, flag_sizes, shapes, dict(data or {}),
                     active=active)
+
+
+def _probe(s, world, base, buffer_sizes, flag_sizes, barriers_only, shapes, live) -> None:
+    """Refuses an instance too large for the verifier before it is built: its events and moves, and
+    its vector clocks (one array of world entries per wait and barrier, stratac.verify.timeline),
+    estimated from the timelines of its first, middle and last live ranks times the live ranks."""
+    probe = _Builder(s, world, base, buffer_sizes, flag_sizes, barriers_only)
+    probe.shapes, probe.live = shapes, live
+    ranks = sorted(live)
+    events = joins = 0
+    for r in {ranks[0], ranks[len(ranks) // 2], ranks[-1]}:
+        moves = probe.instance
+        tl = probe.timeline(r)
+        events = max(events, len(tl) + probe.instance - moves)
+        joins = max(joins, sum(1 for ev in tl if ev.kind in (EventKind.WAIT, EventKind.BARRIER)))
+    total = events * len(live)
+    clocks = joins * len(live) * world * (2 if total < 2**15 else 4)
+    what = None
+    if total > MAX_EVENTS:
+        what = f"about {total:,} events and moves (up to {events:,} on a rank), more than the {MAX_EVENTS:,}"
+    elif clocks > CLOCK_BYTES:
+        what = (f"vector clocks of about {clocks / 2**30:.1f} GiB ({joins:,} waits and barriers on a "
+                f"rank, {world:,} entries each), more than the {CLOCK_BYTES / 2**30:.0f} GiB")
+    if what:
+        raise StrataError(error(Codes.BAD_WORLD, f"{s.name} at {_env_text(base)} would hold {what} the "
+                                "verifier holds: refused before it is built (the verifier walks every "
+                                "rank's events, so its cost grows with the world's square or more); "
+                                "prove it at a smaller world", s.span))
 
 
 class _Builder:

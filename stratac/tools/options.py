@@ -83,8 +83,11 @@ def parse_routings(text: str) -> list[str]:
     return out
 
 
-_TOO_LARGE = (f"is above {MAX_WORLD}, the largest world stratac verifies (CloudMatrix384); the "
-              "verifier's time and memory grow with the square of the world")
+_TOO_LARGE = (f"is above {MAX_WORLD:,}, the largest world stratac verifies (the Atlas 960 SuperPoD's "
+              "15,488 NPUs, rounded up)")
+# The most ranks `run`, `bench` and `tune` start on this machine (one process each); above it a
+# world is proven with `check`, predicted with `simulate`, and run on the machine itself.
+MAX_RUN_WORLD = 384
 
 
 def world_list(text: str) -> list[int]:
@@ -103,10 +106,12 @@ def world_list(text: str) -> list[int]:
 
 
 def world_size(text: str) -> int:
-    """One world size, as `run` and `bench` start it: 1 to MAX_WORLD."""
+    """One world size, as `run` and `bench` start it: 1 to MAX_RUN_WORLD."""
     v = positive_int(text)
-    if v > MAX_WORLD:
-        raise argparse.ArgumentTypeError(f"world {v} {_TOO_LARGE}")
+    if v > MAX_RUN_WORLD:
+        raise argparse.ArgumentTypeError(f"world {v} is above {MAX_RUN_WORLD}, the most ranks stratac "
+                                         "starts on this machine (check proves larger worlds, "
+                                         "simulate predicts them)")
     return v
 
 

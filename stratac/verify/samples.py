@@ -26,12 +26,12 @@ from stratac.ir import passes
 from stratac.ir.passes import SOCS, window_row_faults
 from stratac.verify import routing as routing_mod
 
-# The largest world the verifier is meant for: CloudMatrix384's 384 NPUs. Its time and memory grow
-# with the square of the world (world 384 here: the two-shot AllReduce 18 s, MoE prefill 1.2 GB;
-# world 768 about four times both), so a larger world is refused up front rather than left to run
-# for hours and exhaust memory. The command lines refuse it (stratac.tools.options); `run` and
-# `bench` verify the world they start, so they share the bound.
-MAX_WORLD = 384
+# The largest world `check` and `compile` take: the Atlas 960 SuperPoD's 15,488 NPUs, rounded up.
+# The verifier's time and memory grow with the square of the world or more (world 384 here: the
+# ring AllReduce 37 s and 0.9 GB), so an instance too large for its memory is refused before it
+# is built (stratac.ir.instantiate: MAX_EVENTS, CLOCK_BYTES, estimated from three ranks), and a
+# world above this is refused at once.
+MAX_WORLD = 16_384
 
 # a default sample with more buffer elements over all ranks than this is dropped (the smaller
 # ones are kept). The simulation's memory no longer grows with the elements (segments), but a MoE

@@ -136,13 +136,22 @@ def test_run_prints_one_line_per_schedule():
 
 
 def test_world_above_the_verifiers_bound_is_refused_at_once(tmp_path):
-    for args in (("check", "examples/allgather_push.strata", "--world", "100000"),
-                 ("check", "examples/allgather_push.strata", "--world", "1-100000000000000"),
-                 ("run", "examples/allgather_push.strata", "--world", "385")):
+    for args, said in ((("check", "examples/allgather_push.strata", "--world", "100000"),
+                        "is above 16,384, the largest world stratac verifies"),
+                       (("check", "examples/allgather_push.strata", "--world", "1-100000000000000"),
+                        "is above 16,384, the largest world stratac verifies"),
+                       (("run", "examples/allgather_push.strata", "--world", "385"),
+                        "world 385 is above 384, the most ranks stratac starts on this machine")):
         p = stratac(*args, timeout=30)
         assert p.returncode == 2
-        assert "is above 384, the largest world stratac verifies" in p.stderr
+        assert said in p.stderr, p.stderr
         no_traceback(p)
+    # a world the verifier cannot hold is refused before the instance is built, in seconds
+    p = stratac("check", "examples/allreduce_ring.strata", "--world", "8192", timeout=120)
+    assert p.returncode == 1 and "allreduce_ring at n=1, world=8192 would hold about 536,838,144 " \
+        "events and moves (up to 65,532 on a rank), more than the 4,000,000 the verifier holds: " \
+        "refused before it is built" in p.stderr, p.stderr
+    no_traceback(p)
     # 384 itself is verified (an empty AllReduce fails at once, for world 384)
     f = tmp_path / "empty.strata"
     f.write_text("schedule empty(x: sym T[n]) implements allreduce(x, sum) {\n}\n")

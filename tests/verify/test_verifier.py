@@ -241,6 +241,26 @@ def test_an_instance_is_proven_at_any_size_and_refused_by_its_events(monkeypatch
         "allreduce_ring at n=3, world=6 has more than 40 events and moves over its ranks"), d.message
 
 
+def test_an_instance_too_large_is_refused_before_it_is_built_from_three_ranks(monkeypatch):
+    """From PROBE_FROM live ranks on, three ranks' timelines estimate the instance: its events and
+    moves against MAX_EVENTS, its vector clocks against CLOCK_BYTES; either refuses it at once."""
+    ring, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allreduce_ring.strata"))
+    monkeypatch.setattr(instantiate_mod, "PROBE_FROM", 4)
+    # world 8, per rank: entry, the entry round's signal and wait, 2 * 8 - 2 steps of a wait (but
+    # the first), a stage and a signal, the last wait, exit: 46 events, and a move per step: 60
+    monkeypatch.setattr(instantiate_mod, "MAX_EVENTS", 300)
+    d, = verify.verify(ring, 8, {"n": 3}).diagnostics
+    assert d.code == Codes.BAD_WORLD and "would hold about 480 events and moves (up to 60 on a " \
+        "rank), more than the 300 the verifier holds: refused before it is built" in d.message, d.message
+    monkeypatch.setattr(instantiate_mod, "MAX_EVENTS", 10_000)
+    monkeypatch.setattr(instantiate_mod, "CLOCK_BYTES", 1000)
+    d, = verify.verify(ring, 8, {"n": 3}).diagnostics
+    assert "would hold vector clocks of about 0.0 GiB (15 waits and barriers on a rank, 8 entries " \
+        "each), more than the 0 GiB" in d.message, d.message
+    monkeypatch.setattr(instantiate_mod, "CLOCK_BYTES", 1 << 20)
+    assert verify.verify(ring, 8, {"n": 3}).ok
+
+
 CUT_LAST = """schedule short(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {
   on sdma: out[rank * n:(rank + 1) * n] = x
   barrier
