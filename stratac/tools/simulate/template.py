@@ -274,11 +274,35 @@ def not_modelled(s: ir.Schedule) -> str | None:
     return None
 
 
+# From this world on, a template is first estimated from three ranks (_probe) and refused when it
+# would hold more than MAX_ENTRIES timeline entries, moves and move sources over all ranks (about
+# 500 bytes each: some 4 GiB; two-shot at world 2,048 holds 4.2 M and takes 24 s).
+PROBE_FROM = 64
+MAX_ENTRIES = 8_000_000
+
+
+def _probe(s: ir.Schedule, world: int, env: dict) -> None:
+    w = _Walker(s, world, env)
+    most = 0
+    for r in {0, world // 2, world - 1}:
+        before = sum(len(sm.issuer) + len(sm.src_owner) for sm in w.stages.values())
+        n = len(w.timeline(r))
+        after = sum(len(sm.issuer) + len(sm.src_owner) for sm in w.stages.values())
+        most = max(most, n + after - before)
+    if most * world > MAX_ENTRIES:
+        raise SimulateError(f"{s.name} at world {world:,} would hold about {most * world:,} timeline "
+                            f"entries, moves and sources ({most:,} on a rank), more than the "
+                            f"{MAX_ENTRIES:,} the model holds: its walk of every rank's moves grows "
+                            "with the world's square; predict it at a smaller world")
+
+
 def template(s: ir.Schedule, world: int, env: dict) -> Template:
     """env: every size symbol and rank parameter (the values instantiate takes as `sizes`)."""
     unmet = ir.unmet_requirement(s, world)
     if unmet is not None:
         raise SimulateError(f"{s.name} does not support world {world}: it {unmet}")
+    if world > PROBE_FROM:
+        _probe(s, world, env)
     w = _Walker(s, world, env)
     timelines = [w.timeline(r) for r in range(world)]
     for sm in w.stages.values():
