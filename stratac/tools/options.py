@@ -105,6 +105,14 @@ def world_list(text: str) -> list[int]:
     return out
 
 
+def world_verified(text: str) -> int:
+    """One world size that `check` could prove (`simulate` predicts those): 1 to MAX_WORLD."""
+    v = positive_int(text)
+    if v > MAX_WORLD:
+        raise argparse.ArgumentTypeError(f"world {v} {_TOO_LARGE}")
+    return v
+
+
 def world_size(text: str) -> int:
     """One world size, as `run` and `bench` start it: 1 to MAX_RUN_WORLD."""
     v = positive_int(text)

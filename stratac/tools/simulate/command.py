@@ -60,7 +60,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--machine", required=True, metavar="TOML",
                    help="the machine description, e.g. machines/cloudmatrix384.toml")
-    p.add_argument("--world", type=options.positive_int, required=True, help="ranks (one die each)")
+    p.add_argument("--world", type=options.world_verified, required=True,
+                   help=f"ranks (one die each; at most {options.MAX_WORLD:,})")
     p.add_argument("--sizes", type=options.size_sweep, default=None,
                    help="collectives: MIN:MAX doubling (MIN:MAX:FACTOR, or a comma list) of S in bytes "
                    f"(default {DEFAULT_SIZES})")
