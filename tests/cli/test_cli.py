@@ -140,6 +140,9 @@ def test_world_above_the_verifiers_bound_is_refused_at_once(tmp_path):
                         "is above 16,384, the largest world stratac verifies"),
                        (("check", "examples/allgather_push.strata", "--world", "1-100000000000000"),
                         "is above 16,384, the largest world stratac verifies"),
+                       (("simulate", "examples/allgather_push.strata", "--machine",
+                         "machines/atlas950.toml", "--world", "20000"),
+                        "world 20000 is above 16,384, the largest world stratac verifies"),
                        (("run", "examples/allgather_push.strata", "--world", "385"),
                         "world 385 is above 384, the most ranks stratac starts on this machine")):
         p = stratac(*args, timeout=30)

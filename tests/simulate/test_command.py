@@ -126,7 +126,6 @@ def test_bad_moe_requests_are_one_message(capsys, file, extra, message):
 
 @pytest.mark.parametrize("extra, message", [
     (["--world", "769"], "world 769 is larger than the machine"),
-    (["--world", "20000"], "world 20000 is above 16,384, the largest world stratac verifies"),
     (["--world", "4", "--cores", "49"], "--cores must be between 1 and 48"),
     (["--world", "4", "--dtype", "i8"], "broadcast is not built for i8: int8 is a payload to move"),
 ])
