@@ -282,10 +282,10 @@ PROBE_FROM = 64
 # array of world entries per wait and per barrier).
 CLOCK_BYTES = 2 << 30
 
-# The most events and moves an instance may hold over all ranks. An event costs about 500 bytes
-# with its moves and accesses, so this bounds the verifier's memory near 2 GiB (world 384's ring
-# AllReduce holds 0.9 M events and 0.3 M moves); a larger instance is refused while it is being
-# built, before its memory grows, naming the count.
+# The most events, moves and move sources an instance may hold over all ranks. Each costs up to
+# about 500 bytes with its accesses, so this bounds the verifier's memory near 2 GiB (world 384's
+# ring AllReduce holds 0.9 M events, 0.3 M moves and as many sources); a larger instance is refused
+# while it is being built, before its memory grows, naming the count.
 MAX_EVENTS = 4_000_000
 
 
@@ -373,23 +373,25 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
 
 
 def _probe(s, world, base, buffer_sizes, flag_sizes, barriers_only, shapes, live) -> None:
-    """Refuses an instance too large for the verifier before it is built: its events and moves, and
-    its vector clocks (one array of world entries per wait and barrier, stratac.verify.timeline),
-    estimated from the timelines of its first, middle and last live ranks times the live ranks."""
+    """Refuses an instance too large for the verifier before it is built: its events, moves and move
+    sources, and its vector clocks (one array of world entries per wait and barrier,
+    stratac.verify.timeline), estimated from the timelines of its first, middle and last live ranks
+    times the live ranks."""
     probe = _Builder(s, world, base, buffer_sizes, flag_sizes, barriers_only)
     probe.shapes, probe.live = shapes, live
     ranks = sorted(live)
     events = joins = 0
     for r in {ranks[0], ranks[len(ranks) // 2], ranks[-1]}:
-        moves = probe.instance
+        moves = probe.instance + probe.sources
         tl = probe.timeline(r)
-        events = max(events, len(tl) + probe.instance - moves)
+        events = max(events, len(tl) + probe.instance + probe.sources - moves)
         joins = max(joins, sum(1 for ev in tl if ev.kind in (EventKind.WAIT, EventKind.BARRIER)))
     total = events * len(live)
     clocks = joins * len(live) * world * (2 if total < 2**15 else 4)
     what = None
     if total > MAX_EVENTS:
-        what = f"about {total:,} events and moves (up to {events:,} on a rank), more than the {MAX_EVENTS:,}"
+        what = (f"about {total:,} events, moves and sources (up to {events:,} on a rank), more than "
+                f"the {MAX_EVENTS:,}")
     elif clocks > CLOCK_BYTES:
         what = (f"vector clocks of about {clocks / 2**30:.1f} GiB ({joins:,} waits and barriers on a "
                 f"rank, {world:,} entries each), more than the {CLOCK_BYTES / 2**30:.0f} GiB")
@@ -408,13 +410,14 @@ class _Builder:
         self.instance = 0
         self.live = frozenset(range(world))
         self.held = 0     # events of the ranks before this one
+        self.sources = 0  # sources of the moves so far (a reduction over the ranks: world each)
 
     def grow(self, span: Span, events: int) -> None:
         """Refuses the instance once its events (the ranks' before this one, and `events` of this
-        one) and moves exceed MAX_EVENTS."""
-        if self.held + events + self.instance > MAX_EVENTS:
+        one), moves and sources exceed MAX_EVENTS."""
+        if self.held + events + self.instance + self.sources > MAX_EVENTS:
             raise StrataError(error(Codes.BAD_WORLD, f"{self.s.name} at {_env_text(self.base)} has more "
-                                    f"than {MAX_EVENTS} events and moves over its ranks, more than the "
+                                    f"than {MAX_EVENTS} events, moves and sources over its ranks, more than the "
                                     "verifier holds: it is refused before its memory grows; prove it at a "
                                     "smaller world or with fewer loop iterations", span))
 
@@ -649,6 +652,7 @@ class _Builder:
                     f"@{src[0]}) into {dst[3] - dst[2]} ({dst[1]}[{dst[2]}:{dst[3]}]@{dst[0]}) with "
                     f"{_env_text(env)}", op.span))
         acc = isinstance(op, ir.Accumulate)
+        self.sources += len(srcs)
         ev.moves.append(Move(dst, srcs, red, op.span, accumulate=acc))
         for src in srcs:
             if src[3] > src[2]:
