@@ -282,9 +282,10 @@ PROBE_FROM = 64
 # array of world entries per wait and per barrier).
 CLOCK_BYTES = 2 << 30
 
-# The most events, moves and move sources an instance may hold over all ranks. Each costs up to
-# about 500 bytes with its accesses, so this bounds the verifier's memory near 2 GiB (world 384's
-# ring AllReduce holds 0.9 M events, 0.3 M moves and as many sources); a larger instance is refused
+# The most events, moves, move sources, signals and waits an instance may hold over all ranks. Each
+# costs up to about 500 bytes with its accesses, so this bounds the verifier's memory near 2 GiB
+# (world 384's ring AllReduce holds 0.9 M events, 0.3 M moves, as many sources and 0.6 M signals
+# and waits); a larger instance is refused
 # while it is being built, before its memory grows, naming the count.
 MAX_EVENTS = 4_000_000
 
@@ -373,8 +374,8 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
 
 
 def _probe(s, world, base, buffer_sizes, flag_sizes, barriers_only, shapes, live) -> None:
-    """Refuses an instance too large for the verifier before it is built: its events, moves and move
-    sources, and its vector clocks (one array of world entries per wait and barrier,
+    """Refuses an instance too large for the verifier before it is built: its events, moves, move
+    sources, signals and waits, and its vector clocks (one array of world entries per wait and barrier,
     stratac.verify.timeline), estimated from the timelines of its first, middle and last live ranks
     times the live ranks."""
     probe = _Builder(s, world, base, buffer_sizes, flag_sizes, barriers_only)
@@ -390,7 +391,8 @@ def _probe(s, world, base, buffer_sizes, flag_sizes, barriers_only, shapes, live
     clocks = joins * len(live) * world * (2 if total < 2**15 else 4)
     what = None
     if total > MAX_EVENTS:
-        what = (f"about {total:,} events, moves and sources (up to {events:,} on a rank), more than "
+        what = (f"about {total:,} events, moves, sources, signals and waits (up to {events:,} on a "
+                f"rank), more than "
                 f"the {MAX_EVENTS:,}")
     elif clocks > CLOCK_BYTES:
         what = (f"vector clocks of about {clocks / 2**30:.1f} GiB ({joins:,} waits and barriers on a "
@@ -410,14 +412,16 @@ class _Builder:
         self.instance = 0
         self.live = frozenset(range(world))
         self.held = 0     # events of the ranks before this one
-        self.sources = 0  # sources of the moves so far (a reduction over the ranks: world each)
+        # the parts of events so far: moves' sources (a reduction over the ranks: world of them),
+        # signals and waits (a loop over the peers: one event of world of them)
+        self.sources = 0
 
     def grow(self, span: Span, events: int) -> None:
         """Refuses the instance once its events (the ranks' before this one, and `events` of this
-        one), moves and sources exceed MAX_EVENTS."""
+        one), moves, sources, signals and waits exceed MAX_EVENTS."""
         if self.held + events + self.instance + self.sources > MAX_EVENTS:
             raise StrataError(error(Codes.BAD_WORLD, f"{self.s.name} at {_env_text(self.base)} has more "
-                                    f"than {MAX_EVENTS} events, moves and sources over its ranks, more than the "
+                                    f"than {MAX_EVENTS} events, moves, sources, signals and waits over its ranks, more than the "
                                     "verifier holds: it is refused before its memory grows; prove it at a "
                                     "smaller world or with fewer loop iterations", span))
 
@@ -459,6 +463,7 @@ class _Builder:
                     owner = _ev(op.rank, env, op.span, "the signalled rank")
                     self.check_rank(owner, op.span, env)
                     slot = self.flag_slot(op.flag, op.index, env, op.span)
+                self.sources += 1
                 if last.kind is SIGNAL:
                     last.signals.append((owner, op.flag, slot, op.span))
                 else:
@@ -472,6 +477,7 @@ class _Builder:
                     ok = False
                 if not ok:
                     slot = self.flag_slot(op.flag, op.index, env, op.span)
+                self.sources += 1
                 if last.kind is WAIT:
                     last.waits.append((op.flag, slot, op.span))
                 else:

@@ -418,7 +418,10 @@ def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
         # the bound exactly what the routing needs (within it) and one row less (over it: reported,
         # nothing placed), under a skewed and a uniform routing
         for t, routing in MOE_BOUND_SAMPLES:
-            need = _received(s, world, _moe_sample(s, world, role_of, routing, tokens=t), routing)
+            base = _moe_sample(s, world, role_of, routing, tokens=t)
+            if not _drawn_cheaply(s, world, base):
+                continue
+            need = _received(s, world, base, routing)
             for v in (need, need - 1):
                 if v >= 0:
                     samples.append(_moe_sample(s, world, role_of, routing, tokens=t, bound=v))
@@ -444,7 +447,7 @@ def _moe_samples(s: ir.Schedule, world: int) -> list[dict[str, int]]:
             samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, bound=v))
         elif role == "capacity":
             # a capacity below what the routing needs is refused at the call
-            if v >= _need(s, world, mid, "uniform"):
+            if _drawn_cheaply(s, world, mid) and v >= _need(s, world, mid, "uniform"):
                 samples.append(_moe_sample(s, world, role_of, "uniform", tokens=5, capacity=v))
         else:
             extra = Sample({**mid, sym: v})
@@ -487,11 +490,26 @@ def _moe_sample(s: ir.Schedule, world: int, role_of: dict[str, str], routing: st
         # an int8 window whose rows are not whole 32-byte blocks is refused at every call
         # (passes.window_row_faults): check the least hidden at or above this one that a call takes
         sample[hid] = ir.padded_row(sample[hid], ir.DType.I8)
-    if capacity is None and "capacity" in role_of.values():
+    if capacity is None and "capacity" in role_of.values() and _drawn_cheaply(s, world, sample):
         need = _need(s, world, sample, routing)
         if 0 < need < tokens:
             sample[next(sym for sym, role in role_of.items() if role == "capacity")] = need
     return sample
+
+
+def _drawn_cheaply(s: ir.Schedule, world: int, sample: dict[str, int]) -> bool:
+    """Whether every rank's sample routing (world x tokens x experts random keys) costs at most
+    SIM_ELEMENT_BUDGET to draw. Beyond it (world 8,192: 335 M keys for 5 tokens) the samples that
+    only refine a capacity or a bound to what a routing needs are not drawn: a one-token sample
+    needs no refinement, and the larger ones are over the budget anyway."""
+    c = s.contract
+    env = {"world": world, **sample}
+    try:
+        tokens = s.param(c.inputs[1]).dims[0].eval(env)
+        experts = s.param(c.outputs[1] if c.kind.dispatch else c.inputs[3]).dims[-1].eval(env)
+    except ZeroDivisionError:
+        return True
+    return world * tokens * experts <= SIM_ELEMENT_BUDGET
 
 
 def _received(s: ir.Schedule, world: int, sample: dict[str, int], routing: str) -> int:

@@ -223,7 +223,7 @@ def test_deadlock_at_a_barrier_names_the_waiting_ranks():
 def test_an_instance_is_proven_at_any_size_and_refused_by_its_events(monkeypatch):
     """The simulation holds pieces, not elements (verify.segments): 400 M elements of a fixed size
     and a 2^30-element AllGather verify, and a 2^30-element one that drops its last element is
-    rejected naming that element. What bounds an instance is its events, moves and sources
+    rejected naming that element. What bounds an instance is its events, moves, sources, signals and waits
     (ir.instantiate.MAX_EVENTS): more is refused while it is built, naming the schedule and sizes."""
     s, = lower("schedule s(x: sym T[400000000]) implements allreduce(x, sum) {}")
     assert verify.verify(s, 1, {}).ok
@@ -238,7 +238,8 @@ def test_an_instance_is_proven_at_any_size_and_refused_by_its_events(monkeypatch
     assert verify.verify(ring, 2, {"n": 3}).ok
     d, = verify.verify(ring, 6, {"n": 3}).diagnostics
     assert d.code == Codes.BAD_WORLD and d.message.startswith(
-        "allreduce_ring at n=3, world=6 has more than 40 events, moves and sources over its ranks"), d.message
+        "allreduce_ring at n=3, world=6 has more than 40 events, moves, sources, signals and waits "
+        "over its ranks"), d.message
 
 
 def test_an_instance_too_large_is_refused_before_it_is_built_from_three_ranks(monkeypatch):
@@ -247,12 +248,12 @@ def test_an_instance_too_large_is_refused_before_it_is_built_from_three_ranks(mo
     ring, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allreduce_ring.strata"))
     monkeypatch.setattr(instantiate_mod, "PROBE_FROM", 4)
     # world 8, per rank: entry, the entry round's signal and wait, 2 * 8 - 2 steps of a wait (but
-    # the first), a stage and a signal, the last wait, exit: 46 events, and a move of one source
-    # per step: 74
+    # the first), a stage and a signal, the last wait, exit: 46 events; a move of one source per
+    # step (28); 15 signals and 15 waits: 104
     monkeypatch.setattr(instantiate_mod, "MAX_EVENTS", 300)
     d, = verify.verify(ring, 8, {"n": 3}).diagnostics
-    assert d.code == Codes.BAD_WORLD and "would hold about 592 events, moves and sources (up to 74 " \
-        "on a rank), more than the 300 the verifier holds: refused before it is built" in d.message, d.message
+    assert d.code == Codes.BAD_WORLD and "would hold about 832 events, moves, sources, signals and " \
+        "waits (up to 104 on a rank), more than the 300 the verifier holds: refused before it is built" in d.message, d.message
     monkeypatch.setattr(instantiate_mod, "MAX_EVENTS", 10_000)
     monkeypatch.setattr(instantiate_mod, "CLOCK_BYTES", 1000)
     d, = verify.verify(ring, 8, {"n": 3}).diagnostics
