@@ -51,6 +51,7 @@ def verify(s: ir.Schedule, world: int, sizes: dict[str, int], routing: str | Non
     try:
         inst = instantiate(s, world, sizes, active=active)
         if s.contract.kind.moe:
+            _refuse_large_tables(inst)
             route_sample(inst, routing or getattr(sizes, "routing", None) or "uniform")
     except StrataError as exc:
         res.diagnostics = exc.diagnostics
@@ -66,6 +67,25 @@ def verify(s: ir.Schedule, world: int, sizes: dict[str, int], routing: str | Non
         res.diagnostics.extend(check_contract(inst, ex.values))
     res.seconds = time.perf_counter() - t0
     return res
+
+
+# The most elements the count tables of a MoE or AllToAllV instance may hold over all ranks (world
+# x experts on each rank, world^2 x experts in all): unlike the tokens, they are data the routing
+# constructs read element by element (a rank's exscan reads the whole table), so they are held and
+# read as arrays, and the verifier's time and memory grow with them.
+TABLE_ELEMENT_LIMIT = 64_000_000
+
+
+def _refuse_large_tables(inst) -> None:
+    s, c = inst.schedule, inst.schedule.contract
+    counts = c.outputs[1] if c.kind.dispatch else c.inputs[3]
+    table = inst.buffer_sizes[counts] * inst.world
+    if table > TABLE_ELEMENT_LIMIT:
+        raise StrataError(error(Codes.BAD_WORLD, f"{s.name} ({context(inst)}): its count tables "
+                                f"({counts}, {inst.buffer_sizes[counts]:,} elements on each rank) hold "
+                                f"{table:,} elements over all ranks, more than the "
+                                f"{TABLE_ELEMENT_LIMIT:,} the verifier reads: refused before the routing "
+                                "is drawn; prove it at a smaller world", s.param(counts).span))
 
 
 def world_refused(s: ir.Schedule, world: int, unmet: ir.Requirement) -> Diagnostic:

@@ -287,3 +287,16 @@ def test_a_callees_requires_is_inherited_on_its_team():
     d, = verify.verify(twolevel, 6, {"n": 12}).diagnostics
     assert d.code == Codes.BAD_WORLD and "twolevel does not support world 6" in d.message
     assert d.span.line == 30 and ir.unmet_requirement(twolevel, 4) is None
+
+
+def test_a_moe_instance_whose_count_tables_are_too_large_is_refused_before_routing(monkeypatch):
+    """A MoE combine reads every rank's world x experts count table element by element: over all
+    ranks world^2 x experts, refused before the routing is drawn (world 8,192: 5.5e11 elements)."""
+    _, combine = frontend.schedules(frontend.load_source(ROOT / "examples" / "moe_prefill.strata"))
+    sizes = {"experts": 8, "hidden": 3, "tokens": 5, "topk": 2}
+    assert verify.verify(combine, 4, sizes, "uniform").ok
+    monkeypatch.setattr(verify.check, "TABLE_ELEMENT_LIMIT", 4 * 4 * 8 - 1)   # world x (world x experts)
+    d, = verify.verify(combine, 4, sizes, "uniform").diagnostics
+    assert d.code == Codes.BAD_WORLD and "its count tables (counts, 32 elements on each rank) hold 128 " \
+        "elements over all ranks, more than the 127 the verifier reads: refused before the routing is " \
+        "drawn" in d.message, d.message
