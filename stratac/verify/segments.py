@@ -10,12 +10,14 @@ affine piece affine. So a buffer holds as many pieces as the moves that cut it, 
 and a proof at 256 MiB costs what it costs at 1 KiB.
 
 Why affine tags prove as much as random ones: a value the schedule leaves is a sum of initial
-elements, sum_k (a_k + c_k j_k) for some (rank, buffer, index) terms. It equals the contract's
-value at index i, sum_r (a_r + c_r i), as a polynomial in the independent a's and c's only when
-every (rank, buffer) occurs as often and at the same indices: exactly when the schedule is right
-at that element. A wrong one agrees only where a nonzero linear form of the random draws vanishes
-mod 2^64, as with distinct random tags. A value is named back exactly (`Buffer.find`): c is
-invertible mod 2^64.
+elements, sum_k (a_k + c_k j_k) for some (rank, buffer, index) terms (a combine's terms also
+scaled by a weight element). As a polynomial in the independent a's and c's it equals the
+contract's value only if every (rank, buffer) occurs as often, with the same sum of indices. Every
+contract takes each element of each rank's buffer at most once into an expected value, so equal
+counts mean one term at the contract's own index: equal as polynomials exactly when the schedule
+is right at that element. A wrong value agrees only where a nonzero form of the random draws
+vanishes mod 2^64, as with distinct random tags (c is odd, so c (j - i) never does). A value is
+named back exactly (`Buffer.find`): c is invertible mod 2^64.
 
 `Segs` is the value of a range (what reading a slice gives); `Buffer` the value of a whole buffer,
 indexed like a numpy array. Both turn into numpy arrays (`np.asarray`) where a caller needs the
