@@ -213,11 +213,7 @@ class Buffer:
         i = bisect_right(starts, lo) - 1
         s, p = starts[i], parts[i]
         if hi <= s + p[0]:     # within one piece: the common case
-            if lo == s and hi == s + p[0]:
-                return [p]
-            n, a, c = p
-            off = lo - s
-            return [(hi - lo, a[off:off + hi - lo], None) if c is None else (hi - lo, (a + c * off) & MASK, c)]
+            return [p] if lo == s and hi == s + p[0] else [_clip(p, lo - s, hi - lo)]
         out = []
         while i < len(parts) and starts[i] < hi:
             s, p = starts[i], parts[i]
