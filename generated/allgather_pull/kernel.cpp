@@ -27,7 +27,7 @@ class AllgatherPull {
 
   __aicore__ inline void Process() {
     STRATA_LINE(9);  // strata:9 barrier, where the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     {  // strata:10 stage 1 on sdma
       STRATA_LINE(10);
       int64_t total = 0;

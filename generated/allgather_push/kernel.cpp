@@ -27,7 +27,7 @@ class AllgatherPush {
 
   __aicore__ inline void Process() {
     STRATA_LINE(10);  // strata:10 barrier, where the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     {  // strata:11 stage 1 on sdma
       STRATA_LINE(11);
       int64_t total = 0;

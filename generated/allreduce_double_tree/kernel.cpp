@@ -35,7 +35,7 @@ class AllreduceDoubleTree {
 
   __aicore__ inline void Process() {
     STRATA_LINE(15);  // strata:15 the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       for (int64_t t_ = 0; t_ < 2; ++t_) {
         if (2 * (rank + t_ * (world - 1 - 2 * rank)) + 1 < world) {

@@ -26,7 +26,7 @@ class AllreduceHalvingDoubling {
 
   __aicore__ inline void Process() {
     STRATA_LINE(15);  // strata:15 the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     if ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank % 2 : 0) == 1) {  // strata:24
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(25);  // strata:25

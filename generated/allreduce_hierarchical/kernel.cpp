@@ -37,7 +37,7 @@ class AllreduceHierarchical {
 
   __aicore__ inline void Process() {
     STRATA_LINE(14);  // strata:14 the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     STRATA_LINE(21);  // strata:21
     strata::TeamBarrier(sync_, epoch_ + 1, node_);
     {  // strata:22 stage 1 on aiv

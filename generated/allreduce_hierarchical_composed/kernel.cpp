@@ -37,7 +37,7 @@ class AllreduceHierarchicalComposed {
 
   __aicore__ inline void Process() {
     STRATA_LINE(18);  // strata:18 the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     STRATA_LINE(24);  // strata:24
     strata::TeamBarrier(sync_, epoch_ + 1, node_);
     {  // strata:25 stage 1 on aiv

@@ -35,7 +35,7 @@ class AllreduceTwoshot {
 
   __aicore__ inline void Process() {
     STRATA_LINE(11);  // strata:11 barrier, where the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     {  // strata:12 stage 1 on aiv
       STRATA_LINE(12);
       int64_t total = 0;

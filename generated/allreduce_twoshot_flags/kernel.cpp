@@ -35,7 +35,7 @@ class AllreduceTwoshotFlags {
 
   __aicore__ inline void Process() {
     STRATA_LINE(7);  // strata:7 the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;

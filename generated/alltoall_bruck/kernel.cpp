@@ -29,7 +29,7 @@ class AlltoallBruck {
 
   __aicore__ inline void Process() {
     STRATA_LINE(13);  // strata:13 the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (world > 1) {
         STRATA_LINE(21);  // strata:21

@@ -32,7 +32,7 @@ class Alltoallv {
 
   __aicore__ inline void Process() {
     STRATA_LINE(10);  // strata:10 the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     {  // strata:15 stage 1 on aiv
       STRATA_LINE(15);  // strata:15
       rt_.Histogram(counts_ + rank * world, dest_, rows_, world);

@@ -36,7 +36,7 @@ class Broadcast {
 
   __aicore__ inline void Process() {
     STRATA_LINE(8);  // strata:8 barrier, where the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     if (rank == root_) {  // strata:9
       {  // strata:9 stage 1 on sdma
         STRATA_LINE(9);

@@ -27,7 +27,7 @@ class BroadcastTree {
 
   __aicore__ inline void Process() {
     STRATA_LINE(8);  // strata:8 the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (strata::Mod(rank - root_, world) > 0) {
         STRATA_LINE(13);  // strata:13

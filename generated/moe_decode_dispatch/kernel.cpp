@@ -5,7 +5,7 @@
 
 namespace {
 
-constexpr uint32_t kTileBytes = 77696;
+constexpr uint32_t kTileBytes = 76672;
 constexpr uint32_t kCopyTiles = 2;
 constexpr uint32_t kReduceTiles = 0;
 constexpr uint32_t kScratchBytes = 256;
@@ -14,10 +14,9 @@ constexpr int64_t kSdmaThreshold = 262144;
 template <typename T, strata::Red OP>
 class MoeDecodeDispatch {
  public:
-  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
     sync_ = reinterpret_cast<__gm__ int32_t*>(sync);
     epoch_ = epoch;
-    active_ = active;
     x_ = reinterpret_cast<__gm__ T*>(x);
     ids_ = reinterpret_cast<__gm__ int32_t*>(ids);
     counts_ = reinterpret_cast<__gm__ int32_t*>(counts);
@@ -30,14 +29,15 @@ class MoeDecodeDispatch {
     topk_ = static_cast<int64_t>(topk);
     rank = aclshmem_my_pe();
     world = aclshmem_n_pes();
+    live_.Load(&pipe_, mask_, sync_, world);   // the call's live ranks, written by the host
     mv_.Init(&pipe_, kTileBytes, kCopyTiles, kReduceTiles, kScratchBytes);
     rt_.Init(&pipe_, false);
-    rt_.Mask(active_);
+    rt_.Mask(live_);
   }
 
   __aicore__ inline void Process() {
     STRATA_LINE(12);  // strata:12 the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, live_)) return;
     {  // strata:19 stage 1 on aiv
       STRATA_LINE(19);
       STRATA_LINE(20);  // strata:20
@@ -51,14 +51,14 @@ class MoeDecodeDispatch {
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        if (!strata::Live(active_, p_)) continue;
+        if (!strata::Live(live_, p_)) continue;
         total += experts_ * strata::Ratio<int32_t, T>();
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        if (!strata::Live(active_, p_)) continue;
+        if (!strata::Live(live_, p_)) continue;
         STRATA_LINE(24);  // strata:24
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
@@ -73,13 +73,13 @@ class MoeDecodeDispatch {
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        if (!strata::Live(active_, p_)) continue;
+        if (!strata::Live(live_, p_)) continue;
         STRATA_LINE(27);  // strata:27
         strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, p_);
       }
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        if (!strata::Live(active_, p_)) continue;
+        if (!strata::Live(live_, p_)) continue;
         STRATA_LINE(28);  // strata:28
         strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 1);
       }
@@ -93,7 +93,8 @@ class MoeDecodeDispatch {
   strata::Router<T> rt_;
   __gm__ int32_t* sync_ = nullptr;
   int32_t epoch_ = 0;
-  uint64_t active_ = strata::kAllRanks;   // the live ranks of this call (strata::Live)
+  AscendC::TBuf<AscendC::TPosition::VECCALC> mask_;
+  strata::Ranks live_;   // the live ranks of this call (strata::Live)
   __gm__ T* x_ = nullptr;
   __gm__ int32_t* ids_ = nullptr;
   __gm__ int32_t* counts_ = nullptr;
@@ -110,23 +111,23 @@ class MoeDecodeDispatch {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void moe_decode_dispatch_f32(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_decode_dispatch_f32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeDecodeDispatch<float, strata::Red::kSum> op;
-  op.Init(sync, epoch, active, x, ids, counts, win, offs, capacity, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, x, ids, counts, win, offs, capacity, experts, hidden, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_decode_dispatch_f16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_decode_dispatch_f16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeDecodeDispatch<half, strata::Red::kSum> op;
-  op.Init(sync, epoch, active, x, ids, counts, win, offs, capacity, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, x, ids, counts, win, offs, capacity, experts, hidden, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_decode_dispatch_bf16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_decode_dispatch_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeDecodeDispatch<bfloat16_t, strata::Red::kSum> op;
-  op.Init(sync, epoch, active, x, ids, counts, win, offs, capacity, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, x, ids, counts, win, offs, capacity, experts, hidden, tokens, topk);
   op.Process();
 }

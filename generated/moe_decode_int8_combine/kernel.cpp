@@ -14,10 +14,9 @@ constexpr int64_t kSdmaThreshold = 262144;
 template <typename T, strata::Red OP>
 class MoeDecodeInt8Combine {
  public:
-  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
     sync_ = reinterpret_cast<__gm__ int32_t*>(sync);
     epoch_ = epoch;
-    active_ = active;
     win_ = reinterpret_cast<__gm__ T*>(win);
     ids_ = reinterpret_cast<__gm__ int32_t*>(ids);
     weights_ = reinterpret_cast<__gm__ float*>(weights);
@@ -31,14 +30,15 @@ class MoeDecodeInt8Combine {
     topk_ = static_cast<int64_t>(topk);
     rank = aclshmem_my_pe();
     world = aclshmem_n_pes();
+    live_.Load(&pipe_, mask_, sync_, world);   // the call's live ranks, written by the host
     mv_.Init(&pipe_, kTileBytes, kCopyTiles, kReduceTiles, kScratchBytes);
     rt_.Init(&pipe_, true);
-    rt_.Mask(active_);
+    rt_.Mask(live_);
   }
 
   __aicore__ inline void Process() {
     STRATA_LINE(28);  // strata:28 the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, live_)) return;
     {  // strata:34 stage 1 on aiv
       STRATA_LINE(34);  // strata:34
       rt_.Slots(offs_, experts_, capacity_, rank, world);
@@ -47,13 +47,13 @@ class MoeDecodeInt8Combine {
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        if (!strata::Live(active_, p_)) continue;
+        if (!strata::Live(live_, p_)) continue;
         STRATA_LINE(35);  // strata:35
         strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 2, p_);
       }
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        if (!strata::Live(active_, p_)) continue;
+        if (!strata::Live(live_, p_)) continue;
         STRATA_LINE(36);  // strata:36
         strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 2);
       }
@@ -65,7 +65,7 @@ class MoeDecodeInt8Combine {
       strata::EndStage(mv_);
     }
     STRATA_LINE(38);  // strata:38
-    strata::MaskedBarrier(sync_, epoch_ + 1, active_);
+    strata::MaskedBarrier(sync_, epoch_ + 1, live_);
   }
 
  private:
@@ -74,7 +74,8 @@ class MoeDecodeInt8Combine {
   strata::Router<T> rt_;
   __gm__ int32_t* sync_ = nullptr;
   int32_t epoch_ = 0;
-  uint64_t active_ = strata::kAllRanks;   // the live ranks of this call (strata::Live)
+  AscendC::TBuf<AscendC::TPosition::VECCALC> mask_;
+  strata::Ranks live_;   // the live ranks of this call (strata::Live)
   __gm__ T* win_ = nullptr;
   __gm__ int32_t* ids_ = nullptr;
   __gm__ float* weights_ = nullptr;
@@ -92,23 +93,23 @@ class MoeDecodeInt8Combine {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void moe_decode_int8_combine_f32(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_decode_int8_combine_f32(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeDecodeInt8Combine<float, strata::Red::kSum> op;
-  op.Init(sync, epoch, active, win, ids, weights, counts, y, offs, capacity, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, win, ids, weights, counts, y, offs, capacity, experts, hidden, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_decode_int8_combine_f16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_decode_int8_combine_f16(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeDecodeInt8Combine<half, strata::Red::kSum> op;
-  op.Init(sync, epoch, active, win, ids, weights, counts, y, offs, capacity, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, win, ids, weights, counts, y, offs, capacity, experts, hidden, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_decode_int8_combine_bf16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_decode_int8_combine_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeDecodeInt8Combine<bfloat16_t, strata::Red::kSum> op;
-  op.Init(sync, epoch, active, win, ids, weights, counts, y, offs, capacity, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, win, ids, weights, counts, y, offs, capacity, experts, hidden, tokens, topk);
   op.Process();
 }

@@ -5,7 +5,7 @@
 
 namespace {
 
-constexpr uint32_t kTileBytes = 77696;
+constexpr uint32_t kTileBytes = 76672;
 constexpr uint32_t kCopyTiles = 2;
 constexpr uint32_t kReduceTiles = 0;
 constexpr uint32_t kScratchBytes = 256;
@@ -14,10 +14,9 @@ constexpr int64_t kSdmaThreshold = 262144;
 template <typename T, strata::Red OP>
 class MoePrefillInt8Dispatch {
  public:
-  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR xq, GM_ADDR xs, GM_ADDR ids, GM_ADDR counts, GM_ADDR wq, GM_ADDR ws, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
+  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, GM_ADDR xq, GM_ADDR xs, GM_ADDR ids, GM_ADDR counts, GM_ADDR wq, GM_ADDR ws, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
     sync_ = reinterpret_cast<__gm__ int32_t*>(sync);
     epoch_ = epoch;
-    active_ = active;
     xq_ = reinterpret_cast<__gm__ int8_t*>(xq);
     xs_ = reinterpret_cast<__gm__ float*>(xs);
     ids_ = reinterpret_cast<__gm__ int32_t*>(ids);
@@ -32,34 +31,35 @@ class MoePrefillInt8Dispatch {
     topk_ = static_cast<int64_t>(topk);
     rank = aclshmem_my_pe();
     world = aclshmem_n_pes();
+    live_.Load(&pipe_, mask_, sync_, world);   // the call's live ranks, written by the host
     mv_.Init(&pipe_, kTileBytes, kCopyTiles, kReduceTiles, kScratchBytes);
     rt_.Init(&pipe_, false);
-    rt_.Mask(active_);
+    rt_.Mask(live_);
   }
 
   __aicore__ inline void Process() {
     STRATA_LINE(15);  // strata:15 the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, live_)) return;
     {  // strata:21 stage 1 on aiv
       STRATA_LINE(21);  // strata:21
       rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);
       strata::EndStage(mv_);
     }
     STRATA_LINE(22);  // strata:22
-    strata::MaskedBarrier(sync_, epoch_ + 1, active_);
+    strata::MaskedBarrier(sync_, epoch_ + 1, live_);
     {  // strata:23 stage 2 on aiv
       STRATA_LINE(23);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        if (!strata::Live(active_, p_)) continue;
+        if (!strata::Live(live_, p_)) continue;
         total += experts_ * strata::Ratio<int32_t, T>();
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        if (!strata::Live(active_, p_)) continue;
+        if (!strata::Live(live_, p_)) continue;
         STRATA_LINE(23);  // strata:23
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
@@ -70,7 +70,7 @@ class MoePrefillInt8Dispatch {
       strata::EndStage(mv_);
     }
     STRATA_LINE(24);  // strata:24
-    strata::MaskedBarrier(sync_, epoch_ + 2, active_);
+    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
     {  // strata:25 stage 3 on aiv
       STRATA_LINE(25);  // strata:25
       rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerOwner, max_recv_, strata::StatusLine(sync_, world));
@@ -84,7 +84,7 @@ class MoePrefillInt8Dispatch {
       strata::EndStage(mv_);
     }
     STRATA_LINE(30);  // strata:30
-    strata::MaskedBarrier(sync_, epoch_ + 3, active_);
+    strata::MaskedBarrier(sync_, epoch_ + 3, live_);
   }
 
  private:
@@ -93,7 +93,8 @@ class MoePrefillInt8Dispatch {
   strata::Router<T> rt_;
   __gm__ int32_t* sync_ = nullptr;
   int32_t epoch_ = 0;
-  uint64_t active_ = strata::kAllRanks;   // the live ranks of this call (strata::Live)
+  AscendC::TBuf<AscendC::TPosition::VECCALC> mask_;
+  strata::Ranks live_;   // the live ranks of this call (strata::Live)
   __gm__ int8_t* xq_ = nullptr;
   __gm__ float* xs_ = nullptr;
   __gm__ int32_t* ids_ = nullptr;
@@ -112,9 +113,9 @@ class MoePrefillInt8Dispatch {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void moe_prefill_int8_dispatch_i8(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR xq, GM_ADDR xs, GM_ADDR ids, GM_ADDR counts, GM_ADDR wq, GM_ADDR ws, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_prefill_int8_dispatch_i8(GM_ADDR sync, int32_t epoch, GM_ADDR xq, GM_ADDR xs, GM_ADDR ids, GM_ADDR counts, GM_ADDR wq, GM_ADDR ws, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoePrefillInt8Dispatch<int8_t, strata::Red::kSum> op;
-  op.Init(sync, epoch, active, xq, xs, ids, counts, wq, ws, offs, experts, hidden, max_recv, tokens, topk);
+  op.Init(sync, epoch, xq, xs, ids, counts, wq, ws, offs, experts, hidden, max_recv, tokens, topk);
   op.Process();
 }

@@ -14,10 +14,9 @@ constexpr int64_t kSdmaThreshold = 262144;
 template <typename T, strata::Red OP>
 class MoeStagingBaselineCombine {
  public:
-  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
     sync_ = reinterpret_cast<__gm__ int32_t*>(sync);
     epoch_ = epoch;
-    active_ = active;
     win_ = reinterpret_cast<__gm__ T*>(win);
     ids_ = reinterpret_cast<__gm__ int32_t*>(ids);
     weights_ = reinterpret_cast<__gm__ float*>(weights);
@@ -30,28 +29,29 @@ class MoeStagingBaselineCombine {
     topk_ = static_cast<int64_t>(topk);
     rank = aclshmem_my_pe();
     world = aclshmem_n_pes();
+    live_.Load(&pipe_, mask_, sync_, world);   // the call's live ranks, written by the host
     mv_.Init(&pipe_, kTileBytes, kCopyTiles, kReduceTiles, kScratchBytes);
     rt_.Init(&pipe_, true);
-    rt_.Mask(active_);
+    rt_.Mask(live_);
   }
 
   __aicore__ inline void Process() {
     STRATA_LINE(32);  // strata:32 the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, live_)) return;
     {  // strata:37 stage 1 on aiv
       STRATA_LINE(37);  // strata:37
       rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerOwner, world * tokens_ * topk_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(38);  // strata:38
-    strata::MaskedBarrier(sync_, epoch_ + 1, active_);
+    strata::MaskedBarrier(sync_, epoch_ + 1, live_);
     {  // strata:39 stage 2 on aiv
       STRATA_LINE(39);  // strata:39
       rt_.Gather(y_, win_, world * tokens_ * topk_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(40);  // strata:40
-    strata::MaskedBarrier(sync_, epoch_ + 2, active_);
+    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
   }
 
  private:
@@ -60,7 +60,8 @@ class MoeStagingBaselineCombine {
   strata::Router<T> rt_;
   __gm__ int32_t* sync_ = nullptr;
   int32_t epoch_ = 0;
-  uint64_t active_ = strata::kAllRanks;   // the live ranks of this call (strata::Live)
+  AscendC::TBuf<AscendC::TPosition::VECCALC> mask_;
+  strata::Ranks live_;   // the live ranks of this call (strata::Live)
   __gm__ T* win_ = nullptr;
   __gm__ int32_t* ids_ = nullptr;
   __gm__ float* weights_ = nullptr;
@@ -77,23 +78,23 @@ class MoeStagingBaselineCombine {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void moe_staging_baseline_combine_f32(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_staging_baseline_combine_f32(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeStagingBaselineCombine<float, strata::Red::kSum> op;
-  op.Init(sync, epoch, active, win, ids, weights, counts, y, offs, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, win, ids, weights, counts, y, offs, experts, hidden, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_staging_baseline_combine_f16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_staging_baseline_combine_f16(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeStagingBaselineCombine<half, strata::Red::kSum> op;
-  op.Init(sync, epoch, active, win, ids, weights, counts, y, offs, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, win, ids, weights, counts, y, offs, experts, hidden, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_staging_baseline_combine_bf16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_staging_baseline_combine_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeStagingBaselineCombine<bfloat16_t, strata::Red::kSum> op;
-  op.Init(sync, epoch, active, win, ids, weights, counts, y, offs, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, win, ids, weights, counts, y, offs, experts, hidden, tokens, topk);
   op.Process();
 }

@@ -5,7 +5,7 @@
 
 namespace {
 
-constexpr uint32_t kTileBytes = 77696;
+constexpr uint32_t kTileBytes = 76672;
 constexpr uint32_t kCopyTiles = 2;
 constexpr uint32_t kReduceTiles = 0;
 constexpr uint32_t kScratchBytes = 256;
@@ -14,10 +14,9 @@ constexpr int64_t kSdmaThreshold = 262144;
 template <typename T, strata::Red OP>
 class MoeStagingBaselineDispatch {
  public:
-  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, GM_ADDR send, GM_ADDR recv, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+  __aicore__ inline void Init(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, GM_ADDR send, GM_ADDR recv, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
     sync_ = reinterpret_cast<__gm__ int32_t*>(sync);
     epoch_ = epoch;
-    active_ = active;
     x_ = reinterpret_cast<__gm__ T*>(x);
     ids_ = reinterpret_cast<__gm__ int32_t*>(ids);
     counts_ = reinterpret_cast<__gm__ int32_t*>(counts);
@@ -31,14 +30,15 @@ class MoeStagingBaselineDispatch {
     topk_ = static_cast<int64_t>(topk);
     rank = aclshmem_my_pe();
     world = aclshmem_n_pes();
+    live_.Load(&pipe_, mask_, sync_, world);   // the call's live ranks, written by the host
     mv_.Init(&pipe_, kTileBytes, kCopyTiles, kReduceTiles, kScratchBytes);
     rt_.Init(&pipe_, false);
-    rt_.Mask(active_);
+    rt_.Mask(live_);
   }
 
   __aicore__ inline void Process() {
     STRATA_LINE(11);  // strata:11 the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, active_)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, live_)) return;
     {  // strata:19 stage 1 on aiv
       STRATA_LINE(19);
       int64_t total = 0;
@@ -55,20 +55,20 @@ class MoeStagingBaselineDispatch {
       strata::EndStage(mv_);
     }
     STRATA_LINE(23);  // strata:23
-    strata::MaskedBarrier(sync_, epoch_ + 1, active_);
+    strata::MaskedBarrier(sync_, epoch_ + 1, live_);
     {  // strata:24 stage 2 on aiv
       STRATA_LINE(24);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        if (!strata::Live(active_, p_)) continue;
+        if (!strata::Live(live_, p_)) continue;
         total += experts_ * strata::Ratio<int32_t, T>();
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        if (!strata::Live(active_, p_)) continue;
+        if (!strata::Live(live_, p_)) continue;
         STRATA_LINE(24);  // strata:24
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
@@ -79,7 +79,7 @@ class MoeStagingBaselineDispatch {
       strata::EndStage(mv_);
     }
     STRATA_LINE(25);  // strata:25
-    strata::MaskedBarrier(sync_, epoch_ + 2, active_);
+    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
     {  // strata:26 stage 3 on aiv
       STRATA_LINE(26);  // strata:26
       rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerOwner, world * tokens_ * topk_, strata::StatusLine(sync_, world));
@@ -91,7 +91,7 @@ class MoeStagingBaselineDispatch {
       strata::EndStage(mv_);
     }
     STRATA_LINE(28);  // strata:28
-    strata::MaskedBarrier(sync_, epoch_ + 3, active_);
+    strata::MaskedBarrier(sync_, epoch_ + 3, live_);
     {  // strata:29 stage 5 on aiv
       STRATA_LINE(29);
       int64_t total = 0;
@@ -113,7 +113,8 @@ class MoeStagingBaselineDispatch {
   strata::Router<T> rt_;
   __gm__ int32_t* sync_ = nullptr;
   int32_t epoch_ = 0;
-  uint64_t active_ = strata::kAllRanks;   // the live ranks of this call (strata::Live)
+  AscendC::TBuf<AscendC::TPosition::VECCALC> mask_;
+  strata::Ranks live_;   // the live ranks of this call (strata::Live)
   __gm__ T* x_ = nullptr;
   __gm__ int32_t* ids_ = nullptr;
   __gm__ int32_t* counts_ = nullptr;
@@ -131,23 +132,23 @@ class MoeStagingBaselineDispatch {
 
 }  // namespace
 
-extern "C" __global__ __aicore__ void moe_staging_baseline_dispatch_f32(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, GM_ADDR send, GM_ADDR recv, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_staging_baseline_dispatch_f32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, GM_ADDR send, GM_ADDR recv, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeStagingBaselineDispatch<float, strata::Red::kSum> op;
-  op.Init(sync, epoch, active, x, ids, counts, win, offs, send, recv, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, x, ids, counts, win, offs, send, recv, experts, hidden, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_staging_baseline_dispatch_f16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, GM_ADDR send, GM_ADDR recv, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_staging_baseline_dispatch_f16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, GM_ADDR send, GM_ADDR recv, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeStagingBaselineDispatch<half, strata::Red::kSum> op;
-  op.Init(sync, epoch, active, x, ids, counts, win, offs, send, recv, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, x, ids, counts, win, offs, send, recv, experts, hidden, tokens, topk);
   op.Process();
 }
 
-extern "C" __global__ __aicore__ void moe_staging_baseline_dispatch_bf16(GM_ADDR sync, int32_t epoch, uint64_t active, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, GM_ADDR send, GM_ADDR recv, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
+extern "C" __global__ __aicore__ void moe_staging_baseline_dispatch_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR ids, GM_ADDR counts, GM_ADDR win, GM_ADDR offs, GM_ADDR send, GM_ADDR recv, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoeStagingBaselineDispatch<bfloat16_t, strata::Red::kSum> op;
-  op.Init(sync, epoch, active, x, ids, counts, win, offs, send, recv, experts, hidden, tokens, topk);
+  op.Init(sync, epoch, x, ids, counts, win, offs, send, recv, experts, hidden, tokens, topk);
   op.Process();
 }

@@ -27,7 +27,7 @@ class Reduce {
 
   __aicore__ inline void Process() {
     STRATA_LINE(4);  // strata:4 barrier, where the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     if (rank == root_) {  // strata:5
       {  // strata:5 stage 1 on aiv
         STRATA_LINE(5);

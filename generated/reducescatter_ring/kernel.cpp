@@ -28,7 +28,7 @@ class ReducescatterRing {
 
   __aicore__ inline void Process() {
     STRATA_LINE(7);  // strata:7 the ranks agree on the call
-    if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;
+    if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     {  // strata:14 stage 1 on aiv
       STRATA_LINE(14);
       int64_t total = 0;

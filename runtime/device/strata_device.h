@@ -20,7 +20,7 @@
 // not arrived.
 #define STRATA_WAIT_NOTE(what, group, count, index) ::strata_cpu::NoteWait(what, group, count, index)
 // Tells the CPU model that the core's DMAs from here are sync traffic (the ranks' agreement on the
-// call), which its data counters leave out, as they leave out signals.
+// call, the read of the call's mask), which its data counters leave out, as they leave out signals.
 #define STRATA_SYNC_TRAFFIC(on) ::strata_cpu::SyncTraffic(on)
 #else
 #define STRATA_LINE(n) ((void)0)
@@ -77,16 +77,56 @@ __aicore__ inline __gm__ int32_t* AgreeRecord(__gm__ int32_t* sync, int64_t worl
 __aicore__ inline __gm__ int32_t* AgreeVerdict(__gm__ int32_t* sync, int64_t world) {
   return AgreeRecord(sync, world, 2);
 }
+// After the verdict line: the rank's mask of active ranks, bit p of int32 word p / 32 for rank p
+// (stratac/codegen/abi.py mask_offset; Ranks below).
+__aicore__ inline __gm__ int32_t* MaskBits(__gm__ int32_t* sync, int64_t world) {
+  return AgreeVerdict(sync, world) + kSyncSlotInts;
+}
 
 __aicore__ inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// A mask of active ranks (MoE calls, docs/robustness.md "Masked ranks"): bit p set = rank p takes
-// part. It travels as one 64-bit kernel argument, so only ranks below 64 can be masked; the host
-// refuses a mask at a larger world and passes kAllRanks.
-constexpr uint64_t kAllRanks = ~0ull;
-__aicore__ inline bool Live(uint64_t active, int64_t pe) {
-  return pe >= 64 || ((active >> pe) & 1ull) != 0;
-}
+// The ranks that take part in a call (MoE calls, docs/robustness.md "Masked ranks"). Default
+// constructed: every rank (the kernels without a mask). Load: the mask the host wrote into the sync
+// area before the launch (MaskBits, one bit per rank), copied into UB once by DMA and read there by
+// the scalar unit; a GM scalar read could meet a stale D-cache line of an earlier call's mask. The
+// UB buffer holds kMaskMaxWorld bits (ir.MASK_MAX_WORLD; stratac/ir/passes.py MASK_BYTES). The
+// host refuses a larger world; should one reach the kernel, the CPU model fails and the NPU kernel
+// counts no rank from kMaskMaxWorld on as live (it neither writes to nor waits for them).
+constexpr int64_t kMaskMaxWorld = 16384;
+constexpr uint32_t kMaskBytes = kMaskMaxWorld / 8;
+class Ranks {
+ public:
+  __aicore__ inline void Load(AscendC::TPipe* pipe, AscendC::TBuf<AscendC::TPosition::VECCALC>& buf,
+                              __gm__ int32_t* sync, int64_t world) {
+#ifdef STRATA_CPU_MODEL
+    if (world > kMaskMaxWorld) ::strata_cpu::Fail("a mask of active ranks holds at most %lld ranks, the world has %lld",
+                                                  static_cast<long long>(kMaskMaxWorld), static_cast<long long>(world));
+#endif
+    limit_ = Min(world, kMaskMaxWorld);
+    pipe->InitBuffer(buf, kMaskBytes);
+    bits_ = buf.template Get<int32_t>();
+    // whole 32-byte blocks (the mask's lines in the sync area are 64-byte lines)
+    const uint32_t words = static_cast<uint32_t>((limit_ + 255) / 256 * 8);
+    AscendC::GlobalTensor<int32_t> g;
+    g.SetGlobalBuffer(MaskBits(sync, world), words);
+    STRATA_SYNC_TRAFFIC(true);
+    AscendC::DataCopy(bits_, g, words);
+    AscendC::PipeBarrier<PIPE_ALL>();   // in UB before the scalar unit reads it
+    STRATA_SYNC_TRAFFIC(false);
+    all_ = false;
+  }
+  __aicore__ inline bool Has(int64_t pe) const {
+    if (all_) return true;
+    if (pe >= limit_) return false;
+    return ((static_cast<uint32_t>(bits_.GetValue(static_cast<uint32_t>(pe >> 5))) >> (pe & 31)) & 1u) != 0;
+  }
+
+ private:
+  AscendC::LocalTensor<int32_t> bits_;
+  int64_t limit_ = 0;
+  bool all_ = true;
+};
+__aicore__ inline bool Live(const Ranks& ranks, int64_t pe) { return ranks.Has(pe); }
 __aicore__ inline int64_t Max(int64_t a, int64_t b) { return a > b ? a : b; }
 // The .strata language's a % b: floored, in [0, b) for b > 0 (the verifier refuses b <= 0), so
 // that (rank - s - 1) % world is a rank. C++'s % truncates toward zero.
@@ -411,7 +451,7 @@ template <typename T>
 class Router {
  public:
   __aicore__ inline void Init(AscendC::TPipe* pipe, bool gather) {
-    active_ = kAllRanks;
+    active_ = Ranks();
     world_ = aclshmem_n_pes();
     pipe->InitBuffer(meta_, kMetaBytes);
     pipe->InitBuffer(stage_, kStageBytes);
@@ -425,8 +465,11 @@ class Router {
 
   // The ranks of a masked call (Live): an entry whose expert lives on a masked rank is dropped
   // (counted nowhere, placed nowhere, weight 0 in the combine), and a masked rank's row of the
-  // count table is read as zeros (it may hold a dead rank's stale counts). kAllRanks: no mask.
-  __aicore__ inline void Mask(uint64_t active) { active_ = active; }
+  // count table is read as zeros (it may hold a dead rank's stale counts). Without Mask: no mask.
+  __aicore__ inline void Mask(const Ranks& active) {
+    active_ = active;
+    masked_ = true;
+  }
 
   // dst[e] = number of the n ids equal to e (one core counts in UB; the metadata is small);
   // entries of a masked rank's experts are not counted.
@@ -759,7 +802,7 @@ class Router {
   // Whether entry id e routes somewhere: an expert, on a rank the call's mask keeps.
   __aicore__ inline bool Routed(int32_t e, int64_t experts) const {
     if (e < 0 || e >= experts) return false;
-    return active_ == kAllRanks || Live(active_, e / Max(1, experts / world_));
+    return !masked_ || Live(active_, e / Max(1, experts / world_));
   }
 
   __aicore__ inline AscendC::LocalTensor<int32_t> Counters(int64_t experts) {
@@ -817,7 +860,8 @@ class Router {
   AscendC::TQue<AscendC::TPosition::VECOUT, 2> outQ_;
   AscendC::TBuf<AscendC::TPosition::VECCALC> acc_;
   AscendC::TBuf<AscendC::TPosition::VECCALC> tmp_;
-  uint64_t active_ = ~0ull;
+  Ranks active_;
+  bool masked_ = false;
   int64_t world_ = 1;
 };
 
@@ -899,7 +943,7 @@ __aicore__ inline void FetchWords(AscendC::LocalTensor<int32_t>& dst, __gm__ int
 // finds at least one that differs. A kernel whose first statement is a world barrier has it
 // replaced by this one (the same ordering: every live rank has entered the call).
 template <typename T>
-__aicore__ inline bool Agree(Mover<T>& mv, __gm__ int32_t* sync, int32_t epoch, uint64_t active) {
+__aicore__ inline bool Agree(Mover<T>& mv, __gm__ int32_t* sync, int32_t epoch, const Ranks& active) {
   const int64_t me = aclshmem_my_pe(), world = aclshmem_n_pes();
   const int64_t c = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
   // the kernel's first statement: nothing before it to drain
@@ -998,7 +1042,7 @@ __aicore__ inline void TeamBarrier(__gm__ int32_t* slots, int32_t stamp, const T
 // mask; a live rank that another live rank masks never gets that rank's announcement, and its
 // wait ends at the deadline naming the slot. Kept apart from a team barrier on purpose: the slots
 // are the world barrier's [0, world), indexed by global rank, as Barrier's.
-__aicore__ inline void MaskedBarrier(__gm__ int32_t* slots, int32_t stamp, uint64_t active) {
+__aicore__ inline void MaskedBarrier(__gm__ int32_t* slots, int32_t stamp, const Ranks& active) {
   const int64_t me = aclshmem_my_pe(), world = aclshmem_n_pes();
   const int64_t c = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
   AscendC::PipeBarrier<PIPE_ALL>();

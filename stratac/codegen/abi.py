@@ -2,7 +2,7 @@
 kernel entry's parameter list, the cffi cdef and manifest.json are all derived from it.
 
 Launcher:  int strata_launch_<schedule>(int32_t dtype, int32_t op, uint32_t blocks, void* stream,
-                                         void* sync, int32_t epoch, [uint64_t active,]
+                                         void* sync, int32_t epoch,
                                          void* <tensor>..., void* <scratch>..., uint64_t <size>...,
                                          int32_t <rank parameter>...)
 Kernel:    one entry per element type (and reduction, for a schedule with a redop parameter),
@@ -10,8 +10,9 @@ Kernel:    one entry per element type (and reduction, for a schedule with a redo
 No FFTS (hard-sync) address is passed: for a MIX kernel type the NPU build's ascendc_library adds a
 hidden ffts_addr argument itself and sets it in the wrapper it generates (docs/npu.md, "Launch").
 `dtype` is ir.DType.code, `op` the index in OPS (ignored without a redop parameter); `sync` is the
-symmetric flag area; `epoch` the call's first flag stamp; `active` (MoE schedules only,
-ir.takes_mask) the mask of active ranks, bit p for rank p (strata::Live; all ones: no mask). A user name that would clash in C++
+symmetric flag area; `epoch` the call's first flag stamp. A call's mask of active ranks (MoE
+schedules only, ir.takes_mask) is not an argument: the host writes it into the sync area before
+the launch (mask_offset). A user name that would clash in C++
 (`class`, `sync`, `x_`) is renamed there (c_name, c_param); the manifest keeps the user's names.
 """
 
@@ -59,10 +60,34 @@ AGREE_EPOCH_WORD = 8
 AGREE_TEXT_BYTES = AGREE_RECORD_BYTES - SYNC_SLOT_BYTES
 
 
+# After the verdict line: the rank's mask of active ranks (strata::Ranks), one bit per rank, bit p
+# of int32 word p / 32 for rank p (1: rank p takes part in the call), MASK_LINES(world) lines. The
+# host writes it before the launch of a masked kernel (ir.takes_mask), all ones for a call without
+# a mask; the kernel copies it into UB once (DataCopy: never read as GM scalars, which the scalar
+# D-cache could hold stale from an earlier call) and its loops, barriers and routing read it there.
+# Its own rank's only: the ranks' agreement (the record's hash covers the mask) is what tells a
+# live rank that another was called with another mask.
+MASK_BITS_PER_LINE = SYNC_SLOT_BYTES * 8
+
+
+def mask_lines(world: int) -> int:
+    """Lines of the mask of active ranks in a sync area of world ranks."""
+    return -(-world // MASK_BITS_PER_LINE)
+
+
+def mask_words(bits: int, world: int) -> list[int]:
+    """The sync area's mask lines for a mask `bits` (bit r: rank r is live; -1: every rank) as
+    int32 words (signed, as the area is read), bits from `world` on zero."""
+    bits &= (1 << world) - 1
+    words = [(bits >> (32 * i)) & 0xFFFFFFFF for i in range(mask_lines(world) * SYNC_SLOT_BYTES // 4)]
+    return [w - (1 << 32) if w >= 1 << 31 else w for w in words]
+
+
 def sync_area_bytes(world: int) -> int:
-    """Bytes of a communicator's sync area: (world + 4096 + 1 + 2 * 4 + 1) * 64: 256 KiB + 64 B per
-    rank, the status line, two agreement records and the verdict line."""
-    return (world + SYNC_SLOTS + 1) * SYNC_SLOT_BYTES + 2 * AGREE_RECORD_BYTES + SYNC_SLOT_BYTES
+    """Bytes of a communicator's sync area: (world + 4096 + 1 + 2 * 4 + 1 + ceil(world / 512)) * 64:
+    256 KiB + 64 B per rank, the status line, two agreement records, the verdict line and the mask
+    of active ranks."""
+    return mask_offset(world) + mask_lines(world) * SYNC_SLOT_BYTES
 
 
 def status_offset(world: int) -> int:
@@ -79,6 +104,11 @@ def agree_offset(world: int, parity: int) -> int:
 def verdict_offset(world: int) -> int:
     """Byte offset in the sync area of the agreement verdict line (strata::AgreeVerdict)."""
     return agree_offset(world, 2)
+
+
+def mask_offset(world: int) -> int:
+    """Byte offset in the sync area of the mask of active ranks (strata::MaskBits)."""
+    return verdict_offset(world) + SYNC_SLOT_BYTES
 
 
 @dataclass(frozen=True)
@@ -118,14 +148,14 @@ CPP_KEYWORDS = frozenset("""
 
 # What the generated code (templates/*.j2, codegen/emit.py) and the macros it expands (GM_ADDR,
 # STRATA_CPU_LAUNCH) name unqualified where a user's parameter is in scope, the stems of the
-# members it declares (sync_, epoch_, mv_, rt_, pipe_, active_), and the C library's and GNU's macros in
+# members it declares (sync_, epoch_, mv_, rt_, pipe_, mask_, live_), and the C library's and GNU's macros in
 # lower case. The locals of Process and the parameters of PartOffset are not here: user names
 # appear there only with `_`. tests/codegen/test_names.py builds a kernel whose parameters are named
 # after every identifier of the generated code, of runtime/'s headers and of their macros: a name a
 # template starts to use without adding it here fails there.
 GENERATED_NAMES = frozenset("""
     T OP GM_ADDR uint8_t int32_t int64_t uint32_t uint64_t half bfloat16_t sync epoch dtype op
-    blocks stream mv rt pipe active aclshmem_my_pe aclshmem_n_pes kTileBytes kCopyTiles kReduceTiles
+    blocks stream mv rt pipe active mask live aclshmem_my_pe aclshmem_n_pes kTileBytes kCopyTiles kReduceTiles
     kScratchBytes kSdmaThreshold PartOffset PartLength strata strata_cpu AscendC
     KERNEL_TASK_TYPE_DEFAULT KERNEL_TYPE_MIX_AIV_1_0 STRATA_LAUNCH STRATA_GM
     STRATA_CPU_LAUNCH ACLRT_LAUNCH_KERNEL aclrtStream body
@@ -209,8 +239,6 @@ def args(s: ir.Schedule) -> list[Arg]:
         Arg("sync", "void*", "GM_ADDR", "sync"),
         Arg("epoch", "int32_t", "int32_t", "epoch"),
     ]
-    if ir.takes_mask(s):
-        out.append(Arg("active", "uint64_t", "uint64_t", "active"))
     out += [Arg(p.name, "void*", "GM_ADDR", "tensor", c_param(s, p.name)) for p in s.tensors]
     out += [Arg(p.name, "void*", "GM_ADDR", "scratch", c_param(s, p.name)) for p in s.scratch]
     out += [Arg(n, "uint64_t", "uint64_t", "size", c_param(s, n)) for n in s.sizes]
@@ -254,7 +282,7 @@ const char* strata_cpu_abort_message(void);
 void strata_cpu_trace_enable(int on);
 int strata_cpu_trace_write(const char* path);
 int strata_cpu_dead_rank(void);
-void strata_cpu_set_active_ranks(uint64_t active);
+void strata_cpu_set_active_ranks(const uint64_t* words, int count);
 void strata_cpu_leave(void);
 void strata_cpu_describe_sync(const void* sync, int64_t barrier_slots, const char* layout);
 void* aclshmem_malloc(size_t size);

@@ -153,11 +153,13 @@ class Communicator:
                                             abi.sync_area_bytes(world))).cast("i")   # int32
         self._agree = [words[abi.agree_offset(world, i) // 4:] for i in (0, 1)]
         self._verdict = words[abi.verdict_offset(world) // 4:]
+        self._mask = words[abi.mask_offset(world) // 4:abi.sync_area_bytes(world) // 4]
+        self._mask_held = None    # the mask of active ranks the sync area holds (write_mask)
         self._agree_held: list = [None, None]   # the record (Schedule._record) each one holds
         self._modules: list[Module] = []
         self._sync_owner = None   # the prepared call whose flags strata_cpu_describe_sync names
         self._aiv_cores = None    # the SoC core count last given to the model (strata_cpu_set_aiv_cores)
-        self._active = (1 << 64) - 1   # the live ranks last given to the model (strata_cpu_set_active_ranks)
+        self._active = -1   # the live ranks last given to the model (set_active), every bit set: all
 
     # ---- construction from a torch.distributed job
     @classmethod
@@ -340,6 +342,22 @@ class Communicator:
             w[1:5] = array.array("i", digest)
             w[abi.SYNC_SLOT_BYTES // 4:abi.AGREE_RECORD_BYTES // 4] = memoryview(text).cast("i")
             self._agree_held[parity] = record
+
+    def write_mask(self, bits: int) -> None:
+        """This rank's mask of active ranks (bit r: rank r is live; -1: every rank), before the
+        launch of a kernel that reads it (abi.mask_offset, strata::Ranks)."""
+        if self._mask_held != bits:
+            self._mask[:] = array.array("i", abi.mask_words(bits, self.world))
+            self._mask_held = bits
+
+    def set_active(self, bits: int) -> None:
+        """The live ranks of the launches from now on, for the CPU model's waits: one stops early
+        for the death of a live rank only (strata_cpu_set_active_ranks)."""
+        if self._active != bits:
+            live = bits & ((1 << self.world) - 1)
+            words = [(live >> (64 * i)) & (2**64 - 1) for i in range(-(-self.world // 64))]
+            self._lib.strata_cpu_set_active_ranks(self._ffi.new("uint64_t[]", words), len(words))
+            self._active = bits
 
     def read_record(self, rank: int, parity: int) -> tuple[tuple[int, ...], int, str]:
         """Rank `rank`'s agreement record of the calls of this parity (the pool maps every rank's

@@ -318,6 +318,17 @@ class NpuCommunicator:
         return self._wrap(self._sync + abi.status_offset(self.world), (abi.SYNC_SLOT_BYTES // 4,),
                           torch.int32).cpu().tolist()
 
+    def write_mask(self, bits: int) -> None:
+        """This rank's mask of active ranks (bit r: rank r is live; -1: every rank) into the sync
+        area (abi.mask_offset), by a copy queued on the stream before the launch that reads it,
+        after every launch queued before (which may still be reading the last one)."""
+        import torch
+        if getattr(self, "_mask_held", None) != bits:
+            words = abi.mask_words(bits, self.world)
+            self._wrap(self._sync + abi.mask_offset(self.world), (len(words),), torch.int32).copy_(
+                torch.tensor(words, dtype=torch.int32), non_blocking=False)
+            self._mask_held = bits
+
     def _wrap(self, ptr: int, shape: tuple[int, ...], dtype):
         """A torch_npu tensor over SHMEM memory. torch_npu has no public constructor from a device
         pointer; this is the pair of its private constructors that SHMEM's own Python package
@@ -565,7 +576,6 @@ def npu_schedule_class():
                      "blocks": blocks,
                      "sync": self._ffi.cast("void*", self.comm._sync),
                      "epoch": self.comm.next_epoch(self.ir.stamps({"world": self.comm.world, **params})),
-                     "active": bits,
                      # read last: reading it flushes torch_npu's queue (see stream_handle)
                      "stream": self._ffi.cast("void*", self.comm.stream_handle())}
             pointers = iter(ptrs)
@@ -579,6 +589,8 @@ def npu_schedule_class():
                     args.append(sizes[a.name])
                 else:
                     args.append(scalars[a.name])
+            if ir.takes_mask(self.ir):
+                self.comm.write_mask(bits)
             rc = self._launch(*args)
             if rc != 0:
                 raise StrataRuntimeError(f"{self.name}: launching the {dtype.short} kernel on rank "

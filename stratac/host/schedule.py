@@ -32,7 +32,8 @@ SYNC_SLOTS = abi.SYNC_SLOTS            # flag slots (64 B each) after the world 
 _TORCH_DTYPES = {d: getattr(torch, d.torch_name) for d in ir.DType}
 ROUTE_MAX_EXPERTS = 8192   # strata::kMaxExperts (runtime/device/strata_device.h)
 ROUTE_MAX_TOPK = 64        # strata::Router::kMaxTopk
-ALL_RANKS = (1 << 64) - 1  # strata::kAllRanks: the `active` argument of a call without a mask
+# The mask of a call without one: every bit set, at any world (bit r of a mask: rank r is live)
+ALL_RANKS = -1
 
 
 def compile_source(source: Source, options: passes.Options, worlds: list[int]) -> list[Compiled]:
@@ -369,8 +370,9 @@ class Schedule:
             raise StrataUsageError(refused)
 
     def active_bits(self, active) -> int:
-        """The mask of active ranks of a call as the kernel's `active` argument (bit r: rank r
-        takes part; ALL_RANKS without a mask or when every rank is live). `active` is None, or one
+        """The mask of active ranks of a call as an int (bit r: rank r takes part; ALL_RANKS
+        without a mask or when every rank is live), which the host writes into the sync area for
+        the kernel (Communicator.write_mask). `active` is None, or one
         entry per rank (a 1-D torch tensor of bool or integers, or a list or tuple), each true/1
         (live) or false/0 (masked). docs/robustness.md, "Masked ranks"."""
         if active is None:
@@ -407,7 +409,7 @@ class Schedule:
             return ALL_RANKS
         if world > ir.MASK_MAX_WORLD:
             raise StrataUsageError(f"{self.name}: a mask of active ranks needs a world of at most "
-                                   f"{ir.MASK_MAX_WORLD} (it travels as one 64-bit kernel argument); "
+                                   f"{ir.MASK_MAX_WORLD} (the kernels hold it in UB, one bit per rank); "
                                    f"this communicator has {world}")
         return sum(1 << r for r, v in enumerate(values) if v)
 
@@ -553,16 +555,15 @@ class Schedule:
             if comm._lib.strata_cpu_set_aiv_cores(self.max_cores) != 0:
                 raise StrataRuntimeError(f"{self.name}: {last_error(comm._lib, comm._ffi)}")
             comm._aiv_cores = self.max_cores
-        if comm._active != bits:   # waits of the model stop early only for a live rank's death
-            comm._lib.strata_cpu_set_active_ranks(bits)
-            comm._active = bits
-        mask = (bits,) if prep.masked else ()
+        comm.set_active(bits)   # waits of the model stop early only for a live rank's death
+        if prep.masked:
+            comm.write_mask(bits)
         comm.watch_signals()
         epoch, call = comm.next_call(prep.stamps)
         if self._agree:
             record = prep.records.get(bits) or self._record(prep, bits)
             comm.write_record(epoch & 1, call, record)
-        rc = self._launch(*prep.head, epoch, *mask, *prep.tail)
+        rc = self._launch(*prep.head, epoch, *prep.tail)
         # a SIGINT or SIGTERM during the launch stopped its waits (runtime/cpu/src/host_signals.cpp
         # OnHostSignal); Python's own handler has run by now (KeyboardInterrupt), unless the
         # signal's action was the default
@@ -583,7 +584,7 @@ class Schedule:
             parts.append(abi.OPS[prep.head[1]].value)
         parts += [f"{x.name}={prep.params[x.name]}" for x in self.ir.int_params]
         if bits != ALL_RANKS:
-            parts.append("active=[" + ",".join(str(bits >> r & 1) for r in range(self.comm.world)) + "]")
+            parts.append(mask_text(bits, self.comm.world))
         return f"{self.name}({', '.join(parts)})"
 
     def _record(self, prep: "_Prepared", bits: int) -> tuple[tuple[int, ...], bytes]:
@@ -687,6 +688,15 @@ class Schedule:
 
 
 _MAX_SIGNATURES = 64   # prepared calls kept per schedule (all dropped when there are more)
+
+
+def mask_text(bits: int, world: int) -> str:
+    """A call's mask of active ranks as messages name it: every entry up to world 64
+    (`active=[1,0,1,1]`), the masked ranks above (`masked=[3,70]`), which stays readable in the
+    agreement record's text at any world."""
+    if world <= 64:
+        return "active=[" + ",".join(str(bits >> r & 1) for r in range(world)) + "]"
+    return "masked=[" + ",".join(str(r) for r in range(world) if not bits >> r & 1) + "]"
 
 
 def _signature(t: torch.Tensor) -> tuple:

@@ -308,7 +308,8 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
         if len(active) != world or not any(active) or world > ir.MASK_MAX_WORLD:
             raise StrataError(error(Codes.BAD_WORLD, f"a mask of active ranks needs one entry per rank "
                                     f"of a world of at most {ir.MASK_MAX_WORLD}, at least one live; got "
-                                    f"{list(active)} at world {world}", s.span))
+                                    f"{len(active)} entries, {sum(map(bool, active))} live, at world {world}",
+                                    s.span))
         active = tuple(bool(v) for v in active)
         if all(active):
             active = None

@@ -285,6 +285,7 @@ class KernelPlan:
     soc: str
     route_bytes: int = 0           # UB of the MoE routing constructs (counters, gather buffers)
     agreement: bool = True         # the ranks agree on each call before writing (strata::Agree)
+    mask_bytes: int = 0            # UB of the mask of active ranks (strata::Ranks; ir.takes_mask)
 
 
 @dataclass(frozen=True)
@@ -438,9 +439,10 @@ class Requirement:
         return f"requires {self.text}, {self.span.source.name}:{self.span.line}"
 
 
-# A mask of active ranks travels as one 64-bit kernel argument (strata::Live): ranks from 64 on
-# cannot be masked.
-MASK_MAX_WORLD = 64
+# A mask of active ranks is a bitmap the host writes into the sync area and the kernel copies into
+# UB (strata::Ranks, codegen/abi.py mask_offset): its UB buffer holds this many ranks
+# (strata::kMaskMaxWorld), the largest world stratac proves (verify.samples.MAX_WORLD).
+MASK_MAX_WORLD = 16384
 
 
 def takes_mask(s: "Schedule") -> bool:

@@ -28,6 +28,7 @@ SDMA_THRESHOLD = 256 * 1024 # `on auto`: copies of at least this many bytes go t
 # double-buffered queues of 2048 elements (4-byte worst case) plus two float accumulators.
 ROUTE_META_BYTES = 8192 * 4 + 1024 * 8    # strata::Router meta_ (counters) + stage_ (ids, weights)
 ROUTE_GATHER_BYTES = 2 * 2 * 2048 * 4 + 2 * 2048 * 4
+MASK_BYTES = ir.MASK_MAX_WORLD // 8       # strata::Ranks: one bit per rank (strata::kMaskBytes)
 
 # Vector cores (AIV) per SoC, from the public hardware descriptions.
 SOCS = {
@@ -337,11 +338,13 @@ def tile_ub(s: ir.Schedule, opts: Options) -> ir.Schedule:
     # float temporary of a whole tile each (they accumulate in float: strata::Mover). Half tiles
     # must stay 32-byte aligned, so a kernel that reduces takes tiles in multiples of 64 bytes.
     grain = 64 if reduce_tiles else 32
-    tile = ((UB_BYTES - SCRATCH_BYTES - route_bytes) // tiles) // grain * grain if tiles else 0
-    ub = tiles * tile + SCRATCH_BYTES + route_bytes
+    mask_bytes = MASK_BYTES if ir.takes_mask(s) else 0
+    fixed = SCRATCH_BYTES + route_bytes + mask_bytes
+    tile = ((UB_BYTES - fixed) // tiles) // grain * grain if tiles else 0
+    ub = tiles * tile + fixed
     assert ub <= UB_BYTES
     kernel = ir.KernelPlan(copy_tiles, reduce_tiles, tile, SCRATCH_BYTES, ub,
-                           opts.resolved_cores(), opts.soc, route_bytes, opts.agreement)
+                           opts.resolved_cores(), opts.soc, route_bytes, opts.agreement, mask_bytes)
     return replace(s, kernel=kernel)
 
 

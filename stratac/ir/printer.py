@@ -57,7 +57,8 @@ def dump(s: Schedule) -> str:
         out.append(f"  # {s.sync_ops} flag stamps per call")
     if s.kernel:
         k = s.kernel
-        route = f" + {k.route_bytes} B routing" if k.route_bytes else ""
+        route = (f" + {k.route_bytes} B routing" if k.route_bytes else "") + (
+            f" + {k.mask_bytes} B mask" if k.mask_bytes else "")
         out.append(f"  # UB per core: {k.copy_tiles} copy + {k.reduce_tiles} reduce tiles x "
                    f"{k.tile_bytes} B + {k.scratch_bytes} B scratch{route} = {k.ub_bytes} B; "
                    f"{k.cores} cores ({k.soc})")

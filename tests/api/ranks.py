@@ -218,6 +218,51 @@ def moe_masks(comm, rank, world):
               "the masked rank's window or counts were written")
 
 
+def moe_masks_wide(comm, rank, world):
+    """A mask at a world above 64 (the kernels read it from the sync area, one bit per rank): ranks
+    3, 66 and world - 2 sit out a dispatch and a combine of the others. Token 0 of every rank goes
+    to experts 3 and world - 2 (both masked: dropped), token 1 to the next rank's expert and to 66
+    (dropped). Counts, windows and outputs are checked against values worked out here."""
+    T, H, K, E = 2, 8, 2, world
+    masked = {3, 66, world - 2}
+    live = [r not in masked for r in range(world)]
+    mod = comm.load(PREFILL)
+    xs = [torch.arange(T * H, dtype=torch.float32).reshape(T, H) + 100 * r for r in range(world)]
+    x = comm.empty(T, H, dtype=torch.float32)
+    x.copy_(xs[rank])
+    ids = comm.empty(T, K, dtype=torch.int32)
+    ids.copy_(torch.tensor([[3, world - 2], [(rank + 1) % world, 66]], dtype=torch.int32))
+    w = comm.empty(T, K, dtype=torch.float32)
+    w.copy_(torch.tensor([[0.5, 0.25]] * T))
+    counts = comm.empty(world, E, dtype=torch.int32)
+    counts.fill_(7)
+    win = comm.zeros(world * T * K, H, dtype=torch.float32)
+    y = comm.zeros(T, H, dtype=torch.float32)
+    comm.barrier()
+    if live[rank]:
+        mod.moe_prefill_dispatch(x, ids, counts, win, active=live)
+        for s in range(world):
+            want = [7] * E
+            if live[s]:
+                want = [0] * E
+                want[(s + 1) % world] = int(live[(s + 1) % world])
+            check(counts[s].tolist() == want, (s, counts[s].tolist(), want))
+        src = (rank - 1) % world     # the one source whose token 1 comes here
+        rows = 1 if live[src] else 0
+        if rows:
+            check(torch.equal(win[0], xs[src][1]), (win[0], xs[src][1]))
+        check(int(win[rows:].abs().sum()) == 0, "rows past the routed ones were written")
+        mod.moe_prefill_combine(win, ids, w, counts, y, active=torch.tensor(live))
+        want_y = torch.zeros(T, H)
+        if live[(rank + 1) % world]:
+            want_y[1] = 0.5 * xs[rank][1]
+        check(torch.equal(y, want_y), (y, want_y))
+    comm.barrier()
+    if not live[rank]:
+        check(int(win.abs().sum()) == 0 and int(y.abs().sum()) == 0 and counts.eq(7).all(),
+              "a masked rank's window, counts or output were written")
+
+
 def moe_bounded(comm, rank, world):
     """A bounded window (max_recv rows): a routing that sends one rank more rows than the bound is
     reported on every rank, naming the rank, its rows and the bound, and nothing is written (the
@@ -646,7 +691,7 @@ def divisor_params(comm, rank, world):
 
 
 SCENARIOS = {f.__name__: f for f in (interleaved, divisor_params, bad_input, segment_gone, closed, moe_bad_input, moe_masks,
-                                     moe_bounded,
+                                     moe_masks_wide, moe_bounded,
                                      moe_interleaved, call_refusals, verdict_cache, half_sums_round_once,
                                      cached_calls, selecting_entry_point,
                                      several_communicators)}

@@ -27,6 +27,34 @@ def run_ranks(scenario, world, tmp_path, mode="pg", env=None) -> list[str]:
     return [out for out, _ in outs]
 
 
+def run_many_ranks(scenario, world, tmp_path, timeout=600) -> None:
+    """Runs scenario on world rank processes forked from a server that imported torch once
+    (stratac.tools.run.procs, as `stratac run` starts its ranks): at tens of ranks, starting each
+    afresh would spend a minute importing torch."""
+    from stratac.tools.run import procs
+    store = tmp_path / "store"
+    files = [(open(tmp_path / f"{r}.out", "w+"), open(tmp_path / f"{r}.err", "w+")) for r in range(world)]
+    ranks = [procs.Rank([str(HERE / "ranks.py"), scenario, str(r), str(world), str(store), "pg"],
+                        out, err, dict(os.environ), cwd=str(HERE)) for r, (out, err) in enumerate(files)]
+    try:
+        codes = [p.wait(timeout=timeout) for p in ranks]
+    finally:
+        procs.kill(ranks)
+    for r, (code, (out, err)) in enumerate(zip(codes, files)):
+        out.seek(0)
+        err.seek(0)
+        text, errors = out.read(), err.read()
+        assert code == 0 and f"PASS {scenario}" in text, f"rank {r}: {errors[-3000:]}"
+
+
+@pytest.mark.slow
+def test_a_mask_above_64_ranks_drops_the_masked_ranks_experts(tmp_path):
+    """Masks are a bitmap in the sync area, not a 64-bit argument: at world 72, ranks 3, 66 and 70
+    sit out a masked dispatch and combine, and every live rank's counts, window and output are
+    what the routing without the masked experts gives."""
+    run_many_ranks("moe_masks_wide", 72, tmp_path)
+
+
 @pytest.mark.parametrize("scenario", ["interleaved", "bad_input", "segment_gone", "closed",
                                       "moe_bad_input", "moe_masks", "moe_bounded", "moe_interleaved", "call_refusals",
                                       "half_sums_round_once", "cached_calls",

@@ -29,7 +29,7 @@ def test_barriers_under_ifs_get_the_stamps_of_the_barriers_passed_before():
     1st, the entry barrier, is where the ranks agree on the call (strata::Agree, at stamp epoch_)."""
     compiled = {c.schedule.name: c for c in pipeline.compile_schedules(
         frontend.load_source(CORPUS / "good_barriers_under_if.strata"), passes.Options(), [1, 2, 3])}
-    agree = "if (!strata::Agree(mv_, sync_, epoch_, strata::kAllRanks)) return;"
+    agree = "if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;"
     for name in ("bcast_where_needed", "bcast_both_arms"):
         text = compiled[name].output.files["kernel.cpp"]
         assert text.count(agree) == 1 and text.index(agree) < text.index("strata::Barrier(")

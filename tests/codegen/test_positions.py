@@ -424,9 +424,9 @@ struct Mover {
   void Fold(Ref src, uint32_t m, bool) { std::printf("F %lld %lld %lld\n", L(src.p - g_x), L(src.pe), L(m)); }
   void Store(Ref dst, uint32_t m) { std::printf("T %lld %lld %lld\n", L(dst.p - g_x), L(dst.pe), L(m)); }
 };
-constexpr uint64_t kAllRanks = ~0ull;
+struct Ranks {};
 template <typename T>
-inline bool Agree(Mover<T>&, int32_t*, int32_t epoch, uint64_t) { std::printf("G %d\n", epoch); return true; }
+inline bool Agree(Mover<T>&, int32_t*, int32_t epoch, const Ranks&) { std::printf("G %d\n", epoch); return true; }
 template <typename T> inline void EndStage(Mover<T>&) { std::printf("E\n"); }
 template <typename T> inline void PostStage(Mover<T>&) { std::printf("E\n"); }
 template <typename T> inline void Await(Mover<T>&) {}

@@ -267,7 +267,7 @@ schedule moe_decode_dispatch(x: sym T[tokens, hidden], ids: i32[tokens, topk], c
   for p in peers:  # line 28
     wait ready[p]  # line 28
   # 1 flag stamps per call
-  # UB per core: 2 copy + 0 reduce tiles x 77696 B + 256 B scratch + 40960 B routing = 196608 B; 40 cores (Ascend910B3)
+  # UB per core: 2 copy + 0 reduce tiles x 76672 B + 256 B scratch + 40960 B routing + 2048 B mask = 196608 B; 40 cores (Ascend910B3)
 """
 
 

@@ -67,10 +67,10 @@ void strata_cpu_leave(void);
 // leaving the pool, or -1. When one is found, strata_cpu_last_error() says which and how.
 // Waits (kernel flag waits and the host barrier) check this every 50 ms and fail with that text.
 int strata_cpu_dead_rank(void);
-// The live ranks of the following launches (bit r = rank r; ranks from 64 on are always live): a
-// kernel wait stops early for a dead rank only when that rank is live. Masked MoE calls set it
-// (docs/robustness.md, "Masked ranks"); ~0 (the default, and after init) = every rank.
-void strata_cpu_set_active_ranks(uint64_t active);
+// The live ranks of the following launches (bit r % 64 of words[r / 64] = rank r; ranks of words
+// past `count` are live): a kernel wait stops early for a dead rank only when that rank is live.
+// Masked MoE calls set it (docs/robustness.md, "Masked ranks"); every rank by default.
+void strata_cpu_set_active_ranks(const uint64_t* words, int count);
 // Names the sync area of the launches to come, for wait-timeout messages: `sync` is this rank's
 // flag area, an array of slots of one 64-byte line each (the int32 flag at the start of its line);
 // slots [0, barrier_slots) are barrier slots (slot p: rank p), then `layout` lists the named flags

@@ -82,7 +82,7 @@ std::string WhyDead(const RankSlot& slot) {
 
 std::mutex g_live_mu;
 
-bool ActiveRank(int r) { return r >= 64 || ((CurPool().active.load() >> r) & 1ull) != 0; }
+bool ActiveRank(int r) { return ((CurPool().active[r / 64].load() >> (r % 64)) & 1ull) != 0; }
 }  // namespace
 
 // The lowest rank whose process died without leaving the pool, or -1 (why: what happened); with
@@ -167,7 +167,9 @@ STRATA_EXPORT int strata_cpu_dead_rank(void) {
   return r;
 }
 
-STRATA_EXPORT void strata_cpu_set_active_ranks(uint64_t active) { CurPool().active.store(active); }
+STRATA_EXPORT void strata_cpu_set_active_ranks(const uint64_t* words, int count) {
+  for (int i = 0; i < kMaxWorld / 64; ++i) CurPool().active[i].store(i < count ? words[i] : ~0ull);
+}
 
 STRATA_EXPORT void strata_cpu_leave(void) {
   if (CurPool().inited) {

@@ -64,6 +64,12 @@ constexpr uint32_t kVersion = 3;
 constexpr uint64_t kHeaderBytes = 128 << 10;
 constexpr uint64_t kAlign = 512;
 constexpr int kMaxWorld = 4096;
+// A mask of kMaxWorld ranks, every one live (Pool::active).
+inline std::atomic<uint64_t>* AllRanks() {
+  auto* words = new std::atomic<uint64_t>[kMaxWorld / 64];
+  for (int i = 0; i < kMaxWorld / 64; ++i) words[i].store(~0ull);
+  return words;
+}
 
 // One per rank: who maps the pool, so that waiting ranks can tell a dead peer from a slow one.
 enum RankState : int32_t { kRankAbsent = 0, kRankJoined = 1, kRankLeft = 2 };
@@ -127,11 +133,11 @@ struct Pool {
   double live_next = 0;
   std::vector<std::string> live_why;  // per rank: why it is dead ("" while not known dead)
   int one_group = -1;                 // -1 not known yet, 0 no, 1 yes (OneSchedGroup)
-  // The live ranks of the launches from now on (strata_cpu_set_active_ranks; bit r = rank r,
-  // ranks from 64 on always live): a kernel wait stops for a dead rank only when that rank is
-  // live. A masked call (docs/robustness.md, "Masked ranks") neither signals nor waits for a
+  // The live ranks of the launches from now on (strata_cpu_set_active_ranks; bit r % 64 of word
+  // r / 64 = rank r; all ones until set): a kernel wait stops for a dead rank only when that rank
+  // is live. A masked call (docs/robustness.md, "Masked ranks") neither signals nor waits for a
   // masked rank, so a dead masked rank cannot be what a wait of it waits for.
-  std::atomic<uint64_t> active{~0ull};
+  std::unique_ptr<std::atomic<uint64_t>[]> active{AllRanks()};
   // per rank: the newest signal number seen of it (ledger.cpp)
   std::unique_ptr<std::atomic<int32_t>[]> seen{new std::atomic<int32_t>[kMaxWorld]};
   // the settings of this pool's launches (trace.cpp: strata_cpu_set_timeout, _set_aiv_cores)
