@@ -90,7 +90,14 @@ _TOO_LARGE = (f"is above {MAX_WORLD:,}, the largest world stratac verifies (the 
 MAX_RUN_WORLD = 384
 
 
+# The most world sizes one `check` or `compile` proves: each is a proof of its own, one after
+# another; more is a request nobody means (1-16384 would run for days), refused at once.
+MAX_WORLDS_LISTED = 512
+
+
 def world_list(text: str) -> list[int]:
+    """World sizes for `check` and `compile`: 2,3,4, 1-8 or a mix, each 1 to MAX_WORLD, at most
+    MAX_WORLDS_LISTED of them."""
     out = []
     for part in text.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
@@ -101,6 +108,10 @@ def world_list(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"bad world size range {part!r}")
         if hi > MAX_WORLD:   # before the range is built: 1-10000000000 must not allocate it
             raise argparse.ArgumentTypeError(f"world {hi} {_TOO_LARGE}")
+        if len(out) + hi - lo + 1 > MAX_WORLDS_LISTED:   # before a long list is built
+            raise argparse.ArgumentTypeError(
+                f"{text!r} asks for more than {MAX_WORLDS_LISTED} world sizes, each a proof of its own, "
+                "one after another; ask for the worlds you run (e.g. 1-16,64,384,8192)")
         out.extend(range(lo, hi + 1))
     return out
 
