@@ -571,8 +571,10 @@ class Schedule:
         if held:
             comm.end_on_signal(held, self.name)
         if rc != 0:
-            raise StrataRuntimeError(f"{self.name} failed on rank {comm.rank}: "
-                                     f"{last_error(comm._lib, comm._ffi)}")
+            why = last_error(comm._lib, comm._ffi)
+            if self._agree and prep.masked:
+                self._masked_out(call, epoch & 1, bits, why)
+            raise StrataRuntimeError(f"{self.name} failed on rank {comm.rank}: {why}")
         if self._agree and comm.disagreed(call):
             self._disagreement(call, epoch & 1, bits)
         self.check_status()
@@ -601,6 +603,24 @@ class Schedule:
         prep.records[bits] = record = (digest, text.ljust(abi.AGREE_TEXT_BYTES, b"\0"))
         return record
 
+    def _masked_out(self, call: int, parity: int, bits: int, why: str) -> None:
+        """A masked call that failed (a wait that reached its deadline): when a live peer made this
+        call with another mask, its mask may leave this rank out, and then it never announces its
+        entry to this rank (strata::Agree signals the ranks of its own mask only: a rank it masks
+        may be dead). The peers that pass the agreement name the difference at once; this rank
+        learns it at the deadline, and says so with every live rank's call, from their records."""
+        comm = self.comm
+        mine = comm.read_record(comm.rank, parity)[0]
+        ranks = [r for r in range(comm.world) if bits >> r & 1]
+        records = {r: comm.read_record(r, parity) for r in ranks}
+        if not any(words[0] == call and words != mine for words, _, _ in records.values()):
+            return
+        raise StrataUsageError(
+            f"{self.name} on rank {comm.rank}: the ranks made different calls as call {call} of this "
+            f"communicator: {_calls_text(records, call)}. A live rank whose mask leaves this rank out "
+            f"does not wait for it or announce itself to it, so this rank waited until the deadline "
+            f"({why}). Nothing was written to another rank; every live rank must pass the same mask")
+
     def _disagreement(self, call: int, parity: int, bits: int) -> None:
         """The kernel of call `call` found a live peer whose record differs and returned without
         writing (every live rank's kernel does: each reads every live peer's record). Names every
@@ -612,21 +632,13 @@ class Schedule:
         # each rank sized its scratch by its own call (its sizes, its divisor parameters): every
         # live rank gives it back here, so that the heaps are laid out alike again for the next call
         self.release_scratch()
-        groups: dict[tuple, list[int]] = {}
-        for r, (words, _, text) in records.items():
-            groups.setdefault((text, words[0]), []).append(r)
-        parts = []
-        for i, ((text, number), rs) in enumerate(groups.items()):
-            who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))}"
-            parts.append(f"{who} {'called ' if i == 0 else ''}{text or '(nothing readable)'}"
-                         + (f" as call {number}" if number != call else ""))
-        if len(groups) == 1:
-            text = next(iter(groups))[0]
-            what = (f"every rank called {text}, but from kernels built differently (another .strata source "
-                    "or other compile options on some rank) or on symmetric tensors at different heap offsets "
-                    "(a symmetric tensor must be the same allocation on every rank)")
+        texts = {text for _, _, text in records.values()}
+        if len(texts) == 1 and len({words[0] for words, _, _ in records.values()}) == 1:
+            what = (f"every rank called {texts.pop()}, but from kernels built differently (another .strata "
+                    "source or other compile options on some rank) or on symmetric tensors at different heap "
+                    "offsets (a symmetric tensor must be the same allocation on every rank)")
         else:
-            what = ", ".join(parts)
+            what = _calls_text(records, call)
         raise StrataUsageError(
             f"{self.name} on rank {comm.rank}: the ranks made different calls as call {call} of this "
             f"communicator: {what}. Nothing was written on any rank (the ranks compare their calls before "
@@ -688,6 +700,20 @@ class Schedule:
 
 
 _MAX_SIGNATURES = 64   # prepared calls kept per schedule (all dropped when there are more)
+
+
+def _calls_text(records: dict, call: int) -> str:
+    """Every rank's call from its agreement record (Communicator.read_record), ranks that made the
+    same one together: `rank 0 called f(n=900), rank 1 f(n=1152) as call 3`."""
+    groups: dict[tuple, list[int]] = {}
+    for r, (words, _, text) in records.items():
+        groups.setdefault((text, words[0]), []).append(r)
+    parts = []
+    for i, ((text, number), rs) in enumerate(groups.items()):
+        who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))}"
+        parts.append(f"{who} {'called ' if i == 0 else ''}{text or '(nothing readable)'}"
+                     + (f" as call {number}" if number != call else ""))
+    return ", ".join(parts)
 
 
 def mask_text(bits: int, world: int) -> str:

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 AR = ROOT / "examples" / "allreduce_twoshot.strata"
 AG = ROOT / "examples" / "allgather_push.strata"
 BC = ROOT / "examples" / "broadcast.strata"
+PREFILL = ROOT / "examples" / "moe_prefill.strata"
 NOTHING = "Nothing was written on any rank"
 
 
@@ -159,14 +160,50 @@ def absent(comm, rank, world):
     return False     # the pool is aborted: close without the collective barrier
 
 
-SCENARIOS = {f.__name__: f for f in (sizes, sizes_1000_1024, dtypes, ops, roots, order, three_ranks, absent)}
+def masks(comm, rank, world):
+    """World 3: rank 0 takes rank 2 for dead and masks it; ranks 1 and 2 pass no mask. Ranks 0
+    and 1 pass the agreement and raise at once, naming both calls; rank 0 never announces itself
+    to rank 2 (it masks it), so rank 2 raises at its wait's deadline, naming every rank's call from
+    their records. Nothing is written on any rank."""
+    from stratac.host.errors import StrataUsageError
+    T, H, K, E = 4, 8, 2, 2 * world
+    mod = comm.load(PREFILL)
+    x = filled(comm, T * H, torch.float32, rank).view(T, H)
+    ids = comm.empty(T, K, dtype=torch.int32)
+    ids.copy_(torch.tensor([[0, E - 1]] * T, dtype=torch.int32))
+    counts = comm.zeros(world, E, dtype=torch.int32)
+    win = comm.zeros(world * T * K, H, dtype=torch.float32)
+    sentinel = filled(comm, 4096, torch.float32, 1000.0 + rank)
+    before = sentinel.clone()
+    live = [True, True, False] if rank == 0 else None
+    dist.barrier()
+    try:
+        mod.moe_prefill_dispatch(x, ids, counts, win, active=live)
+    except StrataUsageError as e:
+        msg = str(e)
+    else:
+        raise Failed(f"rank {rank}: the call was not refused")
+    mine = "moe_prefill_dispatch(tokens=4, hidden=8, topk=2, experts=6, f32"
+    check(f"rank 0 called {mine}, active=[1,1,0])" in msg and f"{mine})" in msg, msg)
+    if rank == 2:
+        check("so this rank waited until the deadline" in msg and "barrier slot of rank 0" in msg, msg)
+    else:
+        check(NOTHING in msg, msg)
+    dist.barrier()   # every rank's call has ended
+    check(torch.equal(sentinel, before) and int(counts.abs().sum()) == 0 and int(win.abs().sum()) == 0,
+          "something was written")
+    return False     # rank 2's wait aborted the pool: close without the collective barrier
+
+
+SCENARIOS = {f.__name__: f for f in (sizes, sizes_1000_1024, dtypes, ops, roots, order, three_ranks, absent,
+                                     masks)}
 
 
 def main(scenario, rank, world, store_path):
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     comm = stratac.Communicator.from_process_group(heap_bytes=16 << 20,
-                                                   timeout=3 if scenario == "absent" else 20)
+                                                   timeout=3 if scenario in ("absent", "masks") else 20)
     clean = SCENARIOS[scenario](comm, rank, world)
     comm.close(collective=clean is not False)
     print(f"PASS {scenario}", flush=True)

@@ -36,3 +36,7 @@ def test_one_rank_of_three_calling_differently(tmp_path):
 
 def test_a_rank_that_never_calls_is_named_at_the_deadline(tmp_path):
     run_ranks("absent", 2, tmp_path)
+
+
+def test_a_rank_that_another_masks_learns_the_difference_at_its_deadline(tmp_path):
+    run_ranks("masks", 3, tmp_path)
