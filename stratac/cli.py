@@ -445,7 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "the CPU build, or predicted with --machine) and write the selection table the "
                        "selecting entry points (mod.allreduce, run/bench --selected) use")
     t.add_argument("file")
-    t.add_argument("--world", type=options.world_size, required=True)
+    t.add_argument("--world", type=options.world_verified, required=True,
+                   help="measured: at most 384 ranks on this machine; predicted (--machine): at most 16,384")
     t.add_argument("--sizes", type=options.size_sweep, default=None,
                    help="sizes to rank the candidates at, in --sizes syntax (default 4K:64M:4)")
     t.add_argument("--dtype", choices=[d.short for d in ir.DType], default="f32")

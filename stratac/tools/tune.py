@@ -20,6 +20,7 @@ import platform
 from pathlib import Path
 
 from stratac.host import select
+from stratac.tools.options import MAX_RUN_WORLD
 
 DEFAULT_SIZES = "4K:64M:4"
 
@@ -116,6 +117,9 @@ def run(file: str, world: int, sizes: list[int], dtype: str, out: str | None, ma
     if any(k.moe for k in kinds) and not machine:
         raise TuneError(f"{file} mixes collectives with MoE or AllToAllV schedules, which the bench sweeps "
                         "by tokens, not sizes: tune a file of the collectives alone")
+    if not machine and world > MAX_RUN_WORLD:
+        raise TuneError(f"world {world} is above {MAX_RUN_WORLD}, the most ranks stratac starts on this "
+                        "machine: rank the schedules at that world by prediction (--machine TOML)")
     if machine:
         times, name = predict(file, machine, world, sizes, dtype)
         method, where = f"predicted by stratac simulate --machine {machine}", name

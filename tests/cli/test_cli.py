@@ -148,7 +148,12 @@ def test_world_above_the_verifiers_bound_is_refused_at_once(tmp_path):
                          "machines/atlas950.toml", "--world", "20000"),
                         "world 20000 is above 16,384, the largest world stratac verifies"),
                        (("run", "examples/allgather_push.strata", "--world", "385"),
-                        "world 385 is above 384, the most ranks stratac starts on this machine")):
+                        "world 385 is above 384, the most ranks stratac starts on this machine"),
+                       (("tune", "examples/allreduce_ring.strata", "--world", "385"),
+                        "world 385 is above 384, the most ranks stratac starts on this machine: rank "
+                        "the schedules at that world by prediction (--machine TOML)"),
+                       (("tune", "examples/allreduce_ring.strata", "--world", "16385", "--machine",
+                         "machines/atlas950.toml"), "world 16385 is above 16,384")):
         p = stratac(*args, timeout=30)
         assert p.returncode == 2
         assert said in p.stderr, p.stderr
