@@ -5,7 +5,9 @@ A stage is one event: everything in it runs concurrently (cores, SDMA queues). E
 becomes a Move (for the contract simulation) and Accesses with element intervals (for races).
 Consecutive signals (or waits) merge into one event, since nothing happens between them. A barrier
 event carries the value ranks meet at: its stamp on the IR after the passes (what the kernel
-compares), before them the number of barriers its rank passed before it.
+compares), before them its place in the program, numbered here on its own by the rule of the epoch
+pass (passes._stamp_barriers): 1 + the places before it, the k-th barrier of either arm of an if
+one place, the if the places of its longer arm.
 """
 
 from __future__ import annotations
@@ -257,6 +259,22 @@ def _ev(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
                                 span)) from None
 
 
+def _has_barrier(ops) -> bool:
+    return any(type(op) is ir.Barrier or (type(op) is ir.If and _barred(op))
+               or (type(op) is ir.Loop and _has_barrier(op.body)) for op in ops)
+
+
+_BARRED: dict[int, tuple[ir.If, bool]] = {}
+
+
+def _barred(op: ir.If) -> bool:
+    """Whether an if has a barrier in an arm (remembered per node: the walk asks on every rank)."""
+    hit = _BARRED.get(id(op))
+    if hit is None or hit[0] is not op:
+        hit = _BARRED[id(op)] = (op, _has_barrier(op.then + op.orelse))
+    return hit[1]
+
+
 def _truth(cond: ir.IExpr, env: dict, span: Span) -> bool:
     """Whether a condition holds: the compiled call, or on any evaluation error `_ev`'s report."""
     try:
@@ -494,11 +512,16 @@ class _Builder:
                         sync(op, env)
                 elif t is If:
                     arm = op.then if _truth(op.cond, env, op.span) else op.orelse
+                    start = barriers
                     if arm:
                         top(arm, env)
+                    if _barred(op):   # the if takes the places of its longer arm (passes._stamp_barriers)
+                        barriers = start + max(self.places(op.then, env), self.places(op.orelse, env))
                 elif t is Barrier:
+                    # a barrier meets the members at the same place of the program: 1 + the places
+                    # before it, both arms of an if numbered alike (the kernel's stamp, passes.flag_epochs)
                     meet = (_ev(op.seq, env, op.span, "the barrier's stamp") if lowered
-                            else barriers)
+                            else barriers + 1)
                     members = None
                     if op.team is not None:
                         base_ = _ev(op.team.base, env, op.span, "the team's first rank")
@@ -534,6 +557,21 @@ class _Builder:
         top(self.s.body, env)
         events.append(Event(EventKind.EXIT, rank, len(events), None))
         return events
+
+    def places(self, ops, env: dict) -> int:
+        """The barrier places ops take (passes._stamp_barriers' rule, counted here on its own): one
+        per barrier, an if's longer arm, a step loop's trips times its body's."""
+        n = 0
+        for op in ops:
+            t = type(op)
+            if t is ir.Barrier:
+                n += 1
+            elif t is ir.If and _barred(op):
+                n += max(self.places(op.then, env), self.places(op.orelse, env))
+            elif t is ir.Loop and op.domain is ir.Domain.RANGE and _has_barrier(op.body):
+                for v in self.values(op, env):
+                    n += self.places(op.body, {**env, op.var: v})
+        return n
 
     def domain(self, d: ir.Domain, rank: int):
         return [p for p in range(self.world) if (d is ir.Domain.RANKS or p != rank) and p in self.live]

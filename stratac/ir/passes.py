@@ -2,10 +2,11 @@
 
 - flag epochs: every barrier and every flag gets a stamp offset; a call stamps flags with
   epoch + offset, and the next call's epoch is larger than every stamp of this one, so a stale flag
-  from an earlier call never satisfies a wait. A barrier's offset is 1 + the barriers its rank
-  passed before it in the call: the k-th barrier of every rank has the same stamp, however the
-  ranks got there (the verifier meets ranks at their k-th barriers and, on the IR after the passes,
-  at equal stamps).
+  from an earlier call never satisfies a wait. A barrier's offset is its place in the program,
+  1 + the places before it (the k-th barrier of either arm of an if takes one place, the if the
+  places of its longer arm): every rank has the same stamp at the same place, whichever arms took
+  it there, and the members of a barrier only some ranks pass meet (the verifier meets ranks at a
+  barrier's place and, on the IR after the passes, at equal stamps).
 - engine placement: which copies go to the vector cores, which to SDMA (`on auto`: by size, at run
   time, from a documented threshold).
 - UB tiling with double buffering: the tile size that fits the queues of one core in 192 KiB.
@@ -63,108 +64,72 @@ class Options:
                                     f"{SOCS[self.soc]} on {self.soc}, got {self.cores}"))
 
 
-@dataclass(frozen=True)
-class _Count:
-    """How many barriers a rank has passed: a constant plus conditional terms, one per `if` whose
-    arms pass different numbers (each term 0 on the ranks that took the arm with fewer)."""
-
-    const: int = 0
-    terms: tuple[ir.IExpr, ...] = ()
-
-    def plus(self, other: _Count) -> _Count:
-        return _Count(self.const + other.const, self.terms + other.terms)
-
-    def expr(self) -> ir.IExpr:
-        e: ir.IExpr = ir.Const(self.const)
-        for t in self.terms:
-            e = ir.add(e, t)
-        return e
+def flag_epochs(s: ir.Schedule) -> ir.Schedule:
+    body, places = _stamp_barriers(s.body, ir.Const(0))
+    flags = tuple(replace(f, seq=ir.simplify(ir.add(places, ir.Const(i)))) for i, f in enumerate(s.flags, 1))
+    total = ir.simplify(ir.add(places, ir.Const(len(flags))))
+    if isinstance(total, ir.Const):   # the usual case: a constant number of stamps per call
+        return replace(s, body=body, flags=tuple(replace(f, seq=f.seq.value) for f in flags),
+                       sync_ops=total.value)
+    # barriers in step loops: the stamps per call depend on world and sizes (Schedule.stamps);
+    # sync_ops is then the expression's constant part
+    const = next((x.value for x in (getattr(total, "lhs", None), getattr(total, "rhs", None))
+                  if isinstance(x, ir.Const)), 0) if isinstance(total, ir.Bin) and total.kind is ir.BinKind.ADD else 0
+    return replace(s, body=body, flags=flags, sync_ops=const, sync_expr=total)
 
 
-_NEGATION = {ir.BinKind.LT: ir.BinKind.GE, ir.BinKind.GE: ir.BinKind.LT,
-             ir.BinKind.LE: ir.BinKind.GT, ir.BinKind.GT: ir.BinKind.LE,
-             ir.BinKind.EQ: ir.BinKind.NE, ir.BinKind.NE: ir.BinKind.EQ}
+def _most(a: ir.IExpr, b: ir.IExpr) -> ir.IExpr:
+    if isinstance(a, ir.Const) and isinstance(b, ir.Const):
+        return ir.Const(max(a.value, b.value))
+    return ir.simplify(ir.Bin(ir.BinKind.MAX, a, b))
 
 
-def _truth(cond: ir.IExpr, holds: bool) -> ir.IExpr:
-    """1 where cond holds (holds=False: where it does not), else 0."""
-    if isinstance(cond, ir.Bin) and cond.kind in _NEGATION:
-        return cond if holds else ir.Bin(_NEGATION[cond.kind], cond.lhs, cond.rhs)
-    return ir.Bin(ir.BinKind.NE if holds else ir.BinKind.EQ, cond, ir.Const(0))
-
-
-def _either(cond: ir.IExpr, then: _Count, orelse: _Count) -> _Count:
-    """The barriers passed through an `if` whose arms pass `then` and `orelse`."""
-    if then == orelse:
-        return then
-    if not then.terms and not orelse.terms:   # the usual case: one arm passes d more barriers
-        d = then.const - orelse.const
-        term = ir.simplify(ir.Bin(ir.BinKind.MUL, _truth(cond, d > 0), ir.Const(abs(d))))
-        return _Count(min(then.const, orelse.const), (term,))
-    return _Count(0, (ir.simplify(ir.add(ir.Bin(ir.BinKind.MUL, _truth(cond, True), then.expr()),
-                                         ir.Bin(ir.BinKind.MUL, _truth(cond, False), orelse.expr()))),))
-
-
-def _stamp_barriers(ops, before: _Count) -> tuple[tuple, _Count, _Count]:
-    """ops with every barrier stamped 1 + the barriers passed before it; the barriers ops pass, and
-    the most any rank passes (an upper bound where step loops make it depend on world and sizes).
-    Barriers sit at the top level, under ifs and in step loops (sema): a loop's iterations pass the
-    same number B each, so its k-th barrier of iteration var is before + (var - lo) * B + k."""
-    out, passed, most = [], _Count(), _Count()
+def _stamp_barriers(ops, before: ir.IExpr) -> tuple[tuple, ir.IExpr]:
+    """ops with every barrier stamped by its place in the program: 1 + the places before it; and
+    the places ops take. A barrier takes one place. An `if` takes as many as its longer arm, and
+    the k-th barrier of either arm takes the same place, so that every rank has the same stamp
+    after the if whichever arm it took, and the members of a barrier that only some ranks pass
+    (`if node.rank == 0 { barrier(lane) }`) meet the others at the barriers after it. A step loop
+    takes its trips times its body's places, the same on every iteration (sema checks it), so its
+    k-th barrier of iteration var is before + (var - lo) * B + k. (`Instance` numbers the barriers
+    of the verified schedule by the same rule on its own, and check.verify_lowered compares the
+    two.)"""
+    out, places = [], ir.Const(0)
     for op in ops:
+        at = ir.simplify(ir.add(before, places))
         if isinstance(op, ir.Barrier):
-            op = replace(op, seq=before.plus(passed).plus(_Count(1)).expr())
-            passed, most = passed.plus(_Count(1)), most.plus(_Count(1))
+            op = replace(op, seq=ir.simplify(ir.add(at, ir.Const(1))))
+            places = ir.simplify(ir.add(places, ir.Const(1)))
         elif isinstance(op, ir.If):
-            here = before.plus(passed)
-            then, a, most_a = _stamp_barriers(op.then, here)
-            orelse, b, most_b = _stamp_barriers(op.orelse, here)
+            then, a = _stamp_barriers(op.then, at)
+            orelse, b = _stamp_barriers(op.orelse, at)
             op = replace(op, then=then, orelse=orelse)
-            passed = passed.plus(_either(op.cond, a, b))
-            if not most_a.terms and not most_b.terms:
-                most = most.plus(_Count(max(most_a.const, most_b.const)))
-            else:   # an upper bound: both arms
-                most = most.plus(most_a).plus(most_b)
+            places = ir.simplify(ir.add(places, _most(a, b)))
         elif isinstance(op, ir.Loop) and op.domain is ir.Domain.RANGE and _has_barrier(op.body):
-            per = step_barriers(op)   # the same on every iteration and rank (sema checks it)
+            per = step_barriers(op)
             done = ir.Bin(ir.BinKind.MUL, ir.Bin(ir.BinKind.SUB, ir.Var(op.var), op.lo), per)
-            body, _, _ = _stamp_barriers(op.body, before.plus(passed).plus(_Count(0, (ir.simplify(done),))))
+            body, _ = _stamp_barriers(op.body, ir.simplify(ir.add(at, done)))
             op = replace(op, body=body)
             trips = ir.Bin(ir.BinKind.MUL, ir.Bin(ir.BinKind.SUB, op.hi, op.lo),
                            ir.Bin(ir.BinKind.GT, op.hi, op.lo))
-            n = ir.simplify(ir.Bin(ir.BinKind.MUL, trips, per))
-            total = _Count(n.value) if isinstance(n, ir.Const) else _Count(0, (n,))
-            passed, most = passed.plus(total), most.plus(total)
+            places = ir.simplify(ir.add(places, ir.Bin(ir.BinKind.MUL, trips, per)))
         out.append(op)
-    return tuple(out), passed, most
+    return tuple(out), places
 
 
 def step_barriers(loop: ir.Loop) -> ir.IExpr:
-    """The barriers one iteration of a step loop passes. The stamps assume every iteration of
-    every rank passes the same number, so sema refuses a loop where this depends on anything but
-    world, sizes and rank parameters (its loop variable, rank, a let of them)."""
-    _, per, _ = _stamp_barriers(loop.body, _Count())
-    return ir.simplify(per.expr())
+    """The barrier places one iteration of a step loop takes (its body's: _stamp_barriers). The
+    stamps assume it is the same on every iteration, so sema refuses a loop where it depends on
+    anything but world, sizes and rank parameters (an inner step loop whose bounds name the loop
+    variable)."""
+    _, per = _stamp_barriers(loop.body, ir.Const(0))
+    return ir.simplify(per)
 
 
 def _has_barrier(ops) -> bool:
     return any(isinstance(op, ir.Barrier)
                or (isinstance(op, ir.If) and _has_barrier(op.then + op.orelse))
                or (isinstance(op, ir.Loop) and _has_barrier(op.body)) for op in ops)
-
-
-def flag_epochs(s: ir.Schedule) -> ir.Schedule:
-    body, _, most = _stamp_barriers(s.body, _Count())
-    if not most.terms:   # the usual case: a constant number of stamps per call
-        barriers = most.const
-        flags = tuple(replace(f, seq=barriers + i) for i, f in enumerate(s.flags, 1))
-        return replace(s, body=body, flags=flags, sync_ops=barriers + len(flags))
-    # barriers in step loops: the stamps per call depend on world and sizes (Schedule.stamps)
-    barriers = most.expr()
-    flags = tuple(replace(f, seq=ir.simplify(ir.add(barriers, ir.Const(i))))
-                  for i, f in enumerate(s.flags, 1))
-    total = ir.simplify(ir.add(barriers, ir.Const(len(flags))))
-    return replace(s, body=body, flags=flags, sync_ops=most.const + len(flags), sync_expr=total)
 
 
 def _moves(ops):

@@ -143,8 +143,8 @@ def verify_lowered(lowered: ir.Schedule, source: ir.Schedule, worlds: list[int],
     """The IR after the passes (what the kernel is generated from), once verify_worlds proved
     `source` at the same worlds and samples. If the passes changed nothing but stamps and plans,
     the data movement is the proven one, and so is its order wherever the kernel's barriers meet
-    as the proof's did: the proof meets every rank's k-th barrier with every other's, so it is
-    enough that each instance's stamps are valid and the k-th barrier has one stamp on all ranks.
+    as the proof's did: the proof meets the members of a barrier at its place in the program, so it
+    is enough that each instance's stamps are valid and every barrier's stamp is that place.
     Anything else the passes changed is verified in full."""
     bad_join = _unsound_join(lowered.body)
     if bad_join is not None:
@@ -162,11 +162,12 @@ def verify_lowered(lowered: ir.Schedule, source: ir.Schedule, worlds: list[int],
             res = Result(w, dict(sizes))
             try:
                 inst = instantiate(lowered, w, sizes, barriers_only=True)
+                proof = instantiate(source, w, sizes, barriers_only=True)
             except StrataError as exc:
                 res.diagnostics = exc.diagnostics
             else:
                 res.events = sum(len(t) for t in inst.timelines)
-                res.diagnostics = stamp_errors(inst) or unmet_barriers(inst)
+                res.diagnostics = stamp_errors(inst) or unmet_barriers(proof, inst)
             res.seconds = time.perf_counter() - t0
             results.append(res)
             if not res.ok:

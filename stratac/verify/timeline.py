@@ -10,7 +10,8 @@ Ranks meet at barriers of equal stamps (on the IR after the passes, the stamps t
 compares). A kernel barrier waits until every rank has announced its stamp or a later one, so a
 join is only what the kernel does when every rank's stamps grow barrier by barrier and stay within
 the stamps a call reserves; anything else is refused first (`stamp_errors`). `unmet_barriers`
-compares the ranks' stamps barrier by barrier, for re-verifying the passes without executing.
+compares the kernel's stamps with the places at which the proof met the ranks, for re-verifying
+the passes without executing.
 """
 
 from __future__ import annotations
@@ -60,19 +61,35 @@ def stamp_errors(inst: Instance) -> list[Diagnostic]:
     return []
 
 
-def unmet_barriers(inst: Instance) -> list[Diagnostic]:
-    """A barrier whose stamp on some rank differs from rank 0's barrier at the same place in the
-    call (the k-th of each; a proof by ordinal has shown that every rank passes as many): where the
-    verifier met ranks, the kernel's barriers would not meet."""
-    barriers = [[ev for ev in tl if ev.kind is EventKind.BARRIER] for r, tl in enumerate(inst.timelines)
-                if inst.live(r)]
-    for mine in barriers[1:]:
-        for k, (a, b) in enumerate(zip(barriers[0], mine), 1):
-            if a.barrier != b.barrier:
-                return [error(Codes.SYNC_STAMP, f"barrier {k} of the call has stamp epoch + {b.barrier} "
-                              f"on rank {b.rank} but epoch + {a.barrier} on rank {a.rank} "
-                              f"({context(inst)}): the kernel's barriers would not meet where the "
-                              "verified ones do", b.span, Note(f"rank {a.rank}'s barrier {k}", a.span))]
+def unmet_barriers(proof: Instance, inst: Instance) -> list[Diagnostic]:
+    """Barriers the kernel (inst, the IR after the passes) would meet otherwise than the verifier
+    met them (proof, the same instance of the verified IR, whose walk numbers the barrier places on
+    its own: the members of a barrier meet at one place). The kernel meets at equal stamps, so the
+    two agree when one place has one stamp on every rank and one stamp one place: then a stamp
+    names a place, gaps or not."""
+    stamp_of: dict[int, tuple] = {}
+    place_of: dict[int, tuple] = {}
+    for r in range(inst.world):
+        if not inst.live(r):
+            continue
+        mine = [ev for ev in inst.timelines[r] if ev.kind is EventKind.BARRIER]
+        proven = [ev for ev in proof.timelines[r] if ev.kind is EventKind.BARRIER]
+        if len(proven) != len(mine):
+            return [error(Codes.SYNC_STAMP, f"rank {r} passes {len(mine)} barriers in the kernel but "
+                          f"{len(proven)} in the verified schedule ({context(inst)})", inst.schedule.span)]
+        for a, b in zip(proven, mine):
+            seen = stamp_of.setdefault(a.barrier, (b.barrier, b))
+            other = place_of.setdefault(b.barrier, (a.barrier, b))
+            if seen[0] != b.barrier:
+                return [error(Codes.SYNC_STAMP, f"this barrier has stamp epoch + {b.barrier} on rank {r} but "
+                              f"epoch + {seen[0]} on rank {seen[1].rank}, where the verifier met the two "
+                              f"({context(inst)}): the kernel's barriers would not meet where the verified "
+                              "ones do", b.span, Note(f"rank {seen[1].rank}'s barrier", seen[1].span))]
+            if other[0] != a.barrier:
+                return [error(Codes.SYNC_STAMP, f"this barrier has stamp epoch + {b.barrier} on rank {r}, as "
+                              f"a barrier of rank {other[1].rank} the verifier did not meet it with "
+                              f"({context(inst)}): the kernel's barriers would meet where the verified "
+                              "ones do not", b.span, Note(f"rank {other[1].rank}'s barrier", other[1].span))]
     return []
 
 

@@ -34,3 +34,20 @@ def test_sync_under_if_runs_correctly(name, world):
              if not r["ok"]]
     assert wrong == []
     assert out.exit_code == 0
+
+
+@pytest.mark.parametrize("world", [2, 4, 6])
+def test_barriers_only_the_node_leaders_pass_run_correctly(world):
+    """good_leader_barriers.strata: the lane barriers inside `if node.rank == 0` are passed by the
+    node leaders alone, and every rank meets at the node barriers after them (a barrier's stamp is
+    its place in the program). Sums and maxima of every rank's input, against torch."""
+    cases = [runner.Case(dtype=d, count=count, op=op) for d in ("f32", "i32")
+             for count, op in ((1, "sum"), (1001, "max"), (4099, "sum"))]
+    cases.append(runner.Case(dtype="f32", size=3 << 20, op="sum"))
+    spec = runner.RunSpec(file=str(CORPUS / "good_leader_barriers.strata"), world=world, cases=cases,
+                          iters=2, warmup=0, cores=4, timeout=60)
+    out = runner.run(spec, echo=lambda line: None)
+    assert out.failures == []
+    assert len(out.results) == world * len(cases)
+    assert [r for r in out.results if not r["ok"]] == []
+    assert out.exit_code == 0

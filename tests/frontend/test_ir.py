@@ -315,10 +315,10 @@ schedule stamps(x: sym T[n], root: rank) implements broadcast(x, root) {
 }
 """
 
-# Read by hand: a barrier's stamp is 1 + the barriers its rank passed before it. An if whose arms
-# pass as many barriers adds a constant; one whose arms differ adds its condition (times the
-# difference), the negated condition when the else arm passes more. The flag comes after the most
-# barriers a rank can pass: 1 + 1 + 1 + 1 + 2 + 3 + 1 + 1 = 11.
+# Read by hand: a barrier's stamp is its place in the program, 1 + the places before it. The k-th
+# barrier of either arm of an if takes one place, and the if the places of its longer arm, so the
+# stamps are constants here whichever arms a rank takes. The flag comes after every place:
+# 1 + 1 + 1 + 1 + 2 + 3 + 1 + 1 = 11.
 STAMPS_GOLDEN = """\
 schedule stamps(x: sym T[n], root: rank) implements broadcast(x, root)
   sizes n
@@ -327,30 +327,30 @@ schedule stamps(x: sym T[n], root: rank) implements broadcast(x, root)
   if (world > 0):  # line 4
     barrier seq=2  # line 4
   if (world > 2):  # line 5
-    barrier seq=2 + (world > 0)  # line 5
+    barrier seq=3  # line 5
   if (rank == root):  # line 6
-    barrier seq=(2 + (world > 0)) + (world > 2)  # line 6
+    barrier seq=4  # line 6
   else:
-    barrier seq=(2 + (world > 0)) + (world > 2)  # line 6
+    barrier seq=4  # line 6
   if (rank == root):  # line 7
-    barrier seq=(3 + (world > 0)) + (world > 2)  # line 8
-    barrier seq=(4 + (world > 0)) + (world > 2)  # line 9
+    barrier seq=5  # line 8
+    barrier seq=6  # line 9
   else:
-    barrier seq=(3 + (world > 0)) + (world > 2)  # line 11
+    barrier seq=5  # line 11
   if (rank < 2):  # line 13
-    barrier seq=((4 + (world > 0)) + (world > 2)) + (rank == root)  # line 13
+    barrier seq=7  # line 13
   else:
-    barrier seq=((4 + (world > 0)) + (world > 2)) + (rank == root)  # line 14
-    barrier seq=((5 + (world > 0)) + (world > 2)) + (rank == root)  # line 15
-    barrier seq=((6 + (world > 0)) + (world > 2)) + (rank == root)  # line 16
+    barrier seq=7  # line 14
+    barrier seq=8  # line 15
+    barrier seq=9  # line 16
   if (world > 1):  # line 18
     if (rank == 0):  # line 19
-      barrier seq=(((5 + (world > 0)) + (world > 2)) + (rank == root)) + ((rank >= 2) * 2)  # line 19
+      barrier seq=10  # line 19
     else:
-      barrier seq=(((5 + (world > 0)) + (world > 2)) + (rank == root)) + ((rank >= 2) * 2)  # line 19
+      barrier seq=10  # line 19
     for p in peers:  # line 20
       signal ready[rank]@p  # line 20
-  barrier seq=((((5 + (world > 0)) + (world > 2)) + (rank == root)) + ((rank >= 2) * 2)) + (world > 1)  # line 22
+  barrier seq=11  # line 22
   # 12 flag stamps per call
 """
 
@@ -366,16 +366,20 @@ def _barrier_stamps(s: ir.Schedule, world: int, root: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("world", range(1, 7))
-def test_every_barrier_stamp_is_one_more_than_the_barriers_passed(world):
-    """Against instantiate's own walk of the IR before the passes, which counts the barriers each
-    rank passes as it takes the arms (from 0): after the passes every rank's stamps are 1, 2, 3..."""
+def test_every_barrier_stamp_is_the_place_the_walk_numbers(world):
+    """Against instantiate's own walk of the IR before the passes, which numbers the barrier places
+    as it takes the arms (an if skips to the end of its longer arm): after the passes every rank's
+    stamps are those places, rising, within the barrier stamps a call reserves; the rank that takes
+    the longer arms has 1, 2, 3, ... and the others skip the places of the arms they did not take."""
     s, = frontend.schedules(Source("stamps.strata", STAMPS_SRC))
     lowered = passes.pipeline(s, passes.Options())
+    places = lowered.sync_ops - len(lowered.flags)
     for root in range(world):
         before, after = _barrier_stamps(s, world, root), _barrier_stamps(lowered, world, root)
-        assert after == [[k + 1 for k in ordinals] for ordinals in before]
-        assert all(stamps == list(range(1, len(stamps) + 1)) for stamps in after)
-        assert max(map(len, after)) <= lowered.sync_ops - len(lowered.flags)
+        assert after == before
+        assert all(stamps == sorted(set(stamps)) and stamps[-1] == places for stamps in after)
+    if world >= 3:   # rank 2 (not root 0, not below 2) takes the else arms of lines 6, 7 and 13
+        assert _barrier_stamps(lowered, world, 0)[2] == [1, 2, 3, 4, 5, 7, 8, 9, 10, 11]
 
 
 TEAMS_SRC = """\

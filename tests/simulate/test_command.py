@@ -137,6 +137,16 @@ def test_bad_requests_are_one_message(capsys, extra, message):
     assert "Traceback" not in err
 
 
+def test_a_barrier_only_some_ranks_pass_is_refused_by_name(capsys):
+    """The model joins every rank at every barrier; the leaders-only lane barriers of
+    good_leader_barriers.strata are passed by half the ranks, which it says instead of predicting."""
+    status, out, err = _run(["simulate", str(ROOT / "tests" / "verify" / "corpus" / "good_leader_barriers.strata"),
+                             "--machine", str(ROOT / "machines" / "cloudmatrix384.toml"), "--world", "4",
+                             "--sizes", "1M"], capsys)
+    assert status == 1 and "Traceback" not in err
+    assert "a barrier only some ranks pass" in err and "cannot predict it yet" in err
+
+
 def test_bad_machine_file_through_the_command(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text(TINY.replace("vector_cores = 1\n", ""))

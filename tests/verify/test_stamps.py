@@ -91,9 +91,9 @@ def test_barriers_meet_only_at_equal_stamps():
         (31, "ranks 1, 2 wait at this barrier, the 2nd barrier of the call (stamp epoch + 3)")]
     d = first_error(verify.verify_lowered(bad, s, [3]))
     assert d.code == Codes.SYNC_STAMP and d.span.line == 31, d.render()
-    assert d.message == ("barrier 2 of the call has stamp epoch + 3 on rank 1 but epoch + 2 on rank 0 "
-                         "(world=3, n=1, root=0): the kernel's barriers would not meet where the "
-                         "verified ones do")
+    assert d.message == ("this barrier has stamp epoch + 3 on rank 1 but epoch + 2 on rank 0, where the "
+                         "verifier met the two (world=3, n=1, root=0): the kernel's barriers would not "
+                         "meet where the verified ones do")
     assert d.notes[0].span.line == 29
 
 
@@ -119,16 +119,16 @@ def test_stamps_may_leave_gaps():
 
 
 def test_a_flag_outside_the_calls_stamps_is_rejected():
-    """bcast_flags_and_arms: flags ready (line 40) and landed; a wait for stamp epoch + 0 would be
+    """bcast_flags_and_arms: flags ready (line 41) and landed; a wait for stamp epoch + 0 would be
     satisfied by a zeroed slot in the first call."""
     s = schedule("bcast_flags_and_arms")
     low = passes.pipeline(s, passes.Options())
-    assert [f.seq for f in low.flags] == [4, 5] and low.sync_ops == 5   # after 3 barriers at most
+    assert [f.seq for f in low.flags] == [3, 4] and low.sync_ops == 4   # after 2 barrier places
     bad = replace(low, flags=(replace(low.flags[0], seq=0), low.flags[1]))
     for results in (verify.verify_worlds(bad, [2]), verify.verify_lowered(bad, s, [2])):
         d = first_error(results)
-        assert d.code == Codes.SYNC_STAMP and d.span.line == 40, d.render()
-        assert d.message.startswith("flag ready has stamp epoch + 0, outside the stamps 1..5")
+        assert d.code == Codes.SYNC_STAMP and d.span.line == 41, d.render()
+        assert d.message.startswith("flag ready has stamp epoch + 0, outside the stamps 1..4")
 
 
 def test_a_pass_that_changes_the_data_movement_is_verified_in_full():

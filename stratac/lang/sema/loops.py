@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from stratac import ir
 from stratac.diagnostics import Codes
-from stratac.ir import passes
 from stratac.lang import ast
 from stratac.lang.sema.scope import Scope
 
@@ -32,7 +31,7 @@ class Loops(Scope):
             body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
             self.loop_bounds.pop()
             self.step_vars.discard(st.var)
-            return self.step_loop(ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, hi))
+            return ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, hi)
         if st.team is not None:
             return self.team_loop(st, loop_vars, engine)
         if engine is None and _holds_stage(st.body):
@@ -59,7 +58,7 @@ class Loops(Scope):
         self.loop_bounds.pop()
         self.step_vars.discard(st.var)
         self.lets = outer
-        return self.step_loop(ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, ir.Var("world")))
+        return ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, ir.Var("world"))
 
     def team_loop(self, st: ast.For, loop_vars, engine):
         """for p in node.ranks|peers: a step loop over the members' places i (0 .. node.size), with
@@ -79,20 +78,7 @@ class Loops(Scope):
         body = tuple(body)
         if st.domain == "peers":
             body = (ir.If(ir.Bin(ir.BinKind.NE, index, team.index), body, (), st.span),)
-        return self.step_loop(ir.Loop(st.var, ir.Domain.RANGE, body, st.span, ir.Const(0), team.size))
-
-    def step_loop(self, loop: ir.Loop) -> ir.Loop:
-        """A step loop whose iterations pass barriers: each iteration of each rank passes the same
-        number (the flag stamps count on it, passes.step_barriers), an expression of world, sizes
-        and rank parameters."""
-        per = passes.step_barriers(loop)
-        moving = per.names() - self.fixed_names()
-        if moving:
-            self.err(Codes.BAD_REF, f"the iterations of this step loop pass {ir.bare(per)} barriers, "
-                     f"which depends on {', '.join(sorted(moving))}: every iteration of every rank "
-                     "must pass the same number (give both arms of an `if` in it the same barriers)",
-                     loop.span)
-        return loop
+        return ir.Loop(st.var, ir.Domain.RANGE, body, st.span, ir.Const(0), team.size)
 
     def team_decl(self, st: ast.TeamDecl, top: bool) -> None:
         if not top:

@@ -121,6 +121,12 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
         if all(pos[r] == len(t.timelines[r]) for r in range(world)):
             break
         if not progressed:
+            at = {t.timelines[r][pos[r]][1] for r in arrived}
+            if arrived and (len(at) > 1 or len(arrived) + sum(pos[r] == len(t.timelines[r])
+                                                              for r in range(world)) == world):
+                raise SimulateError("a barrier only some ranks pass (e.g. a team barrier inside `if "
+                                    "node.rank == 0`): the model joins every rank at every barrier "
+                                    "and cannot predict it yet")
             raise SimulateError("the schedule waits for a flag or barrier nobody provides; run "
                                 "`stratac check` on the file")
     last = max(range(world), key=lambda r: clock[r])

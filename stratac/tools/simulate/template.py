@@ -47,7 +47,7 @@ class Template:
     keys: list[tuple[ir.IExpr, dict]]     # a length expression and its values of non-size names
     stages: dict                          # per stage INSTANCE: a stage outside step loops, keyed
                                           # by its index; (index, n): one step of the loops around it
-    timelines: list[list[tuple]]          # per rank: ("stage", instance) | ("barrier", k) |
+    timelines: list[list[tuple]]          # per rank: ("stage", instance) | ("barrier", place) |
                                           # ("signal", [(owner, flag, slot)]) | ("wait", [(flag, slot)]) | ("await", None)
     size_dependent: bool                  # a condition, rank or flag slot depends on a size symbol
 
@@ -130,7 +130,8 @@ class _Walker:
     def timeline(self, rank: int) -> list[tuple]:
         env = dict(self.base, rank=rank)
         events: list[tuple] = []
-        barriers = 0
+        barriers = 0   # the barriers this rank passed: its phase (critical_path joins every rank)
+        place = 0      # the barrier places before this point (the kernel's stamp rule: places)
 
         def sync(op, env):
             if isinstance(op, ir.Loop):
@@ -152,10 +153,11 @@ class _Walker:
                     events.append(("wait", [(op.flag, slot)]))
 
         def top(ops, env, steps):
-            nonlocal barriers
+            nonlocal barriers, place
             for op in ops:
                 if isinstance(op, ir.Barrier):
-                    events.append(("barrier", barriers))
+                    place += 1
+                    events.append(("barrier", place))
                     barriers += 1
                 elif isinstance(op, ir.Stage):
                     key = op.index if not steps else self.instances.setdefault(
@@ -166,7 +168,9 @@ class _Walker:
                         self.moves(inner, env, sm)
                     events.append(("stage", key))
                 elif isinstance(op, ir.If):
+                    start = place
                     top(op.then if self.ev(op.cond, env, "a condition") else op.orelse, env, steps)
+                    place = start + max(places(op.then, env), places(op.orelse, env))
                 elif isinstance(op, ir.Loop):   # a loop around stages and sync (step loops)
                     for v in self.values(op, env):
                         top(op.body, {**env, op.var: v}, steps + ((id(op), v),))
@@ -177,6 +181,19 @@ class _Walker:
                     events.append(("await", None))
                 else:
                     sync(op, env)
+
+        def places(ops, env) -> int:
+            """The barrier places ops take: one a barrier, an if its longer arm's, a loop its
+            iterations'."""
+            n = 0
+            for op in ops:
+                if isinstance(op, ir.Barrier):
+                    n += 1
+                elif isinstance(op, ir.If):
+                    n += max(places(op.then, env), places(op.orelse, env))
+                elif isinstance(op, ir.Loop) and op.domain is ir.Domain.RANGE:
+                    n += sum(places(op.body, {**env, op.var: v}) for v in self.values(op, env))
+            return n
 
         top(self.s.body, env, ())
         return events
