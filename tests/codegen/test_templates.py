@@ -64,3 +64,23 @@ def test_the_check_sees_operators_beside_substitutions():
 def test_templates_print_no_operator_beside_an_expression(name):
     text = (ROOT / "templates" / name).read_text()
     assert operators_beside_substitutions(text) == [], f"templates/{name}"
+
+
+def test_the_mask_bitmap_is_laid_out_alike_by_the_host_and_the_kernel():
+    """The mask of active ranks (docs/robustness.md, "Masked ranks"): the kernels' UB buffer holds
+    ir.MASK_MAX_WORLD bits, the plan reserves passes.MASK_BYTES for it, and the bitmap sits right
+    after the agreement verdict line, one bit per rank, in whole 64-byte lines."""
+    from stratac import ir
+    from stratac.codegen import abi
+    from stratac.ir import passes
+    header = (ROOT / "runtime" / "device" / "strata_device.h").read_text()
+    assert int(re.search(r"kMaskMaxWorld = (\d+);", header).group(1)) == ir.MASK_MAX_WORLD
+    assert "kMaskBytes = kMaskMaxWorld / 8;" in header and passes.MASK_BYTES == ir.MASK_MAX_WORLD // 8
+    assert "return AgreeVerdict(sync, world) + kSyncSlotInts;" in header
+    for world in (1, 64, 512, 513, 16384):
+        assert abi.mask_offset(world) == abi.verdict_offset(world) + abi.SYNC_SLOT_BYTES
+        assert abi.sync_area_bytes(world) - abi.mask_offset(world) == -(-world // 512) * 64
+    words = abi.mask_words((1 << 70) - 1 - (1 << 3) - (1 << 66), 72)   # ranks 3 and 66 masked of 72
+    assert len(words) == 16 and words[0] == -1 - 8 and words[1] == -1 and words[2] == 0b111011
+    assert words[3:] == [0] * 13    # ranks 70, 71 masked too: bits past 70 are clear
+    assert abi.mask_words(-1, 40) == [-1, 0xFF] + [0] * 14
