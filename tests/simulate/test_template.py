@@ -2,7 +2,7 @@
 is one the model can predict."""
 
 import pytest
-from simkit import EXAMPLES, REQUIRES, moe_env
+from simkit import EXAMPLES, REQUIRES, ROOT, moe_env
 
 from stratac import ir
 from stratac.ir import instantiate
@@ -18,6 +18,19 @@ def test_template_matches_instantiate(path):
         assert len(worlds) >= 3, (s.name, worlds)
         for world in worlds:
             _check_template(s, world)
+
+
+def test_template_matches_instantiate_where_only_the_leaders_pass_barriers():
+    """The corpus's leaders-only AllReduce: each barrier's place and members, rank by rank, as
+    instantiate has them (the lane barriers on the node leaders alone)."""
+    path = ROOT / "tests" / "verify" / "corpus" / "good_leader_barriers.strata"
+    s, = frontend.schedules(frontend.load_source(path))
+    for world in (2, 4, 6, 8):
+        _check_template(s, world)
+    t = template(s, 4, {"n": 5})
+    assert [a for k, a in t.timelines[2] if k == "barrier"] == [
+        (1, (2, 3)), (2, (0, 2)), (3, (0, 2)), (4, (2, 3)), (5, (2, 3))]
+    assert [a for k, a in t.timelines[3] if k == "barrier"] == [(1, (2, 3)), (4, (2, 3)), (5, (2, 3))]
 
 
 def test_a_world_the_schedule_excludes_is_refused_with_its_constraint():
@@ -56,7 +69,7 @@ def _check_template(s: ir.Schedule, world: int) -> None:
             if ev.kind is instantiate.EventKind.STAGE:
                 kinds.append(("stage", ev.stage.index))
             elif ev.kind is instantiate.EventKind.BARRIER:
-                kinds.append(("barrier", ev.barrier))
+                kinds.append(("barrier", (ev.barrier, ev.members)))
             elif ev.kind is instantiate.EventKind.SIGNAL:
                 kinds.append(("signal", [(o, f, slot) for o, f, slot, _ in ev.signals]))
             elif ev.kind is instantiate.EventKind.WAIT:

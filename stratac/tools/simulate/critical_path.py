@@ -2,11 +2,12 @@
 and the cores per rank. Out: the predicted microseconds from the kernel launch to the last rank's
 exit, and that critical path split by category.
 
-Synchronisation: a barrier releases every rank when the last one arrives, plus its cost (two
-SyncAlls, each core signalling world/cores peers, one fabric latency); a wait returns when the last
-flag it waits for has landed (signal time + fabric latency); a signal costs a flag issue per slot.
-Between two barriers, the traffic of every rank on every UB link and every HBM also bounds the
-phase (a rank's link is shared by everything the other ranks send it or read from it).
+Synchronisation: a barrier releases its members (every rank, or a team's) at its place in the
+program when the last of them arrives there, plus its cost (two SyncAlls, each core signalling
+world/cores peers, one fabric latency); a wait returns when the last flag it waits for
+has landed (signal time + fabric latency); a signal costs a flag issue per slot. Between two
+barrier places, the traffic of every rank on every UB link and every HBM also bounds the phase (a
+rank's link is shared by everything the other ranks send it or read from it).
 """
 
 from __future__ import annotations
@@ -107,26 +108,26 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
                     break
                 pos[r] += 1
                 progressed = True
-        if len(arrived) == world:
-            last = max(arrived, key=lambda r: arrived[r][0])
-            when, path = settle(phase, *arrived[last])
-            when, path = when + barrier_cost, _add(path, "latency", barrier_cost)
-            for r in range(world):
-                clock[r], parts[r] = when, path
-                pos[r] += 1
-            arrived = {}
-            phase += 1
-            phase_start = (when, path)
-            progressed = True
+        for r0 in sorted(arrived):
+            if r0 not in arrived:    # joined with an earlier member in this pass
+                continue
+            at = t.timelines[r0][pos[r0]][1]
+            place, members = at
+            group = range(world) if members is None else members
+            if all(r in arrived and t.timelines[r][pos[r]][1] == at for r in group):
+                last = max(group, key=lambda r: arrived[r][0])
+                when, path = settle(phase, *arrived[last])
+                when, path = when + barrier_cost, _add(path, "latency", barrier_cost)
+                for r in group:
+                    clock[r], parts[r] = when, path
+                    pos[r] += 1
+                    del arrived[r]
+                phase = place
+                phase_start = (when, path)
+                progressed = True
         if all(pos[r] == len(t.timelines[r]) for r in range(world)):
             break
         if not progressed:
-            at = {t.timelines[r][pos[r]][1] for r in arrived}
-            if arrived and (len(at) > 1 or len(arrived) + sum(pos[r] == len(t.timelines[r])
-                                                              for r in range(world)) == world):
-                raise SimulateError("a barrier only some ranks pass (e.g. a team barrier inside `if "
-                                    "node.rank == 0`): the model joins every rank at every barrier "
-                                    "and cannot predict it yet")
             raise SimulateError("the schedule waits for a flag or barrier nobody provides; run "
                                 "`stratac check` on the file")
     last = max(range(world), key=lambda r: clock[r])

@@ -36,7 +36,7 @@ class StageMoves:
     src_owner: list[int] = field(default_factory=list)
     scale: list[int] = field(default_factory=list)     # bytes of the destination's element type
                                                        # (0: the schedule's T)
-    phase: dict[int, int] = field(default_factory=dict)   # rank -> barriers before the stage
+    phase: dict[int, int] = field(default_factory=dict)   # rank -> the barrier place before the stage
     arrays: dict = field(default_factory=dict)
     routes: list[tuple[int, ir.RouteKind, dict]] = field(default_factory=list)   # issuer, kind, shape
 
@@ -47,7 +47,8 @@ class Template:
     keys: list[tuple[ir.IExpr, dict]]     # a length expression and its values of non-size names
     stages: dict                          # per stage INSTANCE: a stage outside step loops, keyed
                                           # by its index; (index, n): one step of the loops around it
-    timelines: list[list[tuple]]          # per rank: ("stage", instance) | ("barrier", place) |
+    timelines: list[list[tuple]]          # per rank: ("stage", instance) | ("barrier", (place,
+                                          # members or None: every rank)) |
                                           # ("signal", [(owner, flag, slot)]) | ("wait", [(flag, slot)]) | ("await", None)
     size_dependent: bool                  # a condition, rank or flag slot depends on a size symbol
 
@@ -130,8 +131,7 @@ class _Walker:
     def timeline(self, rank: int) -> list[tuple]:
         env = dict(self.base, rank=rank)
         events: list[tuple] = []
-        barriers = 0   # the barriers this rank passed: its phase (critical_path joins every rank)
-        place = 0      # the barrier places before this point (the kernel's stamp rule: places)
+        place = 0      # the barrier places before this point (the kernel's stamp rule), its phase
 
         def sync(op, env):
             if isinstance(op, ir.Loop):
@@ -153,17 +153,22 @@ class _Walker:
                     events.append(("wait", [(op.flag, slot)]))
 
         def top(ops, env, steps):
-            nonlocal barriers, place
+            nonlocal place
             for op in ops:
                 if isinstance(op, ir.Barrier):
                     place += 1
-                    events.append(("barrier", place))
-                    barriers += 1
+                    members = None
+                    if op.team is not None:
+                        base = self.ev(op.team.base, env, "the team's first rank")
+                        step = self.ev(op.team.step, env, "the team's stride")
+                        members = tuple(base + i * step for i in range(self.ev(op.team.size, env,
+                                                                                "the team's size")))
+                    events.append(("barrier", (place, members)))
                 elif isinstance(op, ir.Stage):
                     key = op.index if not steps else self.instances.setdefault(
                         (op.index, steps), (op.index, len(self.instances)))
                     sm = self.stages.setdefault(key, StageMoves(op))
-                    sm.phase[rank] = barriers
+                    sm.phase[rank] = place
                     for inner in op.body:
                         self.moves(inner, env, sm)
                     events.append(("stage", key))
