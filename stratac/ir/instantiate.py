@@ -268,9 +268,12 @@ _BARRED: dict[int, tuple[ir.If, bool]] = {}
 
 
 def _barred(op: ir.If) -> bool:
-    """Whether an if has a barrier in an arm (remembered per node: the walk asks on every rank)."""
+    """Whether an if has a barrier in an arm (remembered per node, like `_compiled`: the walk asks
+    on every rank)."""
     hit = _BARRED.get(id(op))
     if hit is None or hit[0] is not op:
+        if len(_BARRED) > 65536:
+            _BARRED.clear()
         hit = _BARRED[id(op)] = (op, _has_barrier(op.then + op.orelse))
     return hit[1]
 

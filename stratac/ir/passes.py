@@ -73,8 +73,9 @@ def flag_epochs(s: ir.Schedule) -> ir.Schedule:
                        sync_ops=total.value)
     # barriers in step loops: the stamps per call depend on world and sizes (Schedule.stamps);
     # sync_ops is then the expression's constant part
-    const = next((x.value for x in (getattr(total, "lhs", None), getattr(total, "rhs", None))
-                  if isinstance(x, ir.Const)), 0) if isinstance(total, ir.Bin) and total.kind is ir.BinKind.ADD else 0
+    const = 0
+    if isinstance(total, ir.Bin) and total.kind is ir.BinKind.ADD:
+        const = next((x.value for x in (total.lhs, total.rhs) if isinstance(x, ir.Const)), 0)
     return replace(s, body=body, flags=flags, sync_ops=const, sync_expr=total)
 
 

@@ -140,3 +140,32 @@ def test_a_pass_that_changes_the_data_movement_is_verified_in_full():
                                          if not (isinstance(op, ir.If) and op.span.line == 9)))
     d = first_error(verify.verify_lowered(no_scatter, s, [2]))
     assert d.code == Codes.CONTRACT, d.render()
+
+
+def test_one_stamp_at_two_places_is_refused(tmp_path):
+    """Rank 0 passes places 1 and 2, rank 1 places 1 and 3. Stamped 1, 2, 2 each rank's stamps
+    still grow and each place has one stamp, but stamp 2 names two places: the kernel would meet
+    rank 0's second barrier with rank 1's, which the verifier never met."""
+    path = tmp_path / "two_places.strata"
+    path.write_text("schedule two_places(x: sym T[n]) implements allreduce(x, sum) {\n"
+                    "  barrier\n"
+                    "  if rank == 0 { barrier }\n"
+                    "  if rank == 1 { barrier }\n"
+                    "}\n")
+    s = schedule("two_places", path)
+    low = passes.pipeline(s, passes.Options())
+    assert [b.seq.value for b in _barriers(low.body)] == [1, 2, 3]   # the pass's stamps: their places
+    bad = restamp(low, 1, 2, 2)
+    d = first_error(verify.verify_lowered(bad, s, [2]))
+    assert d.code == Codes.SYNC_STAMP and d.span.line == 4, d.render()
+    assert d.message.startswith("this barrier has stamp epoch + 2 on rank 1, as a barrier of rank 0 the "
+                                "verifier did not meet it with")
+    assert d.notes[0].span.line == 3
+
+
+def _barriers(ops):
+    for op in ops:
+        if isinstance(op, ir.Barrier):
+            yield op
+        elif isinstance(op, ir.If):
+            yield from _barriers(op.then + op.orelse)
