@@ -438,10 +438,11 @@ def _flag_bases(s: ir.Schedule) -> dict[str, ir.IExpr]:
     return bases
 
 
-def _stamp(f: ir.Flag) -> str:
-    """A flag's stamp as C++: the call's epoch plus the flag's offset (an expression of world and
-    sizes after barriers in step loops)."""
-    return c(ir.Bin(ir.BinKind.ADD, _cpp("epoch_"), ir.Const(f.seq) if isinstance(f.seq, int) else f.seq))
+def _stamp(f: ir.Flag, op: ir.Signal | ir.Wait) -> str:
+    """The stamp of a signal or wait as C++: the call's epoch plus the flag's offset (an expression
+    of world and sizes after barriers in step loops) plus the op's round."""
+    seq = ir.Const(f.seq) if isinstance(f.seq, int) else f.seq
+    return c(ir.Bin(ir.BinKind.ADD, _cpp("epoch_"), ir.simplify(ir.add(seq, op.round))))
 
 
 def _statements(s: ir.Schedule) -> list[dict]:
@@ -458,9 +459,9 @@ def _statements(s: ir.Schedule) -> list[dict]:
         f = flags[op.flag]
         slot = f"strata::SyncSlot(sync_, {_chain(bases[op.flag], op.index)})"
         if isinstance(op, ir.Signal):
-            return {"kind": "signal", **_at(op.span), "slot": slot, "stamp": _stamp(f),
+            return {"kind": "signal", **_at(op.span), "slot": slot, "stamp": _stamp(f, op),
                     "pe": c(op.rank)}
-        return {"kind": "wait", **_at(op.span), "slot": slot, "stamp": _stamp(f)}
+        return {"kind": "wait", **_at(op.span), "slot": slot, "stamp": _stamp(f, op)}
 
     def is_control(op) -> bool:
         """Signals and waits, possibly under loops and ifs, and nothing else."""

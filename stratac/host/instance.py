@@ -59,6 +59,7 @@ class _Walk:
         self.base = {"world": world, **params}
         self.extent = {p.name: int(p.size.eval(self.base)) for p in s.params}
         self.flag_size = {f.name: int(f.size.eval(self.base)) for f in s.flags}
+        self.flag_rounds = {f.name: int(f.rounds.eval(self.base)) for f in s.flags}
         self._loops: list[str] = []
         for r in range(world):
             self._top(s.body, {**self.base, "rank": r}, np.ones((), dtype=bool))
@@ -157,6 +158,13 @@ class _Walk:
             verb = "signals" if isinstance(op, ir.Signal) else "waits for"
             self._fault(op.span, bad, env, f"{verb} slot {int(np.broadcast_to(slot, bad.shape)[bad][0])} "
                         f"of flag {op.flag}, which has {n} slots")
+        rnd = self._val(op.round, env, mask, op.span)
+        n = self.flag_rounds[op.flag]
+        bad = mask & ((np.asarray(rnd) < 0) | (np.asarray(rnd) >= n))
+        if bad.any():
+            verb = "signals" if isinstance(op, ir.Signal) else "waits for"
+            self._fault(op.span, bad, env, f"{verb} round {int(np.broadcast_to(rnd, bad.shape)[bad][0])} "
+                        f"of flag {op.flag}, which has {n} rounds")
 
     def _rank(self, e: ir.IExpr, env: dict, mask: np.ndarray, span, what: str):
         r = self._val(e, env, mask, span)

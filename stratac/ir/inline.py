@@ -151,9 +151,10 @@ class _Inliner:
             return replace(op, team=self.team)
         if isinstance(op, Signal):
             return replace(op, flag=self.prefix + op.flag, index=self.e(op.index),
-                           rank=self.rank(op.rank))
+                           rank=self.rank(op.rank), round=self.e(op.round))
         if isinstance(op, Wait):
-            return replace(op, flag=self.prefix + op.flag, index=self.e(op.index))
+            return replace(op, flag=self.prefix + op.flag, index=self.e(op.index),
+                           round=self.e(op.round))
         raise TypeError(f"a {type(op).__name__} cannot be inlined")   # sema refuses such callees
 
 
@@ -170,7 +171,7 @@ def inline(callee: Schedule, team: Team | None, bind: dict[str, Region], ops: di
     the fixed type its arguments give T, or the caller's own ELEM)."""
     x = _Inliner(callee, team, bind, ops, prefix, first_stage, elem)
     body = x.nodes(callee.body)
-    flags = tuple(Flag(prefix + f.name, x.e(f.size), f.span) for f in callee.flags)
+    flags = tuple(Flag(prefix + f.name, x.e(f.size), f.span, rounds=x.e(f.rounds)) for f in callee.flags)
     size = team.size if team else Var("world")
     requires = tuple(Requirement(simplify(substitute(r.cond, lambda n: size if n == "world" else None)),
                                  r.text, r.span) for r in callee.requires)

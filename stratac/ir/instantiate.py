@@ -83,8 +83,8 @@ class Event:
     stage: ir.Stage | None = None
     accesses: list[Access] = ()              # type: ignore[assignment]
     moves: list[Move] = ()                   # type: ignore[assignment]
-    signals: list[tuple[int, str, int, Span]] = ()   # type: ignore[assignment]  # owner, flag, slot
-    waits: list[tuple[str, int, Span]] = ()  # type: ignore[assignment]  # flag, slot (own)
+    signals: list[tuple[int, str, int, int, Span]] = ()   # type: ignore[assignment]  # owner, flag, slot, round
+    waits: list[tuple[str, int, int, Span]] = ()  # type: ignore[assignment]  # flag, slot, round (own)
     barrier: int = -1          # the stamp (or, before the passes, the ordinal) ranks meet at
     members: tuple[int, ...] | None = None   # a team barrier: the ranks it joins (None: all)
     routes: list[RouteInst] = ()             # type: ignore[assignment]
@@ -110,6 +110,7 @@ class Instance:
     data: dict = field(default_factory=dict)   # (rank, buffer) -> initial values (MoE expert ids)
     routing: str | None = None                 # the name of the sample routing data came from
     active: tuple[bool, ...] | None = None     # a masked call's live ranks (None: every rank)
+    flag_rounds: dict[str, int] = field(default_factory=dict)   # flag -> its rounds per call
 
     def live(self, r: int) -> bool:
         return self.active is None or self.active[r]
@@ -139,6 +140,7 @@ def _mod(a: int, b: int) -> int:
 
 
 _INT64 = 1 << 63
+Const = ir.Const
 
 
 def _shl(a: int, b: int) -> int:
@@ -230,11 +232,11 @@ def _region_fn(r: ir.Region) -> Callable[[dict], tuple]:
 
 
 def _signal_fn(op: ir.Signal) -> Callable[[dict], tuple]:
-    """(owner, slot) of a signal as one compiled function, cached like `_region_fn`."""
+    """(owner, slot, round) of a signal as one compiled function, cached like `_region_fn`."""
     hit = _REGIONS.get(id(op))
     if hit is not None and hit[0] is op:
         return hit[1]
-    fn = eval(f"lambda env: ({_py(op.rank)}, {_py(op.index)})",  # noqa: S307
+    fn = eval(f"lambda env: ({_py(op.rank)}, {_py(op.index)}, {_py(op.round)})",  # noqa: S307
               {"_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_log2": _log2})
     _REGIONS[id(op)] = (op, fn)
     return fn
@@ -352,6 +354,12 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
             raise StrataError(error(Codes.BAD_WORLD, f"{name} would have {n} elements with "
                                     f"{_env_text(base)}", s.param(name).span))
     flag_sizes = {f.name: _ev(f.size, base, f.span, f"the size of flag {f.name}") for f in s.flags}
+    flag_rounds = {f.name: _ev(f.rounds, base, f.span, f"the rounds of flag {f.name}") for f in s.flags}
+    for f in s.flags:
+        if flag_rounds[f.name] < 1:
+            raise StrataError(error(Codes.BAD_WORLD, f"flag {f.name} would have "
+                                    f"{flag_rounds[f.name]} rounds with {_env_text(base)}: a flag "
+                                    "has at least one", f.span))
     for team in s.teams:
         t = _ev(team.t, base, team.span, f"the size of team {team.name}")
         if t < 1 or world % t:
@@ -382,26 +390,26 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
     shapes = {p.name: tuple(_ev(d, base, p.span, f"the shape of {p.name}") for d in p.dims)
               for p in s.params}
     b = _Builder(s, world, base, buffer_sizes, flag_sizes, barriers_only)
-    b.shapes = shapes
+    b.shapes, b.flag_rounds = shapes, flag_rounds
     b.live = frozenset(r for r in range(world) if active is None or active[r])
     if len(b.live) > PROBE_FROM:
-        _probe(s, world, base, buffer_sizes, flag_sizes, barriers_only, shapes, b.live)
+        _probe(s, world, base, buffer_sizes, flag_sizes, barriers_only, shapes, b.live, flag_rounds)
     timelines = []
     for r in range(world):
         timelines.append(b.timeline(r) if r in b.live else
                          [Event(EventKind.ENTRY, r, 0, None), Event(EventKind.EXIT, r, 1, None)])
         b.held += len(timelines[-1])
     return Instance(s, world, dict(sizes), timelines, buffer_sizes, flag_sizes, shapes, dict(data or {}),
-                    active=active)
+                    active=active, flag_rounds=flag_rounds)
 
 
-def _probe(s, world, base, buffer_sizes, flag_sizes, barriers_only, shapes, live) -> None:
+def _probe(s, world, base, buffer_sizes, flag_sizes, barriers_only, shapes, live, flag_rounds) -> None:
     """Refuses an instance too large for the verifier before it is built: its events, moves, move
     sources, signals and waits, and its vector clocks (one array of world entries per wait and barrier,
     stratac.verify.timeline), estimated from the timelines of its first, middle and last live ranks
     times the live ranks."""
     probe = _Builder(s, world, base, buffer_sizes, flag_sizes, barriers_only)
-    probe.shapes, probe.live = shapes, live
+    probe.shapes, probe.live, probe.flag_rounds = shapes, live, flag_rounds
     ranks = sorted(live)
     events = joins = 0
     for r in {ranks[0], ranks[len(ranks) // 2], ranks[-1]}:
@@ -430,6 +438,7 @@ class _Builder:
     def __init__(self, s, world, base, buffer_sizes, flag_sizes, barriers_only):
         self.s, self.world, self.base = s, world, base
         self.buffer_sizes, self.flag_sizes = buffer_sizes, flag_sizes
+        self.flag_rounds: dict[str, int] = {}
         self.barriers_only = barriers_only
         self.instance = 0
         self.live = frozenset(range(world))
@@ -460,7 +469,8 @@ class _Builder:
 
         # the hot loop of the verifier (about a million events per instance at world 384):
         # dispatch on the exact node type, build events positionally, skip empty arms
-        flag_sizes, lowered, live = self.flag_sizes, self.s.lowered, self.live
+        flag_sizes, flag_rounds, lowered, live = (self.flag_sizes, self.flag_rounds, self.s.lowered,
+                                                  self.live)
         SIGNAL, WAIT, STAGE = EventKind.SIGNAL, EventKind.WAIT, EventKind.STAGE
         Signal, Wait, If, Loop, Stage, Await, Barrier = (ir.Signal, ir.Wait, ir.If, ir.Loop, ir.Stage,
                                                          ir.Await, ir.Barrier)
@@ -477,34 +487,38 @@ class _Builder:
             last = events[-1]
             if t is Signal:
                 try:   # the fast path (one compiled call); errors take the checked one
-                    owner, slot = _signal_fn(op)(env)
-                    ok = owner in live and 0 <= slot < flag_sizes[op.flag]
+                    owner, slot, rnd = _signal_fn(op)(env)
+                    ok = (owner in live and 0 <= slot < flag_sizes[op.flag]
+                          and 0 <= rnd < flag_rounds[op.flag])
                 except (ArithmeticError, KeyError):
                     ok = False
                 if not ok:
                     owner = _ev(op.rank, env, op.span, "the signalled rank")
                     self.check_rank(owner, op.span, env)
                     slot = self.flag_slot(op.flag, op.index, env, op.span)
+                    rnd = self.flag_round(op, env)
                 self.sources += 1
                 if last.kind is SIGNAL:
-                    last.signals.append((owner, op.flag, slot, op.span))
+                    last.signals.append((owner, op.flag, slot, rnd, op.span))
                 else:
                     events.append(Event(SIGNAL, rank, len(events), op.span,
-                                        signals=[(owner, op.flag, slot, op.span)]))
+                                        signals=[(owner, op.flag, slot, rnd, op.span)]))
             else:
                 try:   # the fast path, as for a signal
                     slot = _compiled(op.index)(env)
-                    ok = 0 <= slot < flag_sizes[op.flag]
+                    rnd = op.round.value if type(op.round) is Const else _compiled(op.round)(env)
+                    ok = 0 <= slot < flag_sizes[op.flag] and 0 <= rnd < flag_rounds[op.flag]
                 except (ArithmeticError, KeyError):
                     ok = False
                 if not ok:
                     slot = self.flag_slot(op.flag, op.index, env, op.span)
+                    rnd = self.flag_round(op, env)
                 self.sources += 1
                 if last.kind is WAIT:
-                    last.waits.append((op.flag, slot, op.span))
+                    last.waits.append((op.flag, slot, rnd, op.span))
                 else:
                     events.append(Event(WAIT, rank, len(events), op.span,
-                                        waits=[(op.flag, slot, op.span)]))
+                                        waits=[(op.flag, slot, rnd, op.span)]))
 
         def top(ops, env):
             nonlocal barriers
@@ -609,6 +623,15 @@ class _Builder:
                                     f"{_env_text(env)}): a masked rank is neither read, written nor "
                                     "signalled; name peers with `for p in peers` so that the mask "
                                     "skips them", span))
+
+    def flag_round(self, op: ir.Signal | ir.Wait, env: dict) -> int:
+        rnd = _ev(op.round, env, op.span, f"the round of flag {op.flag}")
+        if not 0 <= rnd < self.flag_rounds[op.flag]:
+            raise StrataError(error(Codes.SHAPE, f"round {rnd} of flag {op.flag} is out of range "
+                                    f"[0, {self.flag_rounds[op.flag]}) with {_env_text(env)}: a slot "
+                                    f"of {op.flag} is signalled at most {self.flag_rounds[op.flag]} "
+                                    "times per call (its `rounds`)", op.span))
+        return rnd
 
     def flag_slot(self, flag: str, index: ir.IExpr, env: dict, span: Span) -> int:
         slot = _ev(index, env, span, f"the index of flag {flag}")

@@ -323,9 +323,11 @@ class Flag:
     name: str
     size: IExpr
     span: Span
-    seq: "int | IExpr" = 0   # stamp offset of this flag within a call (every slot is signalled
-                             # once per call); an expression of world and sizes when barriers in
-                             # step loops come before it (Schedule.sync_expr)
+    seq: "int | IExpr" = 0   # stamp offset of this flag's round 0 within a call (round r: seq + r);
+                             # an expression of world and sizes when barriers in step loops or
+                             # rounds that depend on them come before it (Schedule.sync_expr)
+    rounds: IExpr = Const(1)  # `rounds R`: each slot is signalled up to R times per call, in order
+                              # (an expression of world and sizes)
 
 
 @dataclass(frozen=True)
@@ -334,6 +336,7 @@ class Signal:
     index: IExpr
     rank: IExpr
     span: Span
+    round: IExpr = Const(0)   # which of the slot's rounds this signal sets (Flag.rounds)
 
 
 @dataclass(frozen=True)
@@ -341,6 +344,7 @@ class Wait:
     flag: str
     index: IExpr
     span: Span
+    round: IExpr = Const(0)   # the round of the slot it waits for (or a later one)
 
 
 class RouteKind(enum.Enum):

@@ -66,9 +66,13 @@ class Options:
 
 def flag_epochs(s: ir.Schedule) -> ir.Schedule:
     body, places = _stamp_barriers(s.body, ir.Const(0))
-    flags = tuple(replace(f, seq=ir.simplify(ir.add(places, ir.Const(i)))) for i, f in enumerate(s.flags, 1))
-    total = ir.simplify(ir.add(places, ir.Const(len(flags))))
-    if isinstance(total, ir.Const):   # the usual case: a constant number of stamps per call
+    flags, total = [], places     # a flag's round r has stamp seq + r: its rounds take R stamps
+    for f in s.flags:
+        flags.append(replace(f, seq=ir.simplify(ir.add(total, ir.Const(1)))))
+        total = ir.simplify(ir.add(total, f.rounds))
+    flags = tuple(flags)
+    if isinstance(total, ir.Const) and all(isinstance(f.seq, ir.Const) for f in flags):
+        # the usual case: a constant number of stamps per call
         return replace(s, body=body, flags=tuple(replace(f, seq=f.seq.value) for f in flags),
                        sync_ops=total.value)
     # barriers in step loops: the stamps per call depend on world and sizes (Schedule.stamps);
@@ -218,6 +222,7 @@ def expressions(s: ir.Schedule):
         yield from p.dims
     for f in s.flags:
         yield f.size
+        yield f.rounds
 
     def region(r: ir.Region):
         yield from (r.lo, r.length)
@@ -240,9 +245,9 @@ def expressions(s: ir.Schedule):
             elif isinstance(op, ir.Barrier):
                 yield op.seq
             elif isinstance(op, ir.Signal):
-                yield from (op.index, op.rank)
+                yield from (op.index, op.rank, op.round)
             elif isinstance(op, ir.Wait):
-                yield op.index
+                yield from (op.index, op.round)
             elif isinstance(op, ir.Await):
                 continue
             elif isinstance(op, ir.Route):

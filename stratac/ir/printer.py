@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stratac.diagnostics import Span
-from stratac.ir.expr import Var, bare
+from stratac.ir.expr import Const, Var, bare
 from stratac.ir.nodes import (
     Accumulate,
     Await,
@@ -37,7 +37,8 @@ def dump(s: Schedule) -> str:
         out.append(f"  team {tm}  # member i = {bare(tm.member(Var('i')))}, rank {bare(tm.index)} "
                    f"of {bare(tm.size)}")
     for f in s.flags:
-        out.append(f"  flag {f.name}[{f.size}] seq={f.seq}")
+        rounds = "" if f.rounds == Const(1) else f" rounds {f.rounds}"
+        out.append(f"  flag {f.name}[{f.size}]{rounds} seq={f.seq}")
     starts = {c.start: c for c in s.calls if c.end > c.start}
     depth = 1
     for i, op in enumerate(s.body):
@@ -63,6 +64,10 @@ def dump(s: Schedule) -> str:
                    f"{k.tile_bytes} B + {k.scratch_bytes} B scratch{route} = {k.ub_bytes} B; "
                    f"{k.cores} cores ({k.soc})")
     return "\n".join(out) + "\n"
+
+
+def _round(op: Signal | Wait) -> str:
+    return "" if op.round == Const(0) else f" round {op.round}"
 
 
 def _line(span: Span) -> str:
@@ -113,9 +118,9 @@ def _dump_op(op: Node, depth: int, out: list[str]) -> None:
         team = f"({op.team.name})" if op.team else ""
         out.append(f"{pad}barrier{team} seq={bare(op.seq)}{_line(op.span)}")
     elif isinstance(op, Signal):
-        out.append(f"{pad}signal {op.flag}[{op.index}]@{op.rank}{_line(op.span)}")
+        out.append(f"{pad}signal {op.flag}[{op.index}]@{op.rank}{_round(op)}{_line(op.span)}")
     elif isinstance(op, Wait):
-        out.append(f"{pad}wait {op.flag}[{op.index}]{_line(op.span)}")
+        out.append(f"{pad}wait {op.flag}[{op.index}]{_round(op)}{_line(op.span)}")
     elif isinstance(op, Await):
         out.append(f"{pad}await {op.handle}{_line(op.span)}")
     else:  # pragma: no cover - the IR has no other node kinds

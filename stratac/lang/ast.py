@@ -273,18 +273,21 @@ class FlagDecl:
     name: str
     size: Expr
     span: Span
+    rounds: Expr | None = None   # `rounds R`: each slot is signalled up to R times per call
 
 
 @dataclass(frozen=True)
 class Signal:
     ref: Ref
     span: Span
+    round: Expr | None = None    # `round r` (None: round 0)
 
 
 @dataclass(frozen=True)
 class Wait:
     ref: Ref
     span: Span
+    round: Expr | None = None
 
 
 @dataclass(frozen=True)

@@ -232,13 +232,13 @@ class _Builder(Transformer):
         return ast.For(str(var), "range", body, self._span(meta), _tok_span(self.source, var), lo, hi)
 
     def flag_decl(self, meta, children):
-        return ast.FlagDecl(str(children[0]), children[1], self._span(meta))
+        return ast.FlagDecl(str(children[0]), children[1], self._span(meta), children[2])
 
     def signal(self, meta, children):
-        return ast.Signal(children[0], self._span(meta))
+        return ast.Signal(children[0], self._span(meta), children[1])
 
     def wait(self, meta, children):
-        return ast.Wait(children[0], self._span(meta))
+        return ast.Wait(children[0], self._span(meta), children[1])
 
     def ref(self, meta, children):
         name, selector, sub, rank = children

@@ -110,7 +110,7 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
                     Codes.RACE, f"race on {buf}[{lo}:{hi}]@{owner} ({context(inst)}): rank {ev.rank} "
                     f"{what_a} it here and rank {bev.rank} {what_b} it, unordered", a.span,
                     Note(f"rank {bev.rank} {what_b} it here", b.span),
-                    *_in_flight(inst, ev), *_in_flight(inst, bev)))
+                    *_in_flight(inst, ev), *_in_flight(inst, bev), *_credit(inst, (a, ev), (b, bev))))
                 if len(diags) >= MAX_RACES_REPORTED:
                     return diags
             heapq.heappush(active.setdefault(kind, []), (a.hi, seq, a, ev, carried))
@@ -124,6 +124,19 @@ def _in_flight(inst: Instance, ev: Event) -> list[Note]:
     done = inst.timelines[ev.rank][ev.done]
     return [Note(f"rank {ev.rank}'s asynchronous stage {ev.stage.handle} is in flight until this "
                  "await: a signal or wait before it does not order its copies", done.span)]
+
+
+def _credit(inst: Instance, x: tuple[Access, Event], y: tuple[Access, Event]) -> list[Note]:
+    """For a schedule that reuses flag slots (a flag with rounds), a write that races with another
+    rank's read of the same elements: the credit that would order the write after the read."""
+    if all(n == 1 for n in inst.flag_rounds.values()):
+        return []
+    (w, wev), (r, rev) = (x, y) if x[0].write else (y, x)
+    if not w.write or r.write or wev.rank == rev.rank:
+        return []
+    return [Note(f"if rank {wev.rank} reuses elements rank {rev.rank} reads (a FIFO slot), the "
+                 f"reuse needs a credit: rank {rev.rank} signals a flag after its read and rank "
+                 f"{wev.rank} waits for it before it writes (dsl/README.md, \"Reusable flag slots\")")]
 
 
 def _verb(a: Access) -> str:

@@ -36,10 +36,12 @@ def stamp_errors(inst: Instance) -> list[Diagnostic]:
     stamps = s.stamps(env)      # barriers in step loops: an expression of world and sizes
     for f in s.flags:
         seq = f.seq if isinstance(f.seq, int) else f.seq.eval(env)
-        if not 1 <= seq <= stamps:
-            return [error(Codes.SYNC_STAMP, f"flag {f.name} has stamp epoch + {seq}, outside the "
-                          f"stamps 1..{stamps} one call uses: a wait could take a flag of "
-                          "another call for this one's", f.span)]
+        last = seq + inst.flag_rounds.get(f.name, 1) - 1
+        if not 1 <= seq <= last <= stamps:
+            has = f"stamp epoch + {seq}" if last == seq else f"stamps epoch + {seq}..{last} (its rounds)"
+            return [error(Codes.SYNC_STAMP, f"flag {f.name} has {has}, outside the stamps "
+                          f"1..{stamps} one call uses: a wait could take a flag of another call for "
+                          "this one's", f.span)]
     for tl in inst.timelines:
         last = None
         for ev in tl:
@@ -121,8 +123,8 @@ class Execution:
         longest = max(len(tl) for tl in inst.timelines)
         dtype = np.int16 if longest < 2**15 - 1 else np.int32 if longest < 2**31 - 1 else np.int64
         cur = [np.zeros(W, dtype=dtype) for _ in range(W)]
-        # the clock of the signal event that set (owner, flag, slot), its own index + 1, the event
-        signaled: dict[tuple[int, str, int], tuple[np.ndarray, int, Event]] = {}
+        # the clock of the signal event that set (owner, flag, slot, round), its own index + 1, the event
+        signaled: dict[tuple[int, str, int, int], tuple[np.ndarray, int, Event]] = {}
         done = 0
         BARRIER, WAIT, SIGNAL, STAGE = (EventKind.BARRIER, EventKind.WAIT, EventKind.SIGNAL,
                                         EventKind.STAGE)   # the hot loop: no enum lookups
@@ -138,7 +140,7 @@ class Execution:
                     if kind is BARRIER:
                         break
                     if kind is WAIT:
-                        keys = [(r, f, slot) for f, slot, _ in ev.waits]
+                        keys = [(r, f, slot, rnd) for f, slot, rnd, _ in ev.waits]
                         if any(k not in signaled for k in keys):
                             break
                         for k in keys:
@@ -148,14 +150,22 @@ class Execution:
                                 cur[r][sev.rank] = own
                     vcr[ev.index] = cur[r]
                     if kind is SIGNAL:
-                        for owner, f, slot, span in ev.signals:
-                            key = (owner, f, slot)
+                        for owner, f, slot, rnd, span in ev.signals:
+                            key = (owner, f, slot, rnd)
                             if key in signaled:
                                 first = signaled[key][2]
+                                again = (" (declare rounds and give each signal its own: flag "
+                                         f"{f}[...] rounds R, signal {f}[i]@p round r)"
+                                         if inst.flag_rounds.get(f, 1) == 1 else "")
                                 diags.append(error(
-                                    Codes.DOUBLE_SIGNAL, f"{f}[{slot}] of rank {owner} is signalled twice "
-                                    f"in one call ({context(inst)}): a wait cannot tell the two apart",
+                                    Codes.DOUBLE_SIGNAL, f"{_slot(f, slot, rnd, inst)} of rank {owner} is "
+                                    f"signalled twice in one call ({context(inst)}): a wait cannot tell "
+                                    f"the two apart{again}",
                                     span, Note(f"rank {first.rank} signalled it here", first.span)))
+                                return diags
+                            if rnd and not self._follows(signaled.get((owner, f, slot, rnd - 1)), r,
+                                                         ev.index, cur[r]):
+                                diags.append(self._out_of_order(signaled, (owner, f, slot, rnd), ev, span))
                                 return diags
                             # every slot of one signal event shares the event's clock
                             signaled[key] = (cur[r], ev.index + 1, ev)
@@ -198,6 +208,42 @@ class Execution:
                 return diags
         return diags
 
+    @staticmethod
+    def _follows(before, rank: int, index: int, clock: np.ndarray) -> bool:
+        """Whether the signal event `before` (signaled's entry, or None) happens before event
+        `index` of `rank`, whose clock is `clock`."""
+        if before is None:
+            return False
+        _, own, sev = before
+        return sev.index < index if sev.rank == rank else int(clock[sev.rank]) >= own
+
+    def _out_of_order(self, signaled, key, ev: Event, span) -> Diagnostic:
+        """Round r of a slot signalled when round r - 1's signal is not known to have happened: a
+        wait for round r - 1 takes any later round's stamp (the kernel waits for >=), so round r
+        must follow round r - 1 on every execution, else it can let a wait of round r - 1 through
+        before its data, or round r - 1's signal, arriving later, set the slot back."""
+        inst = self.inst
+        owner, f, slot, rnd = key
+        text = f"{_slot(f, slot, rnd, inst)} of rank {owner}"
+        prior = signaled.get((owner, f, slot, rnd - 1))
+        notes = []
+        if prior is None:
+            first = next(((e, sp) for tl in inst.timelines for e in tl
+                          for o, g, k, n, sp in e.signals if (o, g, k, n) == (owner, f, slot, rnd - 1)), None)
+            if first is None:
+                return error(Codes.DOUBLE_SIGNAL, f"{text} is signalled by rank {ev.rank}, but round "
+                             f"{rnd - 1} of that slot never is ({context(inst)}): the rounds of a slot "
+                             "are signalled in order, 0, 1, 2, ...", span)
+            notes.append(Note(f"round {rnd - 1}: rank {first[0].rank} signals it here", first[1]))
+        else:
+            notes.append(Note(f"round {rnd - 1}: rank {prior[2].rank} signals it here", prior[2].span))
+        return error(Codes.DOUBLE_SIGNAL, f"{text} is signalled by rank {ev.rank} before round "
+                     f"{rnd - 1} of that slot is known to have been ({context(inst)}): a slot is "
+                     "reused only after its round before, since a wait for that round is met by "
+                     "any later one; order the two, e.g. the signaller waits for a credit the "
+                     "slot's consumer signals after it has waited for round "
+                     f"{rnd - 1}", span, *notes)
+
     def _deadlock(self, pos, signaled) -> Diagnostic:
         inst = self.inst
         notes: list[Note] = []
@@ -205,8 +251,8 @@ class Execution:
         all_signals = {}
         for tl in inst.timelines:
             for ev in tl:
-                for owner, f, slot, span in ev.signals:
-                    all_signals.setdefault((owner, f, slot), (ev, span))
+                for owner, f, slot, rnd, span in ev.signals:
+                    all_signals.setdefault((owner, f, slot, rnd), (ev, span))
         stuck_at_barrier = []
         for r in range(inst.world):
             if pos[r] >= len(inst.timelines[r]):
@@ -216,17 +262,17 @@ class Execution:
                 stuck_at_barrier.append(r)
                 first_span = first_span or ev.span
                 continue
-            for f, slot, span in ev.waits:
-                if (r, f, slot) in signaled:
+            for f, slot, rnd, span in ev.waits:
+                if (r, f, slot, rnd) in signaled:
                     continue
                 first_span = first_span or span
-                if (r, f, slot) in all_signals:
-                    sev, sspan = all_signals[(r, f, slot)]
-                    notes.append(Note(f"rank {r} waits for {f}[{slot}]; rank {sev.rank} signals it only "
-                                      f"after it is itself blocked", sspan))
+                if (r, f, slot, rnd) in all_signals:
+                    sev, sspan = all_signals[(r, f, slot, rnd)]
+                    notes.append(Note(f"rank {r} waits for {_slot(f, slot, rnd, inst)}; rank {sev.rank} "
+                                      f"signals it only after it is itself blocked", sspan))
                 else:
-                    notes.append(Note(f"rank {r} waits for {f}[{slot}], which no rank ever signals",
-                                      span))
+                    notes.append(Note(f"rank {r} waits for {_slot(f, slot, rnd, inst)}, which no rank "
+                                      "ever signals", span))
                 break
         meets: dict[tuple, list[int]] = {}
         for r in stuck_at_barrier:
@@ -247,6 +293,11 @@ class Execution:
         if a_rank == b_rank:
             return a_index < b_index
         return int(self.vc[b_rank][b_index][a_rank]) >= a_index + 1
+
+
+def _slot(f: str, slot: int, rnd: int, inst: Instance) -> str:
+    """A flag slot as the source names it: f[slot], and its round when the flag has rounds."""
+    return f"{f}[{slot}]" if inst.flag_rounds.get(f, 1) == 1 else f"{f}[{slot}] round {rnd}"
 
 
 def _nth(timeline: list[Event], at: int) -> str:

@@ -211,10 +211,11 @@ def controls(depth=2):
             pick = draw(st.integers(0, 4 if depth else 1))
             flag = draw(st.sampled_from(["f0", "f1"]))
             index = draw(placed(names, envs, -2**31, 2**31))
+            rnd = draw(placed(names, envs, 0, 2**20, nonneg=True))   # a round: part of the stamp
             if pick == 0:
-                out.append(ir.Signal(flag, index, draw(placed(names, envs)), SPAN))
+                out.append(ir.Signal(flag, index, draw(placed(names, envs)), SPAN, rnd))
             elif pick == 1:
-                out.append(ir.Wait(flag, index, SPAN))
+                out.append(ir.Wait(flag, index, SPAN, rnd))
             elif pick == 2:
                 var = draw(st.sampled_from([ir.Domain.PEERS, ir.Domain.RANKS]))
                 inner = [{**e, "q": v} for e in envs for v in range(e["world"])]
@@ -361,10 +362,11 @@ def expected(s: ir.Schedule, env0: dict) -> list[str]:
             walk(op.body, env, lambda m, e: do_move(m, e, 0 if op.engine is ir.Engine.AIV else 1))
             log.append("E")
         elif isinstance(op, ir.Signal):
-            log.append(f"S {ev(bases[op.flag], env) + ev(op.index, env)} {epoch + ev(seqs[op.flag], env)} "
-                       f"{ev(op.rank, env)}")
+            log.append(f"S {ev(bases[op.flag], env) + ev(op.index, env)} "
+                       f"{epoch + ev(seqs[op.flag], env) + ev(op.round, env)} {ev(op.rank, env)}")
         else:
-            log.append(f"W {ev(bases[op.flag], env) + ev(op.index, env)} {epoch + ev(seqs[op.flag], env)}")
+            log.append(f"W {ev(bases[op.flag], env) + ev(op.index, env)} "
+                       f"{epoch + ev(seqs[op.flag], env) + ev(op.round, env)}")
 
     # the ranks' agreement (strata::Agree) comes first, at the first stamp; it takes the place of
     # a world barrier that begins the kernel (codegen.emit._agreement)

@@ -71,9 +71,9 @@ def _check_template(s: ir.Schedule, world: int) -> None:
             elif ev.kind is instantiate.EventKind.BARRIER:
                 kinds.append(("barrier", (ev.barrier, ev.members)))
             elif ev.kind is instantiate.EventKind.SIGNAL:
-                kinds.append(("signal", [(o, f, slot) for o, f, slot, _ in ev.signals]))
+                kinds.append(("signal", [(o, f, (slot, rnd)) for o, f, slot, rnd, _ in ev.signals]))
             elif ev.kind is instantiate.EventKind.WAIT:
-                kinds.append(("wait", [(f, slot) for f, slot, _ in ev.waits]))
+                kinds.append(("wait", [(f, (slot, rnd)) for f, slot, rnd, _ in ev.waits]))
             elif ev.kind is instantiate.EventKind.AWAIT:
                 kinds.append(("await", None))
         for kind, arg in t.timelines[r]:

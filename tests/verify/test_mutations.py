@@ -189,6 +189,30 @@ EQUIVALENT = {
         "root, which `if p != root` skips), so nobody forwards a slice it received in the scatter "
         "and the middle barrier orders nothing; at world 3 the non-roots forward, and the mutant "
         "is rejected (E0301)"),
+    ("reducescatter_ring_fifo.strata",
+     "if s >= 2: wait free[s % 2] round (s - 2) / 2    # the credit: my write of step s - 2 was read",
+     1): (
+        (2, 3),
+        "below world 4 the ring has at most two steps, so no FIFO slot is written twice and no "
+        "credit is needed; at world 4 the mutant is rejected (E0301, the reuse without a credit)"),
+    ("reducescatter_ring_fifo.strata",
+     "signal free[(s - 1) % 2]@prev round (s - 1) / 2", 1): (
+        (2, 3),
+        "below world 4 nobody waits for a credit (no slot is written twice); at world 4 the mutant "
+        "is rejected (E0302: the previous rank waits for a credit that never comes)"),
+    ("reducescatter_ring_fifo.strata",
+     "wait full[(s - 1) % 2] round (s - 1) / 2       # the previous rank's step s - 1 landed", 1): (
+        (2,),
+        "at world 2 the ring has one step (s = 0), which sends its own block: the arm that waits "
+        "for the previous rank's partial sum never runs"),
+    ("reducescatter_ring_fifo.strata",
+     "on aiv: slot[s % 2]@next = op(slot[(s - 1) % 2], xb[c])", 1): (
+        (2,),
+        "at world 2 the ring has one step (s = 0), which sends its own block: the arm that adds "
+        "to the previous rank's partial sum never runs"),
+    ("reducescatter_ring_fifo.strata", "on aiv: out = x", 1): (
+        (2, 3, 4),
+        "the copy is world 1's whole schedule (the else arm of `if world > 1`), rejected there (E0305)"),
 }
 
 

@@ -183,7 +183,7 @@ def test_consecutive_signals_and_waits_merge_into_one_event():
     tl = inst.timelines[2]
     assert [ev.kind for ev in tl] == [EventKind.ENTRY, EventKind.SIGNAL, EventKind.WAIT, EventKind.EXIT]
     assert sorted(tl[1].signals)[0][:3] == (0, "a", 2) and len(tl[1].signals) == 5
-    assert [(f, slot) for f, slot, _ in tl[2].waits] == [("a", 0), ("a", 1), ("a", 2), ("a", 3),
+    assert [(f, slot) for f, slot, _, _ in tl[2].waits] == [("a", 0), ("a", 1), ("a", 2), ("a", 3),
                                                           ("b", 2)]
     assert verify.timeline.Execution(inst).run() == []      # no deadlock (the contract is not the point)
 

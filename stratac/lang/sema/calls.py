@@ -115,6 +115,12 @@ class Calls(Scope):
                          f"{', '.join(sorted(f.size.names() - fixed))}: every rank must agree on a "
                          "flag's size (pass a region whose length is an expression of world and sizes)",
                          st.span, Note("the flag is declared here", f.span))
+            elif f.rounds.names() - fixed:
+                self.err(Codes.CALL, f"flag {f.name[len(prefix):]} of {callee.name} would have "
+                         f"{ir.bare(f.rounds)} rounds, which depends on "
+                         f"{', '.join(sorted(f.rounds.names() - fixed))}: every rank must reserve the "
+                         "same stamps per call (pass a region whose length is an expression of world "
+                         "and sizes)", st.span, Note("the flag is declared here", f.span))
             else:
                 self.flags[f.name] = f
         for t in teams:

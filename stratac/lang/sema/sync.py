@@ -22,8 +22,15 @@ class Sync(Scope):
         if self.taken(st.name):
             self.err(Codes.DUPLICATE_NAME, f"{st.name!r} is already defined", st.span)
             return
+        rounds = ir.Const(1) if st.rounds is None else ir.simplify(self.expr(
+            st.rounds, self.static_env(), f"the rounds of flag {st.name}"))
+        if isinstance(rounds, ir.Const) and rounds.value < 1:
+            self.err(Codes.BAD_REF, f"flag {st.name} has {rounds.value} rounds: a slot is signalled "
+                     "at least once per call (rounds 1, the default, or more)", st.span)
+            return
         self.flags[st.name] = ir.Flag(st.name, self.expr(st.size, self.static_env(),
-                                                        f"the size of flag {st.name}"), st.span)
+                                                        f"the size of flag {st.name}"), st.span,
+                                      rounds=rounds)
 
     def barrier(self, st: ast.Barrier, loop_vars, in_stage: bool):
         if in_stage or any(v not in self.step_vars for v in loop_vars):
@@ -63,12 +70,18 @@ class Sync(Scope):
             return None
         env = self.env(loop_vars)
         index = self.expr(ref.selector.index, env, "a flag index")
+        rnd = ir.Const(0) if st.round is None else self.expr(st.round, env, "a flag round")
+        if st.round is not None and self.flags[ref.name].rounds == ir.Const(1):
+            self.err(Codes.BAD_REF, f"flag {ref.name} has one round per call: declare its rounds "
+                     f"to signal a slot again (flag {ref.name}[...] rounds R)", st.span,
+                     Note(f"{ref.name} is declared here", self.flags[ref.name].span))
+            return None
         if isinstance(st, ast.Signal):
             if ref.rank is None:
                 self.err(Codes.BAD_REF, f"say whose flag is set: signal {ref.name}[i]@p", ref.span)
                 return None
-            return ir.Signal(ref.name, index, self.expr(ref.rank, env, "a rank"), st.span)
+            return ir.Signal(ref.name, index, self.expr(ref.rank, env, "a rank"), st.span, rnd)
         if ref.rank is not None:
             self.err(Codes.BAD_REF, "a rank waits on its own flags only: drop the @", ref.span)
             return None
-        return ir.Wait(ref.name, index, st.span)
+        return ir.Wait(ref.name, index, st.span, rnd)

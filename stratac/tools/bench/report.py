@@ -197,7 +197,7 @@ def copies_table(res: BenchResult) -> list[str]:
         same = [r for r in at if r["kind"] == kind]
         best = min(same, key=lambda r: r["copies_per_byte"])
         for r in same:
-            if r["staging"]:
+            if r["staging"] and r is not best:
                 d = r["copies_per_byte"] - best["copies_per_byte"]
                 lines.append(f"# {r['schedule']} lands {r['copies_per_byte']:.2f} B per payload byte, "
                              f"{best['schedule']} {best['copies_per_byte']:.2f}: the staging copies are "

@@ -49,7 +49,7 @@ class Template:
                                           # by its index; (index, n): one step of the loops around it
     timelines: list[list[tuple]]          # per rank: ("stage", instance) | ("barrier", (place,
                                           # members or None: every rank)) |
-                                          # ("signal", [(owner, flag, slot)]) | ("wait", [(flag, slot)]) | ("await", None)
+                                          # ("signal", [(owner, flag, (slot, round))]) | ("wait", [(flag, (slot, round))]) | ("await", None)
     size_dependent: bool                  # a condition, rank or flag slot depends on a size symbol
 
     def moves(self, stage_index, lengths: np.ndarray) -> list[tuple]:
@@ -139,7 +139,9 @@ class _Walker:
                     for o in op.body:
                         sync(o, {**env, op.var: v})
                 return
-            slot = self.ev(op.index, env, f"the index of flag {op.flag}")
+            # a slot and its round: a reused slot (a flag with rounds) is met round by round
+            slot = (self.ev(op.index, env, f"the index of flag {op.flag}"),
+                    self.ev(op.round, env, f"the round of flag {op.flag}"))
             if isinstance(op, ir.Signal):
                 owner = self.ev(op.rank, env, "the signalled rank")
                 if events and events[-1][0] == "signal":
