@@ -1004,6 +1004,12 @@ struct Team {
 // The T consecutive ranks rank / T * T .. rank / T * T + T - 1 (`block(T)`).
 __aicore__ inline Team BlockTeam(int64_t rank, int64_t t) { return Team{t, rank % t, rank / t * t, 1}; }
 
+// The `size` consecutive ranks from `first` (`groups(S0, S1, ...)`: the running rank's group,
+// its first rank and size computed by the kernel from the sizes).
+__aicore__ inline Team GroupTeam(int64_t rank, int64_t first, int64_t size) {
+  return Team{size, rank - first, first, 1};
+}
+
 // The world / T ranks with the same rank % T (`stride(T)`, `across(node)` for a node of T).
 __aicore__ inline Team StrideTeam(int64_t rank, int64_t world, int64_t t) {
   return Team{world / t, rank / t, rank % t, t};

@@ -140,17 +140,34 @@ def c(e: ir.IExpr) -> str:
     return ir.c_source(_named(ir.simplify(e)), _names())
 
 
+def _argument(e: ir.IExpr) -> str:
+    """An expression as a function's argument: c(e) without the parentheses around a whole
+    conditional (a comma binds looser than `?:`)."""
+    text = c(e)
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return text[1:-1] if i == len(text) - 1 and text[0] == "(" else text
+    return text
+
+
 def _team_members(s: ir.Schedule) -> list[dict]:
     """Fills the current _Teams with the schedule's teams, and returns for each team the call of
     Init that computes it (`block(T)` is strata::BlockTeam(rank, T), `stride(T)`
-    strata::StrideTeam(rank, world, T), T written with the names of the teams before it) and the
+    strata::StrideTeam(rank, world, T), `groups(...)` strata::GroupTeam(rank, first, size) with
+    the running rank's group's first rank and size, T written with the names of the teams before
+    it) and the
     teams that call names."""
     teams, members = _TEAMS.get(), []
     for team in s.teams:
         before = set(teams.used)
-        t_text = c(team.t)
-        call = (f"strata::BlockTeam(rank, {t_text})" if team.kind == "block"
-                else f"strata::StrideTeam(rank, world, {t_text})")
+        if team.kind == "groups":
+            call = f"strata::GroupTeam(rank, {_argument(team.base)}, {_argument(team.size)})"
+        else:
+            t_text = c(team.t)
+            call = (f"strata::BlockTeam(rank, {t_text})" if team.kind == "block"
+                    else f"strata::StrideTeam(rank, world, {t_text})")
         members.append({"name": team.name, "c": _cname(team.name), "call": call,
                         **_at(team.span), "kind": team.kind, "deps": teams.used - before})
         teams.used = before

@@ -73,7 +73,8 @@ class _Inliner:
         self.bind = {**bind, **{p.name: Region(new.name, Const(0), new.size, None, p.span)
                                 for p, new in zip(callee.scratch, self.scratch)}}
         # its teams (a call on world: rank and world are the caller's) become the caller's
-        self.teams = {t.name: replace(t, name=prefix + t.name, t=self.e(t.t)) for t in callee.teams}
+        self.teams = {t.name: replace(t, name=prefix + t.name, t=self.e(t.t),
+                                      sizes=tuple(self.e(x) for x in t.sizes)) for t in callee.teams}
 
     def value(self, name: str) -> IExpr:
         if name == "rank":

@@ -361,6 +361,14 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
                                     f"{flag_rounds[f.name]} rounds with {_env_text(base)}: a flag "
                                     "has at least one", f.span))
     for team in s.teams:
+        if team.kind == "groups":
+            groups = [_ev(x, base, team.span, f"a group size of team {team.name}") for x in team.sizes]
+            if min(groups) < 1 or sum(groups) != world:
+                raise StrataError(error(Codes.BAD_WORLD, f"team {team} needs groups of at least one "
+                                        f"rank that add up to the world, but they are {groups} with "
+                                        f"world = {world}: state the worlds it needs with `requires`",
+                                        team.span))
+            continue
         t = _ev(team.t, base, team.span, f"the size of team {team.name}")
         if t < 1 or world % t:
             raise StrataError(error(Codes.BAD_WORLD, f"team {team.name} = {team.kind}(T) needs T to "

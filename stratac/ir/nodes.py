@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from stratac.diagnostics import Span
-from stratac.ir.expr import Bin, BinKind, Const, IExpr, Var, bare, simplify, size_scale
+from stratac.ir.expr import Bin, BinKind, Const, IExpr, Sel, Var, bare, simplify, size_scale
 
 
 class DType(enum.Enum):
@@ -166,35 +166,63 @@ class Team:
     the kernel computes it (no unrolling)."""
 
     name: str
-    kind: str            # "block" | "stride"
-    t: IExpr             # the block size T (an expression of world)
+    kind: str            # "block" | "stride" | "groups"
+    t: IExpr             # the block size T (an expression of world); groups: their number
     span: Span
+    sizes: tuple[IExpr, ...] = ()   # groups(S0, S1, ...): the groups' sizes, in rank order
 
     @property
     def size(self) -> IExpr:
+        if self.kind == "groups":
+            return self._by_group(self.sizes)
         return self.t if self.kind == "block" else simplify(Bin(BinKind.DIV, Var("world"), self.t))
 
     @property
     def index(self) -> IExpr:
         """The running rank's place in its team (`node.rank`)."""
+        if self.kind == "groups":
+            return simplify(Bin(BinKind.SUB, Var("rank"), self.base))
         kind = BinKind.MOD if self.kind == "block" else BinKind.DIV
         return Bin(kind, Var("rank"), self.t)
 
     @property
     def base(self) -> IExpr:
+        if self.kind == "groups":
+            return self._by_group(self.firsts)
         if self.kind == "block":
             return Bin(BinKind.MUL, Bin(BinKind.DIV, Var("rank"), self.t), self.t)
         return Bin(BinKind.MOD, Var("rank"), self.t)
 
     @property
     def step(self) -> IExpr:
-        return Const(1) if self.kind == "block" else self.t
+        return self.t if self.kind == "stride" else Const(1)
+
+    @property
+    def firsts(self) -> tuple[IExpr, ...]:
+        """groups: the first rank of each group (S0 + ... + S(j-1) for group j)."""
+        out, at = [], Const(0)
+        for size in self.sizes:
+            out.append(at)
+            at = simplify(Bin(BinKind.ADD, at, size))
+        return tuple(out)
+
+    def _by_group(self, values: tuple[IExpr, ...]) -> IExpr:
+        """groups: values[j] for the group j the running rank is in (rank < its end), as nested
+        conditionals, the last group's value when rank is past every earlier group's end."""
+        firsts = self.firsts
+        e = values[-1]
+        for j in range(len(values) - 2, -1, -1):
+            end = simplify(Bin(BinKind.ADD, firsts[j], self.sizes[j]))
+            e = Sel(Bin(BinKind.LT, Var("rank"), end), values[j], e)
+        return e
 
     def member(self, i: IExpr) -> IExpr:
         """The rank of member i (`node[i]`)."""
         return simplify(Bin(BinKind.ADD, self.base, Bin(BinKind.MUL, i, self.step)))
 
     def __str__(self) -> str:
+        if self.kind == "groups":
+            return f"{self.name} = groups({', '.join(bare(x) for x in self.sizes)})"
         return f"{self.name} = {self.kind}({bare(self.t)})"
 
 

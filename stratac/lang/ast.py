@@ -226,7 +226,7 @@ class Barrier:
 
 @dataclass(frozen=True)
 class TeamDecl:
-    """team NAME = KIND(EXPR): block(T), stride(T) or across(team)."""
+    """team NAME = KIND(EXPR, ...): block(T), stride(T), across(team) or groups(S0, S1, ...)."""
 
     name: str
     kind: str
@@ -234,6 +234,7 @@ class TeamDecl:
     span: Span
     name_span: Span
     kind_span: Span
+    more: tuple = ()     # the arguments after the first (groups' sizes)
 
 
 @dataclass(frozen=True)

@@ -195,9 +195,9 @@ class _Builder(Transformer):
                            None if team is None else _tok_span(self.source, team))
 
     def team_decl(self, meta, children):
-        name, kind, arg = children
+        name, kind, arg, *more = children
         return ast.TeamDecl(str(name), str(kind), arg, self._span(meta), _tok_span(self.source, name),
-                            _tok_span(self.source, kind))
+                            _tok_span(self.source, kind), tuple(more))
 
     def stage(self, meta, children):
         return ast.Stage(str(children[0]), children[1], self._span(meta))

@@ -2,7 +2,7 @@
 IR expressions (every operator of the IR, literals inside and beyond int's range, negative
 intermediate values where the IR allows them) become the step-loop bounds, `if` conditions, region
 offsets, lengths and ranks, flag slots and sizes, stamps, reduce counts and skips, team-barrier
-members and a named team's size (`strata::BlockTeam`/`StrideTeam` in Init, whose members the
+members and a named team's size (`strata::BlockTeam`/`StrideTeam`/`GroupTeam` in Init, whose members the
 expressions then name) of random schedule bodies; codegen.generate writes the kernel through the real emitter and
 templates, g++ compiles its Process() (every case of a test in one translation unit, under UBSan)
 against a header that logs each device call with its arguments, and the log must equal the one
@@ -237,8 +237,7 @@ def top(op, depth=2):
             if pick == 0:
                 team = draw(st.sampled_from([None, TEAM[0], "anonymous"]))
                 if team == "anonymous":       # a team the kernel does not name: its members' values
-                    team = ir.Team("t", draw(st.sampled_from(["block", "stride"])),
-                                   draw(positive(names, 1)), SPAN)
+                    team = draw(a_team("t", names))
                 out.append(ir.Barrier(SPAN, team, draw(placed(names, envs, -2**30, 2**30))))
             elif pick == 1:
                 engine = draw(st.sampled_from([ir.Engine.AIV, ir.Engine.SDMA]))
@@ -273,8 +272,7 @@ def case(draw, i: int):
     names = ("rank", "world", "n")
     envs = [dict(e) for e in ENVS]
     # a named team (`team g = block(T)`), which the kernel computes in Init and its expressions name
-    TEAM[0] = ir.Team("g", draw(st.sampled_from(["block", "stride"])), draw(positive(("world",), 1)),
-                      SPAN)
+    TEAM[0] = draw(a_team("g", ("world",)))
     try:
         body = draw(top(OP)(names, envs))
     except Rejected:
@@ -289,6 +287,17 @@ def case(draw, i: int):
 
 
 TEAM: list[ir.Team] = [None]    # the team of the case being drawn
+
+
+@st.composite
+def a_team(draw, name: str, names: tuple[str, ...]):
+    """block(T), stride(T) or groups(S0, S1[, S2]) (whose first ranks and sizes are conditionals
+    of rank), the sizes positive expressions of names."""
+    kind = draw(st.sampled_from(["block", "stride", "groups"]))
+    if kind != "groups":
+        return ir.Team(name, kind, draw(positive(names, 1)), SPAN)
+    sizes = tuple(draw(positive(names, 1)) for _ in range(draw(st.integers(2, 3))))
+    return ir.Team(name, "groups", Const(len(sizes)), SPAN, sizes=sizes)
 
 
 OP = ir.OpParam("op")
@@ -446,12 +455,12 @@ inline void TeamBarrier(int32_t*, int32_t stamp, const Team& t) {
 
 
 def _device_helpers() -> str:
-    """strata::Mod, strata::Log2, strata::BlockTeam and strata::StrideTeam as the device library
-    defines them."""
+    """strata::Mod, strata::Log2, strata::BlockTeam, strata::StrideTeam and strata::GroupTeam as
+    the device library defines them."""
     text = (ROOT / "runtime" / "device" / "strata_device.h").read_text()
     found = re.findall(r"__aicore__ inline int64_t (?:Mod|Log2)\(.*?\n\}\n", text, re.S)
-    found += re.findall(r"__aicore__ inline Team (?:Block|Stride)Team\(.*?\}\n", text, re.S)
-    assert len(found) == 4
+    found += re.findall(r"__aicore__ inline Team (?:Block|Stride|Group)Team\(.*?\}\n", text, re.S)
+    assert len(found) == 5
     return "".join(found).replace("__aicore__ ", "") + "}\n"
 
 

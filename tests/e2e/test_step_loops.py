@@ -1,4 +1,4 @@
-"""The step-loop examples (ring AllReduce, ring ReduceScatter, recursive halving-doubling
+"""The step-loop examples (ring AllReduce, ring ReduceScatter (also through a FIFO), recursive halving-doubling
 AllReduce, binomial-tree Broadcast; the pipelined ring AllGather and Bruck AllToAll, which take no
 reduction) on the CPU build at worlds 3, 4 and 5 where they allow it: f32 and bf16, sum and max
 where there is a reduction, one element and an uneven count, roots at both ends; results checked
@@ -16,8 +16,8 @@ from stratac.lang.frontend import load_source, schedules
 from stratac.tools.run import runner
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-STEP_LOOPS = ["allreduce_ring", "allreduce_ring_reduce_send", "reducescatter_ring", "allreduce_halving_doubling",
-              "allreduce_double_tree", "broadcast_tree"]
+STEP_LOOPS = ["allreduce_ring", "allreduce_ring_reduce_send", "reducescatter_ring", "reducescatter_ring_fifo",
+              "allreduce_halving_doubling", "allreduce_double_tree", "broadcast_tree"]
 
 
 def _supported(path: Path, world: int) -> bool:
@@ -70,6 +70,22 @@ def test_hierarchical_allreduce_over_teams_runs_correctly(tmp_path, world):
     (both levels)."""
     path = EXAMPLES / "allreduce_hierarchical.strata"
     assert _supported(path, world)
+    cases = [runner.Case(dtype=d, count=count, op=op) for d in ("f32", "bf16")
+             for op in ("sum", "max") for count in (1, 4099)]
+    out = _run(path, world, cases)
+    assert out.failures == []
+    assert len(out.results) == world * len(cases)
+    assert [(r["rank"], r["dtype"], r["count"], r["op"], r["why"]) for r in out.results
+            if not r["ok"]] == []
+    assert out.exit_code == 0
+
+
+@pytest.mark.parametrize("world", [5, 7])
+def test_allreduce_over_unequal_groups_runs_correctly(tmp_path, world):
+    """`team g = groups(world / 2, world - world / 2)`: groups of 2 and 3 ranks at world 5 (HCCL
+    AHC's case), 3 and 4 at world 7; 6 chunks at 5, 12 at 7, cut at different places by the two
+    groups."""
+    path = EXAMPLES / "allreduce_groups.strata"
     cases = [runner.Case(dtype=d, count=count, op=op) for d in ("f32", "bf16")
              for op in ("sum", "max") for count in (1, 4099)]
     out = _run(path, world, cases)

@@ -98,6 +98,17 @@ NODE_OF_ONE_COMPOSED = (
     "allreduce_hierarchical.strata above)")
 
 EQUIVALENT = {
+    ("allreduce_groups.strata", "requires world >= 2", 1): (
+        (2, 3, 4),
+        "the requirement only excludes world 1, where the mutant is rejected (E0201: a group of 0 "
+        "ranks)"),
+    **{("allreduce_groups.strata", line, 1): (
+        (2,),
+        "at world 2 each group is one rank: a barrier of the group meets nobody else, and the "
+        "group has no peer to read a range from") for line in (
+        "barrier(g)                             # my group has entered: its x may be read",
+        "x[q * k * n / C:(q + 1) * k * n / C] = x[q * k * n / C:(q + 1) * k * n / C]@p",
+        "barrier(g)                             # my group has read my x: I may return")},
     ("allgather_ring_pipelined.strata",
      "if s > 0: wait got[(s - 1) * 2]         # chunk 0 of block b came from the previous rank", 1): (
         (2,),

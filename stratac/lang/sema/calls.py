@@ -113,14 +113,14 @@ class Calls(Scope):
                 self.err(Codes.CALL, f"flag {f.name[len(prefix):]} of {callee.name} would have "
                          f"{ir.bare(f.size)} slots, which depends on "
                          f"{', '.join(sorted(f.size.names() - fixed))}: every rank must agree on a "
-                         "flag's size (pass a region whose length is an expression of world and sizes)",
-                         st.span, Note("the flag is declared here", f.span))
+                         "flag's size (pass a region whose length is an expression of world and sizes"
+                         f"{_unequal(team)})", st.span, Note("the flag is declared here", f.span))
             elif f.rounds.names() - fixed:
                 self.err(Codes.CALL, f"flag {f.name[len(prefix):]} of {callee.name} would have "
                          f"{ir.bare(f.rounds)} rounds, which depends on "
                          f"{', '.join(sorted(f.rounds.names() - fixed))}: every rank must reserve the "
                          "same stamps per call (pass a region whose length is an expression of world "
-                         "and sizes)", st.span, Note("the flag is declared here", f.span))
+                         f"and sizes{_unequal(team)})", st.span, Note("the flag is declared here", f.span))
             else:
                 self.flags[f.name] = f
         for t in teams:
@@ -196,3 +196,11 @@ class Calls(Scope):
                  "1-D buffers sized n, redop parameters, flags, barriers, loops and stages",
                  st.callee_span, Note(f"{callee.name} is defined here", callee.span))
         return False
+
+
+def _unequal(team: ir.Team | None) -> str:
+    """For a call on a team of unequal groups: why a callee's world-sized flag differs by rank."""
+    if team is None or team.kind != "groups":
+        return ""
+    return (f"; on {team.name}, whose groups differ in size, the callee's world is the size of the "
+            "running rank's group")

@@ -95,30 +95,42 @@ class Loops(Scope):
             if of is None:
                 return
             if of.kind != "block":
-                self.err(Codes.BAD_REF, f"across(team) takes a block team; {of.name} is "
-                         f"{of.kind}({ir.bare(of.t)})", st.arg.span)
+                self.err(Codes.BAD_REF, f"across(team) takes a block team (its ranks at one place "
+                         f"of every block); {of}", st.arg.span)
                 return
             self.teams[st.name] = ir.Team(st.name, "stride", of.t, st.span)
             return
-        if st.kind not in ("block", "stride"):
+        if st.kind not in ("block", "stride", "groups"):
             self.err(Codes.UNKNOWN_NAME, f"unknown kind of team {st.kind!r}: block(T) (consecutive "
-                     "ranks), stride(T) (ranks T apart) or across(team)", st.kind_span)
+                     "ranks), stride(T) (ranks T apart), across(team) or groups(S0, S1, ...) "
+                     "(consecutive groups of those sizes)", st.kind_span)
             return
-        reported = len(self.diags)
-        size = ir.simplify(self.expr(st.arg, self.env(), "a team's size (an expression of world)"))
-        if len(self.diags) > reported:
+        if st.more and st.kind != "groups":
+            self.err(Codes.BAD_REF, f"{st.kind}(T) takes one size; groups(S0, S1, ...) takes one "
+                     "per group", st.more[0].span)
             return
-        others = size.names() - {"world", *self.divisors()}
-        if others:
-            self.err(Codes.BAD_REF, f"a team's size is an expression of world and divisor parameters "
-                     f"(every rank must agree on it); this one uses {', '.join(sorted(others))}",
-                     st.arg.span)
+        sizes = []
+        for arg in (st.arg, *st.more):
+            reported = len(self.diags)
+            size = ir.simplify(self.expr(arg, self.env(), "a team's size (an expression of world)"))
+            if len(self.diags) > reported:
+                return
+            others = size.names() - {"world", *self.divisors()}
+            if others:
+                self.err(Codes.BAD_REF, f"a team's size is an expression of world and divisor "
+                         f"parameters (every rank must agree on it); this one uses "
+                         f"{', '.join(sorted(others))}", arg.span)
+                return
+            if isinstance(size, ir.Const) and size.value < 1:
+                self.err(Codes.BAD_WORLD, f"a team has at least one rank; this one would have "
+                         f"{size.value}", arg.span)
+                return
+            sizes.append(size)
+        if st.kind == "groups":
+            self.teams[st.name] = ir.Team(st.name, "groups", ir.Const(len(sizes)), st.span,
+                                          sizes=tuple(sizes))
             return
-        if isinstance(size, ir.Const) and size.value < 1:
-            self.err(Codes.BAD_WORLD, f"a team has at least one rank; this one would have "
-                     f"{size.value}", st.arg.span)
-            return
-        self.teams[st.name] = ir.Team(st.name, st.kind, size, st.span)
+        self.teams[st.name] = ir.Team(st.name, st.kind, sizes[0], st.span)
 
 
 def _holds_stage(stmts) -> bool:
