@@ -163,8 +163,8 @@ class Execution:
                                     f"the two apart{again}",
                                     span, Note(f"rank {first.rank} signalled it here", first.span)))
                                 return diags
-                            if rnd and not self._follows(signaled.get((owner, f, slot, rnd - 1)), r,
-                                                         ev.index, cur[r]):
+                            if rnd and not self._follows(signaled.get((owner, f, slot, rnd - 1)), ev,
+                                                         cur[r]):
                                 diags.append(self._out_of_order(signaled, (owner, f, slot, rnd), ev, span))
                                 return diags
                             # every slot of one signal event shares the event's clock
@@ -209,13 +209,16 @@ class Execution:
         return diags
 
     @staticmethod
-    def _follows(before, rank: int, index: int, clock: np.ndarray) -> bool:
-        """Whether the signal event `before` (signaled's entry, or None) happens before event
-        `index` of `rank`, whose clock is `clock`."""
+    def _follows(before, ev: Event, clock: np.ndarray) -> bool:
+        """Whether the signal `before` (signaled's entry, or None) comes before signal event ev,
+        whose clock is `clock`: it happens before ev, or it is an earlier signal of ev itself
+        (consecutive signals are one event, and core 0 issues them in program order)."""
         if before is None:
             return False
         _, own, sev = before
-        return sev.index < index if sev.rank == rank else int(clock[sev.rank]) >= own
+        if sev.rank == ev.rank:
+            return sev.index <= ev.index
+        return int(clock[sev.rank]) >= own
 
     def _out_of_order(self, signaled, key, ev: Event, span) -> Diagnostic:
         """Round r of a slot signalled when round r - 1's signal is not known to have happened: a

@@ -145,3 +145,22 @@ schedule s(x: sym T[n]) implements allreduce(x, sum) {
     d = Execution(instantiate(loose, 3, {"n": 1})).run()[0]
     assert d.code == Codes.DOUBLE_SIGNAL and d.span.line == 5
     assert d.notes[0].message == "round 0: rank 1 signals it here" and d.notes[0].span.line == 4
+
+
+def test_rounds_of_one_signal_event_follow_program_order():
+    """Consecutive signals are one event, which core 0 issues in program order: rounds 0 then 1
+    of a slot in one event are ordered, 1 then 0 are not."""
+    text = """
+schedule s(x: sym T[n]) implements allreduce(x, sum) {
+  flag got[1] rounds 2
+  signal got[0]@rank round FIRST
+  signal got[0]@rank round SECOND
+  wait got[0] round 1
+}"""
+    inst = instantiate(lower(text.replace("FIRST", "0").replace("SECOND", "1")), 2, {"n": 1})
+    assert [len(ev.signals) for ev in inst.timelines[0] if ev.kind is EventKind.SIGNAL] == [2]
+    assert Execution(inst).run() == []
+    d = Execution(instantiate(lower(text.replace("FIRST", "1").replace("SECOND", "0")), 2,
+                              {"n": 1})).run()[0]
+    assert d.code == Codes.DOUBLE_SIGNAL and d.span.line == 4
+    assert d.notes[0].message == "round 0: rank 0 signals it here" and d.notes[0].span.line == 5
