@@ -14,8 +14,8 @@ an `if` on a size whose arms are the same). So
 
 The families cover the language: splits and splits of splits, step loops with per-step flags or
 barriers, reductions over ranks and of named regions (`op(a, b)`), accumulates, teams (block, stride, across) and their barriers, asynchronous SDMA stages and their
-awaits, composition (`call ... on TEAM`), rank parameters, and MoE routing (histogram, exscan,
-slots, place, gather).
+awaits, composition (`call ... on TEAM`), rank parameters, flags with rounds (a FIFO whose slots
+are reused, with credits), and MoE routing (histogram, exscan, slots, place, gather).
 """
 
 from __future__ import annotations
@@ -454,6 +454,53 @@ schedule fz(x: sym T[n], op: redop) implements allreduce(x, op) {{
     return Spec("composed", text)
 
 
+def fifo(pick) -> Spec:
+    """The ring ReduceScatter through a FIFO of K slots (flags with rounds, credits back): the
+    rounds, the credit and the slots' reuse are the choices."""
+    K = pick("~K", ["2", "3"])
+    # too few rounds: none at world 2, or one at every world (which front end cannot see)
+    rounds = pick("rounds", [f"(world + {K} - 1) / {K}", f"(world - 2) / {K}", "(world - 1) / world + 1"])
+    credit = pick("credit", [f"    if s >= {K}: wait free[s % {K}] round (s - {K}) / {K}\n", "",
+                             f"    if s >= {K}: wait free[s % {K}] round s / {K}\n",
+                             f"    if s >= {K}: wait free[(s + 1) % {K}] round (s - {K}) / {K}\n"])
+    back = pick("back", [f"      signal free[(s - 1) % {K}]@prev round (s - 1) / {K}\n", "",
+                         f"      signal free[(s - 1) % {K}]@prev round s / {K}\n"])
+    full = pick("full", [f"s / {K}", "0", f"(s + 1) / {K}"])
+    got = pick("got", [f"(s - 1) / {K}", f"s / {K}", "0"])
+    last = pick("last", [f"(world - 2) / {K}", f"(world - 1) / {K}"])
+    text = f"""\
+schedule fz(x: T[n * world], out: T[n], op: redop) implements reducescatter(x -> out, op) {{
+  flag ready[1]
+  flag full[{K}] rounds {rounds}
+  flag free[{K}] rounds {rounds}
+  scratch fifo: sym T[{K} * n]
+  slot = split(fifo, {K})
+  xb = split(x, world)
+  let next = (rank + 1) % world
+  let prev = (rank - 1) % world
+  signal ready[0]@prev
+  wait ready[0]
+  for s in 0 .. {expr(pick, 'hi_e', 'world - 1')} {{
+    let c = (rank - s - 1) % world
+{credit}    if s == 0 {{
+      on aiv: slot[0]@next = xb[c]
+    }} else {{
+      wait full[(s - 1) % {K}] round {got}
+      on aiv: slot[s % {K}]@next = op(slot[(s - 1) % {K}], xb[c])
+{back}    }}
+    signal full[s % {K}]@next round {full}
+  }}
+  if world > 1 {{
+    wait full[(world - 2) % {K}] round {last}
+    on aiv: out = op(slot[(world - 2) % {K}], xb[rank])
+  }} else {{
+    on aiv: out = x
+  }}
+}}
+"""
+    return Spec("fifo", text)
+
+
 def moe_prefill(pick) -> Spec:
     b1 = pick("b1", ["  barrier", ""])
     b2 = pick("b2", ["  barrier", ""])
@@ -540,7 +587,7 @@ schedule fz_combine(win: sym T[experts * capacity, hidden], ids: i32[tokens, top
 
 FAMILIES = {f.__name__.rstrip("_"): f for f in
             (twoshot, oneshot, reducescatter, allgather, ring, pipelined, broadcast, reduce_, alltoall,
-             chunked, halving, reduce_on_write, teams, composed, moe_prefill, moe_decode)}
+             chunked, halving, reduce_on_write, teams, composed, fifo, moe_prefill, moe_decode)}
 
 
 def build(family: str, pick) -> Spec:

@@ -9,6 +9,7 @@ valid) and before it returns (its memory is still the call's).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 
 from stratac.diagnostics import Codes, Diagnostic, Note, error
@@ -77,31 +78,20 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
         # live accesses by kind, each a heap on the end of the interval: "r" reads, "w" plain
         # writes, and one per accumulate operation (accumulates of one op never conflict, so a
         # world of accumulates into one slice costs no pairwise checks)
-        active: dict[str, list] = {"w": [], "r": []}
+        active: dict[str, _Live] = {"w": _Live(), "r": _Live()}
         for seq, (a, ev, carried) in enumerate(items):
-            for heap in active.values():
-                while heap and heap[0][0] <= a.lo:
-                    heapq.heappop(heap)
+            for live in active.values():
+                live.drop_before(a.lo)
             kind = "r" if not a.write else ("acc:" + a.accumulate if a.accumulate else "w")
             against = [k for k in active if k != "r" or a.write]
             if a.accumulate:
                 against = [k for k in against if k != kind]
             conflict = None
             for k in against:
-                for _, _, b, bev, b_carried in sorted(active[k], key=lambda t: t[1]):   # oldest first
-                    if a.instance == b.instance and (a.lo, a.hi) == (b.lo, b.hi):
-                        continue  # one elementwise move reading and writing the same elements
-                    if carried and b_carried:
-                        continue  # compared in the epoch where the later of the two was posted
-                    # ordered: one access is complete (its event, or an asynchronous stage's
-                    # await) before the other starts
-                    if bev is not ev and (ex.hb(bev.rank, bev.end, ev.rank, ev.index)
-                                          or ex.hb(ev.rank, ev.end, bev.rank, bev.index)):
-                        continue
-                    conflict = (b, bev)
-                    break
-                if conflict:
-                    break
+                if active[k].heap:
+                    conflict = _oldest_unordered(ex, a, ev, carried, active[k])
+                    if conflict:
+                        break
             if conflict:
                 b, bev = conflict
                 lo, hi = max(a.lo, b.lo), min(a.hi, b.hi)
@@ -113,8 +103,79 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
                     *_in_flight(inst, ev), *_in_flight(inst, bev), *_credit(inst, (a, ev), (b, bev))))
                 if len(diags) >= MAX_RACES_REPORTED:
                     return diags
-            heapq.heappush(active.setdefault(kind, []), (a.hi, seq, a, ev, carried))
+            active.setdefault(kind, _Live()).add((a.hi, seq, a, ev, carried))
     return diags
+
+
+class _Live:
+    """The live accesses of one kind in a sweep over intervals: a heap on the end of each interval
+    (the sweep drops those that end before the next access starts), and the same entries (hi, seq,
+    access, event, carried) by rank, each rank's sorted by (event index, seq), with the count of
+    asynchronous ones among them."""
+
+    def __init__(self):
+        self.heap: list = []
+        self.by_rank: dict[int, list] = {}
+        self.posted: dict[int, int] = {}
+
+    def add(self, entry) -> None:
+        heapq.heappush(self.heap, entry)
+        ev = entry[3]
+        bisect.insort(self.by_rank.setdefault(ev.rank, []), (ev.index, entry[1], entry))
+        if ev.done >= 0:
+            self.posted[ev.rank] = self.posted.get(ev.rank, 0) + 1
+
+    def drop_before(self, lo: int) -> None:
+        heap = self.heap
+        while heap and heap[0][0] <= lo:
+            entry = heapq.heappop(heap)
+            ev = entry[3]
+            ranked = self.by_rank[ev.rank]
+            del ranked[bisect.bisect_left(ranked, (ev.index, entry[1]))]
+            if ev.done >= 0:
+                self.posted[ev.rank] -= 1
+
+
+def _oldest_unordered(ex: Execution, a: Access, ev: Event, carried: bool, live: _Live):
+    """The oldest live access (all overlap a) that nothing orders with a, as (access, event), or
+    None.
+
+    Ordered means one access is complete (its event, or an asynchronous stage's await) before the
+    other starts. The live accesses are taken rank by rank, in the order of their events: a is
+    complete before the start of a suffix of them (found by bisection: if a is before event j of
+    rank q, it is before every later one); of the others, once an access b is complete before a
+    starts, so is every access of its rank that completes before b's event starts (program
+    order, then b), which is all of the earlier ones when the rank has no asynchronous stage live.
+    A slot written and read step after step (a FIFO's) keeps many accesses live, of which each
+    new one is compared with a few."""
+    best = None
+    hb, r, i, end = ex.hb, ev.rank, ev.index, ev.end
+    for q, entries in live.by_rank.items():
+        lo, hi = 0, len(entries)          # the first entry a is complete before
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if hb(r, end, q, entries[mid][0]):
+                hi = mid
+            else:
+                lo = mid + 1
+        cut = -1     # accesses of rank q complete before event `cut` are before a
+        posted = live.posted.get(q, 0)
+        for j in range(lo - 1, -1, -1):
+            _, seq, (_, _, b, bev, b_carried) = entries[j]
+            if bev.end < cut:
+                continue
+            if a.instance == b.instance and (a.lo, a.hi) == (b.lo, b.hi):
+                continue  # one elementwise move reading and writing the same elements
+            if carried and b_carried:
+                continue  # compared in the epoch where the later of the two was posted
+            if bev is not ev and hb(q, bev.end, r, i):
+                cut = max(cut, bev.index)
+                if not posted:
+                    break     # every earlier access of q completes before bev starts
+                continue
+            if best is None or seq < best[0]:
+                best = (seq, b, bev)
+    return None if best is None else best[1:]
 
 
 def _in_flight(inst: Instance, ev: Event) -> list[Note]:
