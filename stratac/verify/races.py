@@ -131,7 +131,10 @@ class _Live:
             entry = heapq.heappop(heap)
             ev = entry[3]
             ranked = self.by_rank[ev.rank]
-            del ranked[bisect.bisect_left(ranked, (ev.index, entry[1]))]
+            if len(ranked) == 1:
+                del self.by_rank[ev.rank]
+            else:
+                del ranked[bisect.bisect_left(ranked, (ev.index, entry[1]))]
             if ev.done >= 0:
                 self.posted[ev.rank] -= 1
 
@@ -151,6 +154,15 @@ def _oldest_unordered(ex: Execution, a: Access, ev: Event, carried: bool, live: 
     best = None
     hb, r, i, end = ex.hb, ev.rank, ev.index, ev.end
     for q, entries in live.by_rank.items():
+        if len(entries) == 1:             # the usual case: one access of q live
+            _, seq, (_, _, b, bev, b_carried) = entries[0]
+            if (a.instance == b.instance and (a.lo, a.hi) == (b.lo, b.hi)) or (carried and b_carried):
+                continue
+            if bev is not ev and (hb(q, bev.end, r, i) or hb(r, end, q, bev.index)):
+                continue
+            if best is None or seq < best[0]:
+                best = (seq, b, bev)
+            continue
         lo, hi = 0, len(entries)          # the first entry a is complete before
         while lo < hi:
             mid = (lo + hi) // 2
