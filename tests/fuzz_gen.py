@@ -13,9 +13,10 @@ an `if` on a size whose arms are the same). So
 * hypothesis draws the choices (`schedules()`), so CI runs a fixed, derandomized set.
 
 The families cover the language: splits and splits of splits, step loops with per-step flags or
-barriers, reductions over ranks and of named regions (`op(a, b)`), accumulates, teams (block, stride, across) and their barriers, asynchronous SDMA stages and their
-awaits, composition (`call ... on TEAM`), rank parameters, flags with rounds (a FIFO whose slots
-are reused, with credits), and MoE routing (histogram, exscan, slots, place, gather).
+barriers, reductions over ranks and of named regions (`op(a, b)`), accumulates, teams (block,
+stride, across) and their barriers, asynchronous SDMA stages and their awaits, composition (`call
+... on TEAM`), rank parameters, flags with rounds (a FIFO whose slots are reused, with credits),
+and MoE routing (histogram, exscan, slots, place, gather).
 """
 
 from __future__ import annotations

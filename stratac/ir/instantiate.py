@@ -83,8 +83,9 @@ class Event:
     stage: ir.Stage | None = None
     accesses: list[Access] = ()              # type: ignore[assignment]
     moves: list[Move] = ()                   # type: ignore[assignment]
-    signals: list[tuple[int, str, int, int, Span]] = ()   # type: ignore[assignment]  # owner, flag, slot, round
-    waits: list[tuple[str, int, int, Span]] = ()  # type: ignore[assignment]  # flag, slot, round (own)
+    # signals: (owner, flag, slot, round); waits: (flag, slot, round) of the rank's own flags
+    signals: list[tuple[int, str, int, int, Span]] = ()   # type: ignore[assignment]
+    waits: list[tuple[str, int, int, Span]] = ()  # type: ignore[assignment]
     barrier: int = -1          # the stamp (or, before the passes, the ordinal) ranks meet at
     members: tuple[int, ...] | None = None   # a team barrier: the ranks it joins (None: all)
     routes: list[RouteInst] = ()             # type: ignore[assignment]

@@ -239,7 +239,10 @@ class Execution:
                              "are signalled in order, 0, 1, 2, ...", span)
             notes.append(Note(f"round {rnd - 1}: rank {first[0].rank} signals it here", first[1]))
         else:
-            notes.append(Note(f"round {rnd - 1}: rank {prior[2].rank} signals it here", prior[2].span))
+            sev = prior[2]   # the signal itself, not its event's first (consecutive signals merge)
+            where = next((sp for o, g, k, n, sp in sev.signals if (o, g, k, n) == (owner, f, slot, rnd - 1)),
+                         sev.span)
+            notes.append(Note(f"round {rnd - 1}: rank {sev.rank} signals it here", where))
         return error(Codes.DOUBLE_SIGNAL, f"{text} is signalled by rank {ev.rank} before round "
                      f"{rnd - 1} of that slot is known to have been ({context(inst)}): a slot is "
                      "reused only after its round before, since a wait for that round is met by "

@@ -48,8 +48,9 @@ class Template:
     stages: dict                          # per stage INSTANCE: a stage outside step loops, keyed
                                           # by its index; (index, n): one step of the loops around it
     timelines: list[list[tuple]]          # per rank: ("stage", instance) | ("barrier", (place,
-                                          # members or None: every rank)) |
-                                          # ("signal", [(owner, flag, (slot, round))]) | ("wait", [(flag, (slot, round))]) | ("await", None)
+                                          # members or None: every rank)) | ("signal", [(owner,
+                                          # flag, (slot, round))]) | ("wait", [(flag, (slot,
+                                          # round))]) | ("await", None)
     size_dependent: bool                  # a condition, rank or flag slot depends on a size symbol
 
     def moves(self, stage_index, lengths: np.ndarray) -> list[tuple]:
