@@ -1,9 +1,9 @@
-"""The step-loop examples (ring AllReduce, ring ReduceScatter (also through a FIFO), recursive halving-doubling
-AllReduce, binomial-tree Broadcast; the pipelined ring AllGather and Bruck AllToAll, which take no
-reduction) on the CPU build at worlds 3, 4 and 5 where they allow it: f32 and bf16, sum and max
-where there is a reduction, one element and an uneven count, roots at both ends; results checked
-against torch by the runner. And a schedule's world constraint, refused at the call with the
-constraint and its source line."""
+"""The step-loop examples (ring AllReduce, ring ReduceScatter (also in place, and through a FIFO),
+recursive halving-doubling AllReduce, binomial-tree Broadcast; the pipelined ring AllGather and
+Bruck AllToAll, which take no reduction) on the CPU build at worlds 3, 4 and 5 where they allow
+it: f32 and bf16, sum and max where there is a reduction, one element and an uneven count, roots at
+both ends; results checked against torch by the runner. And a schedule's world constraint, refused
+at the call with the constraint and its source line."""
 
 from pathlib import Path
 
@@ -17,7 +17,8 @@ from stratac.tools.run import runner
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STEP_LOOPS = ["allreduce_ring", "allreduce_ring_reduce_send", "reducescatter_ring", "reducescatter_ring_fifo",
-              "allreduce_halving_doubling", "allreduce_double_tree", "broadcast_tree"]
+              "reducescatter_ring_in_place", "allreduce_halving_doubling", "allreduce_double_tree",
+              "broadcast_tree"]
 
 
 def _supported(path: Path, world: int) -> bool:

@@ -150,11 +150,12 @@ EQUIVALENT = {
         "at worlds 2 and 3 the power-of-two part has 2 ranks, so the reduce-scatter has one step "
         "(k = 0) and the wait for the step before it never runs; from world 4 on the mutant is "
         "rejected (a race)"),
-    ("reducescatter_ring.strata",
-     "if s > 0: wait got[s - 1]                # the previous rank's step s - 1 is in my block c", 1): (
+    **{(name, "if s > 0: wait got[s - 1]                # the previous rank's step s - 1 is in my "
+               "block c", 1): (
         (2,),
         "at world 2 the ring has one step (s = 0), so the wait for the step before it never runs; "
-        "from world 3 on the mutant is rejected (a race)"),
+        "from world 3 on the mutant is rejected (a race)")
+       for name in ("reducescatter_ring.strata", "reducescatter_ring_in_place.strata")},
     ("allreduce_reduce_on_write.strata", "barrier", 1): (
         (2, 3, 4),
         "the first barrier orders nothing: the seed after it (os[rank] = xs[rank]) touches only the "
