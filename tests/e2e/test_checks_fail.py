@@ -50,12 +50,15 @@ def _cli(*args: str, corrupt: str | None) -> subprocess.CompletedProcess:
 # ---- the collective check, in process ----
 
 def _correct(wl: Workload, rank: int) -> dict[str, torch.Tensor]:
-    """What a correct kernel leaves on `rank`: the reference where the contract defines a value,
+    """What a correct kernel leaves on `rank`: the reference where the contract defines a value
+    (`Workload.defined`: all of a parameter, but block `rank` of an in-place ReduceScatter's x),
     the sentinel where it says nothing (an unchecked element must not matter)."""
     out = {}
     for p in wl.schedule.tensors:
+        out[p.name] = torch.full((wl.numel(p),), float(SENTINEL))
         want = wl.expected(p.name, rank, SEED, torch.float32)
-        out[p.name] = want.clone() if want is not None else torch.full((wl.numel(p),), float(SENTINEL))
+        if want is not None:
+            out[p.name][wl.defined(p.name, rank)] = want
     return out
 
 
@@ -74,17 +77,21 @@ def test_the_collective_check_names_a_changed_or_unwritten_element(path):
         tensors = _correct(wl, rank)
         assert worker._compare_case(wl, tensors, rank, SEED, torch.float32) == (True, "")
         want = tensors[out_name].clone()
-        i = want.numel() - 2   # not the first element: the index in the message must be the real one
+        # the elements the contract defines (an in-place ReduceScatter: block `rank` of x alone),
+        # by their index in the whole parameter, which the message names
+        where = torch.arange(want.numel())[wl.defined(out_name, rank)]
+        i = int(where[-2])   # not the first element: the index in the message must be the real one
         tensors[out_name][i] += 1
         ok, why = worker._compare_case(wl, tensors, rank, SEED, torch.float32)
         assert not ok
         assert why == (f"{out_name}[{i}] = {want[i].item() + 1} on rank {rank}, expected "
                        f"{want[i].item()} (1 elements differ)")
         tensors[out_name].copy_(want)
-        tensors[out_name][3] = SENTINEL   # an element the kernel never wrote
-        if want[3].item() != SENTINEL:
+        j = int(where[3])
+        tensors[out_name][j] = SENTINEL   # an element the kernel never wrote
+        if want[j].item() != SENTINEL:
             ok, why = worker._compare_case(wl, tensors, rank, SEED, torch.float32)
-            assert not ok and why.startswith(f"{out_name}[3] = {float(SENTINEL)} on rank {rank}"), why
+            assert not ok and why.startswith(f"{out_name}[{j}] = {float(SENTINEL)} on rank {rank}"), why
 
 
 IN_PLACE_RS = """
