@@ -513,6 +513,11 @@ def _statements(s: ir.Schedule) -> list[dict]:
                             "mark": moves or not same, "handle": op.handle})
             elif isinstance(op, ir.Await):
                 out.append({"kind": "await", **_at(op.span), "handle": op.handle})
+            elif isinstance(op, (ir.Local, ir.Set)):
+                # every core computes the rank's locals (they are read by its moves' offsets)
+                out.append({"kind": "local" if isinstance(op, ir.Local) else "set", **_at(op.span),
+                            "name": _cname(op.name), "value": c(op.value),
+                            "mutable": isinstance(op, ir.Set) or op.mutable})
             elif isinstance(op, ir.Loop) and not is_control(op):
                 # a step loop around stages: every core of the rank runs every step, in step
                 # with the others (each stage ends with all of its cores)

@@ -46,6 +46,22 @@ _COMPARE = {ir.BinKind.LT: np.less, ir.BinKind.LE: np.less_equal, ir.BinKind.GT:
             ir.BinKind.GE: np.greater_equal, ir.BinKind.EQ: np.equal, ir.BinKind.NE: np.not_equal}
 
 
+def _sets_outer(loop: ir.Loop) -> bool:
+    """Whether the loop's body sets a var it does not declare (a var of the loop's state)."""
+    declared: set[str] = set()
+
+    def walk(ops) -> bool:
+        for op in ops:
+            if isinstance(op, ir.Local):
+                declared.add(op.name)
+            elif (isinstance(op, ir.Set) and op.name not in declared) \
+                    or (isinstance(op, ir.If) and (walk(op.then) or walk(op.orelse))) \
+                    or (isinstance(op, ir.Loop) and walk(op.body)):
+                return True
+        return False
+    return walk(loop.body)
+
+
 class _Fault(Exception):
     """The instance touches something that does not exist (the message says what and where)."""
 
@@ -137,15 +153,44 @@ class _Walk:
                 cond = np.asarray(self._val(op.cond, env, mask, op.span)) != 0
                 self._top(op.then, env, mask & cond)
                 self._top(op.orelse, env, mask & ~cond)
+            elif isinstance(op, ir.Loop) and _sets_outer(op):
+                self._sequential(op, env, mask)
             elif isinstance(op, ir.Loop):
                 inner, deeper = self._loop(op.var, op.domain, env, mask, op)
                 self._loops.append(op.var)
                 self._top(op.body, inner, deeper)
                 self._loops.pop()
+            elif isinstance(op, ir.Local):
+                env[op.name] = self._val(op.value, env, mask, op.span)
+            elif isinstance(op, ir.Set):   # where mask holds; elsewhere it keeps its value
+                env[op.name] = np.where(mask, self._val(op.value, env, mask, op.span), env[op.name])
             elif isinstance(op, ir.Await):
                 continue   # nothing to evaluate
             else:
                 self._sync(op, env, mask)
+
+    def _sequential(self, loop: ir.Loop, env: dict, mask: np.ndarray) -> None:
+        """A step loop whose body sets a var declared before it (loop state): one iteration after
+        the other, the variable a plain integer, each iteration under the mask of the places whose
+        range holds it."""
+        if loop.domain is ir.Domain.RANGE:
+            lo = np.broadcast_to(self._val(loop.lo, env, mask, loop.span), mask.shape)
+            hi = np.broadcast_to(self._val(loop.hi, env, mask, loop.span), mask.shape)
+        else:   # over the ranks (peers: but the running one)
+            lo, hi = np.zeros(mask.shape, dtype=np.int64), np.full(mask.shape, self.world)
+        if (mask & (lo < 0) & (hi > lo)).any():
+            self._fault(loop.span, mask & (lo < 0) & (hi > lo), env,
+                        f"starts loop variable {loop.var} below 0")
+        top = int(hi[mask].max()) if mask.any() else 0
+        self._loops.append(loop.var)
+        for v in range(top):
+            env[loop.var] = v
+            on = mask & (lo <= v) & (v < hi)
+            if loop.domain is ir.Domain.PEERS:
+                on = on & (v != env["rank"])
+            self._top(loop.body, env, on)
+        env.pop(loop.var, None)
+        self._loops.pop()
 
     def _sync(self, op, env: dict, mask: np.ndarray) -> None:
         if isinstance(op, ir.Signal):

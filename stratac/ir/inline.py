@@ -29,6 +29,7 @@ from stratac.ir.nodes import (
     Domain,
     Flag,
     If,
+    Local,
     Loop,
     Node,
     Op,
@@ -38,6 +39,7 @@ from stratac.ir.nodes import (
     Region,
     Requirement,
     Schedule,
+    Set,
     Signal,
     Stage,
     Team,
@@ -85,7 +87,7 @@ class _Inliner:
             return self.sizes[name]
         if name == ELEM:
             return self.elem
-        return Var(self.prefix + name)       # a loop or reduction variable of the callee
+        return Var(self.prefix + name)       # a loop or reduction variable or a local of the callee
 
     def e(self, x: IExpr) -> IExpr:
         return simplify(substitute(x, self.value))
@@ -156,6 +158,8 @@ class _Inliner:
         if isinstance(op, Wait):
             return replace(op, flag=self.prefix + op.flag, index=self.e(op.index),
                            round=self.e(op.round))
+        if isinstance(op, (Local, Set)):   # the callee's locals are renamed as its loop variables
+            return replace(op, name=self.prefix + op.name, value=self.e(op.value))
         raise TypeError(f"a {type(op).__name__} cannot be inlined")   # sema refuses such callees
 
 

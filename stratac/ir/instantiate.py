@@ -481,17 +481,17 @@ class _Builder:
         flag_sizes, flag_rounds, lowered, live = (self.flag_sizes, self.flag_rounds, self.s.lowered,
                                                   self.live)
         SIGNAL, WAIT, STAGE = EventKind.SIGNAL, EventKind.WAIT, EventKind.STAGE
-        Signal, Wait, If, Loop, Stage, Await, Barrier = (ir.Signal, ir.Wait, ir.If, ir.Loop, ir.Stage,
-                                                         ir.Await, ir.Barrier)
+        Signal, Wait, If, Loop, Stage, Await, Barrier, Local, Set = (
+            ir.Signal, ir.Wait, ir.If, ir.Loop, ir.Stage, ir.Await, ir.Barrier, ir.Local, ir.Set)
 
         def sync(op, env):
             t = type(op)
             if t is Loop:
                 for v in self.values(op, env):
-                    inner = dict(env)
-                    inner[op.var] = v
+                    env[op.var] = v
                     for o in op.body:
-                        sync(o, inner)
+                        sync(o, env)
+                env.pop(op.var, None)
                 return
             last = events[-1]
             if t is Signal:
@@ -531,6 +531,7 @@ class _Builder:
 
         def top(ops, env):
             nonlocal barriers
+            declared: list[str] = []    # the block's locals, out of scope at its end
             for op in ops:
                 t = type(op)
                 if t is Signal or t is Wait:
@@ -556,6 +557,12 @@ class _Builder:
                         members = tuple(base_ + i * step for i in range(size))
                     new(EventKind.BARRIER, op.span, barrier=meet, members=members)
                     barriers += 1
+                elif t is Local or t is Set:
+                    # the rank's one env: a var keeps what `set` gave it after the loop or if
+                    # that set it (loop variables are bound in it too; sema keeps names apart)
+                    env[op.name] = _ev(op.value, env, op.span, f"the value of {op.name}")
+                    if t is Local:
+                        declared.append(op.name)
                 elif self.barriers_only and not (t is Loop and op.domain is ir.Domain.RANGE):
                     continue   # barriers sit at the top level, under ifs and in step loops (sema)
                 elif t is Stage:
@@ -569,9 +576,9 @@ class _Builder:
                 elif t is Loop:
                     for v in self.values(op, env):
                         self.grow(op.span, len(events))
-                        inner = dict(env)
-                        inner[op.var] = v
-                        top(op.body, inner)
+                        env[op.var] = v
+                        top(op.body, env)
+                    env.pop(op.var, None)
                 elif t is Await:
                     ev = new(EventKind.AWAIT, op.span)
                     stage = posted.pop(op.handle, None)
@@ -579,6 +586,8 @@ class _Builder:
                         stage.done = ev.index
                 else:
                     sync(op, env)
+            for name in declared:
+                del env[name]
 
         top(self.s.body, env)
         events.append(Event(EventKind.EXIT, rank, len(events), None))

@@ -337,6 +337,27 @@ class Await:
 
 
 @dataclass(frozen=True)
+class Local:
+    """An integer of the running rank, declared where it stands and visible to the rest of its
+    block: `var name = value` (mutable: `set` changes it; loop state) or a let that reads a var
+    (the value when it ran). Every core of the rank computes it, outside stages."""
+
+    name: str
+    value: IExpr
+    span: Span
+    mutable: bool = True
+
+
+@dataclass(frozen=True)
+class Set:
+    """set name = value: a var's new value, on every core of the running rank."""
+
+    name: str
+    value: IExpr
+    span: Span
+
+
+@dataclass(frozen=True)
 class Barrier:
     span: Span
     team: Team | None = None   # barrier(node): joins the members of the running rank's team only
@@ -412,7 +433,8 @@ class Route:
         return f"{self.dst} = {self.kind.value}({', '.join(args)})"
 
 
-Node = Union[Copy, Reduce, ReduceList, Accumulate, Route, If, Loop, Stage, Await, Barrier, Signal, Wait]
+Node = Union[Copy, Reduce, ReduceList, Accumulate, Route, If, Loop, Stage, Await, Barrier, Signal, Wait,
+             Local, Set]
 
 
 def sources(op: "Copy | Reduce | ReduceList | Accumulate") -> tuple[Region, ...]:

@@ -250,6 +250,8 @@ def expressions(s: ir.Schedule):
                 yield from (op.index, op.round)
             elif isinstance(op, ir.Await):
                 continue
+            elif isinstance(op, (ir.Local, ir.Set)):
+                yield op.value
             elif isinstance(op, ir.Route):
                 yield from region(op.dst)
                 if op.capacity is not None:

@@ -11,12 +11,14 @@ from stratac.ir.nodes import (
     Copy,
     Domain,
     If,
+    Local,
     Loop,
     Node,
     Reduce,
     ReduceList,
     Route,
     Schedule,
+    Set,
     Signal,
     Stage,
     Wait,
@@ -123,5 +125,9 @@ def _dump_op(op: Node, depth: int, out: list[str]) -> None:
         out.append(f"{pad}wait {op.flag}[{op.index}]{_round(op)}{_line(op.span)}")
     elif isinstance(op, Await):
         out.append(f"{pad}await {op.handle}{_line(op.span)}")
+    elif isinstance(op, Local):
+        out.append(f"{pad}{'var' if op.mutable else 'let'} {op.name} = {bare(op.value)}{_line(op.span)}")
+    elif isinstance(op, Set):
+        out.append(f"{pad}set {op.name} = {bare(op.value)}{_line(op.span)}")
     else:  # pragma: no cover - the IR has no other node kinds
         raise TypeError(op)

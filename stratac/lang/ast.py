@@ -190,6 +190,27 @@ class Let:
 
 
 @dataclass(frozen=True)
+class VarDecl:
+    """var name = expr: an integer the running rank may change with `set` (loop state), visible
+    after it in its block and the blocks inside."""
+
+    name: str
+    value: Expr
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True)
+class SetVar:
+    """set name = expr: a new value for a var."""
+
+    name: str
+    value: Expr
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True)
 class Requires:
     """requires COND: the world sizes the schedule supports (a condition on world alone)."""
 
@@ -314,7 +335,7 @@ class CallStmt:
 
 
 Stmt = Union[Assign, Accum, If, ScratchDecl, Barrier, Stage, Await, For, FlagDecl, Signal, Wait, Let,
-             Requires, TeamDecl, CallStmt]
+             VarDecl, SetVar, Requires, TeamDecl, CallStmt]
 
 
 # ---- declarations ----

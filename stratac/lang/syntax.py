@@ -158,6 +158,14 @@ class _Builder(Transformer):
         name, value = children
         return ast.Let(str(name), value, self._span(meta), _tok_span(self.source, name))
 
+    def var_stmt(self, meta, children):
+        name, value = children
+        return ast.VarDecl(str(name), value, self._span(meta), _tok_span(self.source, name))
+
+    def set_stmt(self, meta, children):
+        name, value = children
+        return ast.SetVar(str(name), value, self._span(meta), _tok_span(self.source, name))
+
     def requires(self, meta, children):
         return ast.Requires(children[0], self._span(meta))
 

@@ -1,7 +1,8 @@
 """Differential test of the expressions a kernel prints, in every place a kernel prints one: random
 IR expressions (every operator of the IR, literals inside and beyond int's range, negative
 intermediate values where the IR allows them) become the step-loop bounds, `if` conditions, region
-offsets, lengths and ranks, flag slots and sizes, stamps, reduce counts and skips, team-barrier
+offsets, lengths and ranks, flag slots and sizes, stamps, reduce counts and skips, the values of
+locals (`var`, `set`, which later expressions then name), team-barrier
 members and a named team's size (`strata::BlockTeam`/`StrideTeam`/`GroupTeam` in Init, whose members the
 expressions then name) of random schedule bodies; codegen.generate writes the kernel through the real emitter and
 templates, g++ compiles its Process() (every case of a test in one translation unit, under UBSan)
@@ -232,9 +233,28 @@ def top(op, depth=2):
     @st.composite
     def body(draw, names, envs):
         out = []
+        mine: list[str] = []    # the vars this block declares: what its `set`s change
         for _ in range(draw(st.integers(1, 3))):
-            pick = draw(st.integers(0, 4 if depth else 2))
-            if pick == 0:
+            pick = draw(st.integers(0, 6 if depth else 2))
+            if pick in (5, 6):    # a set of this block's var, or a local (`var`, or a let of one)
+                name = draw(st.sampled_from(mine)) if mine else \
+                    f"v{len([x for x in names if x.startswith('v')])}"
+                val = draw(placed(names, envs))
+                if name in mine:
+                    out.append(ir.Set(name, val, SPAN))
+                else:
+                    mutable = pick == 6
+                    out.append(ir.Local(name, val, SPAN, mutable))
+                    names = names + (name,)
+                    if mutable:     # and set at once, from its own value or not
+                        mine.append(name)
+                        envs = [{**e, name: value(val, e)} for e in envs]
+                        val = draw(placed(names, envs))
+                        out.append(ir.Set(name, val, SPAN))
+                envs = [{**e, name: value(val, e)} for e in envs]
+                if fits(Var(name), envs, -2**31, 2**31):   # its value, observed in the log
+                    out.append(ir.Wait("f0", Var(name), SPAN))
+            elif pick == 0:
                 team = draw(st.sampled_from([None, TEAM[0], "anonymous"]))
                 if team == "anonymous":       # a team the kernel does not name: its members' values
                     team = draw(a_team("t", names))
@@ -321,12 +341,15 @@ def expected(s: ir.Schedule, env0: dict) -> list[str]:
         return [v for v in range(env["world"]) if op.domain is ir.Domain.RANKS or v != env["rank"]]
 
     def walk(ops, env, on_leaf):
+        env = dict(env)     # the block's own: its locals end with it
         for op in ops:
             if isinstance(op, ir.Loop):
                 for v in loop_values(op, env):
                     walk(op.body, {**env, op.var: v}, on_leaf)
             elif isinstance(op, ir.If):
                 walk(op.then if ev(op.cond, env) else op.orelse, env, on_leaf)
+            elif isinstance(op, (ir.Local, ir.Set)):
+                env[op.name] = ev(op.value, env)
             else:
                 on_leaf(op, env)
 

@@ -39,7 +39,8 @@ class _Lowering(Decls, Moves, Sync, Loops, Calls, Moe):
     # ---- statements
     def block(self, stmts, top: bool, loop_vars: tuple[str, ...], engine: ir.Engine | None = None):
         out: list[ir.Node] = []
-        outer = dict(self.lets)     # a let is visible to the rest of its block only
+        outer = dict(self.lets)     # a let or var is visible to the rest of its block only
+        outer_locals = dict(self.locals)
         self.pending.append({})
         for st in stmts:
             if isinstance(st, ast.CallStmt):
@@ -53,6 +54,7 @@ class _Lowering(Decls, Moves, Sync, Loops, Calls, Moe):
             if op is not None:
                 out.append(op)
         self.lets = outer
+        self.locals = outer_locals
         for handle, span in self.pending.pop().items():
             self.err(Codes.BAD_REF, f"the asynchronous stage {handle} is never awaited: write "
                      f"`await {handle}` after it in the same block (its copies must complete before "
@@ -71,8 +73,9 @@ class _Lowering(Decls, Moves, Sync, Loops, Calls, Moe):
             self.scratch_decl(st, top)
             return None
         if isinstance(st, ast.Let):
-            self.let(st, loop_vars)
-            return None
+            return self.let(st, loop_vars, in_stage)
+        if isinstance(st, (ast.VarDecl, ast.SetVar)):
+            return self.var(st, loop_vars, in_stage)
         if isinstance(st, ast.Requires):
             self.requirement(st, top)
             return None

@@ -213,11 +213,47 @@ class Decls(Scope):
         else:
             self.views[t.name] = _View(call.buffer, parts, st.span)
 
-    def let(self, st: ast.Let, loop_vars) -> None:
+    def let(self, st: ast.Let, loop_vars, in_stage: bool = False) -> ir.Local | None:
+        """A let is substituted where it is used, unless its value reads a var outside a stage:
+        then it is a local holding the value the var had when the let ran (a later `set` does
+        not change it)."""
         if st.name in loop_vars or self.taken(st.name) or st.name in self.sizes:
             self.err(Codes.DUPLICATE_NAME, f"{st.name!r} is already defined", st.name_span)
-            return
-        self.lets[st.name] = ir.simplify(self.expr(st.value, self.env(loop_vars), f"let {st.name}"))
+            return None
+        value = ir.simplify(self.expr(st.value, self.env(loop_vars), f"let {st.name}"))
+        if in_stage or not value.names() & self.locals.keys():
+            self.lets[st.name] = value
+            return None
+        self.lets[st.name] = ir.Var(st.name)
+        self.locals[st.name] = False
+        return ir.Local(st.name, value, st.span, mutable=False)
+
+    def var(self, st: ast.VarDecl | ast.SetVar, loop_vars, in_stage: bool) -> ir.Local | ir.Set | None:
+        """`var v = e` declares loop state; `set v = e` changes it. Both run on every core of the
+        rank, outside stages (a stage's moves are counted and then made, each core its share:
+        their values must not change inside it)."""
+        decl = isinstance(st, ast.VarDecl)
+        word = "var" if decl else "set"
+        if in_stage:
+            self.err(Codes.BAD_REF, f"`{word} {st.name}` inside a stage: a var is declared and set "
+                     "outside stages (a stage's moves read it; they do not change it)", st.span)
+            return None
+        if decl and (st.name in loop_vars or self.taken(st.name) or st.name in self.sizes):
+            self.err(Codes.DUPLICATE_NAME, f"{st.name!r} is already defined", st.name_span)
+            return None
+        if not decl and not self.locals.get(st.name, False):
+            what = ("a let: declare it with `var` to change it" if st.name in self.lets
+                    and st.name not in loop_vars else
+                    "a loop variable: the loop sets it" if st.name in loop_vars else
+                    "not a var in scope: declare it first with `var`")
+            self.err(Codes.UNKNOWN_NAME, f"`set {st.name}`: {st.name} is {what}", st.name_span)
+            return None
+        value = ir.simplify(self.expr(st.value, self.env(loop_vars), f"{word} {st.name}"))
+        if not decl:
+            return ir.Set(st.name, value, st.span)
+        self.lets[st.name] = ir.Var(st.name)
+        self.locals[st.name] = True
+        return ir.Local(st.name, value, st.span, mutable=True)
 
     def requirement(self, st: ast.Requires, top: bool) -> None:
         if not top:

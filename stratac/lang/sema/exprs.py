@@ -27,6 +27,9 @@ class Expressions:
                 hint = ""
                 if e.id == "rank" or e.id in self.loop_vars_seen:
                     hint = f" ({what} cannot depend on {e.id})"
+                elif e.id in self.locals:
+                    kind = "var" if self.locals[e.id] else "let of a var"
+                    hint = f" ({e.id} is the running rank's {kind}, which {what} cannot depend on)"
                 elif e.id in self.lets:
                     hint = (f" ({e.id} depends on "
                             f"{', '.join(sorted(self.lets[e.id].names() - allowed))}, which {what} cannot)")

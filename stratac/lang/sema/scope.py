@@ -57,6 +57,10 @@ class Scope(Expressions):
         self.bad_types: set[str] = set()   # parameters whose element type was already reported
         self.scalars: dict[str, ir.Scalar] = {}
         self.lets: dict[str, ir.IExpr] = {}     # the named integers in scope (substituted)
+        # the names in scope that are locals of the rank (ir.Local): vars (True: `set` may change
+        # them) and the lets of a var's value (False: the value when the let ran); lets holds each
+        # as its ir.Var
+        self.locals: dict[str, bool] = {}
         self.step_vars: set[str] = set()        # variables of step loops (for s in lo .. hi)
         self.masked = False                     # a MoE dispatch or combine (Decls.lower sets it)
         self.routed = False                     # a MoE contract: dispatch, combine or AllToAllV (likewise)

@@ -181,7 +181,11 @@ class _Walker:
                     place = start + max(places(op.then, env), places(op.orelse, env))
                 elif isinstance(op, ir.Loop):   # a loop around stages and sync (step loops)
                     for v in self.values(op, env):
-                        top(op.body, {**env, op.var: v}, steps + ((id(op), v),))
+                        env[op.var] = v     # in place: a var set in the body outlives the step
+                        top(op.body, env, steps + ((id(op), v),))
+                    env.pop(op.var, None)
+                elif isinstance(op, (ir.Local, ir.Set)):
+                    env[op.name] = self.ev(op.value, env, f"the value of {op.name}")
                 elif isinstance(op, ir.Await):
                     # an asynchronous stage is costed as a synchronous one (its overlap with what
                     # follows until the await is not modelled: an upper bound); the await is the
