@@ -141,8 +141,8 @@ def c(e: ir.IExpr) -> str:
 
 
 def _argument(e: ir.IExpr) -> str:
-    """An expression as a function's argument: c(e) without the parentheses around a whole
-    conditional (a comma binds looser than `?:`)."""
+    """An expression as a function's argument or an assignment's value: c(e) without the
+    parentheses around a whole conditional (a comma and `=` bind looser than `?:`)."""
     text = c(e)
     depth = 0
     for i, ch in enumerate(text):
@@ -289,7 +289,7 @@ def _moves(op, s: ir.Schedule) -> dict:
         if s.param(r.buffer).dtype is not None:
             ptr = f"strata::Reinterpret<T>({ptr})"
             at = _chain(ptr, "off")
-        return {"ptr": ptr, "at": at, "pe": c(r.rank) if r.rank is not None else "rank"}
+        return {"ptr": ptr, "at": at, "pe": _argument(r.rank) if r.rank is not None else "rank"}
 
     sides = [side(r, o) for r, o in zip(regions, offsets)]
     return {**_at(op.span), "len": _length(op.dst, s), "locals": local,
@@ -477,7 +477,7 @@ def _statements(s: ir.Schedule) -> list[dict]:
         slot = f"strata::SyncSlot(sync_, {_chain(bases[op.flag], op.index)})"
         if isinstance(op, ir.Signal):
             return {"kind": "signal", **_at(op.span), "slot": slot, "stamp": _stamp(f, op),
-                    "pe": c(op.rank)}
+                    "pe": _argument(op.rank)}
         return {"kind": "wait", **_at(op.span), "slot": slot, "stamp": _stamp(f, op)}
 
     def is_control(op) -> bool:
@@ -516,7 +516,7 @@ def _statements(s: ir.Schedule) -> list[dict]:
             elif isinstance(op, (ir.Local, ir.Set)):
                 # every core computes the rank's locals (they are read by its moves' offsets)
                 out.append({"kind": "local" if isinstance(op, ir.Local) else "set", **_at(op.span),
-                            "name": _cname(op.name), "value": c(op.value),
+                            "name": _cname(op.name), "value": _argument(op.value),
                             "mutable": isinstance(op, ir.Set) or op.mutable})
             elif isinstance(op, ir.Loop) and not is_control(op):
                 # a step loop around stages: every core of the rank runs every step, in step

@@ -351,6 +351,9 @@ def _c(e: IExpr, names: Mapping[str, str]) -> tuple[str, int, bool]:
         # (c ? a : b), parenthesized (the conditional binds loosest); int64_t when either branch
         # is (the usual conversions), else the first branch is cast so that the result is
         (c, _, _), (a, _, wa), (b, _, wb) = (_c(x, names) for x in (e.cond, e.then, e.orelse))
+        # a conditional as a branch of another needs no parentheses of its own (c ? d ? x : y : z
+        # groups as written): they are dropped
+        a, b = (x[1:-1] if isinstance(y, Sel) else x for x, y in ((a, e.then), (b, e.orelse)))
         return f"({c} ? {a if wa or wb else f'int64_t({a})'} : {b})", _C_PRIMARY, True
     (a, pa, wa), (b, pb, wb) = _c(e.lhs, names), _c(e.rhs, names)
     k = e.kind
@@ -377,11 +380,13 @@ def _c(e: IExpr, names: Mapping[str, str]) -> tuple[str, int, bool]:
     # left-associative: the left operand keeps its parentheses only if it binds looser, or, among
     # * / %, if it is a different operator ((a / b) * c reads ambiguously without them); the right
     # operand keeps them if it binds as loose or looser (a - (b - c), a * (b / c))
+    # ... and a bitwise operator inside another ((a & b) | c): GCC's -Wparentheses asks for it
     if pa > prec or (pa == prec and prec != 6 and not (e.lhs.kind is k and k in (
             BinKind.MUL, BinKind.AND, BinKind.XOR, BinKind.OR))) or (pa == 7 and prec != 7) or \
-            (pa in (6, 7, 9, 10) and prec >= 11):
+            (pa in (6, 7, 9, 10) and prec >= 11) or (pa in (11, 12) and prec > pa):
         a = f"({a})"
-    if pb >= prec or (pb in (6, 7) and prec >= 7) or (pb in (9, 10) and prec >= 11):
+    if pb >= prec or (pb in (6, 7) and prec >= 7) or (pb in (9, 10) and prec >= 11) or \
+            (pb in (11, 12) and prec > pb):
         # (a << b) + c, a & (b + c): written with parentheses although C++ would not need them,
         # as compilers warn and readers misread shifts and bitwise operators among + and -
         b = f"({b})"

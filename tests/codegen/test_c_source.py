@@ -60,6 +60,14 @@ def B(kind, x, y):
     # a conditional is parenthesized; int64_t when a branch is, else its first branch is cast
     (ir.Sel(B(K.GT, w, Const(1)), n, Const(1)), "(world > 1 ? n_ : 1)"),
     (B(K.MUL, ir.Sel(B(K.LT, a, b), Const(2), Const(3)), c), "(a < b ? int64_t(2) : 3) * c"),
+    # ... but not as a branch of another conditional (its condition keeps them)
+    (ir.Sel(B(K.LT, a, b), ir.Sel(B(K.LT, b, c), a, b), ir.Sel(B(K.LT, a, c), c, a)),
+     "(a < b ? b < c ? a : b : a < c ? c : a)"),
+    (ir.Sel(ir.Sel(B(K.LT, a, b), a, b), c, a), "((a < b ? a : b) ? c : a)"),
+    # a bitwise operator inside another is parenthesized (GCC's -Wparentheses asks for it)
+    (B(K.OR, B(K.SHL, a, Const(1)), B(K.AND, B(K.SHR, b, c), Const(1))), "(a << 1) | ((b >> c) & 1)"),
+    (B(K.XOR, B(K.AND, a, b), c), "(a & b) ^ c"),
+    (B(K.AND, B(K.AND, a, b), c), "a & b & c"),
     # a cast exactly where neither operand is int64_t (int arithmetic could overflow)
     (B(K.MUL, Const(2), Const(3)), "int64_t(2) * 3"),
     (B(K.ADD, Const(2147483647), Const(1)), "int64_t(2147483647) + 1"),

@@ -97,6 +97,23 @@ def test_allreduce_over_unequal_groups_runs_correctly(tmp_path, world):
     assert out.exit_code == 0
 
 
+@pytest.mark.parametrize("world", [5, 6, pytest.param(7, marks=pytest.mark.slow),
+                                   pytest.param(9, marks=pytest.mark.slow)])
+def test_nhr_allreduce_runs_correctly(tmp_path, world):
+    """HCCL's NHR with its renumbering and the port without it: at 5 every step goes block by
+    block (odd world, the renumbering unshuffles once), at 6 step 0 is one run and the others one
+    block, at 7 and 9 steps of several blocks go one by one (world 8: tests/e2e/test_run.py)."""
+    path = EXAMPLES / "allreduce_nhr.strata"
+    cases = [runner.Case(dtype=d, count=count, op=op) for d in ("f32", "bf16")
+             for op in ("sum", "max") for count in (1, 4099)]
+    out = _run(path, world, cases)
+    assert out.failures == []
+    assert len(out.results) == world * len(cases) * 2
+    assert [(r["schedule"], r["rank"], r["dtype"], r["count"], r["op"], r["why"])
+            for r in out.results if not r["ok"]] == []
+    assert out.exit_code == 0
+
+
 @pytest.mark.parametrize("world", [5, 6])
 def test_hierarchical_allreduce_by_composition_runs_correctly(tmp_path, world):
     """Composition: the ring AllReduce called on the lane team over the node's part (world 6:

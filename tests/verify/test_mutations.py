@@ -99,6 +99,33 @@ NODE_OF_ONE_COMPOSED = (
     "allreduce_hierarchical.strata above)")
 
 EQUIVALENT = {
+    **{("allreduce_nhr.strata", "if s > 0: wait got[s - 1]", nth): (
+        (2,),
+        "at world 2 the reduce-scatter has one step (S = 1), so the wait for the step before it "
+        "never runs; from world 3 on the mutant is rejected (a race)") for nth in (1, 2)},
+    ("allreduce_nhr.strata", "set r = (r << 1) | ((base >> b) & 1)", 1): (
+        (3,),
+        "at world 3 no step's blocks are a whole class (3 is odd), so the run and its bit reversal "
+        "never run; at worlds 2 and 4 the mutant is rejected, and at 6"),
+    ("allreduce_nhr.strata",
+     "if u < S { on aiv: x[lo:hi]@to op= x[lo:hi] } else { on sdma: x[lo:hi]@to = x[lo:hi] }", 1): (
+        (3,),
+        "at world 3 no step's blocks are a whole class (3 is odd), so the run's copy never runs; "
+        "at worlds 2 and 4 the mutant is rejected, and at 6"),
+    ("allreduce_nhr.strata",
+     "if u < S { on aiv: part[p]@to op= part[p] } else { on sdma: part[p]@to = part[p] }", 1): (
+        (2, 4),
+        "at a power-of-two world every step's blocks are a whole class, so the block-by-block copy "
+        "never runs; at world 3 the mutant is rejected"),
+    **{("allreduce_nhr.strata", line, 1): (
+        (2, 3, 4),
+        f"the renumbering only has to agree with the runs' bit reversal: at worlds 2 and 4 no block "
+        f"goes one by one, and at world 3 every step does (no unshuffle at all: step 0 moves one "
+        f"block), so any one-to-one map is as good; from world {first} on the map without it "
+        f"disagrees with the runs and the mutant is rejected") for line, first in (
+        ("set p = st + (o / 2 if o % 2 == 0 else (min(st + g, world) - st + 1) / 2 + o / 2)", 6),
+        ("set more = (0 if g % 2 + world % g % 2 > 0 else more)", 28),
+        ("set g = g / 2", 10))},
     ("allreduce_groups.strata", "requires world >= 2", 1): (
         (2, 3, 4),
         "the requirement only excludes world 1, where the mutant is rejected (E0201: a group of 0 "
