@@ -166,27 +166,95 @@ def _log2(a: int) -> int:
     return a.bit_length() - 1
 
 
-def _py(e: ir.IExpr) -> str:
-    """Python source of e over `env`. / and % go through _div and _mod: the generated C++ truncates
-    toward zero where Python floors, so the two agree only on non-negative operands, and the
-    verifier must not accept what the device computes differently (e.g. (rank - 1) % world)."""
-    checked = {ir.BinKind.DIV: "_div", ir.BinKind.MOD: "_mod", ir.BinKind.SHL: "_shl",
-               ir.BinKind.SHR: "_shr", ir.BinKind.LOG2: "_log2"}
-    if isinstance(e, ir.Bin) and e.kind in checked:
-        if e.kind is ir.BinKind.LOG2:
-            return f"_log2({_py(e.lhs)})"
-        return f"{checked[e.kind]}({_py(e.lhs)}, {_py(e.rhs)})"
-    if isinstance(e, ir.Sel):   # only the branch taken is evaluated (and checked)
-        return f"({_py(e.then)} if {_py(e.cond)} else {_py(e.orelse)})"
+_CHECKED = {ir.BinKind.DIV: "_div", ir.BinKind.MOD: "_mod", ir.BinKind.SHL: "_shl",
+            ir.BinKind.SHR: "_shr"}
+_COMPARE = (ir.BinKind.LT, ir.BinKind.LE, ir.BinKind.GT, ir.BinKind.GE, ir.BinKind.EQ, ir.BinKind.NE)
+
+
+class _Py:
+    """Python source of expressions over `env`, for one compiled function. / and % go through _div
+    and _mod: the generated C++ truncates toward zero where Python floors, so the two agree only on
+    non-negative operands, and the verifier must not accept what the device computes differently
+    (e.g. (rank - 1) % world).
+
+    A subexpression written more than once in the function (a let is substituted wherever it is
+    used, so `let S = ...` used ten times is ten copies of S) is computed once: its first
+    evaluation is an assignment expression `(_tN := ...)` and later ones read `_tN`. Only an
+    evaluation that always runs assigns: one inside a branch of a conditional (`a if c else b`
+    evaluates one branch, whose operands may be undefined otherwise) is written out in full unless
+    an earlier one already assigned it."""
+
+    def __init__(self, exprs) -> None:
+        self.keys: dict[int, object] = {}       # id(node) -> structural key
+        self.count: dict[object, int] = {}
+        self.names: dict[object, str] = {}      # key -> _tN, once assigned
+        self.nodes: list = []                   # keeps the nodes keyed by id alive
+        for e in exprs:
+            self._count(e)
+
+    def _key(self, e) -> object:
+        k = self.keys.get(id(e))
+        if k is None:
+            if isinstance(e, (ir.Const, ir.Var)):
+                k = e
+            elif isinstance(e, ir.Sel):
+                k = ("?", self._key(e.cond), self._key(e.then), self._key(e.orelse))
+            else:
+                k = (e.kind, self._key(e.lhs), self._key(e.rhs))
+            self.keys[id(e)] = k
+            self.nodes.append(e)
+        return k
+
+    def _count(self, e) -> None:
+        k = self._key(e)
+        self.count[k] = self.count.get(k, 0) + 1
+        if self.count[k] == 1:      # the children of a repeated node are counted once
+            for child in _children(e):
+                self._count(child)
+
+    def __call__(self, e, cond: bool = False) -> str:
+        """e's source; cond: e is evaluated only under a conditional's choice."""
+        k = self._key(e)
+        name = self.names.get(k)
+        if name is not None:
+            return name
+        code = self._code(e, cond)
+        if self.count[k] > 1 and not cond and not isinstance(e, (ir.Const, ir.Var)):
+            name = self.names[k] = f"_t{len(self.names)}"
+            return f"({name} := {code})"
+        return code
+
+    def _code(self, e, cond: bool) -> str:
+        if isinstance(e, ir.Sel):   # only the branch taken is evaluated (and checked)
+            c = self(e.cond, cond)
+            return f"({self(e.then, True)} if {c} else {self(e.orelse, True)})"
+        if isinstance(e, ir.Bin):
+            if e.kind is ir.BinKind.LOG2:
+                return f"_log2({self(e.lhs, cond)})"
+            a, b = self(e.lhs, cond), self(e.rhs, cond)
+            if e.kind in _CHECKED:
+                return f"{_CHECKED[e.kind]}({a}, {b})"
+            if e.kind in (ir.BinKind.MIN, ir.BinKind.MAX):
+                return f"{e.kind.value}({a}, {b})"
+            if e.kind in _COMPARE:
+                return f"int({a} {e.kind.value} {b})"
+            return f"({a} {e.kind.value} {b})"
+        return ir.py_source(e)
+
+
+def _children(e) -> tuple:
+    if isinstance(e, ir.Sel):
+        return (e.cond, e.then, e.orelse)
     if isinstance(e, ir.Bin):
-        a, b = _py(e.lhs), _py(e.rhs)
-        if e.kind in (ir.BinKind.MIN, ir.BinKind.MAX):
-            return f"{e.kind.value}({a}, {b})"
-        if e.kind in (ir.BinKind.LT, ir.BinKind.LE, ir.BinKind.GT, ir.BinKind.GE, ir.BinKind.EQ,
-                      ir.BinKind.NE):
-            return f"int({a} {e.kind.value} {b})"
-        return f"({a} {e.kind.value} {b})"
-    return ir.py_source(e)
+        return (e.lhs, e.rhs)
+    return ()
+
+
+def _function(exprs, body) -> Callable[[dict], object]:
+    """`lambda env: body(py)` compiled, py writing the expressions of `exprs` with their common
+    subexpressions computed once (_Py)."""
+    return eval(f"lambda env: {body(_Py(exprs))}", {  # noqa: S307 - from the IR only
+        "_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_log2": _log2})
 
 
 _COMPILED: dict[int, tuple[ir.IExpr, Callable[[dict], int]]] = {}
@@ -199,8 +267,7 @@ def _compiled(e: ir.IExpr) -> Callable[[dict], int]:
     hit = _COMPILED.get(id(e))
     if hit is not None and hit[0] is e:
         return hit[1]
-    fn = eval(f"lambda env: {_py(e)}", {"_div": _div, "_mod": _mod, "_shl": _shl,  # noqa: S307
-                                        "_shr": _shr, "_log2": _log2})  # noqa: S307 - from the IR only
+    fn = _function([e], lambda py: py(e))
     if len(_COMPILED) > 65536:
         _COMPILED.clear()
     _COMPILED[id(e)] = (e, fn)
@@ -216,16 +283,16 @@ def _region_fn(r: ir.Region) -> Callable[[dict], tuple]:
     hit = _REGIONS.get(id(r))
     if hit is not None and hit[0] is r:
         return hit[1]
-    parts = [_py(x) for x in (r.part or (ir.Const(0), ir.Const(1)))]
-    owner = "env['rank']" if r.rank is None else _py(r.rank)
-    # inside a part (part[i][lo:hi], chunk[i][c]): a, b, limit with 0 <= a <= b <= limit
-    # (a chunk c of k: c, c + 1, k)
-    sub = ("0", "0", "0") if r.sub is None else (
-        (_py(r.sub[1]), _py(r.sub[2]), _py(r.sub[3])) if r.sub[0] == "range"
-        else (_py(r.sub[1]), f"({_py(r.sub[1])}) + 1", _py(r.sub[2])))
-    fn = eval(f"lambda env: ({owner}, {_py(r.lo)}, {_py(r.length)}, {parts[0]}, {parts[1]}, "  # noqa: S307
-              f"{sub[0]}, {sub[1]}, {sub[2]})",
-              {"_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_log2": _log2})
+    # in order of evaluation: owner, lo, length, part index and parts, then inside a part
+    # (part[i][lo:hi], chunk[i][c]) a, b, limit with 0 <= a <= b <= limit (a chunk c of k: c,
+    # c + 1, k)
+    exprs = [r.rank or ir.Var("rank"), r.lo, r.length, *(r.part or (ir.Const(0), ir.Const(1)))]
+    if r.sub is not None:
+        exprs += [r.sub[1], r.sub[2], r.sub[3]] if r.sub[0] == "range" else [
+            r.sub[1], ir.Bin(ir.BinKind.ADD, r.sub[1], ir.Const(1)), r.sub[2]]
+    else:
+        exprs += [ir.Const(0)] * 3
+    fn = _function(exprs, lambda py: "(" + ", ".join(py(x) for x in exprs) + ")")
     if len(_REGIONS) > 65536:
         _REGIONS.clear()
     _REGIONS[id(r)] = (r, fn)
@@ -237,8 +304,8 @@ def _signal_fn(op: ir.Signal) -> Callable[[dict], tuple]:
     hit = _REGIONS.get(id(op))
     if hit is not None and hit[0] is op:
         return hit[1]
-    fn = eval(f"lambda env: ({_py(op.rank)}, {_py(op.index)}, {_py(op.round)})",  # noqa: S307
-              {"_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_log2": _log2})
+    exprs = (op.rank, op.index, op.round)
+    fn = _function(exprs, lambda py: "(" + ", ".join(py(x) for x in exprs) + ")")
     _REGIONS[id(op)] = (op, fn)
     return fn
 
