@@ -99,6 +99,10 @@ NODE_OF_ONE_COMPOSED = (
     "allreduce_hierarchical.strata above)")
 
 EQUIVALENT = {
+    ("alltoall_pairwise.strata", "if i + 1 < world: signal ready[i + 1]@((rank - i - 1) % world)", 1): (
+        (2,),
+        "at world 2 there is one step (i = 1), so no next writer is ever let go; from world 3 on "
+        "the mutant is rejected (a deadlock)"),
     **{("allreduce_nhr.strata", "if s > 0: wait got[s - 1]", nth): (
         (2,),
         "at world 2 the reduce-scatter has one step (S = 1), so the wait for the step before it "
