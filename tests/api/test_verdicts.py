@@ -166,3 +166,26 @@ def test_a_files_proof_at_a_world_is_kept_and_a_failed_one_is_not(monkeypatch):
         with pytest.raises(StrataError, match="does not implement"):
             schedule.compile_source(bad, passes.Options(cores=2), worlds=[2])
     assert [p for p in proofs if p[0] == "even_only"] == [("even_only", (2,))] * 2
+
+
+STATE = """
+schedule state(x: sym T[n], out: sym T[m], root: rank) implements broadcast(x -> out, root) {
+  var k = 0
+  for s in 0 .. 3 {
+    if rank > 0: set k = k + s
+  }
+  barrier
+  on sdma: out[0:m] = x[k:k + m]@root
+  barrier
+}
+"""
+
+
+def test_the_walk_follows_loop_state_step_by_step():
+    """Loop state (`set` in a step loop) is carried from step to step by the walk before a call:
+    rank 0's k stays 0 and rank 1's reaches 0 + 1 + 2 = 3, so rank 1 reads past x. (The schedule
+    is no broadcast: the walk refuses the region before the proof would.)"""
+    s = lowered(Source("state.strata", STATE))
+    with pytest.raises(StrataUsageError, match=r"^state: on rank 1, line 8 reads x\[k:k \+ m\]@root = "
+                       r"x\[3:9\], but parameter x has 8 elements"):
+        instance.check(s, 2, {"n": 8, "m": 6, "root": 0})
