@@ -37,6 +37,7 @@ class AllgatherRingPipelined {
   __aicore__ inline void Process() {
     STRATA_LINE(14);  // strata:14 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
+    const int64_t next_ = (rank + 1) % world;  // strata:19
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       STRATA_LINE(20);  // strata:20
       strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, strata::Mod(rank - 1, world));
@@ -61,6 +62,7 @@ class AllgatherRingPipelined {
     }
     AscendC::SyncAll<true>();
     for (int64_t s_ = 0; s_ < world - 1; ++s_) {  // strata:23
+      const int64_t b_ = strata::Mod(rank - s_, world);  // strata:24
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (s_ > 0) {
           STRATA_LINE(25);  // strata:25
@@ -71,13 +73,13 @@ class AllgatherRingPipelined {
       {  // strata:26 stage 2 on sdma async h0
         STRATA_LINE(26);
         int64_t total = 0;
-        total += PartLength(PartLength(n_ * world, world, strata::Mod(rank - s_, world)), 2, 0);
+        total += PartLength(PartLength(n_ * world, world, b_), 2, 0);
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
         STRATA_LINE(26);  // strata:26
-        if (cut.Take(PartLength(PartLength(n_ * world, world, strata::Mod(rank - s_, world)), 2, 0), off, len)) {
-          const int64_t lo = PartOffset(n_ * world, world, strata::Mod(rank - s_, world)) + PartOffset(PartLength(n_ * world, world, strata::Mod(rank - s_, world)), 2, 0);
-          mv_.Copy(strata::Via::kSdma, out_ + lo + off, (rank + 1) % world,
+        if (cut.Take(PartLength(PartLength(n_ * world, world, b_), 2, 0), off, len)) {
+          const int64_t lo = PartOffset(n_ * world, world, b_) + PartOffset(PartLength(n_ * world, world, b_), 2, 0);
+          mv_.Copy(strata::Via::kSdma, out_ + lo + off, next_,
                    out_ + lo + off, rank, len, rank, kSdmaThreshold);
         }
         strata::PostStage(mv_);  // in flight until `await h0`
@@ -92,13 +94,13 @@ class AllgatherRingPipelined {
       {  // strata:28 stage 3 on sdma async h1
         STRATA_LINE(28);
         int64_t total = 0;
-        total += PartLength(PartLength(n_ * world, world, strata::Mod(rank - s_, world)), 2, 1);
+        total += PartLength(PartLength(n_ * world, world, b_), 2, 1);
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
         STRATA_LINE(28);  // strata:28
-        if (cut.Take(PartLength(PartLength(n_ * world, world, strata::Mod(rank - s_, world)), 2, 1), off, len)) {
-          const int64_t lo = PartOffset(n_ * world, world, strata::Mod(rank - s_, world)) + PartOffset(PartLength(n_ * world, world, strata::Mod(rank - s_, world)), 2, 1);
-          mv_.Copy(strata::Via::kSdma, out_ + lo + off, (rank + 1) % world,
+        if (cut.Take(PartLength(PartLength(n_ * world, world, b_), 2, 1), off, len)) {
+          const int64_t lo = PartOffset(n_ * world, world, b_) + PartOffset(PartLength(n_ * world, world, b_), 2, 1);
+          mv_.Copy(strata::Via::kSdma, out_ + lo + off, next_,
                    out_ + lo + off, rank, len, rank, kSdmaThreshold);
         }
         strata::PostStage(mv_);  // in flight until `await h1`
@@ -107,14 +109,14 @@ class AllgatherRingPipelined {
       strata::Await(mv_);
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(30);  // strata:30
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_ * 2), epoch_ + 2, (rank + 1) % world);
+        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_ * 2), epoch_ + 2, next_);
       }
       AscendC::SyncAll<true>();
       STRATA_LINE(31);  // strata:31 await h1
       strata::Await(mv_);
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(32);  // strata:32
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_ * 2 + 1), epoch_ + 2, (rank + 1) % world);
+        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_ * 2 + 1), epoch_ + 2, next_);
       }
       AscendC::SyncAll<true>();
     }

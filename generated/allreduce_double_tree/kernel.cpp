@@ -38,30 +38,33 @@ class AllreduceDoubleTree {
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       for (int64_t t_ = 0; t_ < 2; ++t_) {
-        if (2 * (rank + t_ * (world - 1 - 2 * rank)) + 1 < world) {
+        const int64_t l_ = rank + t_ * (world - 1 - 2 * rank);  // strata:21
+        if (2 * l_ + 1 < world) {
           STRATA_LINE(22);  // strata:22
-          strata::Signal(strata::SyncSlot(sync_, world + t_), epoch_ + 1, 2 * (rank + t_ * (world - 1 - 2 * rank)) + 1 + t_ * (world - 3 - 4 * (rank + t_ * (world - 1 - 2 * rank))));
+          strata::Signal(strata::SyncSlot(sync_, world + t_), epoch_ + 1, 2 * l_ + 1 + t_ * (world - 3 - 4 * l_));
         }
-        if (2 * (rank + t_ * (world - 1 - 2 * rank)) + 2 < world) {
+        if (2 * l_ + 2 < world) {
           STRATA_LINE(23);  // strata:23
-          strata::Signal(strata::SyncSlot(sync_, world + t_), epoch_ + 1, 2 * (rank + t_ * (world - 1 - 2 * rank)) + 2 + t_ * (world - 5 - 4 * (rank + t_ * (world - 1 - 2 * rank))));
+          strata::Signal(strata::SyncSlot(sync_, world + t_), epoch_ + 1, 2 * l_ + 2 + t_ * (world - 5 - 4 * l_));
         }
       }
     }
     AscendC::SyncAll<true>();
     for (int64_t t_ = 0; t_ < 2; ++t_) {  // strata:25
+      const int64_t l_ = rank + t_ * (world - 1 - 2 * rank);  // strata:26
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        if (2 * (rank + t_ * (world - 1 - 2 * rank)) + 1 < world) {
+        if (2 * l_ + 1 < world) {
           STRATA_LINE(27);  // strata:27
           strata::WaitFlag(strata::SyncSlot(sync_, world + 2 + 2 * t_), epoch_ + 2);
         }
-        if (2 * (rank + t_ * (world - 1 - 2 * rank)) + 2 < world) {
+        if (2 * l_ + 2 < world) {
           STRATA_LINE(28);  // strata:28
           strata::WaitFlag(strata::SyncSlot(sync_, world + 2 + 2 * t_ + 1), epoch_ + 2);
         }
       }
       AscendC::SyncAll<true>();
-      if (rank + t_ * (world - 1 - 2 * rank) > 0) {  // strata:29
+      if (l_ > 0) {  // strata:29
+        const int64_t p_ = (l_ - 1) / 2 + t_ * (world - 1 - 2 * ((l_ - 1) / 2));  // strata:30
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           STRATA_LINE(31);  // strata:31
           strata::WaitFlag(strata::SyncSlot(sync_, world + t_), epoch_ + 1);
@@ -76,27 +79,29 @@ class AllreduceDoubleTree {
           STRATA_LINE(32);  // strata:32
           if (cut.Take(PartLength(n_, 2, t_), off, len)) {
             const int64_t lo = PartOffset(n_, 2, t_);
-            mv_.template AccumulateInto<OP>(x_ + lo + off, (rank + t_ * (world - 1 - 2 * rank) - 1) / 2 + t_ * (world - 1 - 2 * ((rank + t_ * (world - 1 - 2 * rank) - 1) / 2)),
+            mv_.template AccumulateInto<OP>(x_ + lo + off, p_,
                                                    x_ + lo + off, rank, len);
           }
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           STRATA_LINE(33);  // strata:33
-          strata::Signal(strata::SyncSlot(sync_, world + 2 + 2 * t_ + strata::Mod(rank + t_ * (world - 1 - 2 * rank) - 1, 2)), epoch_ + 2, (rank + t_ * (world - 1 - 2 * rank) - 1) / 2 + t_ * (world - 1 - 2 * ((rank + t_ * (world - 1 - 2 * rank) - 1) / 2)));
+          strata::Signal(strata::SyncSlot(sync_, world + 2 + 2 * t_ + strata::Mod(l_ - 1, 2)), epoch_ + 2, p_);
         }
         AscendC::SyncAll<true>();
       }
     }
     for (int64_t t_ = 0; t_ < 2; ++t_) {  // strata:36
+      const int64_t l_ = rank + t_ * (world - 1 - 2 * rank);  // strata:37
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        if (rank + t_ * (world - 1 - 2 * rank) > 0) {
+        if (l_ > 0) {
           STRATA_LINE(38);  // strata:38
           strata::WaitFlag(strata::SyncSlot(sync_, world + 2 + 4 + t_), epoch_ + 3);
         }
       }
       AscendC::SyncAll<true>();
-      if (2 * (rank + t_ * (world - 1 - 2 * rank)) + 1 < world) {  // strata:39
+      if (2 * l_ + 1 < world) {  // strata:39
+        const int64_t c_ = 2 * l_ + 1 + t_ * (world - 3 - 4 * l_);  // strata:40
         {  // strata:41 stage 2 on sdma
           STRATA_LINE(41);
           int64_t total = 0;
@@ -106,18 +111,19 @@ class AllreduceDoubleTree {
           STRATA_LINE(41);  // strata:41
           if (cut.Take(PartLength(n_, 2, t_), off, len)) {
             const int64_t lo = PartOffset(n_, 2, t_);
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, 2 * (rank + t_ * (world - 1 - 2 * rank)) + 1 + t_ * (world - 3 - 4 * (rank + t_ * (world - 1 - 2 * rank))),
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, c_,
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           STRATA_LINE(42);  // strata:42
-          strata::Signal(strata::SyncSlot(sync_, world + 2 + 4 + t_), epoch_ + 3, 2 * (rank + t_ * (world - 1 - 2 * rank)) + 1 + t_ * (world - 3 - 4 * (rank + t_ * (world - 1 - 2 * rank))));
+          strata::Signal(strata::SyncSlot(sync_, world + 2 + 4 + t_), epoch_ + 3, c_);
         }
         AscendC::SyncAll<true>();
       }
-      if (2 * (rank + t_ * (world - 1 - 2 * rank)) + 2 < world) {  // strata:44
+      if (2 * l_ + 2 < world) {  // strata:44
+        const int64_t c_ = 2 * l_ + 2 + t_ * (world - 5 - 4 * l_);  // strata:45
         {  // strata:46 stage 3 on sdma
           STRATA_LINE(46);
           int64_t total = 0;
@@ -127,14 +133,14 @@ class AllreduceDoubleTree {
           STRATA_LINE(46);  // strata:46
           if (cut.Take(PartLength(n_, 2, t_), off, len)) {
             const int64_t lo = PartOffset(n_, 2, t_);
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, 2 * (rank + t_ * (world - 1 - 2 * rank)) + 2 + t_ * (world - 5 - 4 * (rank + t_ * (world - 1 - 2 * rank))),
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, c_,
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           STRATA_LINE(47);  // strata:47
-          strata::Signal(strata::SyncSlot(sync_, world + 2 + 4 + t_), epoch_ + 3, 2 * (rank + t_ * (world - 1 - 2 * rank)) + 2 + t_ * (world - 5 - 4 * (rank + t_ * (world - 1 - 2 * rank))));
+          strata::Signal(strata::SyncSlot(sync_, world + 2 + 4 + t_), epoch_ + 3, c_);
         }
         AscendC::SyncAll<true>();
       }

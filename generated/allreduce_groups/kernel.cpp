@@ -29,17 +29,25 @@ class AllreduceGroups {
   __aicore__ inline void Process() {
     STRATA_LINE(14);  // strata:14 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
+    const int64_t A_ = world / 2;  // strata:16
+    const int64_t B_ = world - A_;  // strata:17
+    const int64_t C_ = A_ * B_;  // strata:20
+    const int64_t k_ = C_ / g_.size;  // strata:21
+    const int64_t lo_ = (g_.rank * k_ * n_) / C_;  // strata:22
+    const int64_t hi_ = ((g_.rank + 1) * k_ * n_) / C_;  // strata:23
+    const int64_t other_ = rank < A_ ? A_ : 0;  // strata:24
+    const int64_t ko_ = C_ / (rank < A_ ? B_ : A_);  // strata:25
     STRATA_LINE(26);  // strata:26
     strata::TeamBarrier(sync_, epoch_ + 1, g_);
     {  // strata:27 stage 1 on aiv
       STRATA_LINE(27);
       int64_t total = 0;
-      total += ((g_.rank + 1) * (((world / 2) * (world - world / 2)) / g_.size) * n_) / ((world / 2) * (world - world / 2)) - (g_.rank * (((world / 2) * (world - world / 2)) / g_.size) * n_) / ((world / 2) * (world - world / 2));
+      total += hi_ - lo_;
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       STRATA_LINE(27);  // strata:27
-      if (cut.Take(((g_.rank + 1) * (((world / 2) * (world - world / 2)) / g_.size) * n_) / ((world / 2) * (world - world / 2)) - (g_.rank * (((world / 2) * (world - world / 2)) / g_.size) * n_) / ((world / 2) * (world - world / 2)), off, len)) {
-        const int64_t lo = (g_.rank * (((world / 2) * (world - world / 2)) / g_.size) * n_) / ((world / 2) * (world - world / 2));
+      if (cut.Take(hi_ - lo_, off, len)) {
+        const int64_t lo = lo_;
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
           const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
           bool first = true;
@@ -57,19 +65,19 @@ class AllreduceGroups {
     {  // strata:29 stage 2 on aiv
       STRATA_LINE(29);
       int64_t total = 0;
-      for (int64_t j_ = 0; j_ < ((world / 2) * (world - world / 2)) / g_.size; ++j_) {
-        total += ((g_.rank * (((world / 2) * (world - world / 2)) / g_.size) + j_ + 1) * n_) / ((world / 2) * (world - world / 2)) - ((g_.rank * (((world / 2) * (world - world / 2)) / g_.size) + j_) * n_) / ((world / 2) * (world - world / 2));
+      for (int64_t j_ = 0; j_ < k_; ++j_) {
+        total += ((g_.rank * k_ + j_ + 1) * n_) / C_ - ((g_.rank * k_ + j_) * n_) / C_;
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      for (int64_t j_ = 0; j_ < ((world / 2) * (world - world / 2)) / g_.size; ++j_) {
+      for (int64_t j_ = 0; j_ < k_; ++j_) {
         STRATA_LINE(32);  // strata:32
-        if (cut.Take(((g_.rank * (((world / 2) * (world - world / 2)) / g_.size) + j_ + 1) * n_) / ((world / 2) * (world - world / 2)) - ((g_.rank * (((world / 2) * (world - world / 2)) / g_.size) + j_) * n_) / ((world / 2) * (world - world / 2)), off, len)) {
-          const int64_t lo = ((g_.rank * (((world / 2) * (world - world / 2)) / g_.size) + j_) * n_) / ((world / 2) * (world - world / 2));
+        if (cut.Take(((g_.rank * k_ + j_ + 1) * n_) / C_ - ((g_.rank * k_ + j_) * n_) / C_, off, len)) {
+          const int64_t lo = ((g_.rank * k_ + j_) * n_) / C_;
           for (int64_t t = 0; t < len; t += mv_.Tile()) {
             const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
             mv_.template Fold<OP>(strata::At(acc_ + lo, off + t, rank), m, true);
-            mv_.template Fold<OP>(strata::At(acc_ + lo, off + t, (rank < world / 2 ? world / 2 : 0) + (g_.rank * (((world / 2) * (world - world / 2)) / g_.size) + j_) / (((world / 2) * (world - world / 2)) / (rank < world / 2 ? world - world / 2 : world / 2))), m, false);
+            mv_.template Fold<OP>(strata::At(acc_ + lo, off + t, other_ + (g_.rank * k_ + j_) / ko_), m, false);
             mv_.Store(strata::At(x_ + lo, off + t, rank), m);
           }
         }
@@ -83,7 +91,7 @@ class AllreduceGroups {
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < g_.size; ++p_) {
         if (p_ != g_.rank) {
-          total += ((g_.base + p_ - g_.base + 1) * (((world / 2) * (world - world / 2)) / g_.size) * n_) / ((world / 2) * (world - world / 2)) - ((g_.base + p_ - g_.base) * (((world / 2) * (world - world / 2)) / g_.size) * n_) / ((world / 2) * (world - world / 2));
+          total += ((g_.base + p_ - g_.base + 1) * k_ * n_) / C_ - ((g_.base + p_ - g_.base) * k_ * n_) / C_;
         }
       }
       strata::Partition cut(total, sizeof(T));
@@ -91,8 +99,8 @@ class AllreduceGroups {
       for (int64_t p_ = 0; p_ < g_.size; ++p_) {
         if (p_ != g_.rank) {
           STRATA_LINE(40);  // strata:40
-          if (cut.Take(((g_.base + p_ - g_.base + 1) * (((world / 2) * (world - world / 2)) / g_.size) * n_) / ((world / 2) * (world - world / 2)) - ((g_.base + p_ - g_.base) * (((world / 2) * (world - world / 2)) / g_.size) * n_) / ((world / 2) * (world - world / 2)), off, len)) {
-            const int64_t lo = ((g_.base + p_ - g_.base) * (((world / 2) * (world - world / 2)) / g_.size) * n_) / ((world / 2) * (world - world / 2));
+          if (cut.Take(((g_.base + p_ - g_.base + 1) * k_ * n_) / C_ - ((g_.base + p_ - g_.base) * k_ * n_) / C_, off, len)) {
+            const int64_t lo = ((g_.base + p_ - g_.base) * k_ * n_) / C_;
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, rank,
                      x_ + lo + off, g_.base + p_, len, rank, kSdmaThreshold);
           }

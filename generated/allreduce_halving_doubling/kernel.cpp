@@ -27,10 +27,16 @@ class AllreduceHalvingDoubling {
   __aicore__ inline void Process() {
     STRATA_LINE(15);  // strata:15 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    if ((rank < 2 * (world - (int64_t{1} << strata::Log2(world))) ? rank % 2 : 0) == 1) {  // strata:24
+    const int64_t L_ = strata::Log2(world);  // strata:16
+    const int64_t P_ = int64_t{1} << L_;  // strata:17
+    const int64_t E_ = world - P_;  // strata:18
+    const int64_t q_ = n_ / P_;  // strata:21
+    const int64_t m_ = n_ % P_;  // strata:22
+    const int64_t folded_ = rank < 2 * E_ ? rank % 2 : 0;  // strata:23
+    if (folded_ == 1) {  // strata:24
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(25);  // strata:25
-        strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world)), epoch_ + 1);
+        strata::WaitFlag(strata::SyncSlot(sync_, world + L_), epoch_ + 1);
       }
       AscendC::SyncAll<true>();
       {  // strata:26 stage 1 on aiv
@@ -48,93 +54,103 @@ class AllreduceHalvingDoubling {
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(27);  // strata:27
-        strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + 2 * strata::Log2(world)), epoch_ + 2, rank - 1);
+        strata::Signal(strata::SyncSlot(sync_, world + L_ + 1 + 2 * L_), epoch_ + 2, rank - 1);
         STRATA_LINE(28);  // strata:28
-        strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + 2 * strata::Log2(world) + 1), epoch_ + 2);
+        strata::WaitFlag(strata::SyncSlot(sync_, world + L_ + 1 + 2 * L_ + 1), epoch_ + 2);
       }
       AscendC::SyncAll<true>();
     } else {
+      const int64_t v_ = rank - strata::Min(E_, (rank + 1) / 2);  // strata:30
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        if (rank < 2 * (world - (int64_t{1} << strata::Log2(world)))) {
+        if (rank < 2 * E_) {
           STRATA_LINE(31);  // strata:31
-          strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world)), epoch_ + 1, rank + 1);
+          strata::Signal(strata::SyncSlot(sync_, world + L_), epoch_ + 1, rank + 1);
         }
-        for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {
+        for (int64_t k_ = 0; k_ < L_; ++k_) {
+          const int64_t pv_ = v_ ^ (P_ >> (k_ + 1));  // strata:33
           STRATA_LINE(34);  // strata:34
-          strata::Signal(strata::SyncSlot(sync_, world + k_), epoch_ + 1, ((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) + strata::Min((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), world - (int64_t{1} << strata::Log2(world))));
+          strata::Signal(strata::SyncSlot(sync_, world + k_), epoch_ + 1, pv_ + strata::Min(pv_, E_));
         }
-        for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {
+        for (int64_t k_ = 0; k_ < L_; ++k_) {
           STRATA_LINE(36);  // strata:36
           strata::WaitFlag(strata::SyncSlot(sync_, world + k_), epoch_ + 1);
         }
-        if (rank < 2 * (world - (int64_t{1} << strata::Log2(world)))) {
+        if (rank < 2 * E_) {
           STRATA_LINE(37);  // strata:37
-          strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + 2 * strata::Log2(world)), epoch_ + 2);
+          strata::WaitFlag(strata::SyncSlot(sync_, world + L_ + 1 + 2 * L_), epoch_ + 2);
         }
       }
       AscendC::SyncAll<true>();
-      for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {  // strata:38
+      for (int64_t k_ = 0; k_ < L_; ++k_) {  // strata:38
+        const int64_t d_ = P_ >> (k_ + 1);  // strata:39
+        const int64_t pv_ = v_ ^ d_;  // strata:40
+        const int64_t p_ = pv_ + strata::Min(pv_, E_);  // strata:41
+        const int64_t a_ = (pv_ / d_) * d_;  // strata:43
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           if (k_ > 0) {
             STRATA_LINE(42);  // strata:42
-            strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + (k_ - 1)), epoch_ + 2);
+            strata::WaitFlag(strata::SyncSlot(sync_, world + L_ + 1 + (k_ - 1)), epoch_ + 2);
           }
         }
         AscendC::SyncAll<true>();
         {  // strata:44 stage 2 on aiv
           STRATA_LINE(44);
           int64_t total = 0;
-          total += ((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world))) - ((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world))));
+          total += (a_ + d_) * q_ + strata::Min(a_ + d_, m_) - (a_ * q_ + strata::Min(a_, m_));
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
           STRATA_LINE(44);  // strata:44
-          if (cut.Take(((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) + ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world))) - ((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world)))), off, len)) {
-            const int64_t lo = (((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) / ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) * ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), n_ % (int64_t{1} << strata::Log2(world)));
-            mv_.template AccumulateInto<OP>(x_ + lo + off, ((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) + strata::Min((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), world - (int64_t{1} << strata::Log2(world))),
+          if (cut.Take((a_ + d_) * q_ + strata::Min(a_ + d_, m_) - (a_ * q_ + strata::Min(a_, m_)), off, len)) {
+            const int64_t lo = a_ * q_ + strata::Min(a_, m_);
+            mv_.template AccumulateInto<OP>(x_ + lo + off, p_,
                                                    x_ + lo + off, rank, len);
           }
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           STRATA_LINE(45);  // strata:45
-          strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + k_), epoch_ + 2, ((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1))) + strata::Min((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ ((int64_t{1} << strata::Log2(world)) >> (k_ + 1)), world - (int64_t{1} << strata::Log2(world))));
+          strata::Signal(strata::SyncSlot(sync_, world + L_ + 1 + k_), epoch_ + 2, p_);
         }
         AscendC::SyncAll<true>();
       }
-      for (int64_t k_ = 0; k_ < strata::Log2(world); ++k_) {  // strata:47
+      for (int64_t k_ = 0; k_ < L_; ++k_) {  // strata:47
+        const int64_t d_ = int64_t{1} << k_;  // strata:48
+        const int64_t pv_ = v_ ^ d_;  // strata:49
+        const int64_t p_ = pv_ + strata::Min(pv_, E_);  // strata:50
+        const int64_t a_ = (v_ / d_) * d_;  // strata:52
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           STRATA_LINE(51);  // strata:51
-          strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + (strata::Log2(world) + k_ - 1)), epoch_ + 2);
+          strata::WaitFlag(strata::SyncSlot(sync_, world + L_ + 1 + (L_ + k_ - 1)), epoch_ + 2);
         }
         AscendC::SyncAll<true>();
         {  // strata:53 stage 3 on sdma
           STRATA_LINE(53);
           int64_t total = 0;
-          total += (((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world))) - (((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world))));
+          total += (a_ + d_) * q_ + strata::Min(a_ + d_, m_) - (a_ * q_ + strata::Min(a_, m_));
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
           STRATA_LINE(53);  // strata:53
-          if (cut.Take((((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_)) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_) + (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world))) - (((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world)))), off, len)) {
-            const int64_t lo = ((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_) * (n_ / (int64_t{1} << strata::Log2(world))) + strata::Min(((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) / (int64_t{1} << k_)) * (int64_t{1} << k_), n_ % (int64_t{1} << strata::Log2(world)));
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, ((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ (int64_t{1} << k_)) + strata::Min((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ (int64_t{1} << k_), world - (int64_t{1} << strata::Log2(world))),
+          if (cut.Take((a_ + d_) * q_ + strata::Min(a_ + d_, m_) - (a_ * q_ + strata::Min(a_, m_)), off, len)) {
+            const int64_t lo = a_ * q_ + strata::Min(a_, m_);
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, p_,
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           STRATA_LINE(54);  // strata:54
-          strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + strata::Log2(world) + k_), epoch_ + 2, ((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ (int64_t{1} << k_)) + strata::Min((rank - strata::Min(world - (int64_t{1} << strata::Log2(world)), (rank + 1) / 2)) ^ (int64_t{1} << k_), world - (int64_t{1} << strata::Log2(world))));
+          strata::Signal(strata::SyncSlot(sync_, world + L_ + 1 + L_ + k_), epoch_ + 2, p_);
         }
         AscendC::SyncAll<true>();
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        if (strata::Log2(world) > 0) {
+        if (L_ > 0) {
           STRATA_LINE(56);  // strata:56
-          strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + (2 * strata::Log2(world) - 1)), epoch_ + 2);
+          strata::WaitFlag(strata::SyncSlot(sync_, world + L_ + 1 + (2 * L_ - 1)), epoch_ + 2);
         }
       }
       AscendC::SyncAll<true>();
-      if (rank < 2 * (world - (int64_t{1} << strata::Log2(world)))) {  // strata:57
+      if (rank < 2 * E_) {  // strata:57
         {  // strata:58 stage 4 on sdma
           STRATA_LINE(58);
           int64_t total = 0;
@@ -150,7 +166,7 @@ class AllreduceHalvingDoubling {
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           STRATA_LINE(59);  // strata:59
-          strata::Signal(strata::SyncSlot(sync_, world + strata::Log2(world) + 1 + 2 * strata::Log2(world) + 1), epoch_ + 2, rank + 1);
+          strata::Signal(strata::SyncSlot(sync_, world + L_ + 1 + 2 * L_ + 1), epoch_ + 2, rank + 1);
         }
         AscendC::SyncAll<true>();
       }

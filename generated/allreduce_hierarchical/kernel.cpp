@@ -38,21 +38,23 @@ class AllreduceHierarchical {
   __aicore__ inline void Process() {
     STRATA_LINE(14);  // strata:14 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
+    const int64_t T_u_ = node_.size;  // strata:15
+    const int64_t me_ = node_.rank;  // strata:20
     STRATA_LINE(21);  // strata:21
     strata::TeamBarrier(sync_, epoch_ + 1, node_);
     {  // strata:22 stage 1 on aiv
       STRATA_LINE(22);
       int64_t total = 0;
-      total += PartLength(n_, node_.size, node_.rank);
+      total += PartLength(n_, T_u_, me_);
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       STRATA_LINE(22);  // strata:22
-      if (cut.Take(PartLength(n_, node_.size, node_.rank), off, len)) {
-        const int64_t lo = PartOffset(n_, node_.size, node_.rank);
+      if (cut.Take(PartLength(n_, T_u_, me_), off, len)) {
+        const int64_t lo = PartOffset(n_, T_u_, me_);
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
           const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
           bool first = true;
-          for (int64_t p_ = 0; p_ < node_.size; ++p_) {
+          for (int64_t p_ = 0; p_ < T_u_; ++p_) {
             mv_.template Fold<OP>(strata::At(x_ + lo, off + t, node_.base + p_), m, first);
             first = false;
           }
@@ -66,17 +68,17 @@ class AllreduceHierarchical {
     {  // strata:24 stage 2 on aiv
       STRATA_LINE(24);
       int64_t total = 0;
-      total += PartLength(PartLength(n_, node_.size, node_.rank), lane_.size, lane_.rank);
+      total += PartLength(PartLength(n_, T_u_, me_), lane_.size, lane_.rank);
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       STRATA_LINE(24);  // strata:24
-      if (cut.Take(PartLength(PartLength(n_, node_.size, node_.rank), lane_.size, lane_.rank), off, len)) {
-        const int64_t lo = PartOffset(n_, node_.size, node_.rank) + PartOffset(PartLength(n_, node_.size, node_.rank), lane_.size, lane_.rank);
+      if (cut.Take(PartLength(PartLength(n_, T_u_, me_), lane_.size, lane_.rank), off, len)) {
+        const int64_t lo = PartOffset(n_, T_u_, me_) + PartOffset(PartLength(n_, T_u_, me_), lane_.size, lane_.rank);
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
           const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
           bool first = true;
           for (int64_t p_ = 0; p_ < lane_.size; ++p_) {
-            mv_.template Fold<OP>(strata::At(x_ + lo, off + t, node_.rank + p_ * node_.size), m, first);
+            mv_.template Fold<OP>(strata::At(x_ + lo, off + t, me_ + p_ * T_u_), m, first);
             first = false;
           }
           if (!first) mv_.Store(strata::At(x_ + lo, off + t, rank), m);
@@ -89,7 +91,7 @@ class AllreduceHierarchical {
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < lane_.size; ++p_) {
         if (p_ != lane_.rank) {
-          total += PartLength(PartLength(n_, node_.size, node_.rank), lane_.size, lane_.rank);
+          total += PartLength(PartLength(n_, T_u_, me_), lane_.size, lane_.rank);
         }
       }
       strata::Partition cut(total, sizeof(T));
@@ -97,9 +99,9 @@ class AllreduceHierarchical {
       for (int64_t p_ = 0; p_ < lane_.size; ++p_) {
         if (p_ != lane_.rank) {
           STRATA_LINE(25);  // strata:25
-          if (cut.Take(PartLength(PartLength(n_, node_.size, node_.rank), lane_.size, lane_.rank), off, len)) {
-            const int64_t lo = PartOffset(n_, node_.size, node_.rank) + PartOffset(PartLength(n_, node_.size, node_.rank), lane_.size, lane_.rank);
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, node_.rank + p_ * node_.size,
+          if (cut.Take(PartLength(PartLength(n_, T_u_, me_), lane_.size, lane_.rank), off, len)) {
+            const int64_t lo = PartOffset(n_, T_u_, me_) + PartOffset(PartLength(n_, T_u_, me_), lane_.size, lane_.rank);
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, me_ + p_ * T_u_,
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
         }
@@ -111,18 +113,18 @@ class AllreduceHierarchical {
     {  // strata:27 stage 4 on sdma
       STRATA_LINE(27);
       int64_t total = 0;
-      for (int64_t p_ = 0; p_ < node_.size; ++p_) {
-        if (p_ != node_.rank) {
-          total += PartLength(n_, node_.size, node_.rank);
+      for (int64_t p_ = 0; p_ < T_u_; ++p_) {
+        if (p_ != me_) {
+          total += PartLength(n_, T_u_, me_);
         }
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      for (int64_t p_ = 0; p_ < node_.size; ++p_) {
-        if (p_ != node_.rank) {
+      for (int64_t p_ = 0; p_ < T_u_; ++p_) {
+        if (p_ != me_) {
           STRATA_LINE(27);  // strata:27
-          if (cut.Take(PartLength(n_, node_.size, node_.rank), off, len)) {
-            const int64_t lo = PartOffset(n_, node_.size, node_.rank);
+          if (cut.Take(PartLength(n_, T_u_, me_), off, len)) {
+            const int64_t lo = PartOffset(n_, T_u_, me_);
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, node_.base + p_,
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }

@@ -38,21 +38,23 @@ class AllreduceHierarchicalComposed {
   __aicore__ inline void Process() {
     STRATA_LINE(18);  // strata:18 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
+    const int64_t T_u_ = node_.size;  // strata:19
+    const int64_t me_ = node_.rank;  // strata:23
     STRATA_LINE(24);  // strata:24
     strata::TeamBarrier(sync_, epoch_ + 1, node_);
     {  // strata:25 stage 1 on aiv
       STRATA_LINE(25);
       int64_t total = 0;
-      total += PartLength(n_, node_.size, node_.rank);
+      total += PartLength(n_, T_u_, me_);
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       STRATA_LINE(25);  // strata:25
-      if (cut.Take(PartLength(n_, node_.size, node_.rank), off, len)) {
-        const int64_t lo = PartOffset(n_, node_.size, node_.rank);
+      if (cut.Take(PartLength(n_, T_u_, me_), off, len)) {
+        const int64_t lo = PartOffset(n_, T_u_, me_);
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
           const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
           bool first = true;
-          for (int64_t p_ = 0; p_ < node_.size; ++p_) {
+          for (int64_t p_ = 0; p_ < T_u_; ++p_) {
             mv_.template Fold<OP>(strata::At(x_ + lo, off + t, node_.base + p_), m, first);
             first = false;
           }
@@ -61,14 +63,16 @@ class AllreduceHierarchicalComposed {
       }
       strata::EndStage(mv_);
     }
+    const int64_t c1_next_ = (lane_.rank + 1) % lane_.size;  // strata:12 (allreduce_ring.strata)
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       STRATA_LINE(13);  // strata:13 (allreduce_ring.strata)
-      strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 3, node_.rank + strata::Mod(lane_.rank - 1, lane_.size) * node_.size);
+      strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 3, me_ + strata::Mod(lane_.rank - 1, lane_.size) * T_u_);
       STRATA_LINE(14);  // strata:14 (allreduce_ring.strata)
       strata::WaitFlag(strata::SyncSlot(sync_, world), epoch_ + 3);
     }
     AscendC::SyncAll<true>();
     for (int64_t c1_s_ = 0; c1_s_ < 2 * lane_.size - 2; ++c1_s_) {  // strata:15 (allreduce_ring.strata)
+      const int64_t c1_c_ = strata::Mod(lane_.rank - c1_s_, lane_.size);  // strata:16 (allreduce_ring.strata)
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (c1_s_ > 0) {
           STRATA_LINE(17);  // strata:17 (allreduce_ring.strata)
@@ -80,13 +84,13 @@ class AllreduceHierarchicalComposed {
         {  // strata:18 (allreduce_ring.strata) stage 2 on aiv
           STRATA_LINE(18);
           int64_t total = 0;
-          total += (n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size + (strata::Mod(lane_.rank - c1_s_, lane_.size) < (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size);
+          total += (n_ / T_u_ + (me_ < n_ % T_u_)) / lane_.size + (c1_c_ < (n_ / T_u_ + (me_ < n_ % T_u_)) % lane_.size);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
           STRATA_LINE(18);  // strata:18 (allreduce_ring.strata)
-          if (cut.Take((n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size + (strata::Mod(lane_.rank - c1_s_, lane_.size) < (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size), off, len)) {
-            const int64_t lo = node_.rank * (n_ / node_.size) + strata::Min(node_.rank, n_ % node_.size) + (strata::Mod(lane_.rank - c1_s_, lane_.size) * ((n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size) + strata::Min(strata::Mod(lane_.rank - c1_s_, lane_.size), (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size));
-            mv_.template AccumulateInto<OP>(x_ + lo + off, node_.rank + ((lane_.rank + 1) % lane_.size) * node_.size,
+          if (cut.Take((n_ / T_u_ + (me_ < n_ % T_u_)) / lane_.size + (c1_c_ < (n_ / T_u_ + (me_ < n_ % T_u_)) % lane_.size), off, len)) {
+            const int64_t lo = me_ * (n_ / T_u_) + strata::Min(me_, n_ % T_u_) + (c1_c_ * ((n_ / T_u_ + (me_ < n_ % T_u_)) / lane_.size) + strata::Min(c1_c_, (n_ / T_u_ + (me_ < n_ % T_u_)) % lane_.size));
+            mv_.template AccumulateInto<OP>(x_ + lo + off, me_ + c1_next_ * T_u_,
                                                    x_ + lo + off, rank, len);
           }
           strata::EndStage(mv_);
@@ -95,13 +99,13 @@ class AllreduceHierarchicalComposed {
         {  // strata:18 (allreduce_ring.strata) stage 3 on sdma
           STRATA_LINE(18);
           int64_t total = 0;
-          total += (n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size + (strata::Mod(lane_.rank - c1_s_, lane_.size) < (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size);
+          total += (n_ / T_u_ + (me_ < n_ % T_u_)) / lane_.size + (c1_c_ < (n_ / T_u_ + (me_ < n_ % T_u_)) % lane_.size);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
           STRATA_LINE(18);  // strata:18 (allreduce_ring.strata)
-          if (cut.Take((n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size + (strata::Mod(lane_.rank - c1_s_, lane_.size) < (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size), off, len)) {
-            const int64_t lo = node_.rank * (n_ / node_.size) + strata::Min(node_.rank, n_ % node_.size) + (strata::Mod(lane_.rank - c1_s_, lane_.size) * ((n_ / node_.size + (node_.rank < n_ % node_.size)) / lane_.size) + strata::Min(strata::Mod(lane_.rank - c1_s_, lane_.size), (n_ / node_.size + (node_.rank < n_ % node_.size)) % lane_.size));
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, node_.rank + ((lane_.rank + 1) % lane_.size) * node_.size,
+          if (cut.Take((n_ / T_u_ + (me_ < n_ % T_u_)) / lane_.size + (c1_c_ < (n_ / T_u_ + (me_ < n_ % T_u_)) % lane_.size), off, len)) {
+            const int64_t lo = me_ * (n_ / T_u_) + strata::Min(me_, n_ % T_u_) + (c1_c_ * ((n_ / T_u_ + (me_ < n_ % T_u_)) / lane_.size) + strata::Min(c1_c_, (n_ / T_u_ + (me_ < n_ % T_u_)) % lane_.size));
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, me_ + c1_next_ * T_u_,
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
           strata::EndStage(mv_);
@@ -109,7 +113,7 @@ class AllreduceHierarchicalComposed {
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(19);  // strata:19 (allreduce_ring.strata)
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + c1_s_), epoch_ + 4, node_.rank + ((lane_.rank + 1) % lane_.size) * node_.size);
+        strata::Signal(strata::SyncSlot(sync_, world + 1 + c1_s_), epoch_ + 4, me_ + c1_next_ * T_u_);
       }
       AscendC::SyncAll<true>();
     }
@@ -123,18 +127,18 @@ class AllreduceHierarchicalComposed {
     {  // strata:27 stage 4 on sdma
       STRATA_LINE(27);
       int64_t total = 0;
-      for (int64_t p_ = 0; p_ < node_.size; ++p_) {
-        if (p_ != node_.rank) {
-          total += PartLength(n_, node_.size, node_.rank);
+      for (int64_t p_ = 0; p_ < T_u_; ++p_) {
+        if (p_ != me_) {
+          total += PartLength(n_, T_u_, me_);
         }
       }
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      for (int64_t p_ = 0; p_ < node_.size; ++p_) {
-        if (p_ != node_.rank) {
+      for (int64_t p_ = 0; p_ < T_u_; ++p_) {
+        if (p_ != me_) {
           STRATA_LINE(27);  // strata:27
-          if (cut.Take(PartLength(n_, node_.size, node_.rank), off, len)) {
-            const int64_t lo = PartOffset(n_, node_.size, node_.rank);
+          if (cut.Take(PartLength(n_, T_u_, me_), off, len)) {
+            const int64_t lo = PartOffset(n_, T_u_, me_);
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, node_.base + p_,
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }

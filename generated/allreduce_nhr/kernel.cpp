@@ -36,41 +36,49 @@ class AllreduceNhr {
   __aicore__ inline void Process() {
     STRATA_LINE(21);  // strata:21 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
+    const int64_t S_ = world == 1 ? 0 : strata::Log2(world - 1) + 1;  // strata:22
+    const int64_t q_ = n_ / world;  // strata:27
+    const int64_t m_ = n_ % world;  // strata:28
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      for (int64_t s_ = 0; s_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1); ++s_) {
+      for (int64_t s_ = 0; s_ < S_; ++s_) {
         STRATA_LINE(30);  // strata:30
         strata::Signal(strata::SyncSlot(sync_, world + s_), epoch_ + 1, (rank + (int64_t{1} << s_)) % world);
       }
     }
     AscendC::SyncAll<true>();
-    for (int64_t u_ = 0; u_ < 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1); ++u_) {  // strata:32
+    for (int64_t u_ = 0; u_ < 2 * S_; ++u_) {  // strata:32
+      const int64_t s_ = u_ < S_ ? u_ : 2 * S_ - 1 - u_;  // strata:33
+      const int64_t d_ = int64_t{1} << s_;  // strata:34
+      const int64_t to_ = u_ < S_ ? strata::Mod(rank - d_, world) : (rank + d_) % world;  // strata:35
+      const int64_t base_ = u_ < S_ ? to_ : rank;  // strata:36
+      const int64_t k_ = (world - 1 + d_) / (2 * d_);  // strata:37
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        if (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1)) {
-          if ((u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_) > 0) {
+        if (u_ < S_) {
+          if (s_ > 0) {
             STRATA_LINE(39);  // strata:39
-            strata::WaitFlag(strata::SyncSlot(sync_, world + (world == 1 ? 0 : strata::Log2(world - 1) + 1) + 1 + ((u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_) - 1)), epoch_ + 2);
+            strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + (s_ - 1)), epoch_ + 2);
           }
           STRATA_LINE(40);  // strata:40
-          strata::WaitFlag(strata::SyncSlot(sync_, world + (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), epoch_ + 1);
+          strata::WaitFlag(strata::SyncSlot(sync_, world + s_), epoch_ + 1);
         } else {
-          if (u_ == (world == 1 ? 0 : strata::Log2(world - 1) + 1)) {
+          if (u_ == S_) {
             STRATA_LINE(42);  // strata:42
-            strata::WaitFlag(strata::SyncSlot(sync_, world + (world == 1 ? 0 : strata::Log2(world - 1) + 1) + 1 + ((world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1)), epoch_ + 2);
+            strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + (S_ - 1)), epoch_ + 2);
           } else {
             STRATA_LINE(42);  // strata:42
-            strata::WaitFlag(strata::SyncSlot(sync_, world + (world == 1 ? 0 : strata::Log2(world - 1) + 1) + 1 + (world == 1 ? 0 : strata::Log2(world - 1) + 1) + 1 + (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_) + 1), epoch_ + 3);
+            strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + S_ + 1 + s_ + 1), epoch_ + 3);
           }
         }
       }
       AscendC::SyncAll<true>();
-      if (world % (2 * (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_))) == 0) {  // strata:44
+      if (world % (2 * d_) == 0) {  // strata:44
         int64_t r_ = 0;  // strata:45
-        for (int64_t b_ = 0; b_ < (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_) + 1; ++b_) {  // strata:46
-          r_ = (r_ << 1) | (((u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? strata::Mod(rank - (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world) : strata::Mod(rank + (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world) : rank) >> b_) & 1);  // strata:47
+        for (int64_t b_ = 0; b_ < s_ + 1; ++b_) {  // strata:46
+          r_ = (r_ << 1) | ((base_ >> b_) & 1);  // strata:47
         }
-        const int64_t lo_ = r_ * ((world - 1 + (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_))) / (2 * (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)))) * (n_ / world) + strata::Min(r_ * ((world - 1 + (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_))) / (2 * (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)))), n_ % world);  // strata:49
-        const int64_t hi_ = (r_ + 1) * ((world - 1 + (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_))) / (2 * (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)))) * (n_ / world) + strata::Min((r_ + 1) * ((world - 1 + (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_))) / (2 * (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)))), n_ % world);  // strata:50
-        if (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1)) {  // strata:51
+        const int64_t lo_ = r_ * k_ * q_ + strata::Min(r_ * k_, m_);  // strata:49
+        const int64_t hi_ = (r_ + 1) * k_ * q_ + strata::Min((r_ + 1) * k_, m_);  // strata:50
+        if (u_ < S_) {  // strata:51
           {  // strata:51 stage 1 on aiv
             STRATA_LINE(51);
             int64_t total = 0;
@@ -79,7 +87,7 @@ class AllreduceNhr {
             int64_t off = 0, len = 0;
             STRATA_LINE(51);  // strata:51
             if (cut.Take(hi_ - lo_, off, len)) {
-              mv_.template AccumulateInto<OP>(x_ + lo_ + off, u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? strata::Mod(rank - (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world) : strata::Mod(rank + (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world),
+              mv_.template AccumulateInto<OP>(x_ + lo_ + off, to_,
                                                      x_ + lo_ + off, rank, len);
             }
             strata::EndStage(mv_);
@@ -93,18 +101,18 @@ class AllreduceNhr {
             int64_t off = 0, len = 0;
             STRATA_LINE(51);  // strata:51
             if (cut.Take(hi_ - lo_, off, len)) {
-              mv_.Copy(strata::Via::kSdma, x_ + lo_ + off, u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? strata::Mod(rank - (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world) : strata::Mod(rank + (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world),
+              mv_.Copy(strata::Via::kSdma, x_ + lo_ + off, to_,
                        x_ + lo_ + off, rank, len, rank, kSdmaThreshold);
             }
             strata::EndStage(mv_);
           }
         }
       } else {
-        for (int64_t i_ = 0; i_ < (world - 1 + (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_))) / (2 * (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_))); ++i_) {  // strata:53
-          int64_t p_ = strata::Mod((u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? strata::Mod(rank - (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world) : strata::Mod(rank + (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world) : rank) - i_ * 2 * (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world);  // strata:54
+        for (int64_t i_ = 0; i_ < k_; ++i_) {  // strata:53
+          int64_t p_ = strata::Mod(base_ - i_ * 2 * d_, world);  // strata:54
           int64_t g_ = world;  // strata:55
           int64_t more_ = 1;  // strata:56
-          for (int64_t t_ = 0; t_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1); ++t_) {  // strata:57
+          for (int64_t t_ = 0; t_ < S_; ++t_) {  // strata:57
             if (more_ * ((world - 1 + (int64_t{1} << t_)) / (int64_t{2} << t_)) > 1) {  // strata:58
               const int64_t st_ = (p_ / g_) * g_;  // strata:59
               const int64_t o_ = p_ - st_;  // strata:60
@@ -113,7 +121,7 @@ class AllreduceNhr {
               g_ = g_ / 2;  // strata:63
             }
           }
-          if (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1)) {  // strata:66
+          if (u_ < S_) {  // strata:66
             {  // strata:66 stage 3 on aiv
               STRATA_LINE(66);
               int64_t total = 0;
@@ -123,7 +131,7 @@ class AllreduceNhr {
               STRATA_LINE(66);  // strata:66
               if (cut.Take(PartLength(n_, world, p_), off, len)) {
                 const int64_t lo = PartOffset(n_, world, p_);
-                mv_.template AccumulateInto<OP>(x_ + lo + off, u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? strata::Mod(rank - (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world) : strata::Mod(rank + (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world),
+                mv_.template AccumulateInto<OP>(x_ + lo + off, to_,
                                                        x_ + lo + off, rank, len);
               }
               strata::EndStage(mv_);
@@ -138,7 +146,7 @@ class AllreduceNhr {
               STRATA_LINE(66);  // strata:66
               if (cut.Take(PartLength(n_, world, p_), off, len)) {
                 const int64_t lo = PartOffset(n_, world, p_);
-                mv_.Copy(strata::Via::kSdma, x_ + lo + off, u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? strata::Mod(rank - (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world) : strata::Mod(rank + (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world),
+                mv_.Copy(strata::Via::kSdma, x_ + lo + off, to_,
                          x_ + lo + off, rank, len, rank, kSdmaThreshold);
               }
               strata::EndStage(mv_);
@@ -147,20 +155,20 @@ class AllreduceNhr {
         }
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        if (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1)) {
+        if (u_ < S_) {
           STRATA_LINE(69);  // strata:69
-          strata::Signal(strata::SyncSlot(sync_, world + (world == 1 ? 0 : strata::Log2(world - 1) + 1) + 1 + (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), epoch_ + 2, u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? strata::Mod(rank - (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world) : strata::Mod(rank + (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world));
+          strata::Signal(strata::SyncSlot(sync_, world + S_ + 1 + s_), epoch_ + 2, to_);
         } else {
           STRATA_LINE(69);  // strata:69
-          strata::Signal(strata::SyncSlot(sync_, world + (world == 1 ? 0 : strata::Log2(world - 1) + 1) + 1 + (world == 1 ? 0 : strata::Log2(world - 1) + 1) + 1 + (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), epoch_ + 3, u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? strata::Mod(rank - (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world) : strata::Mod(rank + (int64_t{1} << (u_ < (world == 1 ? 0 : strata::Log2(world - 1) + 1) ? u_ : 2 * (world == 1 ? 0 : strata::Log2(world - 1) + 1) - 1 - u_)), world));
+          strata::Signal(strata::SyncSlot(sync_, world + S_ + 1 + S_ + 1 + s_), epoch_ + 3, to_);
         }
       }
       AscendC::SyncAll<true>();
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      if ((world == 1 ? 0 : strata::Log2(world - 1) + 1) > 0) {
+      if (S_ > 0) {
         STRATA_LINE(71);  // strata:71
-        strata::WaitFlag(strata::SyncSlot(sync_, world + (world == 1 ? 0 : strata::Log2(world - 1) + 1) + 1 + (world == 1 ? 0 : strata::Log2(world - 1) + 1) + 1), epoch_ + 3);
+        strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + S_ + 1), epoch_ + 3);
       }
     }
     AscendC::SyncAll<true>();

@@ -36,6 +36,7 @@ class AllreduceRing {
   __aicore__ inline void Process() {
     STRATA_LINE(8);  // strata:8 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
+    const int64_t next_ = (rank + 1) % world;  // strata:12
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       STRATA_LINE(13);  // strata:13
       strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, strata::Mod(rank - 1, world));
@@ -44,6 +45,7 @@ class AllreduceRing {
     }
     AscendC::SyncAll<true>();
     for (int64_t s_ = 0; s_ < 2 * world - 2; ++s_) {  // strata:15
+      const int64_t c_ = strata::Mod(rank - s_, world);  // strata:16
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (s_ > 0) {
           STRATA_LINE(17);  // strata:17
@@ -55,13 +57,13 @@ class AllreduceRing {
         {  // strata:18 stage 1 on aiv
           STRATA_LINE(18);
           int64_t total = 0;
-          total += PartLength(n_, world, strata::Mod(rank - s_, world));
+          total += PartLength(n_, world, c_);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
           STRATA_LINE(18);  // strata:18
-          if (cut.Take(PartLength(n_, world, strata::Mod(rank - s_, world)), off, len)) {
-            const int64_t lo = PartOffset(n_, world, strata::Mod(rank - s_, world));
-            mv_.template AccumulateInto<OP>(x_ + lo + off, (rank + 1) % world,
+          if (cut.Take(PartLength(n_, world, c_), off, len)) {
+            const int64_t lo = PartOffset(n_, world, c_);
+            mv_.template AccumulateInto<OP>(x_ + lo + off, next_,
                                                    x_ + lo + off, rank, len);
           }
           strata::EndStage(mv_);
@@ -70,13 +72,13 @@ class AllreduceRing {
         {  // strata:18 stage 2 on sdma
           STRATA_LINE(18);
           int64_t total = 0;
-          total += PartLength(n_, world, strata::Mod(rank - s_, world));
+          total += PartLength(n_, world, c_);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
           STRATA_LINE(18);  // strata:18
-          if (cut.Take(PartLength(n_, world, strata::Mod(rank - s_, world)), off, len)) {
-            const int64_t lo = PartOffset(n_, world, strata::Mod(rank - s_, world));
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, (rank + 1) % world,
+          if (cut.Take(PartLength(n_, world, c_), off, len)) {
+            const int64_t lo = PartOffset(n_, world, c_);
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, next_,
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
           strata::EndStage(mv_);
@@ -84,7 +86,7 @@ class AllreduceRing {
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(19);  // strata:19
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_), epoch_ + 2, (rank + 1) % world);
+        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_), epoch_ + 2, next_);
       }
       AscendC::SyncAll<true>();
     }

@@ -36,6 +36,7 @@ class AllreduceRingReduceSend {
   __aicore__ inline void Process() {
     STRATA_LINE(15);  // strata:15 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
+    const int64_t next_ = (rank + 1) % world;  // strata:19
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       STRATA_LINE(20);  // strata:20
       strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, strata::Mod(rank - 1, world));
@@ -44,6 +45,7 @@ class AllreduceRingReduceSend {
     }
     AscendC::SyncAll<true>();
     for (int64_t s_ = 0; s_ < 2 * world - 2; ++s_) {  // strata:22
+      const int64_t c_ = strata::Mod(rank - s_, world);  // strata:23
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (s_ > 0) {
           STRATA_LINE(24);  // strata:24
@@ -55,17 +57,17 @@ class AllreduceRingReduceSend {
         {  // strata:26 stage 1 on aiv
           STRATA_LINE(26);
           int64_t total = 0;
-          total += PartLength(n_, world, strata::Mod(rank - s_, world));
+          total += PartLength(n_, world, c_);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
           STRATA_LINE(26);  // strata:26
-          if (cut.Take(PartLength(n_, world, strata::Mod(rank - s_, world)), off, len)) {
-            const int64_t lo = PartOffset(n_, world, strata::Mod(rank - s_, world));
+          if (cut.Take(PartLength(n_, world, c_), off, len)) {
+            const int64_t lo = PartOffset(n_, world, c_);
             for (int64_t t = 0; t < len; t += mv_.Tile()) {
               const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
               mv_.template Fold<OP>(strata::At(x_ + lo, off + t, rank), m, true);
-              mv_.template Fold<OP>(strata::At(x_ + lo, off + t, (rank + 1) % world), m, false);
-              mv_.Store(strata::At(x_ + lo, off + t, (rank + 1) % world), m);
+              mv_.template Fold<OP>(strata::At(x_ + lo, off + t, next_), m, false);
+              mv_.Store(strata::At(x_ + lo, off + t, next_), m);
             }
           }
           strata::EndStage(mv_);
@@ -74,13 +76,13 @@ class AllreduceRingReduceSend {
         {  // strata:28 stage 2 on sdma
           STRATA_LINE(28);
           int64_t total = 0;
-          total += PartLength(n_, world, strata::Mod(rank - s_, world));
+          total += PartLength(n_, world, c_);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
           STRATA_LINE(28);  // strata:28
-          if (cut.Take(PartLength(n_, world, strata::Mod(rank - s_, world)), off, len)) {
-            const int64_t lo = PartOffset(n_, world, strata::Mod(rank - s_, world));
-            mv_.Copy(strata::Via::kSdma, x_ + lo + off, (rank + 1) % world,
+          if (cut.Take(PartLength(n_, world, c_), off, len)) {
+            const int64_t lo = PartOffset(n_, world, c_);
+            mv_.Copy(strata::Via::kSdma, x_ + lo + off, next_,
                      x_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
           strata::EndStage(mv_);
@@ -88,7 +90,7 @@ class AllreduceRingReduceSend {
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(30);  // strata:30
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_), epoch_ + 2, (rank + 1) % world);
+        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_), epoch_ + 2, next_);
       }
       AscendC::SyncAll<true>();
     }

@@ -30,6 +30,7 @@ class AlltoallBruck {
   __aicore__ inline void Process() {
     STRATA_LINE(13);  // strata:13 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
+    const int64_t L_ = strata::Log2(2 * world - 1);  // strata:20
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (world > 1) {
         STRATA_LINE(21);  // strata:21
@@ -56,7 +57,8 @@ class AlltoallBruck {
       }
       strata::EndStage(mv_);
     }
-    for (int64_t k_ = 0; k_ < strata::Log2(2 * world - 1); ++k_) {  // strata:26
+    for (int64_t k_ = 0; k_ < L_; ++k_) {  // strata:26
+      const int64_t d_ = int64_t{1} << k_;  // strata:27
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(28);  // strata:28
         strata::WaitFlag(strata::SyncSlot(sync_, world + k_), epoch_ + 1);
@@ -65,28 +67,28 @@ class AlltoallBruck {
       {  // strata:30 stage 2 on sdma
         STRATA_LINE(30);
         int64_t total = 0;
-        for (int64_t j_ = 0; j_ < (world + (int64_t{1} << k_) - 1) / (2 * (int64_t{1} << k_)); ++j_) {
-          if ((2 * j_ + 2) * (int64_t{1} << k_) <= world) {
-            total += (2 * j_ + 2) * (int64_t{1} << k_) * n_ - (2 * j_ + 1) * (int64_t{1} << k_) * n_;
+        for (int64_t j_ = 0; j_ < (world + d_ - 1) / (2 * d_); ++j_) {
+          if ((2 * j_ + 2) * d_ <= world) {
+            total += (2 * j_ + 2) * d_ * n_ - (2 * j_ + 1) * d_ * n_;
           } else {
-            total += world * n_ - (2 * j_ + 1) * (int64_t{1} << k_) * n_;
+            total += world * n_ - (2 * j_ + 1) * d_ * n_;
           }
         }
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
-        for (int64_t j_ = 0; j_ < (world + (int64_t{1} << k_) - 1) / (2 * (int64_t{1} << k_)); ++j_) {
-          if ((2 * j_ + 2) * (int64_t{1} << k_) <= world) {
+        for (int64_t j_ = 0; j_ < (world + d_ - 1) / (2 * d_); ++j_) {
+          if ((2 * j_ + 2) * d_ <= world) {
             STRATA_LINE(31);  // strata:31
-            if (cut.Take((2 * j_ + 2) * (int64_t{1} << k_) * n_ - (2 * j_ + 1) * (int64_t{1} << k_) * n_, off, len)) {
-              const int64_t lo = (2 * j_ + 1) * (int64_t{1} << k_) * n_;
-              mv_.Copy(strata::Via::kSdma, rcv_ + lo + off, (rank + (int64_t{1} << k_)) % world,
+            if (cut.Take((2 * j_ + 2) * d_ * n_ - (2 * j_ + 1) * d_ * n_, off, len)) {
+              const int64_t lo = (2 * j_ + 1) * d_ * n_;
+              mv_.Copy(strata::Via::kSdma, rcv_ + lo + off, (rank + d_) % world,
                        tmp_ + lo + off, rank, len, rank, kSdmaThreshold);
             }
           } else {
             STRATA_LINE(32);  // strata:32
-            if (cut.Take(world * n_ - (2 * j_ + 1) * (int64_t{1} << k_) * n_, off, len)) {
-              const int64_t lo = (2 * j_ + 1) * (int64_t{1} << k_) * n_;
-              mv_.Copy(strata::Via::kSdma, rcv_ + lo + off, (rank + (int64_t{1} << k_)) % world,
+            if (cut.Take(world * n_ - (2 * j_ + 1) * d_ * n_, off, len)) {
+              const int64_t lo = (2 * j_ + 1) * d_ * n_;
+              mv_.Copy(strata::Via::kSdma, rcv_ + lo + off, (rank + d_) % world,
                        tmp_ + lo + off, rank, len, rank, kSdmaThreshold);
             }
           }
@@ -95,7 +97,7 @@ class AlltoallBruck {
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(34);  // strata:34
-        strata::Signal(strata::SyncSlot(sync_, world + world + k_), epoch_ + 2, (rank + (int64_t{1} << k_)) % world);
+        strata::Signal(strata::SyncSlot(sync_, world + world + k_), epoch_ + 2, (rank + d_) % world);
         STRATA_LINE(35);  // strata:35
         strata::WaitFlag(strata::SyncSlot(sync_, world + world + k_), epoch_ + 2);
       }
@@ -103,27 +105,27 @@ class AlltoallBruck {
       {  // strata:36 stage 3 on aiv
         STRATA_LINE(36);
         int64_t total = 0;
-        for (int64_t j_ = 0; j_ < (world + (int64_t{1} << k_) - 1) / (2 * (int64_t{1} << k_)); ++j_) {
-          if ((2 * j_ + 2) * (int64_t{1} << k_) <= world) {
-            total += (2 * j_ + 2) * (int64_t{1} << k_) * n_ - (2 * j_ + 1) * (int64_t{1} << k_) * n_;
+        for (int64_t j_ = 0; j_ < (world + d_ - 1) / (2 * d_); ++j_) {
+          if ((2 * j_ + 2) * d_ <= world) {
+            total += (2 * j_ + 2) * d_ * n_ - (2 * j_ + 1) * d_ * n_;
           } else {
-            total += world * n_ - (2 * j_ + 1) * (int64_t{1} << k_) * n_;
+            total += world * n_ - (2 * j_ + 1) * d_ * n_;
           }
         }
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
-        for (int64_t j_ = 0; j_ < (world + (int64_t{1} << k_) - 1) / (2 * (int64_t{1} << k_)); ++j_) {
-          if ((2 * j_ + 2) * (int64_t{1} << k_) <= world) {
+        for (int64_t j_ = 0; j_ < (world + d_ - 1) / (2 * d_); ++j_) {
+          if ((2 * j_ + 2) * d_ <= world) {
             STRATA_LINE(37);  // strata:37
-            if (cut.Take((2 * j_ + 2) * (int64_t{1} << k_) * n_ - (2 * j_ + 1) * (int64_t{1} << k_) * n_, off, len)) {
-              const int64_t lo = (2 * j_ + 1) * (int64_t{1} << k_) * n_;
+            if (cut.Take((2 * j_ + 2) * d_ * n_ - (2 * j_ + 1) * d_ * n_, off, len)) {
+              const int64_t lo = (2 * j_ + 1) * d_ * n_;
               mv_.Copy(strata::Via::kAiv, tmp_ + lo + off, rank,
                        rcv_ + lo + off, rank, len, rank, kSdmaThreshold);
             }
           } else {
             STRATA_LINE(38);  // strata:38
-            if (cut.Take(world * n_ - (2 * j_ + 1) * (int64_t{1} << k_) * n_, off, len)) {
-              const int64_t lo = (2 * j_ + 1) * (int64_t{1} << k_) * n_;
+            if (cut.Take(world * n_ - (2 * j_ + 1) * d_ * n_, off, len)) {
+              const int64_t lo = (2 * j_ + 1) * d_ * n_;
               mv_.Copy(strata::Via::kAiv, tmp_ + lo + off, rank,
                        rcv_ + lo + off, rank, len, rank, kSdmaThreshold);
             }
@@ -132,9 +134,9 @@ class AlltoallBruck {
         strata::EndStage(mv_);
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        if (k_ + 1 < strata::Log2(2 * world - 1)) {
+        if (k_ + 1 < L_) {
           STRATA_LINE(40);  // strata:40
-          strata::Signal(strata::SyncSlot(sync_, world + k_ + 1), epoch_ + 1, strata::Mod(rank - 2 * (int64_t{1} << k_), world));
+          strata::Signal(strata::SyncSlot(sync_, world + k_ + 1), epoch_ + 1, strata::Mod(rank - 2 * d_, world));
         }
       }
       AscendC::SyncAll<true>();

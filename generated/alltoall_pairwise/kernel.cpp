@@ -50,6 +50,7 @@ class AlltoallPairwise {
     }
     AscendC::SyncAll<true>();
     for (int64_t i_ = 1; i_ < world; ++i_) {  // strata:17
+      const int64_t p_ = (rank + i_) % world;  // strata:18
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(19);  // strata:19
         strata::WaitFlag(strata::SyncSlot(sync_, world + i_), epoch_ + 1);
@@ -63,14 +64,14 @@ class AlltoallPairwise {
         int64_t off = 0, len = 0;
         STRATA_LINE(20);  // strata:20
         if (cut.Take(n_, off, len)) {
-          mv_.Copy(strata::Via::kSdma, out_ + rank * n_ + off, (rank + i_) % world,
-                   x_ + ((rank + i_) % world) * n_ + off, rank, len, rank, kSdmaThreshold);
+          mv_.Copy(strata::Via::kSdma, out_ + rank * n_ + off, p_,
+                   x_ + p_ * n_ + off, rank, len, rank, kSdmaThreshold);
         }
         strata::EndStage(mv_);
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(21);  // strata:21
-        strata::Signal(strata::SyncSlot(sync_, world + world + i_), epoch_ + 2, (rank + i_) % world);
+        strata::Signal(strata::SyncSlot(sync_, world + world + i_), epoch_ + 2, p_);
         STRATA_LINE(22);  // strata:22
         strata::WaitFlag(strata::SyncSlot(sync_, world + world + i_), epoch_ + 2);
         if (i_ + 1 < world) {

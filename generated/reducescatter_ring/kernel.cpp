@@ -29,6 +29,7 @@ class ReducescatterRing {
   __aicore__ inline void Process() {
     STRATA_LINE(7);  // strata:7 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
+    const int64_t next_ = (rank + 1) % world;  // strata:13
     {  // strata:14 stage 1 on aiv
       STRATA_LINE(14);
       int64_t total = 0;
@@ -50,6 +51,7 @@ class ReducescatterRing {
     }
     AscendC::SyncAll<true>();
     for (int64_t s_ = 0; s_ < world - 1; ++s_) {  // strata:17
+      const int64_t c_ = strata::Mod(rank - s_ - 1, world);  // strata:18
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (s_ > 0) {
           STRATA_LINE(19);  // strata:19
@@ -65,15 +67,15 @@ class ReducescatterRing {
         int64_t off = 0, len = 0;
         STRATA_LINE(20);  // strata:20
         if (cut.Take(n_, off, len)) {
-          const int64_t lo = strata::Mod(rank - s_ - 1, world) * n_;
-          mv_.template AccumulateInto<OP>(acc_ + lo + off, (rank + 1) % world,
+          const int64_t lo = c_ * n_;
+          mv_.template AccumulateInto<OP>(acc_ + lo + off, next_,
                                                  acc_ + lo + off, rank, len);
         }
         strata::EndStage(mv_);
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(21);  // strata:21
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_), epoch_ + 2, (rank + 1) % world);
+        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_), epoch_ + 2, next_);
       }
       AscendC::SyncAll<true>();
     }

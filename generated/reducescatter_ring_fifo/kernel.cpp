@@ -29,14 +29,17 @@ class ReducescatterRingFifo {
   __aicore__ inline void Process() {
     STRATA_LINE(15);  // strata:15 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
+    const int64_t next_ = (rank + 1) % world;  // strata:23
+    const int64_t prev_ = strata::Mod(rank - 1, world);  // strata:24
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       STRATA_LINE(25);  // strata:25
-      strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, strata::Mod(rank - 1, world));
+      strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, prev_);
       STRATA_LINE(26);  // strata:26
       strata::WaitFlag(strata::SyncSlot(sync_, world), epoch_ + 1);
     }
     AscendC::SyncAll<true>();
     for (int64_t s_ = 0; s_ < world - 1; ++s_) {  // strata:27
+      const int64_t c_ = strata::Mod(rank - s_ - 1, world);  // strata:28
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (s_ >= 2) {
           STRATA_LINE(29);  // strata:29
@@ -53,8 +56,8 @@ class ReducescatterRingFifo {
           int64_t off = 0, len = 0;
           STRATA_LINE(31);  // strata:31
           if (cut.Take(n_, off, len)) {
-            mv_.Copy(strata::Via::kAiv, fifo_ + off, (rank + 1) % world,
-                     x_ + strata::Mod(rank - s_ - 1, world) * n_ + off, rank, len, rank, kSdmaThreshold);
+            mv_.Copy(strata::Via::kAiv, fifo_ + off, next_,
+                     x_ + c_ * n_ + off, rank, len, rank, kSdmaThreshold);
           }
           strata::EndStage(mv_);
         }
@@ -75,21 +78,21 @@ class ReducescatterRingFifo {
             for (int64_t t = 0; t < len; t += mv_.Tile()) {
               const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
               mv_.template Fold<OP>(strata::At(fifo_ + strata::Mod(s_ - 1, 2) * n_, off + t, rank), m, true);
-              mv_.template Fold<OP>(strata::At(x_ + strata::Mod(rank - s_ - 1, world) * n_, off + t, rank), m, false);
-              mv_.Store(strata::At(fifo_ + (s_ % 2) * n_, off + t, (rank + 1) % world), m);
+              mv_.template Fold<OP>(strata::At(x_ + c_ * n_, off + t, rank), m, false);
+              mv_.Store(strata::At(fifo_ + (s_ % 2) * n_, off + t, next_), m);
             }
           }
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           STRATA_LINE(35);  // strata:35
-          strata::Signal(strata::SyncSlot(sync_, world + 1 + 2 + strata::Mod(s_ - 1, 2)), epoch_ + (1 + (world + 1) / 2 + 1 + (s_ - 1) / 2), strata::Mod(rank - 1, world));
+          strata::Signal(strata::SyncSlot(sync_, world + 1 + 2 + strata::Mod(s_ - 1, 2)), epoch_ + (1 + (world + 1) / 2 + 1 + (s_ - 1) / 2), prev_);
         }
         AscendC::SyncAll<true>();
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(37);  // strata:37
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_ % 2), epoch_ + (2 + s_ / 2), (rank + 1) % world);
+        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_ % 2), epoch_ + (2 + s_ / 2), next_);
       }
       AscendC::SyncAll<true>();
     }

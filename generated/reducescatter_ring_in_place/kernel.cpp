@@ -27,6 +27,7 @@ class ReducescatterRingInPlace {
   __aicore__ inline void Process() {
     STRATA_LINE(11);  // strata:11 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
+    const int64_t next_ = (rank + 1) % world;  // strata:15
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       STRATA_LINE(16);  // strata:16
       strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, strata::Mod(rank - 1, world));
@@ -35,6 +36,7 @@ class ReducescatterRingInPlace {
     }
     AscendC::SyncAll<true>();
     for (int64_t s_ = 0; s_ < world - 1; ++s_) {  // strata:18
+      const int64_t c_ = strata::Mod(rank - s_ - 1, world);  // strata:19
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (s_ > 0) {
           STRATA_LINE(20);  // strata:20
@@ -50,15 +52,15 @@ class ReducescatterRingInPlace {
         int64_t off = 0, len = 0;
         STRATA_LINE(21);  // strata:21
         if (cut.Take(n_, off, len)) {
-          const int64_t lo = strata::Mod(rank - s_ - 1, world) * n_;
-          mv_.template AccumulateInto<OP>(x_ + lo + off, (rank + 1) % world,
+          const int64_t lo = c_ * n_;
+          mv_.template AccumulateInto<OP>(x_ + lo + off, next_,
                                                  x_ + lo + off, rank, len);
         }
         strata::EndStage(mv_);
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         STRATA_LINE(22);  // strata:22
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_), epoch_ + 2, (rank + 1) % world);
+        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_), epoch_ + 2, next_);
       }
       AscendC::SyncAll<true>();
     }

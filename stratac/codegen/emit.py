@@ -97,6 +97,22 @@ class _Teams:
 
 
 _TEAMS: ContextVar[_Teams] = ContextVar("teams", default=_Teams())
+
+
+# ---- lets: a let is substituted in the IR (the verifier reads the expressions whole), and the
+# kernel names it again: its ir.Local declares `const int64_t name_ = value;` where the let stands,
+# and an expression after it in its block prints the name where it holds the value. A declaration
+# no expression came to use is dropped (_drop_unused).
+
+@dataclass
+class _Lets:
+    # a let's value -> its name and its declaration's number
+    table: dict[ir.IExpr, tuple[ir.Var, int]] = field(default_factory=dict)
+    used: set[int] = field(default_factory=set)      # the declarations an expression named
+    count: int = 0
+
+
+_LETS: ContextVar[_Lets] = ContextVar("lets", default=_Lets())
 # the source of the schedule being generated: a statement inlined from an imported file says which
 _SOURCE: ContextVar[object] = ContextVar("source", default=None)
 
@@ -111,21 +127,28 @@ def _at(span) -> dict:
 def _named(e: ir.IExpr) -> ir.IExpr:
     """e (simplified) with every subexpression that is a team's value replaced by its name, bottom
     up, so that `rank % T` becomes `node.rank` once T has become `node.size`."""
-    teams = _TEAMS.get()
-    if not teams.table:
+    teams, lets = _TEAMS.get(), _LETS.get()
+    if not teams.table and not lets.table:
         return e
 
+    def find(x: ir.IExpr) -> ir.Var | None:
+        let = lets.table.get(x)
+        if let is not None:
+            lets.used.add(let[1])
+            return let[0]
+        got = teams.table.get(x)
+        if got is not None:
+            teams.used.add(teams.owner[got.name])
+        return got
+
     def walk(x: ir.IExpr) -> ir.IExpr:
-        got = teams.table.get(x)                 # the largest match first: `node.base`, not
+        got = find(x)                            # the largest match first: `node.base`, not
         if got is None and isinstance(x, ir.Bin):    # `lane.rank * node.size`
             x = ir.Bin(x.kind, walk(x.lhs), walk(x.rhs))
-            got = teams.table.get(x)
+            got = find(x)
         elif got is None and isinstance(x, ir.Sel):
             x = ir.Sel(walk(x.cond), walk(x.then), walk(x.orelse))
-        if got is None:
-            return x
-        teams.used.add(teams.owner[got.name])
-        return got
+        return x if got is None else got
 
     return walk(e)
 
@@ -469,10 +492,12 @@ def _statements(s: ir.Schedule) -> list[dict]:
     def sync_node(op) -> dict:
         if isinstance(op, ir.If):
             return {"kind": "if", **_at(op.span), "cond": c(op.cond),
-                    "then": [sync_node(o) for o in op.then],
-                    "orelse": [sync_node(o) for o in op.orelse]}
+                    "then": scoped(op.then, lambda ops: [sync_node(o) for o in ops]),
+                    "orelse": scoped(op.orelse, lambda ops: [sync_node(o) for o in ops])}
         if isinstance(op, ir.Loop):
-            return _loop(op, [sync_node(o) for o in op.body])
+            return _loop(op, scoped(op.body, lambda ops: [sync_node(o) for o in ops]))
+        if isinstance(op, ir.Local):
+            return _local(op)
         f = flags[op.flag]
         slot = f"strata::SyncSlot(sync_, {_chain(bases[op.flag], op.index)})"
         if isinstance(op, ir.Signal):
@@ -481,13 +506,14 @@ def _statements(s: ir.Schedule) -> list[dict]:
         return {"kind": "wait", **_at(op.span), "slot": slot, "stamp": _stamp(f, op)}
 
     def is_control(op) -> bool:
-        """Signals and waits, possibly under loops and ifs, and nothing else."""
+        """Signals and waits, possibly under loops and ifs (and the lets of their bodies), and
+        nothing else."""
         if isinstance(op, (ir.Signal, ir.Wait)):
             return True
         if isinstance(op, ir.Loop):
-            return all(is_control(o) for o in op.body)
+            return all(is_control(o) or _named_let(o) for o in op.body)
         if isinstance(op, ir.If):
-            return all(is_control(o) for o in op.then + op.orelse)
+            return all(is_control(o) or _named_let(o) for o in op.then + op.orelse)
         return False
 
     def top(ops) -> list[dict]:
@@ -513,15 +539,21 @@ def _statements(s: ir.Schedule) -> list[dict]:
                             "mark": moves or not same, "handle": op.handle})
             elif isinstance(op, ir.Await):
                 out.append({"kind": "await", **_at(op.span), "handle": op.handle})
-            elif isinstance(op, (ir.Local, ir.Set)):
-                # every core computes the rank's locals (they are read by its moves' offsets)
-                out.append({"kind": "local" if isinstance(op, ir.Local) else "set", **_at(op.span),
-                            "name": _cname(op.name), "value": _argument(op.value),
-                            "mutable": isinstance(op, ir.Set) or op.mutable})
+            elif isinstance(op, ir.Local):
+                # every core computes the rank's locals (they are read by its moves' offsets). A
+                # let's value reads nothing the signals and waits before it change: among them, it
+                # goes before their group, which the ones after it then join
+                if op.inline and out and out[-1]["kind"] == "control":
+                    out.insert(len(out) - 1, _local(op))
+                else:
+                    out.append(_local(op))
+            elif isinstance(op, ir.Set):
+                out.append({"kind": "set", **_at(op.span), "name": _cname(op.name),
+                            "value": _argument(op.value), "mutable": True})
             elif isinstance(op, ir.Loop) and not is_control(op):
                 # a step loop around stages: every core of the rank runs every step, in step
                 # with the others (each stage ends with all of its cores)
-                out.append({**_loop(op, top(op.body)), "kind": "for"})
+                out.append({**_loop(op, scoped(op.body, top)), "kind": "for"})
             elif is_control(op):
                 node = sync_node(op)
                 if out and out[-1]["kind"] == "control":
@@ -530,10 +562,49 @@ def _statements(s: ir.Schedule) -> list[dict]:
                     out.append({"kind": "control", **_at(op.span), "body": [node]})
             else:  # an if around stages or barriers: every core of the rank takes the same arm
                 out.append({"kind": "if", **_at(op.span), "cond": c(op.cond),
-                            "then": top(op.then), "orelse": top(op.orelse)})
+                            "then": scoped(op.then, top), "orelse": scoped(op.orelse, top)})
         return out
 
-    return top(s.body)
+    lets = _LETS.get()
+
+    def scoped(ops, walk) -> list[dict]:
+        """walk(ops), the lets they declare named in their own expressions only."""
+        outer = dict(lets.table)
+        try:
+            return walk(ops)
+        finally:
+            lets.table = outer
+
+    return _drop_unused(scoped(s.body, top), lets.used)
+
+
+def _named_let(op) -> bool:
+    return isinstance(op, ir.Local) and op.inline
+
+
+def _local(op: ir.Local) -> dict:
+    """A local's declaration; a let's value is printed before its name stands for it."""
+    node = {"kind": "local", **_at(op.span), "name": _cname(op.name), "value": _argument(op.value),
+            "mutable": op.mutable}
+    if op.inline:
+        lets = _LETS.get()
+        lets.count += 1
+        node["let"] = lets.count
+        lets.table[ir.simplify(op.value)] = (_cpp(_cname(op.name)), lets.count)
+    return node
+
+
+def _drop_unused(nodes: list[dict], used: set[int]) -> list[dict]:
+    """The statements without the declarations of lets that no expression printed by name."""
+    out = []
+    for n in nodes:
+        if n["kind"] == "local" and "let" in n and n["let"] not in used:
+            continue
+        for part in ("body", "then", "orelse"):
+            if part in n:
+                n = {**n, part: _drop_unused(n[part], used)}
+        out.append(n)
+    return out
 
 
 def manifest(s: ir.Schedule) -> dict:
@@ -577,6 +648,7 @@ def generate(s: ir.Schedule) -> Output:
     rs = passes_routes(s)
     src = Path(s.source_name).name
     token = _TEAMS.set(_Teams())
+    lets_token = _LETS.set(_Lets())
     source_token = _SOURCE.set(s.span.source)
     try:
         teams = _team_members(s)
@@ -584,6 +656,7 @@ def generate(s: ir.Schedule) -> Output:
         return _render(s, env, rs, src, statements, _used_teams(teams), agree)
     finally:
         _TEAMS.reset(token)
+        _LETS.reset(lets_token)
         _SOURCE.reset(source_token)
 
 
@@ -594,9 +667,12 @@ def _agreement(s: ir.Schedule, statements: list[dict]) -> tuple[list[dict], dict
     it. None for a kernel built without it (passes.Options.agreement, bench's comparison only)."""
     if not s.kernel.agreement:
         return statements, None
-    first = statements[0] if statements else None
+    # the lets before it only name values: they may come after the agreement
+    i = next((i for i, n in enumerate(statements) if n["kind"] != "local" or "let" not in n), None)
+    first = statements[i] if i is not None else None
     if first is not None and first["kind"] == "barrier" and first["team"] is None:
-        return statements[1:], {"line": first["line"], "at": first["at"], "fused": True}
+        return statements[:i] + statements[i + 1:], {"line": first["line"], "at": first["at"],
+                                                       "fused": True}
     return statements, {**_at(s.span), "fused": False}
 
 

@@ -161,7 +161,8 @@ class _Walk:
                 self._top(op.body, inner, deeper)
                 self._loops.pop()
             elif isinstance(op, ir.Local):
-                env[op.name] = self._val(op.value, env, mask, op.span)
+                if not op.inline:   # a let's name is for the generated code alone
+                    env[op.name] = self._val(op.value, env, mask, op.span)
             elif isinstance(op, ir.Set):   # where mask holds; elsewhere it keeps its value
                 env[op.name] = np.where(mask, self._val(op.value, env, mask, op.span), env[op.name])
             elif isinstance(op, ir.Await):

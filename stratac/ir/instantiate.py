@@ -626,10 +626,12 @@ class _Builder:
                     barriers += 1
                 elif t is Local or t is Set:
                     # the rank's one env: a var keeps what `set` gave it after the loop or if
-                    # that set it (loop variables are bound in it too; sema keeps names apart)
-                    env[op.name] = _ev(op.value, env, op.span, f"the value of {op.name}")
-                    if t is Local:
-                        declared.append(op.name)
+                    # that set it (loop variables are bound in it too; sema keeps names apart); a
+                    # let's name is for the generated code alone (its uses are substituted)
+                    if t is Set or not op.inline:
+                        env[op.name] = _ev(op.value, env, op.span, f"the value of {op.name}")
+                        if t is Local:
+                            declared.append(op.name)
                 elif self.barriers_only and not (t is Loop and op.domain is ir.Domain.RANGE):
                     continue   # barriers sit at the top level, under ifs and in step loops (sema)
                 elif t is Stage:

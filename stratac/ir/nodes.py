@@ -340,12 +340,18 @@ class Await:
 class Local:
     """An integer of the running rank, declared where it stands and visible to the rest of its
     block: `var name = value` (mutable: `set` changes it; loop state) or a let that reads a var
-    (the value when it ran). Every core of the rank computes it, outside stages."""
+    (the value when it ran). Every core of the rank computes it, outside stages.
+
+    inline: a let whose uses are substituted in the expressions after it, as every other let's are
+    (what the verifier, the check before a call and the simulator read); the node only names its
+    value for the generated code, which prints the name where an expression holds the value
+    (codegen.emit), and they skip it."""
 
     name: str
     value: IExpr
     span: Span
     mutable: bool = True
+    inline: bool = False
 
 
 @dataclass(frozen=True)

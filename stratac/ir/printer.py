@@ -126,7 +126,9 @@ def _dump_op(op: Node, depth: int, out: list[str]) -> None:
     elif isinstance(op, Await):
         out.append(f"{pad}await {op.handle}{_line(op.span)}")
     elif isinstance(op, Local):
-        out.append(f"{pad}{'var' if op.mutable else 'let'} {op.name} = {bare(op.value)}{_line(op.span)}")
+        subst = "  [substituted where used; a name in the kernel]" if op.inline else ""
+        out.append(f"{pad}{'var' if op.mutable else 'let'} {op.name} = {bare(op.value)}{subst}"
+                   f"{_line(op.span)}")
     elif isinstance(op, Set):
         out.append(f"{pad}set {op.name} = {bare(op.value)}{_line(op.span)}")
     else:  # pragma: no cover - the IR has no other node kinds

@@ -2,7 +2,8 @@
 IR expressions (every operator of the IR, literals inside and beyond int's range, negative
 intermediate values where the IR allows them) become the step-loop bounds, `if` conditions, region
 offsets, lengths and ranks, flag slots and sizes, stamps, reduce counts and skips, the values of
-locals (`var`, `set`, which later expressions then name), team-barrier
+locals (`var`, `set`, which later expressions then name), lets (substituted in the IR, named by
+the kernel where in scope, their values drawn again in and out of it), team-barrier
 members and a named team's size (`strata::BlockTeam`/`StrideTeam`/`GroupTeam` in Init, whose members the
 expressions then name) of random schedule bodies; codegen.generate writes the kernel through the real emitter and
 templates, g++ compiles its Process() (every case of a test in one translation unit, under UBSan)
@@ -213,6 +214,10 @@ def controls(depth=2):
             flag = draw(st.sampled_from(["f0", "f1"]))
             index = draw(placed(names, envs, -2**31, 2**31))
             rnd = draw(placed(names, envs, 0, 2**20, nonneg=True))   # a round: part of the stamp
+            # a let's value again, where its name may be out of scope (a loop or an arm ended)
+            reuse = [v for v in LETS if v.names() <= set(names) and fits(v, envs, -2**31, 2**31)]
+            if reuse and draw(st.booleans()):
+                index = draw(st.sampled_from(reuse))
             if pick == 0:
                 out.append(ir.Signal(flag, index, draw(placed(names, envs)), SPAN, rnd))
             elif pick == 1:
@@ -235,7 +240,16 @@ def top(op, depth=2):
         out = []
         mine: list[str] = []    # the vars this block declares: what its `set`s change
         for _ in range(draw(st.integers(1, 3))):
-            pick = draw(st.integers(0, 6 if depth else 2))
+            pick = draw(st.integers(0, 7 if depth else 2))
+            if pick == 7:   # a let: substituted in the IR, named again by the kernel
+                val = draw(placed(names, envs, -2**31, 2**31))
+                if isinstance(val, (Bin, ir.Sel)):
+                    out.append(ir.Local(f"l{len(LETS)}", val, SPAN, mutable=False, inline=True))
+                    LETS.append(val)
+                    more = Bin(K.ADD, val, Const(1))      # the value inside a larger expression
+                    out.append(ir.Wait("f1", more if draw(st.booleans()) and
+                                       fits(more, envs, -2**31, 2**31) else val, SPAN))
+                continue
             if pick in (5, 6):    # a set of this block's var, or a local (`var`, or a let of one)
                 name = draw(st.sampled_from(mine)) if mine else \
                     f"v{len([x for x in names if x.startswith('v')])}"
@@ -293,6 +307,7 @@ def case(draw, i: int):
     envs = [dict(e) for e in ENVS]
     # a named team (`team g = block(T)`), which the kernel computes in Init and its expressions name
     TEAM[0] = draw(a_team("g", ("world",)))
+    LETS.clear()
     try:
         body = draw(top(OP)(names, envs))
     except Rejected:
@@ -307,6 +322,7 @@ def case(draw, i: int):
 
 
 TEAM: list[ir.Team] = [None]    # the team of the case being drawn
+LETS: list[ir.IExpr] = []       # the values of the case's lets so far (ir.Local.inline)
 
 
 @st.composite

@@ -19,7 +19,7 @@ OPERATOR = set("+-*/%&|^<>=!~?:.[")
 # substitutions that are not expressions: names declared or incremented, types, template
 # arguments, kernel names (declared, and in header names), the indentation, launch.cpp's case
 # labels (integers jinja computes)
-NOT_EXPRESSIONS = {"pad", "n.var", "st.var", "t.c", "z.c", "x.c", "m.c", "v.name", "st.name",
+NOT_EXPRESSIONS = {"pad", "n.var", "st.var", "t.c", "z.c", "x.c", "m.c", "v.name", "st.name", "n.name",
                    '"" if st.mutable else "const "', "t.ctype",
                    "k.ctype", "k.red", "n.op", "kernel_class", "n.via", "k.name",
                    "k.code * 3 + k.op_code if has_op else k.code"}

@@ -223,7 +223,10 @@ class Decls(Scope):
         value = ir.simplify(self.expr(st.value, self.env(loop_vars), f"let {st.name}"))
         if in_stage or not value.names() & self.locals.keys():
             self.lets[st.name] = value
-            return None
+            if in_stage or not isinstance(value, (ir.Bin, ir.Sel)):
+                return None
+            # substituted, and named in the kernel (ir.Local.inline)
+            return ir.Local(st.name, value, st.span, mutable=False, inline=True)
         self.lets[st.name] = ir.Var(st.name)
         self.locals[st.name] = False
         return ir.Local(st.name, value, st.span, mutable=False)

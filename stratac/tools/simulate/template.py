@@ -185,7 +185,8 @@ class _Walker:
                         top(op.body, env, steps + ((id(op), v),))
                     env.pop(op.var, None)
                 elif isinstance(op, (ir.Local, ir.Set)):
-                    env[op.name] = self.ev(op.value, env, f"the value of {op.name}")
+                    if isinstance(op, ir.Set) or not op.inline:   # a let's name: the kernel's alone
+                        env[op.name] = self.ev(op.value, env, f"the value of {op.name}")
                 elif isinstance(op, ir.Await):
                     # an asynchronous stage is costed as a synchronous one (its overlap with what
                     # follows until the await is not modelled: an upper bound); the await is the
