@@ -16,7 +16,8 @@ The families cover the language: splits and splits of splits, step loops with pe
 barriers, reductions over ranks and of named regions (`op(a, b)`), accumulates, teams (block,
 stride, across) and their barriers, asynchronous SDMA stages and their awaits, composition (`call
 ... on TEAM`), rank parameters, flags with rounds (a FIFO whose slots are reused, with credits),
-and MoE routing (histogram, exscan, slots, place, gather).
+loop state (the ring's block index carried in a `var`), and MoE routing (histogram, exscan,
+slots, place, gather).
 """
 
 from __future__ import annotations
@@ -208,10 +209,10 @@ schedule {name}(x: sym T[n], op: redop) implements allreduce(x, op) {{
   flag got[2 * world]
   part = split(x, world)
   let next = {next}
-{entry}  for s in 0 .. {hi} {{
+{entry}{pre}  for s in 0 .. {hi} {{
     let c = {c}
 {wait}    if s < world - 1 {{ {reduce} }} else {{ {copy} }}
-{signal}  }}
+{signal}{post}  }}
 {last}}}
 """
 
@@ -222,6 +223,11 @@ def ring_text(pick, name: str) -> str:
                            "", "  signal ready[0]@((rank + 1) % world)\n  wait ready[0]\n"])
     hi = expr(pick, "hi_e", pick("hi", ["2 * world - 2", "2 * world - 3", "2 * (world - 1)"]))
     c = pick("c", ["(rank - s) % world", "(rank + s) % world", "(rank - s + 1) % world"])
+    pre = post = ""
+    if pick("~c_state", [False, True]):    # the same block index as loop state (var, set)
+        first, step = {"(rank - s) % world": ("rank", "-"), "(rank + s) % world": ("rank", "+"),
+                       "(rank - s + 1) % world": ("(rank + 1) % world", "-")}[c]
+        pre, post, c = f"  var cs = {first}\n", f"    set cs = (cs {step} 1) % world\n", "cs"
     wait = pick("wait", ["    if s > 0: wait got[s - 1]\n", "", "    if s > 1: wait got[s - 2]\n",
                          "    if s > 0: wait got[s]\n"])
     asyn = pick("~copy_async", [False, True])
@@ -246,7 +252,7 @@ def ring_text(pick, name: str) -> str:
     else:
         reduce = "on aiv: part[c]@next = op(part[c], " + pick("reduce_src", ["part[c]@next", "part[c]"]) + ")"
     return RING.format(name=name, next=nxt, entry=entry, hi=hi, c=c, wait=wait, copy=copy,
-                       signal=sig, last=last, reduce=reduce)
+                       signal=sig, last=last, reduce=reduce, pre=pre, post=post)
 
 
 def ring(pick) -> Spec:
