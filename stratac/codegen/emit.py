@@ -583,28 +583,54 @@ def _named_let(op) -> bool:
 
 
 def _local(op: ir.Local) -> dict:
-    """A local's declaration; a let's value is printed before its name stands for it."""
-    node = {"kind": "local", **_at(op.span), "name": _cname(op.name), "value": _argument(op.value),
-            "mutable": op.mutable}
-    if op.inline:
-        lets = _LETS.get()
-        lets.count += 1
-        node["let"] = lets.count
-        lets.table[ir.simplify(op.value)] = (_cpp(_cname(op.name)), lets.count)
+    """A local's declaration; a let's value is printed before its name stands for it. A let
+    records the lets its own value names (`uses`): it keeps them only if it is kept itself."""
+    lets = _LETS.get()
+    roots, lets.used = lets.used, set()
+    try:
+        node = {"kind": "local", **_at(op.span), "name": _cname(op.name),
+                "value": _argument(op.value), "mutable": op.mutable}
+    finally:
+        uses, lets.used = lets.used, roots
+    if not op.inline:
+        roots |= uses
+        return node
+    lets.count += 1
+    node.update(let=lets.count, uses=uses)
+    lets.table[ir.simplify(op.value)] = (_cpp(_cname(op.name)), lets.count)
     return node
 
 
 def _drop_unused(nodes: list[dict], used: set[int]) -> list[dict]:
-    """The statements without the declarations of lets that no expression printed by name."""
-    out = []
-    for n in nodes:
-        if n["kind"] == "local" and "let" in n and n["let"] not in used:
-            continue
-        for part in ("body", "then", "orelse"):
-            if part in n:
-                n = {**n, part: _drop_unused(n[part], used)}
-        out.append(n)
-    return out
+    """The statements without the declarations of lets that nothing printed by name: `used` are
+    the lets other statements named, and a let they keep keeps the lets its value names."""
+    uses: dict[int, set[int]] = {}
+
+    def collect(ns) -> None:
+        for n in ns:
+            if "let" in n:
+                uses[n["let"]] = n["uses"]
+            for part in ("body", "then", "orelse"):
+                collect(n.get(part, ()))
+    collect(nodes)
+    live, todo = set(), list(used)
+    while todo:
+        k = todo.pop()
+        if k not in live:
+            live.add(k)
+            todo.extend(uses.get(k, ()))
+
+    def keep(ns) -> list[dict]:
+        out = []
+        for n in ns:
+            if "let" in n and n["let"] not in live:
+                continue
+            for part in ("body", "then", "orelse"):
+                if part in n:
+                    n = {**n, part: keep(n[part])}
+            out.append(n)
+        return out
+    return keep(nodes)
 
 
 def manifest(s: ir.Schedule) -> dict:

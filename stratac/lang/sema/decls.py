@@ -214,9 +214,9 @@ class Decls(Scope):
             self.views[t.name] = _View(call.buffer, parts, st.span)
 
     def let(self, st: ast.Let, loop_vars, in_stage: bool = False) -> ir.Local | None:
-        """A let is substituted where it is used, unless its value reads a var outside a stage:
-        then it is a local holding the value the var had when the let ran (a later `set` does
-        not change it)."""
+        """A let is substituted where it is used (outside a stage it is also an inline ir.Local,
+        which names it in the kernel), unless its value reads a var outside a stage: then it is a
+        local holding the value the var had when the let ran (a later `set` does not change it)."""
         if st.name in loop_vars or self.taken(st.name) or st.name in self.sizes:
             self.err(Codes.DUPLICATE_NAME, f"{st.name!r} is already defined", st.name_span)
             return None
