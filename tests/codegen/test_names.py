@@ -62,7 +62,10 @@ def _candidates() -> list[str]:
     for path in sorted((ROOT / "examples").glob("*.strata")):
         for s in frontend.schedules(frontend.load_source(path)):
             files = codegen.generate(passes.pipeline(s, passes.Options())).files
-            found |= _identifiers(files["kernel.cpp"] + files["launch.cpp"])
+            # a renamed user name as a member or local (`let T` is `T_u_`) is the user's, not a
+            # name the generated code brings
+            found |= {n for n in _identifiers(files["kernel.cpp"] + files["launch.cpp"])
+                      if not re.fullmatch(r".*_u\d*_", n)}
     headers = sorted((resource_dir("runtime") / "device").glob("*.h")) + \
         sorted((resource_dir("runtime") / "cpu" / "include").glob("*.h"))
     for h in headers:
