@@ -125,8 +125,9 @@ def _at(span) -> dict:
 
 
 def _named(e: ir.IExpr) -> ir.IExpr:
-    """e (simplified) with every subexpression that is a team's value replaced by its name, bottom
-    up, so that `rank % T` becomes `node.rank` once T has become `node.size`."""
+    """e (simplified) with every subexpression that is a let's value in scope or a team's value
+    replaced by its name, bottom up, so that `rank % T` becomes `node.rank` once T has become
+    `node.size`."""
     teams, lets = _TEAMS.get(), _LETS.get()
     if not teams.table and not lets.table:
         return e

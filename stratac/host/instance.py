@@ -125,12 +125,7 @@ class _Walk:
         or, for a step loop, every value of its range (the mask keeps each place's own range)."""
         inner = {k: (v[..., None] if isinstance(v, np.ndarray) else v) for k, v in env.items()}
         if domain is ir.Domain.RANGE:
-            lo = np.broadcast_to(self._val(loop.lo, env, mask, loop.span), mask.shape)
-            hi = np.broadcast_to(self._val(loop.hi, env, mask, loop.span), mask.shape)
-            if (mask & (lo < 0) & (hi > lo)).any():
-                self._fault(loop.span, mask & (lo < 0) & (hi > lo), env,
-                            f"starts loop variable {var} below 0")
-            top = int(hi[mask].max()) if mask.any() else 0
+            lo, hi, top = self._range(loop, env, mask)
             inner[var] = np.arange(max(top, 0)).reshape((1,) * mask.ndim + (max(top, 0),))
             deeper = mask[..., None] & (inner[var] >= lo[..., None]) & (inner[var] < hi[..., None])
             return inner, deeper
@@ -139,6 +134,16 @@ class _Walk:
         if domain is ir.Domain.PEERS:
             deeper = deeper & (inner[var] != env["rank"])
         return inner, deeper
+
+    def _range(self, loop: ir.Loop, env: dict, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """A step loop's bounds at every place of mask, checked (a first value below 0 is a fault),
+        and the largest end among them."""
+        lo = np.broadcast_to(self._val(loop.lo, env, mask, loop.span), mask.shape)
+        hi = np.broadcast_to(self._val(loop.hi, env, mask, loop.span), mask.shape)
+        if (mask & (lo < 0) & (hi > lo)).any():
+            self._fault(loop.span, mask & (lo < 0) & (hi > lo), env,
+                        f"starts loop variable {loop.var} below 0")
+        return lo, hi, int(hi[mask].max()) if mask.any() else 0
 
     def _top(self, ops, env: dict, mask: np.ndarray) -> None:
         for op in ops:
@@ -175,14 +180,9 @@ class _Walk:
         the other, the variable a plain integer, each iteration under the mask of the places whose
         range holds it."""
         if loop.domain is ir.Domain.RANGE:
-            lo = np.broadcast_to(self._val(loop.lo, env, mask, loop.span), mask.shape)
-            hi = np.broadcast_to(self._val(loop.hi, env, mask, loop.span), mask.shape)
+            lo, hi, top = self._range(loop, env, mask)
         else:   # over the ranks (peers: but the running one)
-            lo, hi = np.zeros(mask.shape, dtype=np.int64), np.full(mask.shape, self.world)
-        if (mask & (lo < 0) & (hi > lo)).any():
-            self._fault(loop.span, mask & (lo < 0) & (hi > lo), env,
-                        f"starts loop variable {loop.var} below 0")
-        top = int(hi[mask].max()) if mask.any() else 0
+            lo, hi, top = 0, self.world, self.world
         self._loops.append(loop.var)
         for v in range(top):
             env[loop.var] = v
