@@ -129,8 +129,8 @@ class Module:
     def __init__(self, comm, compiled: list[Compiled], selection=None):
         self.comm = comm
         self.schedules: dict[str, Schedule] = {}
-        for c in compiled:
-            fn = Schedule(comm, c.schedule, build.build_cpu(c.output), worlds=c.worlds)
+        for c, built in zip(compiled, build.build_all([c.output for c in compiled])):
+            fn = Schedule(comm, c.schedule, built, worlds=c.worlds)
             self.schedules[c.schedule.name] = fn
             setattr(self, c.schedule.name, fn)
         self.selectors = make_selectors(self, selection)

@@ -16,6 +16,7 @@ moved aside and rebuilt.
 
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
 import functools
 import hashlib
@@ -239,3 +240,15 @@ def build_cpu(out: Output) -> Built:
     d, cached = _publish(cache_root(), key, libname, build)
     manifest = json.loads((d / "manifest.json").read_text())
     return Built(d / libname, manifest, d, cached)
+
+
+def build_all(outputs: list[Output]) -> list[Built]:
+    """build_cpu of every output, in order, with one g++ per CPU at a time (a build is a compiler
+    process, so threads suffice; the cache's lock is per entry). The first error in the outputs'
+    order is raised, after every build has ended."""
+    if len(outputs) < 2:
+        return [build_cpu(o) for o in outputs]
+    runtime_library()   # once, before the threads want it
+    with concurrent.futures.ThreadPoolExecutor(min(len(outputs), os.cpu_count() or 1)) as pool:
+        futures = [pool.submit(build_cpu, o) for o in outputs]
+    return [f.result() for f in futures]

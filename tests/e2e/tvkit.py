@@ -107,8 +107,8 @@ class Plan:
 
 def accepted(path: Path, world: int, options: passes.Options, masks: bool = True) -> list:
     """The schedules of a file the verifier accepts at `world` (every sample, and every mask
-    unless `masks` is false), each compiled (proven before and after the passes, generated) and
-    built; [] if the file does not parse. A schedule whose `requires` excludes the world is left
+    unless `masks` is false), each compiled (proven before and after the passes, generated; plan
+    builds them); [] if the file does not parse. A schedule whose `requires` excludes the world is left
     out."""
     try:
         scheds = frontend.schedules(frontend.path_or_text(str(path), str(path)))
@@ -124,7 +124,6 @@ def accepted(path: Path, world: int, options: passes.Options, masks: bool = True
             continue
         if masks and not all(r.ok for r in verify.verify_masks(s, [world])):
             continue
-        build.build_cpu(c.output)   # the ranks then load without building
         out.append((s, c))
     return out
 
@@ -293,6 +292,8 @@ def plan(world: int, paths: list[Path], options: passes.Options | None = None,
                     init=[{b: init[(r, b)] for b in dtypes} for r in range(world)],
                     expect=[{b: after[(r, b)] for b in dtypes} for r in range(world)],
                     bits=float16_bits(s, op)))
+    # the ranks then load without building
+    build.build_all([c.output for _, compiled in out.files for c in compiled])
     return out
 
 

@@ -176,3 +176,27 @@ def test_concurrent_builds_share_one_entry_and_a_truncated_library_is_rebuilt(tm
     assert again["cached"] is False and again["sha"] == results[0]["sha"]   # the build is reproducible
     import cffi
     cffi.FFI().dlopen(str(lib))   # a whole library again
+
+
+def test_builds_of_several_schedules_keep_their_order_and_the_first_error(tmp_path, monkeypatch):
+    """build_all builds in threads, returns each output's entry in the outputs' order, and raises
+    the error of the first output (in that order) that does not compile, after the others ended."""
+    from stratac import codegen
+    from stratac.diagnostics import StrataError
+    from stratac.ir import passes
+    from stratac.lang import frontend
+    monkeypatch.setenv("STRATAC_CACHE_DIR", str(tmp_path / "cache"))
+    outs = [codegen.generate(passes.pipeline(s, passes.Options(cores=2)))
+            for f in ("allgather_push.strata", "allreduce_ring.strata", "broadcast_tree.strata")
+            for s in frontend.schedules(frontend.load_source(str(ROOT / "examples" / f)))[:1]]
+    built = build.build_all(outs)
+    assert [b.manifest["schedule"] for b in built] == [o.schedule.name for o in outs]
+    assert all(not b.cached for b in built)
+    assert [b.library for b in build.build_all(outs)] == [b.library for b in built]
+
+    def broken(o):
+        return codegen.Output(o.schedule, {**o.files, "kernel.cpp": o.files["kernel.cpp"] + "\n#error broken here\n"})
+    bad = [outs[0], broken(outs[1]), broken(outs[2])]
+    with pytest.raises(StrataError) as exc:
+        build.build_all(bad)
+    assert f"building {outs[1].schedule.name} for the CPU model" in exc.value.diagnostics[0].message

@@ -28,8 +28,7 @@ def warm_build(file: str, world: int, soc: str | None = None) -> None:
     from stratac.lang.frontend import load_source
     from stratac.targets import cpu as build
     opts = passes.Options() if soc is None else passes.Options(soc=soc)
-    for c in schedule.compile_source(load_source(file), opts, worlds=[world]):
-        build.build_cpu(c.output)
+    build.build_all([c.output for c in schedule.compile_source(load_source(file), opts, worlds=[world])])
 
 
 def run_ranks(module: str, specs: list[dict], timeout: float) -> tuple[list, int, list[str]]:

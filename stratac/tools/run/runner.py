@@ -156,11 +156,12 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
         if generic and case.dtype == "i8":
             raise StrataError(error(Codes.BAD_TYPE, f"{generic[0]} is not built for i8: int8 is a payload "
                                     "to move (a quantised MoE dispatch's rows), not a type variable's type"))
-    for c in compiled:   # warm the cache: the ranks then load without compiling
-        if spec.target == "npu":
+    # warm the cache: the ranks then load without compiling
+    if spec.target == "npu":
+        for c in compiled:
             npu.build(c.output, spec.soc)
-        else:
-            build.build_cpu(c.output)
+    else:
+        build.build_all([c.output for c in compiled])
     heap = heap_bytes(spec, compiled)
     shm = os.statvfs("/dev/shm")
     free = shm.f_bavail * shm.f_frsize
