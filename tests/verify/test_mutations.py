@@ -385,9 +385,37 @@ class Outcome:
     detail: str = ""
 
 
+def _mutant_path(name: str, world: int, tmp: Path) -> Path:
+    return tmp / f"{name}-w{world}.strata"
+
+
+def build_mutants(sources: list[tuple[str, str]], world: int, tmp: Path) -> None:
+    """Builds the kernels of every (source, name) as run_mutant's run will (same file, options,
+    world), one g++ per CPU at a time, so that the runs find them built; a source that does not
+    compile is left to its run to say so."""
+    from stratac.codegen.pipeline import compile_schedules
+    from stratac.host.schedule import prove_worlds
+    from stratac.ir import passes
+    from stratac.targets import cpu
+    outputs = []
+    for source, name in sources:
+        path = _mutant_path(name, world, tmp)
+        path.write_text(source, encoding="utf-8")
+        try:
+            compiled = compile_schedules(frontend.load_source(str(path)), passes.Options(cores=RUN_CORES),
+                                         [world], prove_worlds)
+        except StrataError:
+            continue
+        outputs += [c.output for c in compiled]
+    cpu.build_all(outputs)
+
+
+RUN_CORES = 4
+
+
 def run_mutant(source: str, name: str, world: int, tmp: Path, timeout: float = 30.0) -> Outcome:
     """`stratac run` of `source` at `world`: every schedule, every case, checked against torch."""
-    path = tmp / f"{name}-w{world}.strata"
+    path = _mutant_path(name, world, tmp)
     path.write_text(source, encoding="utf-8")
     try:
         scheds = frontend.schedules(Source(str(path), source))
@@ -395,7 +423,7 @@ def run_mutant(source: str, name: str, world: int, tmp: Path, timeout: float = 3
         int8 = any(b.dtype is ir.DType.I8 for s in scheds for b in s.params)
         cases = (INT8_CASES if int8 else MOE_CASES) if moe else collective_cases(world)
         out = runner.run(runner.RunSpec(file=str(path), world=world, cases=cases, iters=1, warmup=0,
-                                        cores=4, timeout=timeout), echo=lambda line: None)
+                                        cores=RUN_CORES, timeout=timeout), echo=lambda line: None)
     except StrataError as exc:
         return Outcome("REJECTED", _first_error(exc.diagnostics))
     if out.failures:
@@ -513,6 +541,7 @@ def test_accepted_mutants_run_ok(world, tmp_path, cache_dir, monkeypatch):
     todo = _runs_at(world)
     assert MAX_RUNS_PER_WORLD is None or len(todo) <= MAX_RUNS_PER_WORLD, \
         f"{len(todo)} mutants accepted at world {world}: " + ", ".join(map(str, todo))
+    build_mutants([(m.source, f"{m.path.stem}-L{m.line}") for m in todo], world, tmp_path)
     bad = []
     for m in todo:
         got = run_mutant(m.source, f"{m.path.stem}-L{m.line}", world, tmp_path)
