@@ -99,6 +99,18 @@ NODE_OF_ONE_COMPOSED = (
     "allreduce_hierarchical.strata above)")
 
 EQUIVALENT = {
+    ("allgather_bruck.strata", "if k > 0: wait got[k - 1]             # rank + d / 2's blocks have landed",
+     1): (
+        (2,),
+        "at world 2 there is one step (S = 1), so no rank forwards a block and the wait for the "
+        "step before never runs; from world 3 on the mutant is rejected"),
+    **{("allgather_bruck.strata", line, 1): (
+        (2, 3),
+        "at worlds 2 and 3 every step sends one block (c = min(2^k, world - 2^k) = 1), which never "
+        "passes the end of out, so the arm of the two copies never runs; from world 4 on rank 3's "
+        "second step wraps and the mutant is rejected") for line in (
+            "out[rank * n:world * n]@to = out[rank * n:world * n]",
+            "out[0:(e - world) * n]@to = out[0:(e - world) * n]")},
     ("alltoall_pairwise.strata", "if i + 1 < world: signal ready[i + 1]@((rank - i - 1) % world)", 1): (
         (2,),
         "at world 2 there is one step (i = 1), so no next writer is ever let go; from world 3 on "
