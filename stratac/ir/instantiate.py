@@ -479,6 +479,12 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
                     active=active, flag_rounds=flag_rounds)
 
 
+def clock_itemsize(longest: int) -> int:
+    """Bytes per entry of a vector clock (stratac.verify.timeline) when the longest timeline of an
+    instance has `longest` events: an entry counts a rank's events, up to its timeline's length."""
+    return 2 if longest < 2**15 - 1 else 4 if longest < 2**31 - 1 else 8
+
+
 def _probe(s, world, base, buffer_sizes, flag_sizes, barriers_only, shapes, live, flag_rounds) -> None:
     """Refuses an instance too large for the verifier before it is built: its events, moves, move
     sources, signals and waits, and its vector clocks (one array of world entries per wait and barrier,
@@ -487,14 +493,15 @@ def _probe(s, world, base, buffer_sizes, flag_sizes, barriers_only, shapes, live
     probe = _Builder(s, world, base, buffer_sizes, flag_sizes, barriers_only)
     probe.shapes, probe.live, probe.flag_rounds = shapes, live, flag_rounds
     ranks = sorted(live)
-    events = joins = 0
+    events = joins = longest = 0
     for r in {ranks[0], ranks[len(ranks) // 2], ranks[-1]}:
         moves = probe.instance + probe.sources
         tl = probe.timeline(r)
         events = max(events, len(tl) + probe.instance + probe.sources - moves)
         joins = max(joins, sum(1 for ev in tl if ev.kind in (EventKind.WAIT, EventKind.BARRIER)))
+        longest = max(longest, len(tl))
     total = events * len(live)
-    clocks = joins * len(live) * world * (2 if total < 2**15 else 4)
+    clocks = joins * len(live) * world * clock_itemsize(longest)
     what = None
     if total > MAX_EVENTS:
         what = (f"about {total:,} events, moves, sources, signals and waits (up to {events:,} on a "

@@ -59,7 +59,10 @@ def verify(s: ir.Schedule, world: int, sizes: dict[str, int], routing: str | Non
         return res
     res.events = sum(len(t) for t in inst.timelines)
     ex = Execution(inst)
-    res.diagnostics.extend(ex.run())
+    try:
+        res.diagnostics.extend(ex.run())
+    except StrataError as exc:   # the simulated memory outgrew its budget (provenance.MAX_PIECES)
+        res.diagnostics = exc.diagnostics
     res.accesses = ex.access_count
     if not res.diagnostics:
         res.diagnostics.extend(check_races(inst, ex))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from stratac import ir
-from stratac.diagnostics import Codes, Diagnostic, Note, error
+from stratac.diagnostics import Codes, Diagnostic, Note, StrataError, error
 from stratac.ir.instantiate import Access, Event, Instance
 from stratac.verify.samples import context, live_entries
 from stratac.verify.segments import MASK, Buffer, Segs
@@ -65,6 +65,14 @@ class _Initial(dict):
                 yield (r, b), self[(r, b)]
 
 
+# The most pieces (segments: runs of elements whose values are one affine function) the simulated
+# memory of an instance may hold over all ranks and buffers; each takes about 200 bytes, so this
+# bounds it near 1.5 GiB, beside the vector clocks (ir.instantiate.CLOCK_BYTES). A buffer holds a
+# piece per run with one source: an AllGather's output, world of them on each rank, world^2 in all
+# (67 M at world 8,192). An instance whose moves cut more is refused as soon as they do.
+MAX_PIECES = 8_000_000
+
+
 class Values:
     def __init__(self, inst: Instance):
         self.inst = inst
@@ -80,6 +88,7 @@ class Values:
         # place and gather with those offsets then do nothing
         self.overflow: dict[tuple[int, str], tuple[int, int, int, int]] = {}
         self.serial = 1 << 40                # access instances of expanded routing constructs
+        self.pieces = sum(len(b.parts) for b in self.cur.values())
 
     def execute(self, ev: Event) -> None:
         for ri in ev.routes:
@@ -96,7 +105,21 @@ class Values:
                 out = vals[0] if vals else Segs.zeros(hi - lo)
                 for v in vals[1:]:
                     out = out + v
-            self.cur[(owner, buf)][lo:hi] = out
+            target = self.cur[(owner, buf)]
+            before = len(target.parts)
+            target[lo:hi] = out
+            self.pieces += len(target.parts) - before
+            if self.pieces > MAX_PIECES:
+                self._too_many_pieces(mv)
+
+    def _too_many_pieces(self, mv) -> None:
+        inst = self.inst
+        raise StrataError(error(
+            Codes.BAD_WORLD, f"{inst.schedule.name} ({context(inst)}): its simulated memory holds more "
+            f"than {MAX_PIECES:,} pieces (runs of elements from one source) over its ranks and buffers, "
+            "more than the verifier holds: refused when this move cut the last, before its memory grows "
+            "further (a buffer that gathers a block from every rank holds world pieces on every rank); "
+            "prove it at a smaller world", mv.span))
 
 
     # ---- routing constructs, executed on the simulated values

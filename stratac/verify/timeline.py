@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from stratac.diagnostics import Codes, Diagnostic, Note, error
-from stratac.ir.instantiate import Event, EventKind, Instance
+from stratac.ir.instantiate import Event, EventKind, Instance, clock_itemsize
 from stratac.verify.provenance import Values
 from stratac.verify.samples import context
 
@@ -121,7 +121,7 @@ class Execution:
         pos = [0] * W
         live = [r for r in range(W) if inst.live(r)]
         longest = max(len(tl) for tl in inst.timelines)
-        dtype = np.int16 if longest < 2**15 - 1 else np.int32 if longest < 2**31 - 1 else np.int64
+        dtype = {2: np.int16, 4: np.int32, 8: np.int64}[clock_itemsize(longest)]
         cur = [np.zeros(W, dtype=dtype) for _ in range(W)]
         # the clock of the signal event that set (owner, flag, slot, round), its own index + 1, the event
         signaled: dict[tuple[int, str, int, int], tuple[np.ndarray, int, Event]] = {}

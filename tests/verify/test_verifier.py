@@ -263,6 +263,22 @@ def test_an_instance_too_large_is_refused_before_it_is_built_from_three_ranks(mo
     assert verify.verify(ring, 8, {"n": 3}).ok
 
 
+def test_an_instance_whose_memory_outgrows_its_pieces_is_refused_at_the_move(monkeypatch):
+    """The simulated memory's pieces (verify.provenance.MAX_PIECES) are counted as moves cut them:
+    the push AllGather at world 8 ends with 72 (a piece per block of out on every rank, one per x),
+    so a budget of 72 proves it and one of 71 refuses it, naming the schedule, the instance and the
+    move that cut the last piece."""
+    from stratac.verify import provenance
+    ag, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allgather_push.strata"))
+    monkeypatch.setattr(provenance, "MAX_PIECES", 72)
+    assert verify.verify(ag, 8, {"n": 3}).ok
+    monkeypatch.setattr(provenance, "MAX_PIECES", 71)
+    d, = verify.verify(ag, 8, {"n": 3}).diagnostics
+    assert d.code == Codes.BAD_WORLD and d.message.startswith(
+        "allgather_push (world=8, n=3): its simulated memory holds more than 71 pieces"), d.message
+    assert d.span.line == 11, d.span   # on sdma: for p in ranks: blk[rank]@p = x
+
+
 CUT_LAST = """schedule short(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {
   on sdma: out[rank * n:(rank + 1) * n] = x
   barrier
