@@ -481,8 +481,9 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
 
 def clock_itemsize(longest: int) -> int:
     """Bytes per entry of a vector clock (stratac.verify.timeline) when the longest timeline of an
-    instance has `longest` events: an entry counts a rank's events, up to its timeline's length."""
-    return 2 if longest < 2**15 - 1 else 4 if longest < 2**31 - 1 else 8
+    instance has `longest` events: an entry counts a rank's events, up to its timeline's length
+    (a log-step schedule's timelines at 8,192 ranks are a few dozen events: a byte per entry)."""
+    return 1 if longest < 2**8 - 1 else 2 if longest < 2**15 - 1 else 4 if longest < 2**31 - 1 else 8
 
 
 def _probe(s, world, base, buffer_sizes, flag_sizes, barriers_only, shapes, live, flag_rounds) -> None:

@@ -121,7 +121,7 @@ class Execution:
         pos = [0] * W
         live = [r for r in range(W) if inst.live(r)]
         longest = max(len(tl) for tl in inst.timelines)
-        dtype = {2: np.int16, 4: np.int32, 8: np.int64}[clock_itemsize(longest)]
+        dtype = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}[clock_itemsize(longest)]
         cur = [np.zeros(W, dtype=dtype) for _ in range(W)]
         # the clock of the signal event that set (owner, flag, slot, round), its own index + 1, the event
         signaled: dict[tuple[int, str, int, int], tuple[np.ndarray, int, Event]] = {}

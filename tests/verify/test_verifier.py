@@ -255,11 +255,13 @@ def test_an_instance_too_large_is_refused_before_it_is_built_from_three_ranks(mo
     assert d.code == Codes.BAD_WORLD and "would hold about 832 events, moves, sources, signals and " \
         "waits (up to 104 on a rank), more than the 300 the verifier holds: refused before it is built" in d.message, d.message
     monkeypatch.setattr(instantiate_mod, "MAX_EVENTS", 10_000)
-    monkeypatch.setattr(instantiate_mod, "CLOCK_BYTES", 1000)
+    # 15 joins x 8 ranks x 8 entries of one byte (timelines of 46 events count in a byte):
+    # 960 bytes, over a budget of 959 and within one of 960
+    monkeypatch.setattr(instantiate_mod, "CLOCK_BYTES", 959)
     d, = verify.verify(ring, 8, {"n": 3}).diagnostics
     assert "would hold vector clocks of about 0.0 GiB (15 waits and barriers on a rank, 8 entries " \
         "each), more than the 0 GiB" in d.message, d.message
-    monkeypatch.setattr(instantiate_mod, "CLOCK_BYTES", 1 << 20)
+    monkeypatch.setattr(instantiate_mod, "CLOCK_BYTES", 960)
     assert verify.verify(ring, 8, {"n": 3}).ok
 
 
@@ -316,3 +318,20 @@ def test_a_moe_instance_whose_count_tables_are_too_large_is_refused_before_routi
     assert d.code == Codes.BAD_WORLD and "its count tables (counts, 32 elements on each rank) hold 128 " \
         "elements over all ranks, more than the 127 the verifier reads: refused before the routing is " \
         "drawn" in d.message, d.message
+
+
+@pytest.mark.parametrize("world, itemsize", [(3, 1), (100, 2)])
+def test_a_race_is_found_with_clocks_of_either_entry_size(world, itemsize):
+    """Vector clock entries take a byte while every timeline is shorter than 255 events, two bytes
+    beyond (the ring at world 100: 396 events on a rank); the ring without its wait for the previous
+    step is a race (E0301) with either."""
+    ring_text = (ROOT / "examples" / "allreduce_ring.strata").read_text()
+    line = "    if s > 0: wait got[s - 1]"
+    assert line in ring_text
+    ring, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allreduce_ring.strata"))
+    bad, = frontend.schedules(Source("ring_no_wait.strata", ring_text.replace(line, "")))
+    inst = instantiate(ring, world, {"n": world})
+    assert instantiate_mod.clock_itemsize(max(map(len, inst.timelines))) == itemsize
+    assert verify.verify(ring, world, {"n": world}).ok
+    d = verify.verify(bad, world, {"n": world}).diagnostics[0]
+    assert d.code == Codes.RACE, d.render()
