@@ -23,9 +23,14 @@ from stratac.verify.samples import context, live_entries
 from stratac.verify.segments import MASK, Buffer, Segs
 
 
-def _tag_params(rank: int, buf_index: int) -> tuple[int, int]:
+def _tag_params(rank: int, buf_index: int, across: int | None = None) -> tuple[int, int]:
     """(a, c) of one buffer instance's tags, element i holding a + c * i (segments.Buffer.tags):
-    two splitmix64 draws from (rank, buffer), c made odd."""
+    two splitmix64 draws from (rank, buffer), c made odd. `across` (the buffer's elements on a
+    rank): one function over the ranks instead, element i of rank p holding a + c (p across + i)
+    with rank 0's draws (_Initial says for which buffer, and segments.py why that proves as much)."""
+    if across is not None:
+        a, c = _tag_params(0, buf_index)
+        return (a + c * rank * across) & MASK, c
     def mix(x: int) -> int:
         x = (x * 0x9E3779B97F4A7C15) & MASK
         x ^= x >> 30
@@ -47,6 +52,11 @@ class _Initial(dict):
     def __init__(self, inst: Instance, names: list[str]):
         super().__init__()
         self.inst, self.index = inst, {b: i for i, b in enumerate(names)}
+        # the input of an out-of-place AllGather is tagged as one function over the ranks, so that
+        # the gathered output (every rank's input in rank order) is one piece on every rank, not
+        # world of them: world^2 pieces in all would bound the world the verifier can prove
+        c = inst.schedule.contract
+        self.across = c.inputs[0] if c.kind is ir.ContractKind.ALLGATHER and not c.in_place else None
 
     def __missing__(self, key):
         r, b = key
@@ -55,7 +65,8 @@ class _Initial(dict):
             if buf.n > self.KEEP:
                 return buf
         else:
-            buf = Buffer.tags(self.inst.buffer_sizes[b], *_tag_params(r, self.index[b]))
+            n = self.inst.buffer_sizes[b]
+            buf = Buffer.tags(n, *_tag_params(r, self.index[b], n if b == self.across else None))
         self[key] = buf
         return buf
 

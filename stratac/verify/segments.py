@@ -19,6 +19,15 @@ is right at that element. A wrong value agrees only where a nonzero form of the 
 vanishes mod 2^64, as with distinct random tags (c is odd, so c (j - i) never does). A value is
 named back exactly (`Buffer.find`): c is invertible mod 2^64.
 
+One buffer is tagged otherwise: the input x of an out-of-place AllGather, of n elements per rank,
+is one function over the ranks, element j of rank p holding a + c (p n + j) (provenance._Initial),
+so that the gathered output, block p being rank p's x, is one piece on every rank and not world of
+them. The argument above needs the draws to differ per rank only where a value is a sum. Every
+expected value of that contract is one element, a + c k (k = p n + j, distinct for distinct (p, j)
+since j < n and k < 2^63, and c odd). A value of m elements of x with indices summing to S equals
+it only if m = 1 and S = k, the right element, or if (m - 1) a = c (k - S) mod 2^64, a nonzero form
+of the draws vanishing, as before; terms of other buffers bring their own draws.
+
 `Segs` is the value of a range (what reading a slice gives); `Buffer` the value of a whole buffer,
 indexed like a numpy array. Both turn into numpy arrays (`np.asarray`) where a caller needs the
 elements (small buffers: expert ids, counts, offsets).

@@ -267,18 +267,44 @@ def test_an_instance_too_large_is_refused_before_it_is_built_from_three_ranks(mo
 
 def test_an_instance_whose_memory_outgrows_its_pieces_is_refused_at_the_move(monkeypatch):
     """The simulated memory's pieces (verify.provenance.MAX_PIECES) are counted as moves cut them:
-    the push AllGather at world 8 ends with 72 (a piece per block of out on every rank, one per x),
-    so a budget of 72 proves it and one of 71 refuses it, naming the schedule, the instance and the
-    move that cut the last piece."""
+    the direct AllToAll at world 8 ends with 72 (a piece per block of out on every rank, each from
+    another rank's draws, and one per x), so a budget of 72 proves it and one of 71 refuses it,
+    naming the schedule, the instance and the move that cut the last piece."""
     from stratac.verify import provenance
-    ag, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allgather_push.strata"))
+    a2a, = frontend.schedules(frontend.load_source(ROOT / "examples" / "alltoall.strata"))
     monkeypatch.setattr(provenance, "MAX_PIECES", 72)
-    assert verify.verify(ag, 8, {"n": 3}).ok
+    assert verify.verify(a2a, 8, {"n": 3}).ok
     monkeypatch.setattr(provenance, "MAX_PIECES", 71)
-    d, = verify.verify(ag, 8, {"n": 3}).diagnostics
+    d, = verify.verify(a2a, 8, {"n": 3}).diagnostics
     assert d.code == Codes.BAD_WORLD and d.message.startswith(
-        "allgather_push (world=8, n=3): its simulated memory holds more than 71 pieces"), d.message
-    assert d.span.line == 11, d.span   # on sdma: for p in ranks: blk[rank]@p = x
+        "alltoall (world=8, n=3): its simulated memory holds more than 71 pieces"), d.message
+    assert d.span.line == 9, d.span   # on sdma: for p in ranks: dst[rank]@p = src[p]
+
+
+def test_an_allgathers_input_is_one_function_over_the_ranks():
+    """The input of an out-of-place AllGather is tagged a + c (p n + j) (verify.segments), so its
+    gathered output is one piece on every rank: Bruck's AllGather at world 64 ends with one piece
+    per buffer and rank; and a block gathered from the wrong rank, or a sum of two elements whose
+    indices add up to the right one, is still told apart."""
+    from stratac.verify import provenance
+    from stratac.verify.segments import Buffer, mismatch
+    bruck, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allgather_bruck.strata"))
+    inst = instantiate(bruck, 64, {"n": 5})
+    ex = verify.timeline.Execution(inst)
+    assert ex.run() == []
+    assert ex.values.pieces == 2 * 64
+    assert all(len(ex.values.cur[(r, "out")].parts) == 1 for r in range(64))
+    init = ex.values.init
+    x3, x4 = init[(3, "x")], init[(4, "x")]
+    out = Buffer.tags(64 * 5, *provenance._tag_params(0, 0, 5))
+    gathered = ex.values.cur[(0, "out")]
+    assert mismatch(gathered, out) is None
+    wrong = gathered.copy()
+    wrong[15:20] = x4[0:5]                    # block 3 from rank 4
+    assert mismatch(wrong, gathered) == (15, 5)
+    two = gathered.copy()
+    two[17:18] = x3[1:2] + x3[3:4]            # indices 16 + 18 = 2 x 17: a sum, not the element
+    assert mismatch(two, gathered) == (17, 1)
 
 
 CUT_LAST = """schedule short(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {
