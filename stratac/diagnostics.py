@@ -127,7 +127,8 @@ class Codes:
     SHAPE = "E0202"
     RACE = "E0301"
     DEADLOCK = "E0302"
-    ENTRY = "E0303"
+    # E0303 (an access before the peer entered the call) is retired: every call begins with the
+    # agreement of the live ranks, a barrier, so no statement can run before a peer entered
     EXIT = "E0304"
     CONTRACT = "E0305"
     DOUBLE_SIGNAL = "E0306"

@@ -29,47 +29,38 @@ class AllgatherBruck {
     STRATA_LINE(19);  // strata:19 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     const int64_t S_ = world == 1 ? 0 : strata::Log2(world - 1) + 1;  // strata:20
-    {  // strata:24 stage 1 on aiv
-      STRATA_LINE(24);
+    {  // strata:23 stage 1 on aiv
+      STRATA_LINE(23);
       int64_t total = 0;
       total += n_;
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(24);  // strata:24
+      STRATA_LINE(23);  // strata:23
       if (cut.Take(n_, off, len)) {
         mv_.Copy(strata::Via::kAiv, out_ + rank * n_ + off, rank,
                  x_ + off, rank, len, rank, kSdmaThreshold);
       }
       strata::EndStage(mv_);
     }
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      for (int64_t k_ = 0; k_ < S_; ++k_) {
-        STRATA_LINE(26);  // strata:26
-        strata::Signal(strata::SyncSlot(sync_, world + k_), epoch_ + 1, (rank + (int64_t{1} << k_)) % world);
-      }
-    }
-    AscendC::SyncAll<true>();
-    for (int64_t k_ = 0; k_ < S_; ++k_) {  // strata:28
-      const int64_t d_ = int64_t{1} << k_;  // strata:29
-      const int64_t to_ = strata::Mod(rank - d_, world);  // strata:30
-      const int64_t e_ = rank + strata::Min(d_, world - d_);  // strata:31
+    for (int64_t k_ = 0; k_ < S_; ++k_) {  // strata:24
+      const int64_t d_ = int64_t{1} << k_;  // strata:25
+      const int64_t to_ = strata::Mod(rank - d_, world);  // strata:26
+      const int64_t e_ = rank + strata::Min(d_, world - d_);  // strata:27
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (k_ > 0) {
-          STRATA_LINE(32);  // strata:32
-          strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + (k_ - 1)), epoch_ + 2);
+          STRATA_LINE(28);  // strata:28
+          strata::WaitFlag(strata::SyncSlot(sync_, world + (k_ - 1)), epoch_ + 1);
         }
-        STRATA_LINE(33);  // strata:33
-        strata::WaitFlag(strata::SyncSlot(sync_, world + k_), epoch_ + 1);
       }
       AscendC::SyncAll<true>();
-      if (e_ <= world) {  // strata:34
-        {  // strata:35 stage 2 on sdma
-          STRATA_LINE(35);
+      if (e_ <= world) {  // strata:29
+        {  // strata:30 stage 2 on sdma
+          STRATA_LINE(30);
           int64_t total = 0;
           total += e_ * n_ - rank * n_;
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(35);  // strata:35
+          STRATA_LINE(30);  // strata:30
           if (cut.Take(e_ * n_ - rank * n_, off, len)) {
             const int64_t lo = rank * n_;
             mv_.Copy(strata::Via::kSdma, out_ + lo + off, to_,
@@ -78,20 +69,20 @@ class AllgatherBruck {
           strata::EndStage(mv_);
         }
       } else {
-        {  // strata:37 stage 3 on sdma
-          STRATA_LINE(37);
+        {  // strata:32 stage 3 on sdma
+          STRATA_LINE(32);
           int64_t total = 0;
           total += world * n_ - rank * n_;
           total += (e_ - world) * n_;
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(38);  // strata:38
+          STRATA_LINE(33);  // strata:33
           if (cut.Take(world * n_ - rank * n_, off, len)) {
             const int64_t lo = rank * n_;
             mv_.Copy(strata::Via::kSdma, out_ + lo + off, to_,
                      out_ + lo + off, rank, len, rank, kSdmaThreshold);
           }
-          STRATA_LINE(39);  // strata:39
+          STRATA_LINE(34);  // strata:34
           if (cut.Take((e_ - world) * n_, off, len)) {
             mv_.Copy(strata::Via::kSdma, out_ + off, to_,
                      out_ + off, rank, len, rank, kSdmaThreshold);
@@ -100,15 +91,15 @@ class AllgatherBruck {
         }
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(42);  // strata:42
-        strata::Signal(strata::SyncSlot(sync_, world + S_ + 1 + k_), epoch_ + 2, to_);
+        STRATA_LINE(37);  // strata:37
+        strata::Signal(strata::SyncSlot(sync_, world + k_), epoch_ + 1, to_);
       }
       AscendC::SyncAll<true>();
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (S_ > 0) {
-        STRATA_LINE(44);  // strata:44
-        strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + (S_ - 1)), epoch_ + 2);
+        STRATA_LINE(39);  // strata:39
+        strata::WaitFlag(strata::SyncSlot(sync_, world + (S_ - 1)), epoch_ + 1);
       }
     }
     AscendC::SyncAll<true>();

@@ -26,10 +26,10 @@ class AllgatherPull {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(9);  // strata:9 barrier, where the ranks agree on the call
+    STRATA_LINE(7);  // strata:7 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    {  // strata:10 stage 1 on sdma
-      STRATA_LINE(10);
+    {  // strata:9 stage 1 on sdma
+      STRATA_LINE(9);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         total += n_;
@@ -37,7 +37,7 @@ class AllgatherPull {
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        STRATA_LINE(10);  // strata:10
+        STRATA_LINE(9);  // strata:9
         if (cut.Take(n_, off, len)) {
           mv_.Copy(strata::Via::kSdma, out_ + p_ * n_ + off, rank,
                    x_ + off, p_, len, rank, kSdmaThreshold);
@@ -45,8 +45,8 @@ class AllgatherPull {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(11);  // strata:11
-    strata::Barrier(sync_, epoch_ + 2);
+    STRATA_LINE(10);  // strata:10
+    strata::Barrier(sync_, epoch_ + 1);
   }
 
  private:

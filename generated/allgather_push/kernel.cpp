@@ -26,10 +26,10 @@ class AllgatherPush {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(10);  // strata:10 barrier, where the ranks agree on the call
+    STRATA_LINE(8);  // strata:8 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    {  // strata:11 stage 1 on sdma
-      STRATA_LINE(11);
+    {  // strata:10 stage 1 on sdma
+      STRATA_LINE(10);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         total += n_;
@@ -37,7 +37,7 @@ class AllgatherPush {
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        STRATA_LINE(11);  // strata:11
+        STRATA_LINE(10);  // strata:10
         if (cut.Take(n_, off, len)) {
           mv_.Copy(strata::Via::kSdma, out_ + rank * n_ + off, p_,
                    x_ + off, rank, len, rank, kSdmaThreshold);
@@ -45,8 +45,8 @@ class AllgatherPush {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(12);  // strata:12
-    strata::Barrier(sync_, epoch_ + 2);
+    STRATA_LINE(11);  // strata:11
+    strata::Barrier(sync_, epoch_ + 1);
   }
 
  private:

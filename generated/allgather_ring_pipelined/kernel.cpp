@@ -37,46 +37,36 @@ class AllgatherRingPipelined {
   __aicore__ inline void Process() {
     STRATA_LINE(14);  // strata:14 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    const int64_t next_ = (rank + 1) % world;  // strata:19
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      STRATA_LINE(20);  // strata:20
-      strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, strata::Mod(rank - 1, world));
-    }
-    AscendC::SyncAll<true>();
-    {  // strata:21 stage 1 on sdma
-      STRATA_LINE(21);
+    const int64_t next_ = (rank + 1) % world;  // strata:18
+    {  // strata:19 stage 1 on sdma
+      STRATA_LINE(19);
       int64_t total = 0;
       total += n_;
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(21);  // strata:21
+      STRATA_LINE(19);  // strata:19
       if (cut.Take(n_, off, len)) {
         mv_.Copy(strata::Via::kSdma, out_ + rank * n_ + off, rank,
                  x_ + off, rank, len, rank, kSdmaThreshold);
       }
       strata::EndStage(mv_);
     }
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      STRATA_LINE(22);  // strata:22
-      strata::WaitFlag(strata::SyncSlot(sync_, world), epoch_ + 1);
-    }
-    AscendC::SyncAll<true>();
-    for (int64_t s_ = 0; s_ < world - 1; ++s_) {  // strata:23
-      const int64_t b_ = strata::Mod(rank - s_, world);  // strata:24
+    for (int64_t s_ = 0; s_ < world - 1; ++s_) {  // strata:20
+      const int64_t b_ = strata::Mod(rank - s_, world);  // strata:21
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (s_ > 0) {
-          STRATA_LINE(25);  // strata:25
-          strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (s_ - 1) * 2), epoch_ + 2);
+          STRATA_LINE(22);  // strata:22
+          strata::WaitFlag(strata::SyncSlot(sync_, world + (s_ - 1) * 2), epoch_ + 1);
         }
       }
       AscendC::SyncAll<true>();
-      {  // strata:26 stage 2 on sdma async h0
-        STRATA_LINE(26);
+      {  // strata:23 stage 2 on sdma async h0
+        STRATA_LINE(23);
         int64_t total = 0;
         total += PartLength(PartLength(n_ * world, world, b_), 2, 0);
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
-        STRATA_LINE(26);  // strata:26
+        STRATA_LINE(23);  // strata:23
         if (cut.Take(PartLength(PartLength(n_ * world, world, b_), 2, 0), off, len)) {
           const int64_t lo = PartOffset(n_ * world, world, b_) + PartOffset(PartLength(n_ * world, world, b_), 2, 0);
           mv_.Copy(strata::Via::kSdma, out_ + lo + off, next_,
@@ -86,18 +76,18 @@ class AllgatherRingPipelined {
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (s_ > 0) {
-          STRATA_LINE(27);  // strata:27
-          strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (s_ - 1) * 2 + 1), epoch_ + 2);
+          STRATA_LINE(24);  // strata:24
+          strata::WaitFlag(strata::SyncSlot(sync_, world + (s_ - 1) * 2 + 1), epoch_ + 1);
         }
       }
       AscendC::SyncAll<true>();
-      {  // strata:28 stage 3 on sdma async h1
-        STRATA_LINE(28);
+      {  // strata:25 stage 3 on sdma async h1
+        STRATA_LINE(25);
         int64_t total = 0;
         total += PartLength(PartLength(n_ * world, world, b_), 2, 1);
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
-        STRATA_LINE(28);  // strata:28
+        STRATA_LINE(25);  // strata:25
         if (cut.Take(PartLength(PartLength(n_ * world, world, b_), 2, 1), off, len)) {
           const int64_t lo = PartOffset(n_ * world, world, b_) + PartOffset(PartLength(n_ * world, world, b_), 2, 1);
           mv_.Copy(strata::Via::kSdma, out_ + lo + off, next_,
@@ -105,26 +95,26 @@ class AllgatherRingPipelined {
         }
         strata::PostStage(mv_);  // in flight until `await h1`
       }
-      STRATA_LINE(29);  // strata:29 await h0
+      STRATA_LINE(26);  // strata:26 await h0
       strata::Await(mv_);
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(30);  // strata:30
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_ * 2), epoch_ + 2, next_);
+        STRATA_LINE(27);  // strata:27
+        strata::Signal(strata::SyncSlot(sync_, world + s_ * 2), epoch_ + 1, next_);
       }
       AscendC::SyncAll<true>();
-      STRATA_LINE(31);  // strata:31 await h1
+      STRATA_LINE(28);  // strata:28 await h1
       strata::Await(mv_);
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(32);  // strata:32
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_ * 2 + 1), epoch_ + 2, next_);
+        STRATA_LINE(29);  // strata:29
+        strata::Signal(strata::SyncSlot(sync_, world + s_ * 2 + 1), epoch_ + 1, next_);
       }
       AscendC::SyncAll<true>();
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (world > 1) {
         for (int64_t c_ = 0; c_ < 2; ++c_) {
-          STRATA_LINE(34);  // strata:34
-          strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (world - 2) * 2 + c_), epoch_ + 2);
+          STRATA_LINE(31);  // strata:31
+          strata::WaitFlag(strata::SyncSlot(sync_, world + (world - 2) * 2 + c_), epoch_ + 1);
         }
       }
     }

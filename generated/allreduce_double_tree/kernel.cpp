@@ -36,47 +36,28 @@ class AllreduceDoubleTree {
   __aicore__ inline void Process() {
     STRATA_LINE(15);  // strata:15 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      for (int64_t t_ = 0; t_ < 2; ++t_) {
-        const int64_t l_ = rank + t_ * (world - 1 - 2 * rank);  // strata:21
-        if (2 * l_ + 1 < world) {
-          STRATA_LINE(22);  // strata:22
-          strata::Signal(strata::SyncSlot(sync_, world + t_), epoch_ + 1, 2 * l_ + 1 + t_ * (world - 3 - 4 * l_));
-        }
-        if (2 * l_ + 2 < world) {
-          STRATA_LINE(23);  // strata:23
-          strata::Signal(strata::SyncSlot(sync_, world + t_), epoch_ + 1, 2 * l_ + 2 + t_ * (world - 5 - 4 * l_));
-        }
-      }
-    }
-    AscendC::SyncAll<true>();
-    for (int64_t t_ = 0; t_ < 2; ++t_) {  // strata:25
-      const int64_t l_ = rank + t_ * (world - 1 - 2 * rank);  // strata:26
+    for (int64_t t_ = 0; t_ < 2; ++t_) {  // strata:19
+      const int64_t l_ = rank + t_ * (world - 1 - 2 * rank);  // strata:20
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (2 * l_ + 1 < world) {
-          STRATA_LINE(27);  // strata:27
-          strata::WaitFlag(strata::SyncSlot(sync_, world + 2 + 2 * t_), epoch_ + 2);
+          STRATA_LINE(21);  // strata:21
+          strata::WaitFlag(strata::SyncSlot(sync_, world + 2 * t_), epoch_ + 1);
         }
         if (2 * l_ + 2 < world) {
-          STRATA_LINE(28);  // strata:28
-          strata::WaitFlag(strata::SyncSlot(sync_, world + 2 + 2 * t_ + 1), epoch_ + 2);
+          STRATA_LINE(22);  // strata:22
+          strata::WaitFlag(strata::SyncSlot(sync_, world + 2 * t_ + 1), epoch_ + 1);
         }
       }
       AscendC::SyncAll<true>();
-      if (l_ > 0) {  // strata:29
-        const int64_t p_ = (l_ - 1) / 2 + t_ * (world - 1 - 2 * ((l_ - 1) / 2));  // strata:30
-        if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(31);  // strata:31
-          strata::WaitFlag(strata::SyncSlot(sync_, world + t_), epoch_ + 1);
-        }
-        AscendC::SyncAll<true>();
-        {  // strata:32 stage 1 on aiv
-          STRATA_LINE(32);
+      if (l_ > 0) {  // strata:23
+        const int64_t p_ = (l_ - 1) / 2 + t_ * (world - 1 - 2 * ((l_ - 1) / 2));  // strata:24
+        {  // strata:25 stage 1 on aiv
+          STRATA_LINE(25);
           int64_t total = 0;
           total += PartLength(n_, 2, t_);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(32);  // strata:32
+          STRATA_LINE(25);  // strata:25
           if (cut.Take(PartLength(n_, 2, t_), off, len)) {
             const int64_t lo = PartOffset(n_, 2, t_);
             mv_.template AccumulateInto<OP>(x_ + lo + off, p_,
@@ -85,30 +66,30 @@ class AllreduceDoubleTree {
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(33);  // strata:33
-          strata::Signal(strata::SyncSlot(sync_, world + 2 + 2 * t_ + strata::Mod(l_ - 1, 2)), epoch_ + 2, p_);
+          STRATA_LINE(26);  // strata:26
+          strata::Signal(strata::SyncSlot(sync_, world + 2 * t_ + strata::Mod(l_ - 1, 2)), epoch_ + 1, p_);
         }
         AscendC::SyncAll<true>();
       }
     }
-    for (int64_t t_ = 0; t_ < 2; ++t_) {  // strata:36
-      const int64_t l_ = rank + t_ * (world - 1 - 2 * rank);  // strata:37
+    for (int64_t t_ = 0; t_ < 2; ++t_) {  // strata:29
+      const int64_t l_ = rank + t_ * (world - 1 - 2 * rank);  // strata:30
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (l_ > 0) {
-          STRATA_LINE(38);  // strata:38
-          strata::WaitFlag(strata::SyncSlot(sync_, world + 2 + 4 + t_), epoch_ + 3);
+          STRATA_LINE(31);  // strata:31
+          strata::WaitFlag(strata::SyncSlot(sync_, world + 4 + t_), epoch_ + 2);
         }
       }
       AscendC::SyncAll<true>();
-      if (2 * l_ + 1 < world) {  // strata:39
-        const int64_t c_ = 2 * l_ + 1 + t_ * (world - 3 - 4 * l_);  // strata:40
-        {  // strata:41 stage 2 on sdma
-          STRATA_LINE(41);
+      if (2 * l_ + 1 < world) {  // strata:32
+        const int64_t c_ = 2 * l_ + 1 + t_ * (world - 3 - 4 * l_);  // strata:33
+        {  // strata:34 stage 2 on sdma
+          STRATA_LINE(34);
           int64_t total = 0;
           total += PartLength(n_, 2, t_);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(41);  // strata:41
+          STRATA_LINE(34);  // strata:34
           if (cut.Take(PartLength(n_, 2, t_), off, len)) {
             const int64_t lo = PartOffset(n_, 2, t_);
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, c_,
@@ -117,20 +98,20 @@ class AllreduceDoubleTree {
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(42);  // strata:42
-          strata::Signal(strata::SyncSlot(sync_, world + 2 + 4 + t_), epoch_ + 3, c_);
+          STRATA_LINE(35);  // strata:35
+          strata::Signal(strata::SyncSlot(sync_, world + 4 + t_), epoch_ + 2, c_);
         }
         AscendC::SyncAll<true>();
       }
-      if (2 * l_ + 2 < world) {  // strata:44
-        const int64_t c_ = 2 * l_ + 2 + t_ * (world - 5 - 4 * l_);  // strata:45
-        {  // strata:46 stage 3 on sdma
-          STRATA_LINE(46);
+      if (2 * l_ + 2 < world) {  // strata:37
+        const int64_t c_ = 2 * l_ + 2 + t_ * (world - 5 - 4 * l_);  // strata:38
+        {  // strata:39 stage 3 on sdma
+          STRATA_LINE(39);
           int64_t total = 0;
           total += PartLength(n_, 2, t_);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(46);  // strata:46
+          STRATA_LINE(39);  // strata:39
           if (cut.Take(PartLength(n_, 2, t_), off, len)) {
             const int64_t lo = PartOffset(n_, 2, t_);
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, c_,
@@ -139,8 +120,8 @@ class AllreduceDoubleTree {
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(47);  // strata:47
-          strata::Signal(strata::SyncSlot(sync_, world + 2 + 4 + t_), epoch_ + 3, c_);
+          STRATA_LINE(40);  // strata:40
+          strata::Signal(strata::SyncSlot(sync_, world + 4 + t_), epoch_ + 2, c_);
         }
         AscendC::SyncAll<true>();
       }

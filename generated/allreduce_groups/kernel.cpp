@@ -37,15 +37,13 @@ class AllreduceGroups {
     const int64_t hi_ = ((g_.rank + 1) * k_ * n_) / C_;  // strata:23
     const int64_t other_ = rank < A_ ? A_ : 0;  // strata:24
     const int64_t ko_ = C_ / (rank < A_ ? B_ : A_);  // strata:25
-    STRATA_LINE(26);  // strata:26
-    strata::TeamBarrier(sync_, epoch_ + 1, g_);
-    {  // strata:27 stage 1 on aiv
-      STRATA_LINE(27);
+    {  // strata:26 stage 1 on aiv
+      STRATA_LINE(26);
       int64_t total = 0;
       total += hi_ - lo_;
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(27);  // strata:27
+      STRATA_LINE(26);  // strata:26
       if (cut.Take(hi_ - lo_, off, len)) {
         const int64_t lo = lo_;
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
@@ -60,10 +58,10 @@ class AllreduceGroups {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(28);  // strata:28
-    strata::Barrier(sync_, epoch_ + 2);
-    {  // strata:29 stage 2 on aiv
-      STRATA_LINE(29);
+    STRATA_LINE(27);  // strata:27
+    strata::Barrier(sync_, epoch_ + 1);
+    {  // strata:28 stage 2 on aiv
+      STRATA_LINE(28);
       int64_t total = 0;
       for (int64_t j_ = 0; j_ < k_; ++j_) {
         total += ((g_.rank * k_ + j_ + 1) * n_) / C_ - ((g_.rank * k_ + j_) * n_) / C_;
@@ -71,7 +69,7 @@ class AllreduceGroups {
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t j_ = 0; j_ < k_; ++j_) {
-        STRATA_LINE(32);  // strata:32
+        STRATA_LINE(31);  // strata:31
         if (cut.Take(((g_.rank * k_ + j_ + 1) * n_) / C_ - ((g_.rank * k_ + j_) * n_) / C_, off, len)) {
           const int64_t lo = ((g_.rank * k_ + j_) * n_) / C_;
           for (int64_t t = 0; t < len; t += mv_.Tile()) {
@@ -84,10 +82,10 @@ class AllreduceGroups {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(36);  // strata:36
-    strata::Barrier(sync_, epoch_ + 3);
-    {  // strata:37 stage 3 on sdma
-      STRATA_LINE(37);
+    STRATA_LINE(35);  // strata:35
+    strata::Barrier(sync_, epoch_ + 2);
+    {  // strata:36 stage 3 on sdma
+      STRATA_LINE(36);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < g_.size; ++p_) {
         if (p_ != g_.rank) {
@@ -98,7 +96,7 @@ class AllreduceGroups {
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < g_.size; ++p_) {
         if (p_ != g_.rank) {
-          STRATA_LINE(40);  // strata:40
+          STRATA_LINE(39);  // strata:39
           if (cut.Take(((g_.base + p_ - g_.base + 1) * k_ * n_) / C_ - ((g_.base + p_ - g_.base) * k_ * n_) / C_, off, len)) {
             const int64_t lo = ((g_.base + p_ - g_.base) * k_ * n_) / C_;
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, rank,
@@ -108,8 +106,8 @@ class AllreduceGroups {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(43);  // strata:43
-    strata::TeamBarrier(sync_, epoch_ + 4, g_);
+    STRATA_LINE(42);  // strata:42
+    strata::TeamBarrier(sync_, epoch_ + 3, g_);
   }
 
  private:

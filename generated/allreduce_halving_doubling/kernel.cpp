@@ -30,22 +30,17 @@ class AllreduceHalvingDoubling {
     const int64_t L_ = strata::Log2(world);  // strata:16
     const int64_t P_ = int64_t{1} << L_;  // strata:17
     const int64_t E_ = world - P_;  // strata:18
-    const int64_t q_ = n_ / P_;  // strata:21
-    const int64_t m_ = n_ % P_;  // strata:22
-    const int64_t folded_ = rank < 2 * E_ ? rank % 2 : 0;  // strata:23
-    if (folded_ == 1) {  // strata:24
-      if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(25);  // strata:25
-        strata::WaitFlag(strata::SyncSlot(sync_, world + L_), epoch_ + 1);
-      }
-      AscendC::SyncAll<true>();
-      {  // strata:26 stage 1 on aiv
-        STRATA_LINE(26);
+    const int64_t q_ = n_ / P_;  // strata:20
+    const int64_t m_ = n_ % P_;  // strata:21
+    const int64_t folded_ = rank < 2 * E_ ? rank % 2 : 0;  // strata:22
+    if (folded_ == 1) {  // strata:23
+      {  // strata:24 stage 1 on aiv
+        STRATA_LINE(24);
         int64_t total = 0;
         total += n_;
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
-        STRATA_LINE(26);  // strata:26
+        STRATA_LINE(24);  // strata:24
         if (cut.Take(n_, off, len)) {
           mv_.template AccumulateInto<OP>(x_ + off, rank - 1,
                                                  x_ + off, rank, len);
@@ -53,53 +48,40 @@ class AllreduceHalvingDoubling {
         strata::EndStage(mv_);
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(27);  // strata:27
-        strata::Signal(strata::SyncSlot(sync_, world + L_ + 1 + 2 * L_), epoch_ + 2, rank - 1);
-        STRATA_LINE(28);  // strata:28
-        strata::WaitFlag(strata::SyncSlot(sync_, world + L_ + 1 + 2 * L_ + 1), epoch_ + 2);
+        STRATA_LINE(25);  // strata:25
+        strata::Signal(strata::SyncSlot(sync_, world + 2 * L_), epoch_ + 1, rank - 1);
+        STRATA_LINE(26);  // strata:26
+        strata::WaitFlag(strata::SyncSlot(sync_, world + 2 * L_ + 1), epoch_ + 1);
       }
       AscendC::SyncAll<true>();
     } else {
-      const int64_t v_ = rank - strata::Min(E_, (rank + 1) / 2);  // strata:30
+      const int64_t v_ = rank - strata::Min(E_, (rank + 1) / 2);  // strata:28
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (rank < 2 * E_) {
-          STRATA_LINE(31);  // strata:31
-          strata::Signal(strata::SyncSlot(sync_, world + L_), epoch_ + 1, rank + 1);
-        }
-        for (int64_t k_ = 0; k_ < L_; ++k_) {
-          const int64_t pv_ = v_ ^ (P_ >> (k_ + 1));  // strata:33
-          STRATA_LINE(34);  // strata:34
-          strata::Signal(strata::SyncSlot(sync_, world + k_), epoch_ + 1, pv_ + strata::Min(pv_, E_));
-        }
-        for (int64_t k_ = 0; k_ < L_; ++k_) {
-          STRATA_LINE(36);  // strata:36
-          strata::WaitFlag(strata::SyncSlot(sync_, world + k_), epoch_ + 1);
-        }
-        if (rank < 2 * E_) {
-          STRATA_LINE(37);  // strata:37
-          strata::WaitFlag(strata::SyncSlot(sync_, world + L_ + 1 + 2 * L_), epoch_ + 2);
+          STRATA_LINE(29);  // strata:29
+          strata::WaitFlag(strata::SyncSlot(sync_, world + 2 * L_), epoch_ + 1);
         }
       }
       AscendC::SyncAll<true>();
-      for (int64_t k_ = 0; k_ < L_; ++k_) {  // strata:38
-        const int64_t d_ = P_ >> (k_ + 1);  // strata:39
-        const int64_t pv_ = v_ ^ d_;  // strata:40
-        const int64_t p_ = pv_ + strata::Min(pv_, E_);  // strata:41
-        const int64_t a_ = (pv_ / d_) * d_;  // strata:43
+      for (int64_t k_ = 0; k_ < L_; ++k_) {  // strata:30
+        const int64_t d_ = P_ >> (k_ + 1);  // strata:31
+        const int64_t pv_ = v_ ^ d_;  // strata:32
+        const int64_t p_ = pv_ + strata::Min(pv_, E_);  // strata:33
+        const int64_t a_ = (pv_ / d_) * d_;  // strata:35
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           if (k_ > 0) {
-            STRATA_LINE(42);  // strata:42
-            strata::WaitFlag(strata::SyncSlot(sync_, world + L_ + 1 + (k_ - 1)), epoch_ + 2);
+            STRATA_LINE(34);  // strata:34
+            strata::WaitFlag(strata::SyncSlot(sync_, world + (k_ - 1)), epoch_ + 1);
           }
         }
         AscendC::SyncAll<true>();
-        {  // strata:44 stage 2 on aiv
-          STRATA_LINE(44);
+        {  // strata:36 stage 2 on aiv
+          STRATA_LINE(36);
           int64_t total = 0;
           total += (a_ + d_) * q_ + strata::Min(a_ + d_, m_) - (a_ * q_ + strata::Min(a_, m_));
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(44);  // strata:44
+          STRATA_LINE(36);  // strata:36
           if (cut.Take((a_ + d_) * q_ + strata::Min(a_ + d_, m_) - (a_ * q_ + strata::Min(a_, m_)), off, len)) {
             const int64_t lo = a_ * q_ + strata::Min(a_, m_);
             mv_.template AccumulateInto<OP>(x_ + lo + off, p_,
@@ -108,28 +90,28 @@ class AllreduceHalvingDoubling {
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(45);  // strata:45
-          strata::Signal(strata::SyncSlot(sync_, world + L_ + 1 + k_), epoch_ + 2, p_);
+          STRATA_LINE(37);  // strata:37
+          strata::Signal(strata::SyncSlot(sync_, world + k_), epoch_ + 1, p_);
         }
         AscendC::SyncAll<true>();
       }
-      for (int64_t k_ = 0; k_ < L_; ++k_) {  // strata:47
-        const int64_t d_ = int64_t{1} << k_;  // strata:48
-        const int64_t pv_ = v_ ^ d_;  // strata:49
-        const int64_t p_ = pv_ + strata::Min(pv_, E_);  // strata:50
-        const int64_t a_ = (v_ / d_) * d_;  // strata:52
+      for (int64_t k_ = 0; k_ < L_; ++k_) {  // strata:39
+        const int64_t d_ = int64_t{1} << k_;  // strata:40
+        const int64_t pv_ = v_ ^ d_;  // strata:41
+        const int64_t p_ = pv_ + strata::Min(pv_, E_);  // strata:42
+        const int64_t a_ = (v_ / d_) * d_;  // strata:44
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(51);  // strata:51
-          strata::WaitFlag(strata::SyncSlot(sync_, world + L_ + 1 + (L_ + k_ - 1)), epoch_ + 2);
+          STRATA_LINE(43);  // strata:43
+          strata::WaitFlag(strata::SyncSlot(sync_, world + (L_ + k_ - 1)), epoch_ + 1);
         }
         AscendC::SyncAll<true>();
-        {  // strata:53 stage 3 on sdma
-          STRATA_LINE(53);
+        {  // strata:45 stage 3 on sdma
+          STRATA_LINE(45);
           int64_t total = 0;
           total += (a_ + d_) * q_ + strata::Min(a_ + d_, m_) - (a_ * q_ + strata::Min(a_, m_));
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(53);  // strata:53
+          STRATA_LINE(45);  // strata:45
           if (cut.Take((a_ + d_) * q_ + strata::Min(a_ + d_, m_) - (a_ * q_ + strata::Min(a_, m_)), off, len)) {
             const int64_t lo = a_ * q_ + strata::Min(a_, m_);
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, p_,
@@ -138,26 +120,26 @@ class AllreduceHalvingDoubling {
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(54);  // strata:54
-          strata::Signal(strata::SyncSlot(sync_, world + L_ + 1 + L_ + k_), epoch_ + 2, p_);
+          STRATA_LINE(46);  // strata:46
+          strata::Signal(strata::SyncSlot(sync_, world + L_ + k_), epoch_ + 1, p_);
         }
         AscendC::SyncAll<true>();
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (L_ > 0) {
-          STRATA_LINE(56);  // strata:56
-          strata::WaitFlag(strata::SyncSlot(sync_, world + L_ + 1 + (2 * L_ - 1)), epoch_ + 2);
+          STRATA_LINE(48);  // strata:48
+          strata::WaitFlag(strata::SyncSlot(sync_, world + (2 * L_ - 1)), epoch_ + 1);
         }
       }
       AscendC::SyncAll<true>();
-      if (rank < 2 * E_) {  // strata:57
-        {  // strata:58 stage 4 on sdma
-          STRATA_LINE(58);
+      if (rank < 2 * E_) {  // strata:49
+        {  // strata:50 stage 4 on sdma
+          STRATA_LINE(50);
           int64_t total = 0;
           total += n_;
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(58);  // strata:58
+          STRATA_LINE(50);  // strata:50
           if (cut.Take(n_, off, len)) {
             mv_.Copy(strata::Via::kSdma, x_ + off, rank + 1,
                      x_ + off, rank, len, rank, kSdmaThreshold);
@@ -165,8 +147,8 @@ class AllreduceHalvingDoubling {
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(59);  // strata:59
-          strata::Signal(strata::SyncSlot(sync_, world + L_ + 1 + 2 * L_ + 1), epoch_ + 2, rank + 1);
+          STRATA_LINE(51);  // strata:51
+          strata::Signal(strata::SyncSlot(sync_, world + 2 * L_ + 1), epoch_ + 1, rank + 1);
         }
         AscendC::SyncAll<true>();
       }

@@ -40,15 +40,13 @@ class AllreduceHierarchical {
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     const int64_t T_u_ = node_.size;  // strata:15
     const int64_t me_ = node_.rank;  // strata:20
-    STRATA_LINE(21);  // strata:21
-    strata::TeamBarrier(sync_, epoch_ + 1, node_);
-    {  // strata:22 stage 1 on aiv
-      STRATA_LINE(22);
+    {  // strata:21 stage 1 on aiv
+      STRATA_LINE(21);
       int64_t total = 0;
       total += PartLength(n_, T_u_, me_);
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(22);  // strata:22
+      STRATA_LINE(21);  // strata:21
       if (cut.Take(PartLength(n_, T_u_, me_), off, len)) {
         const int64_t lo = PartOffset(n_, T_u_, me_);
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
@@ -63,15 +61,15 @@ class AllreduceHierarchical {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(23);  // strata:23
-    strata::TeamBarrier(sync_, epoch_ + 2, lane_);
-    {  // strata:24 stage 2 on aiv
-      STRATA_LINE(24);
+    STRATA_LINE(22);  // strata:22
+    strata::TeamBarrier(sync_, epoch_ + 1, lane_);
+    {  // strata:23 stage 2 on aiv
+      STRATA_LINE(23);
       int64_t total = 0;
       total += PartLength(PartLength(n_, T_u_, me_), lane_.size, lane_.rank);
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(24);  // strata:24
+      STRATA_LINE(23);  // strata:23
       if (cut.Take(PartLength(PartLength(n_, T_u_, me_), lane_.size, lane_.rank), off, len)) {
         const int64_t lo = PartOffset(n_, T_u_, me_) + PartOffset(PartLength(n_, T_u_, me_), lane_.size, lane_.rank);
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
@@ -86,8 +84,8 @@ class AllreduceHierarchical {
       }
       strata::EndStage(mv_);
     }
-    {  // strata:25 stage 3 on sdma
-      STRATA_LINE(25);
+    {  // strata:24 stage 3 on sdma
+      STRATA_LINE(24);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < lane_.size; ++p_) {
         if (p_ != lane_.rank) {
@@ -98,7 +96,7 @@ class AllreduceHierarchical {
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < lane_.size; ++p_) {
         if (p_ != lane_.rank) {
-          STRATA_LINE(25);  // strata:25
+          STRATA_LINE(24);  // strata:24
           if (cut.Take(PartLength(PartLength(n_, T_u_, me_), lane_.size, lane_.rank), off, len)) {
             const int64_t lo = PartOffset(n_, T_u_, me_) + PartOffset(PartLength(n_, T_u_, me_), lane_.size, lane_.rank);
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, me_ + p_ * T_u_,
@@ -108,10 +106,10 @@ class AllreduceHierarchical {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(26);  // strata:26
-    strata::TeamBarrier(sync_, epoch_ + 3, lane_);
-    {  // strata:27 stage 4 on sdma
-      STRATA_LINE(27);
+    STRATA_LINE(25);  // strata:25
+    strata::TeamBarrier(sync_, epoch_ + 2, lane_);
+    {  // strata:26 stage 4 on sdma
+      STRATA_LINE(26);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < T_u_; ++p_) {
         if (p_ != me_) {
@@ -122,7 +120,7 @@ class AllreduceHierarchical {
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < T_u_; ++p_) {
         if (p_ != me_) {
-          STRATA_LINE(27);  // strata:27
+          STRATA_LINE(26);  // strata:26
           if (cut.Take(PartLength(n_, T_u_, me_), off, len)) {
             const int64_t lo = PartOffset(n_, T_u_, me_);
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, node_.base + p_,
@@ -132,8 +130,8 @@ class AllreduceHierarchical {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(28);  // strata:28
-    strata::TeamBarrier(sync_, epoch_ + 4, node_);
+    STRATA_LINE(27);  // strata:27
+    strata::TeamBarrier(sync_, epoch_ + 3, node_);
   }
 
  private:

@@ -30,25 +30,23 @@ class AllreduceHierarchicalComposed {
     n_ = static_cast<int64_t>(n);
     rank = aclshmem_my_pe();
     world = aclshmem_n_pes();
-    node_ = strata::BlockTeam(rank, (((world & (0 - world)) - 1) & 7) + 1);  // strata:20 team node, block
-    lane_ = strata::StrideTeam(rank, world, node_.size);  // strata:21 team lane, stride
+    node_ = strata::BlockTeam(rank, (((world & (0 - world)) - 1) & 7) + 1);  // strata:22 team node, block
+    lane_ = strata::StrideTeam(rank, world, node_.size);  // strata:23 team lane, stride
     mv_.Init(&pipe_, kTileBytes, kCopyTiles, kReduceTiles, kScratchBytes);
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(18);  // strata:18 the ranks agree on the call
+    STRATA_LINE(20);  // strata:20 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    const int64_t T_u_ = node_.size;  // strata:19
-    const int64_t me_ = node_.rank;  // strata:23
-    STRATA_LINE(24);  // strata:24
-    strata::TeamBarrier(sync_, epoch_ + 1, node_);
-    {  // strata:25 stage 1 on aiv
-      STRATA_LINE(25);
+    const int64_t T_u_ = node_.size;  // strata:21
+    const int64_t me_ = node_.rank;  // strata:25
+    {  // strata:26 stage 1 on aiv
+      STRATA_LINE(26);
       int64_t total = 0;
       total += PartLength(n_, T_u_, me_);
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(25);  // strata:25
+      STRATA_LINE(26);  // strata:26
       if (cut.Take(PartLength(n_, T_u_, me_), off, len)) {
         const int64_t lo = PartOffset(n_, T_u_, me_);
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
@@ -63,31 +61,26 @@ class AllreduceHierarchicalComposed {
       }
       strata::EndStage(mv_);
     }
-    const int64_t c1_next_ = (lane_.rank + 1) % lane_.size;  // strata:12 (allreduce_ring.strata)
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      STRATA_LINE(13);  // strata:13 (allreduce_ring.strata)
-      strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 3, me_ + strata::Mod(lane_.rank - 1, lane_.size) * T_u_);
-      STRATA_LINE(14);  // strata:14 (allreduce_ring.strata)
-      strata::WaitFlag(strata::SyncSlot(sync_, world), epoch_ + 3);
-    }
-    AscendC::SyncAll<true>();
-    for (int64_t c1_s_ = 0; c1_s_ < 2 * lane_.size - 2; ++c1_s_) {  // strata:15 (allreduce_ring.strata)
-      const int64_t c1_c_ = strata::Mod(lane_.rank - c1_s_, lane_.size);  // strata:16 (allreduce_ring.strata)
+    STRATA_LINE(27);  // strata:27
+    strata::TeamBarrier(sync_, epoch_ + 1, lane_);
+    const int64_t c1_next_ = (lane_.rank + 1) % lane_.size;  // strata:11 (allreduce_ring.strata)
+    for (int64_t c1_s_ = 0; c1_s_ < 2 * lane_.size - 2; ++c1_s_) {  // strata:12 (allreduce_ring.strata)
+      const int64_t c1_c_ = strata::Mod(lane_.rank - c1_s_, lane_.size);  // strata:13 (allreduce_ring.strata)
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (c1_s_ > 0) {
-          STRATA_LINE(17);  // strata:17 (allreduce_ring.strata)
-          strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (c1_s_ - 1)), epoch_ + 4);
+          STRATA_LINE(14);  // strata:14 (allreduce_ring.strata)
+          strata::WaitFlag(strata::SyncSlot(sync_, world + (c1_s_ - 1)), epoch_ + 3);
         }
       }
       AscendC::SyncAll<true>();
-      if (c1_s_ < lane_.size - 1) {  // strata:18 (allreduce_ring.strata)
-        {  // strata:18 (allreduce_ring.strata) stage 2 on aiv
-          STRATA_LINE(18);
+      if (c1_s_ < lane_.size - 1) {  // strata:15 (allreduce_ring.strata)
+        {  // strata:15 (allreduce_ring.strata) stage 2 on aiv
+          STRATA_LINE(15);
           int64_t total = 0;
           total += (n_ / T_u_ + (me_ < n_ % T_u_)) / lane_.size + (c1_c_ < (n_ / T_u_ + (me_ < n_ % T_u_)) % lane_.size);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(18);  // strata:18 (allreduce_ring.strata)
+          STRATA_LINE(15);  // strata:15 (allreduce_ring.strata)
           if (cut.Take((n_ / T_u_ + (me_ < n_ % T_u_)) / lane_.size + (c1_c_ < (n_ / T_u_ + (me_ < n_ % T_u_)) % lane_.size), off, len)) {
             const int64_t lo = me_ * (n_ / T_u_) + strata::Min(me_, n_ % T_u_) + (c1_c_ * ((n_ / T_u_ + (me_ < n_ % T_u_)) / lane_.size) + strata::Min(c1_c_, (n_ / T_u_ + (me_ < n_ % T_u_)) % lane_.size));
             mv_.template AccumulateInto<OP>(x_ + lo + off, me_ + c1_next_ * T_u_,
@@ -96,13 +89,13 @@ class AllreduceHierarchicalComposed {
           strata::EndStage(mv_);
         }
       } else {
-        {  // strata:18 (allreduce_ring.strata) stage 3 on sdma
-          STRATA_LINE(18);
+        {  // strata:15 (allreduce_ring.strata) stage 3 on sdma
+          STRATA_LINE(15);
           int64_t total = 0;
           total += (n_ / T_u_ + (me_ < n_ % T_u_)) / lane_.size + (c1_c_ < (n_ / T_u_ + (me_ < n_ % T_u_)) % lane_.size);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(18);  // strata:18 (allreduce_ring.strata)
+          STRATA_LINE(15);  // strata:15 (allreduce_ring.strata)
           if (cut.Take((n_ / T_u_ + (me_ < n_ % T_u_)) / lane_.size + (c1_c_ < (n_ / T_u_ + (me_ < n_ % T_u_)) % lane_.size), off, len)) {
             const int64_t lo = me_ * (n_ / T_u_) + strata::Min(me_, n_ % T_u_) + (c1_c_ * ((n_ / T_u_ + (me_ < n_ % T_u_)) / lane_.size) + strata::Min(c1_c_, (n_ / T_u_ + (me_ < n_ % T_u_)) % lane_.size));
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, me_ + c1_next_ * T_u_,
@@ -112,20 +105,20 @@ class AllreduceHierarchicalComposed {
         }
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(19);  // strata:19 (allreduce_ring.strata)
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + c1_s_), epoch_ + 4, me_ + c1_next_ * T_u_);
+        STRATA_LINE(16);  // strata:16 (allreduce_ring.strata)
+        strata::Signal(strata::SyncSlot(sync_, world + c1_s_), epoch_ + 3, me_ + c1_next_ * T_u_);
       }
       AscendC::SyncAll<true>();
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (lane_.size > 1) {
-        STRATA_LINE(21);  // strata:21 (allreduce_ring.strata)
-        strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (2 * lane_.size - 3)), epoch_ + 4);
+        STRATA_LINE(18);  // strata:18 (allreduce_ring.strata)
+        strata::WaitFlag(strata::SyncSlot(sync_, world + (2 * lane_.size - 3)), epoch_ + 3);
       }
     }
     AscendC::SyncAll<true>();
-    {  // strata:27 stage 4 on sdma
-      STRATA_LINE(27);
+    {  // strata:29 stage 4 on sdma
+      STRATA_LINE(29);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < T_u_; ++p_) {
         if (p_ != me_) {
@@ -136,7 +129,7 @@ class AllreduceHierarchicalComposed {
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < T_u_; ++p_) {
         if (p_ != me_) {
-          STRATA_LINE(27);  // strata:27
+          STRATA_LINE(29);  // strata:29
           if (cut.Take(PartLength(n_, T_u_, me_), off, len)) {
             const int64_t lo = PartOffset(n_, T_u_, me_);
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, node_.base + p_,
@@ -146,7 +139,7 @@ class AllreduceHierarchicalComposed {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(28);  // strata:28
+    STRATA_LINE(30);  // strata:30
     strata::TeamBarrier(sync_, epoch_ + 2, node_);
   }
 

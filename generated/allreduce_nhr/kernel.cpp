@@ -37,55 +37,46 @@ class AllreduceNhr {
     STRATA_LINE(21);  // strata:21 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     const int64_t S_ = world == 1 ? 0 : strata::Log2(world - 1) + 1;  // strata:22
-    const int64_t q_ = n_ / world;  // strata:27
-    const int64_t m_ = n_ % world;  // strata:28
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      for (int64_t s_ = 0; s_ < S_; ++s_) {
-        STRATA_LINE(30);  // strata:30
-        strata::Signal(strata::SyncSlot(sync_, world + s_), epoch_ + 1, (rank + (int64_t{1} << s_)) % world);
-      }
-    }
-    AscendC::SyncAll<true>();
-    for (int64_t u_ = 0; u_ < 2 * S_; ++u_) {  // strata:32
-      const int64_t s_ = u_ < S_ ? u_ : 2 * S_ - 1 - u_;  // strata:33
-      const int64_t d_ = int64_t{1} << s_;  // strata:34
-      const int64_t to_ = u_ < S_ ? strata::Mod(rank - d_, world) : (rank + d_) % world;  // strata:35
-      const int64_t base_ = u_ < S_ ? to_ : rank;  // strata:36
-      const int64_t k_ = (world - 1 + d_) / (2 * d_);  // strata:37
+    const int64_t q_ = n_ / world;  // strata:26
+    const int64_t m_ = n_ % world;  // strata:27
+    for (int64_t u_ = 0; u_ < 2 * S_; ++u_) {  // strata:28
+      const int64_t s_ = u_ < S_ ? u_ : 2 * S_ - 1 - u_;  // strata:29
+      const int64_t d_ = int64_t{1} << s_;  // strata:30
+      const int64_t to_ = u_ < S_ ? strata::Mod(rank - d_, world) : (rank + d_) % world;  // strata:31
+      const int64_t base_ = u_ < S_ ? to_ : rank;  // strata:32
+      const int64_t k_ = (world - 1 + d_) / (2 * d_);  // strata:33
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (u_ < S_) {
           if (s_ > 0) {
-            STRATA_LINE(39);  // strata:39
-            strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + (s_ - 1)), epoch_ + 2);
+            STRATA_LINE(35);  // strata:35
+            strata::WaitFlag(strata::SyncSlot(sync_, world + (s_ - 1)), epoch_ + 1);
           }
-          STRATA_LINE(40);  // strata:40
-          strata::WaitFlag(strata::SyncSlot(sync_, world + s_), epoch_ + 1);
         } else {
           if (u_ == S_) {
-            STRATA_LINE(42);  // strata:42
-            strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + (S_ - 1)), epoch_ + 2);
+            STRATA_LINE(37);  // strata:37
+            strata::WaitFlag(strata::SyncSlot(sync_, world + (S_ - 1)), epoch_ + 1);
           } else {
-            STRATA_LINE(42);  // strata:42
-            strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + S_ + 1 + s_ + 1), epoch_ + 3);
+            STRATA_LINE(37);  // strata:37
+            strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + s_ + 1), epoch_ + 2);
           }
         }
       }
       AscendC::SyncAll<true>();
-      if (world % (2 * d_) == 0) {  // strata:44
-        int64_t r_ = 0;  // strata:45
-        for (int64_t b_ = 0; b_ < s_ + 1; ++b_) {  // strata:46
-          r_ = (r_ << 1) | ((base_ >> b_) & 1);  // strata:47
+      if (world % (2 * d_) == 0) {  // strata:39
+        int64_t r_ = 0;  // strata:40
+        for (int64_t b_ = 0; b_ < s_ + 1; ++b_) {  // strata:41
+          r_ = (r_ << 1) | ((base_ >> b_) & 1);  // strata:42
         }
-        const int64_t lo_ = r_ * k_ * q_ + strata::Min(r_ * k_, m_);  // strata:49
-        const int64_t hi_ = (r_ + 1) * k_ * q_ + strata::Min((r_ + 1) * k_, m_);  // strata:50
-        if (u_ < S_) {  // strata:51
-          {  // strata:51 stage 1 on aiv
-            STRATA_LINE(51);
+        const int64_t lo_ = r_ * k_ * q_ + strata::Min(r_ * k_, m_);  // strata:44
+        const int64_t hi_ = (r_ + 1) * k_ * q_ + strata::Min((r_ + 1) * k_, m_);  // strata:45
+        if (u_ < S_) {  // strata:46
+          {  // strata:46 stage 1 on aiv
+            STRATA_LINE(46);
             int64_t total = 0;
             total += hi_ - lo_;
             strata::Partition cut(total, sizeof(T));
             int64_t off = 0, len = 0;
-            STRATA_LINE(51);  // strata:51
+            STRATA_LINE(46);  // strata:46
             if (cut.Take(hi_ - lo_, off, len)) {
               mv_.template AccumulateInto<OP>(x_ + lo_ + off, to_,
                                                      x_ + lo_ + off, rank, len);
@@ -93,13 +84,13 @@ class AllreduceNhr {
             strata::EndStage(mv_);
           }
         } else {
-          {  // strata:51 stage 2 on sdma
-            STRATA_LINE(51);
+          {  // strata:46 stage 2 on sdma
+            STRATA_LINE(46);
             int64_t total = 0;
             total += hi_ - lo_;
             strata::Partition cut(total, sizeof(T));
             int64_t off = 0, len = 0;
-            STRATA_LINE(51);  // strata:51
+            STRATA_LINE(46);  // strata:46
             if (cut.Take(hi_ - lo_, off, len)) {
               mv_.Copy(strata::Via::kSdma, x_ + lo_ + off, to_,
                        x_ + lo_ + off, rank, len, rank, kSdmaThreshold);
@@ -108,27 +99,27 @@ class AllreduceNhr {
           }
         }
       } else {
-        for (int64_t i_ = 0; i_ < k_; ++i_) {  // strata:53
-          int64_t p_ = strata::Mod(base_ - i_ * 2 * d_, world);  // strata:54
-          int64_t g_ = world;  // strata:55
-          int64_t more_ = 1;  // strata:56
-          for (int64_t t_ = 0; t_ < S_; ++t_) {  // strata:57
-            if (more_ * ((world - 1 + (int64_t{1} << t_)) / (int64_t{2} << t_)) > 1) {  // strata:58
-              const int64_t st_ = (p_ / g_) * g_;  // strata:59
-              const int64_t o_ = p_ - st_;  // strata:60
-              p_ = st_ + (o_ % 2 == 0 ? o_ / 2 : (strata::Min(st_ + g_, world) - st_ + 1) / 2 + o_ / 2);  // strata:61
-              more_ = g_ % 2 + (world % g_) % 2 > 0 ? 0 : more_;  // strata:62
-              g_ = g_ / 2;  // strata:63
+        for (int64_t i_ = 0; i_ < k_; ++i_) {  // strata:48
+          int64_t p_ = strata::Mod(base_ - i_ * 2 * d_, world);  // strata:49
+          int64_t g_ = world;  // strata:50
+          int64_t more_ = 1;  // strata:51
+          for (int64_t t_ = 0; t_ < S_; ++t_) {  // strata:52
+            if (more_ * ((world - 1 + (int64_t{1} << t_)) / (int64_t{2} << t_)) > 1) {  // strata:53
+              const int64_t st_ = (p_ / g_) * g_;  // strata:54
+              const int64_t o_ = p_ - st_;  // strata:55
+              p_ = st_ + (o_ % 2 == 0 ? o_ / 2 : (strata::Min(st_ + g_, world) - st_ + 1) / 2 + o_ / 2);  // strata:56
+              more_ = g_ % 2 + (world % g_) % 2 > 0 ? 0 : more_;  // strata:57
+              g_ = g_ / 2;  // strata:58
             }
           }
-          if (u_ < S_) {  // strata:66
-            {  // strata:66 stage 3 on aiv
-              STRATA_LINE(66);
+          if (u_ < S_) {  // strata:61
+            {  // strata:61 stage 3 on aiv
+              STRATA_LINE(61);
               int64_t total = 0;
               total += PartLength(n_, world, p_);
               strata::Partition cut(total, sizeof(T));
               int64_t off = 0, len = 0;
-              STRATA_LINE(66);  // strata:66
+              STRATA_LINE(61);  // strata:61
               if (cut.Take(PartLength(n_, world, p_), off, len)) {
                 const int64_t lo = PartOffset(n_, world, p_);
                 mv_.template AccumulateInto<OP>(x_ + lo + off, to_,
@@ -137,13 +128,13 @@ class AllreduceNhr {
               strata::EndStage(mv_);
             }
           } else {
-            {  // strata:66 stage 4 on sdma
-              STRATA_LINE(66);
+            {  // strata:61 stage 4 on sdma
+              STRATA_LINE(61);
               int64_t total = 0;
               total += PartLength(n_, world, p_);
               strata::Partition cut(total, sizeof(T));
               int64_t off = 0, len = 0;
-              STRATA_LINE(66);  // strata:66
+              STRATA_LINE(61);  // strata:61
               if (cut.Take(PartLength(n_, world, p_), off, len)) {
                 const int64_t lo = PartOffset(n_, world, p_);
                 mv_.Copy(strata::Via::kSdma, x_ + lo + off, to_,
@@ -156,19 +147,19 @@ class AllreduceNhr {
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (u_ < S_) {
-          STRATA_LINE(69);  // strata:69
-          strata::Signal(strata::SyncSlot(sync_, world + S_ + 1 + s_), epoch_ + 2, to_);
+          STRATA_LINE(64);  // strata:64
+          strata::Signal(strata::SyncSlot(sync_, world + s_), epoch_ + 1, to_);
         } else {
-          STRATA_LINE(69);  // strata:69
-          strata::Signal(strata::SyncSlot(sync_, world + S_ + 1 + S_ + 1 + s_), epoch_ + 3, to_);
+          STRATA_LINE(64);  // strata:64
+          strata::Signal(strata::SyncSlot(sync_, world + S_ + 1 + s_), epoch_ + 2, to_);
         }
       }
       AscendC::SyncAll<true>();
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (S_ > 0) {
-        STRATA_LINE(71);  // strata:71
-        strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + S_ + 1), epoch_ + 3);
+        STRATA_LINE(66);  // strata:66
+        strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1), epoch_ + 2);
       }
     }
     AscendC::SyncAll<true>();

@@ -34,34 +34,25 @@ class AllreduceNhrIdentity {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(74);  // strata:74 the ranks agree on the call
+    STRATA_LINE(69);  // strata:69 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    const int64_t S_ = world == 1 ? 0 : strata::Log2(world - 1) + 1;  // strata:75
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      for (int64_t s_ = 0; s_ < S_; ++s_) {
-        STRATA_LINE(81);  // strata:81
-        strata::Signal(strata::SyncSlot(sync_, world + s_), epoch_ + 1, (rank + (int64_t{1} << s_)) % world);
-      }
-    }
-    AscendC::SyncAll<true>();
-    for (int64_t u_ = 0; u_ < 2 * S_; ++u_) {  // strata:83
-      const int64_t s_ = u_ < S_ ? u_ : 2 * S_ - 1 - u_;  // strata:84
-      const int64_t d_ = int64_t{1} << s_;  // strata:85
-      const int64_t to_ = u_ < S_ ? strata::Mod(rank - d_, world) : (rank + d_) % world;  // strata:86
-      const int64_t base_ = u_ < S_ ? to_ : rank;  // strata:87
-      const int64_t k_ = (world - 1 + d_) / (2 * d_);  // strata:88
-      if (u_ < S_) {  // strata:89
+    const int64_t S_ = world == 1 ? 0 : strata::Log2(world - 1) + 1;  // strata:70
+    for (int64_t u_ = 0; u_ < 2 * S_; ++u_) {  // strata:74
+      const int64_t s_ = u_ < S_ ? u_ : 2 * S_ - 1 - u_;  // strata:75
+      const int64_t d_ = int64_t{1} << s_;  // strata:76
+      const int64_t to_ = u_ < S_ ? strata::Mod(rank - d_, world) : (rank + d_) % world;  // strata:77
+      const int64_t base_ = u_ < S_ ? to_ : rank;  // strata:78
+      const int64_t k_ = (world - 1 + d_) / (2 * d_);  // strata:79
+      if (u_ < S_) {  // strata:80
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           if (s_ > 0) {
-            STRATA_LINE(90);  // strata:90
-            strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + (s_ - 1)), epoch_ + 2);
+            STRATA_LINE(81);  // strata:81
+            strata::WaitFlag(strata::SyncSlot(sync_, world + (s_ - 1)), epoch_ + 1);
           }
-          STRATA_LINE(91);  // strata:91
-          strata::WaitFlag(strata::SyncSlot(sync_, world + s_), epoch_ + 1);
         }
         AscendC::SyncAll<true>();
-        {  // strata:92 stage 1 on aiv
-          STRATA_LINE(92);
+        {  // strata:82 stage 1 on aiv
+          STRATA_LINE(82);
           int64_t total = 0;
           for (int64_t i_ = 0; i_ < k_; ++i_) {
             total += PartLength(n_, world, strata::Mod(base_ - i_ * 2 * d_, world));
@@ -69,7 +60,7 @@ class AllreduceNhrIdentity {
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
           for (int64_t i_ = 0; i_ < k_; ++i_) {
-            STRATA_LINE(92);  // strata:92
+            STRATA_LINE(82);  // strata:82
             if (cut.Take(PartLength(n_, world, strata::Mod(base_ - i_ * 2 * d_, world)), off, len)) {
               const int64_t lo = PartOffset(n_, world, strata::Mod(base_ - i_ * 2 * d_, world));
               mv_.template AccumulateInto<OP>(x_ + lo + off, to_,
@@ -79,23 +70,23 @@ class AllreduceNhrIdentity {
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(93);  // strata:93
-          strata::Signal(strata::SyncSlot(sync_, world + S_ + 1 + s_), epoch_ + 2, to_);
+          STRATA_LINE(83);  // strata:83
+          strata::Signal(strata::SyncSlot(sync_, world + s_), epoch_ + 1, to_);
         }
         AscendC::SyncAll<true>();
       } else {
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
           if (u_ == S_) {
-            STRATA_LINE(95);  // strata:95
-            strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + (S_ - 1)), epoch_ + 2);
+            STRATA_LINE(85);  // strata:85
+            strata::WaitFlag(strata::SyncSlot(sync_, world + (S_ - 1)), epoch_ + 1);
           } else {
-            STRATA_LINE(95);  // strata:95
-            strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + S_ + 1 + s_ + 1), epoch_ + 3);
+            STRATA_LINE(85);  // strata:85
+            strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + s_ + 1), epoch_ + 2);
           }
         }
         AscendC::SyncAll<true>();
-        {  // strata:96 stage 2 on sdma
-          STRATA_LINE(96);
+        {  // strata:86 stage 2 on sdma
+          STRATA_LINE(86);
           int64_t total = 0;
           for (int64_t i_ = 0; i_ < k_; ++i_) {
             total += PartLength(n_, world, strata::Mod(base_ - i_ * 2 * d_, world));
@@ -103,7 +94,7 @@ class AllreduceNhrIdentity {
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
           for (int64_t i_ = 0; i_ < k_; ++i_) {
-            STRATA_LINE(96);  // strata:96
+            STRATA_LINE(86);  // strata:86
             if (cut.Take(PartLength(n_, world, strata::Mod(base_ - i_ * 2 * d_, world)), off, len)) {
               const int64_t lo = PartOffset(n_, world, strata::Mod(base_ - i_ * 2 * d_, world));
               mv_.Copy(strata::Via::kSdma, x_ + lo + off, to_,
@@ -113,16 +104,16 @@ class AllreduceNhrIdentity {
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(97);  // strata:97
-          strata::Signal(strata::SyncSlot(sync_, world + S_ + 1 + S_ + 1 + s_), epoch_ + 3, to_);
+          STRATA_LINE(87);  // strata:87
+          strata::Signal(strata::SyncSlot(sync_, world + S_ + 1 + s_), epoch_ + 2, to_);
         }
         AscendC::SyncAll<true>();
       }
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (S_ > 0) {
-        STRATA_LINE(100);  // strata:100
-        strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1 + S_ + 1), epoch_ + 3);
+        STRATA_LINE(90);  // strata:90
+        strata::WaitFlag(strata::SyncSlot(sync_, world + S_ + 1), epoch_ + 2);
       }
     }
     AscendC::SyncAll<true>();

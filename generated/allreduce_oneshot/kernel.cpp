@@ -26,15 +26,15 @@ class AllreduceOneshot {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(8);  // strata:8 barrier, where the ranks agree on the call
+    STRATA_LINE(7);  // strata:7 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    {  // strata:9 stage 1 on aiv
-      STRATA_LINE(9);
+    {  // strata:8 stage 1 on aiv
+      STRATA_LINE(8);
       int64_t total = 0;
       total += n_;
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(9);  // strata:9
+      STRATA_LINE(8);  // strata:8
       if (cut.Take(n_, off, len)) {
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
           const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
@@ -48,8 +48,8 @@ class AllreduceOneshot {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(10);  // strata:10
-    strata::Barrier(sync_, epoch_ + 2);
+    STRATA_LINE(9);  // strata:9
+    strata::Barrier(sync_, epoch_ + 1);
   }
 
  private:

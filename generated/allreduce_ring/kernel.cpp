@@ -36,31 +36,24 @@ class AllreduceRing {
   __aicore__ inline void Process() {
     STRATA_LINE(8);  // strata:8 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    const int64_t next_ = (rank + 1) % world;  // strata:12
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      STRATA_LINE(13);  // strata:13
-      strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, strata::Mod(rank - 1, world));
-      STRATA_LINE(14);  // strata:14
-      strata::WaitFlag(strata::SyncSlot(sync_, world), epoch_ + 1);
-    }
-    AscendC::SyncAll<true>();
-    for (int64_t s_ = 0; s_ < 2 * world - 2; ++s_) {  // strata:15
-      const int64_t c_ = strata::Mod(rank - s_, world);  // strata:16
+    const int64_t next_ = (rank + 1) % world;  // strata:11
+    for (int64_t s_ = 0; s_ < 2 * world - 2; ++s_) {  // strata:12
+      const int64_t c_ = strata::Mod(rank - s_, world);  // strata:13
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (s_ > 0) {
-          STRATA_LINE(17);  // strata:17
-          strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (s_ - 1)), epoch_ + 2);
+          STRATA_LINE(14);  // strata:14
+          strata::WaitFlag(strata::SyncSlot(sync_, world + (s_ - 1)), epoch_ + 1);
         }
       }
       AscendC::SyncAll<true>();
-      if (s_ < world - 1) {  // strata:18
-        {  // strata:18 stage 1 on aiv
-          STRATA_LINE(18);
+      if (s_ < world - 1) {  // strata:15
+        {  // strata:15 stage 1 on aiv
+          STRATA_LINE(15);
           int64_t total = 0;
           total += PartLength(n_, world, c_);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(18);  // strata:18
+          STRATA_LINE(15);  // strata:15
           if (cut.Take(PartLength(n_, world, c_), off, len)) {
             const int64_t lo = PartOffset(n_, world, c_);
             mv_.template AccumulateInto<OP>(x_ + lo + off, next_,
@@ -69,13 +62,13 @@ class AllreduceRing {
           strata::EndStage(mv_);
         }
       } else {
-        {  // strata:18 stage 2 on sdma
-          STRATA_LINE(18);
+        {  // strata:15 stage 2 on sdma
+          STRATA_LINE(15);
           int64_t total = 0;
           total += PartLength(n_, world, c_);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(18);  // strata:18
+          STRATA_LINE(15);  // strata:15
           if (cut.Take(PartLength(n_, world, c_), off, len)) {
             const int64_t lo = PartOffset(n_, world, c_);
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, next_,
@@ -85,15 +78,15 @@ class AllreduceRing {
         }
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(19);  // strata:19
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_), epoch_ + 2, next_);
+        STRATA_LINE(16);  // strata:16
+        strata::Signal(strata::SyncSlot(sync_, world + s_), epoch_ + 1, next_);
       }
       AscendC::SyncAll<true>();
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (world > 1) {
-        STRATA_LINE(21);  // strata:21
-        strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (2 * world - 3)), epoch_ + 2);
+        STRATA_LINE(18);  // strata:18
+        strata::WaitFlag(strata::SyncSlot(sync_, world + (2 * world - 3)), epoch_ + 1);
       }
     }
     AscendC::SyncAll<true>();

@@ -36,31 +36,24 @@ class AllreduceRingReduceSend {
   __aicore__ inline void Process() {
     STRATA_LINE(15);  // strata:15 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    const int64_t next_ = (rank + 1) % world;  // strata:19
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      STRATA_LINE(20);  // strata:20
-      strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, strata::Mod(rank - 1, world));
-      STRATA_LINE(21);  // strata:21
-      strata::WaitFlag(strata::SyncSlot(sync_, world), epoch_ + 1);
-    }
-    AscendC::SyncAll<true>();
-    for (int64_t s_ = 0; s_ < 2 * world - 2; ++s_) {  // strata:22
-      const int64_t c_ = strata::Mod(rank - s_, world);  // strata:23
+    const int64_t next_ = (rank + 1) % world;  // strata:18
+    for (int64_t s_ = 0; s_ < 2 * world - 2; ++s_) {  // strata:19
+      const int64_t c_ = strata::Mod(rank - s_, world);  // strata:20
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (s_ > 0) {
-          STRATA_LINE(24);  // strata:24
-          strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (s_ - 1)), epoch_ + 2);
+          STRATA_LINE(21);  // strata:21
+          strata::WaitFlag(strata::SyncSlot(sync_, world + (s_ - 1)), epoch_ + 1);
         }
       }
       AscendC::SyncAll<true>();
-      if (s_ < world - 1) {  // strata:25
-        {  // strata:26 stage 1 on aiv
-          STRATA_LINE(26);
+      if (s_ < world - 1) {  // strata:22
+        {  // strata:23 stage 1 on aiv
+          STRATA_LINE(23);
           int64_t total = 0;
           total += PartLength(n_, world, c_);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(26);  // strata:26
+          STRATA_LINE(23);  // strata:23
           if (cut.Take(PartLength(n_, world, c_), off, len)) {
             const int64_t lo = PartOffset(n_, world, c_);
             for (int64_t t = 0; t < len; t += mv_.Tile()) {
@@ -73,13 +66,13 @@ class AllreduceRingReduceSend {
           strata::EndStage(mv_);
         }
       } else {
-        {  // strata:28 stage 2 on sdma
-          STRATA_LINE(28);
+        {  // strata:25 stage 2 on sdma
+          STRATA_LINE(25);
           int64_t total = 0;
           total += PartLength(n_, world, c_);
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(28);  // strata:28
+          STRATA_LINE(25);  // strata:25
           if (cut.Take(PartLength(n_, world, c_), off, len)) {
             const int64_t lo = PartOffset(n_, world, c_);
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, next_,
@@ -89,15 +82,15 @@ class AllreduceRingReduceSend {
         }
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(30);  // strata:30
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_), epoch_ + 2, next_);
+        STRATA_LINE(27);  // strata:27
+        strata::Signal(strata::SyncSlot(sync_, world + s_), epoch_ + 1, next_);
       }
       AscendC::SyncAll<true>();
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (world > 1) {
-        STRATA_LINE(32);  // strata:32
-        strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (2 * world - 3)), epoch_ + 2);
+        STRATA_LINE(29);  // strata:29
+        strata::WaitFlag(strata::SyncSlot(sync_, world + (2 * world - 3)), epoch_ + 1);
       }
     }
     AscendC::SyncAll<true>();

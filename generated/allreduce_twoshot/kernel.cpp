@@ -34,7 +34,7 @@ class AllreduceTwoshot {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(11);  // strata:11 barrier, where the ranks agree on the call
+    STRATA_LINE(10);  // strata:10 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     {  // strata:12 stage 1 on aiv
       STRATA_LINE(12);
@@ -78,7 +78,7 @@ class AllreduceTwoshot {
       strata::EndStage(mv_);
     }
     STRATA_LINE(14);  // strata:14
-    strata::Barrier(sync_, epoch_ + 2);
+    strata::Barrier(sync_, epoch_ + 1);
   }
 
  private:

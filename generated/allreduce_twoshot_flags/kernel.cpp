@@ -36,26 +36,13 @@ class AllreduceTwoshotFlags {
   __aicore__ inline void Process() {
     STRATA_LINE(7);  // strata:7 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
-        STRATA_LINE(11);  // strata:11
-        strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, p_);
-      }
-      for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
-        STRATA_LINE(12);  // strata:12
-        strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 1);
-      }
-    }
-    AscendC::SyncAll<true>();
-    {  // strata:13 stage 1 on aiv
-      STRATA_LINE(13);
+    {  // strata:10 stage 1 on aiv
+      STRATA_LINE(10);
       int64_t total = 0;
       total += PartLength(n_, world, rank);
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(13);  // strata:13
+      STRATA_LINE(10);  // strata:10
       if (cut.Take(PartLength(n_, world, rank), off, len)) {
         const int64_t lo = PartOffset(n_, world, rank);
         for (int64_t t = 0; t < len; t += mv_.Tile()) {
@@ -70,8 +57,8 @@ class AllreduceTwoshotFlags {
       }
       strata::EndStage(mv_);
     }
-    {  // strata:14 stage 2 on sdma
-      STRATA_LINE(14);
+    {  // strata:11 stage 2 on sdma
+      STRATA_LINE(11);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
@@ -81,7 +68,7 @@ class AllreduceTwoshotFlags {
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        STRATA_LINE(14);  // strata:14
+        STRATA_LINE(11);  // strata:11
         if (cut.Take(PartLength(n_, world, rank), off, len)) {
           const int64_t lo = PartOffset(n_, world, rank);
           mv_.Copy(strata::Via::kSdma, x_ + lo + off, p_,
@@ -93,13 +80,13 @@ class AllreduceTwoshotFlags {
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        STRATA_LINE(15);  // strata:15
-        strata::Signal(strata::SyncSlot(sync_, world + world + rank), epoch_ + 2, p_);
+        STRATA_LINE(12);  // strata:12
+        strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, p_);
       }
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        STRATA_LINE(16);  // strata:16
-        strata::WaitFlag(strata::SyncSlot(sync_, world + world + p_), epoch_ + 2);
+        STRATA_LINE(13);  // strata:13
+        strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 1);
       }
     }
     AscendC::SyncAll<true>();

@@ -31,41 +31,36 @@ class AlltoallBruck {
     STRATA_LINE(13);  // strata:13 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     const int64_t L_ = strata::Log2(2 * world - 1);  // strata:20
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      if (world > 1) {
-        STRATA_LINE(21);  // strata:21
-        strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, strata::Mod(rank - 1, world));
-      }
-    }
-    AscendC::SyncAll<true>();
-    {  // strata:22 stage 1 on aiv
-      STRATA_LINE(22);
+    {  // strata:21 stage 1 on aiv
+      STRATA_LINE(21);
       int64_t total = 0;
       total += (world - rank) * n_;
       total += world * n_ - (world - rank) * n_;
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(23);  // strata:23
+      STRATA_LINE(22);  // strata:22
       if (cut.Take((world - rank) * n_, off, len)) {
         mv_.Copy(strata::Via::kAiv, tmp_ + off, rank,
                  x_ + rank * n_ + off, rank, len, rank, kSdmaThreshold);
       }
-      STRATA_LINE(24);  // strata:24
+      STRATA_LINE(23);  // strata:23
       if (cut.Take(world * n_ - (world - rank) * n_, off, len)) {
         mv_.Copy(strata::Via::kAiv, tmp_ + (world - rank) * n_ + off, rank,
                  x_ + off, rank, len, rank, kSdmaThreshold);
       }
       strata::EndStage(mv_);
     }
-    for (int64_t k_ = 0; k_ < L_; ++k_) {  // strata:26
-      const int64_t d_ = int64_t{1} << k_;  // strata:27
+    for (int64_t k_ = 0; k_ < L_; ++k_) {  // strata:25
+      const int64_t d_ = int64_t{1} << k_;  // strata:26
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(28);  // strata:28
-        strata::WaitFlag(strata::SyncSlot(sync_, world + k_), epoch_ + 1);
+        if (k_ > 0) {
+          STRATA_LINE(27);  // strata:27
+          strata::WaitFlag(strata::SyncSlot(sync_, world + k_), epoch_ + 1);
+        }
       }
       AscendC::SyncAll<true>();
-      {  // strata:30 stage 2 on sdma
-        STRATA_LINE(30);
+      {  // strata:29 stage 2 on sdma
+        STRATA_LINE(29);
         int64_t total = 0;
         for (int64_t j_ = 0; j_ < (world + d_ - 1) / (2 * d_); ++j_) {
           if ((2 * j_ + 2) * d_ <= world) {
@@ -78,14 +73,14 @@ class AlltoallBruck {
         int64_t off = 0, len = 0;
         for (int64_t j_ = 0; j_ < (world + d_ - 1) / (2 * d_); ++j_) {
           if ((2 * j_ + 2) * d_ <= world) {
-            STRATA_LINE(31);  // strata:31
+            STRATA_LINE(30);  // strata:30
             if (cut.Take((2 * j_ + 2) * d_ * n_ - (2 * j_ + 1) * d_ * n_, off, len)) {
               const int64_t lo = (2 * j_ + 1) * d_ * n_;
               mv_.Copy(strata::Via::kSdma, rcv_ + lo + off, (rank + d_) % world,
                        tmp_ + lo + off, rank, len, rank, kSdmaThreshold);
             }
           } else {
-            STRATA_LINE(32);  // strata:32
+            STRATA_LINE(31);  // strata:31
             if (cut.Take(world * n_ - (2 * j_ + 1) * d_ * n_, off, len)) {
               const int64_t lo = (2 * j_ + 1) * d_ * n_;
               mv_.Copy(strata::Via::kSdma, rcv_ + lo + off, (rank + d_) % world,
@@ -96,14 +91,14 @@ class AlltoallBruck {
         strata::EndStage(mv_);
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(34);  // strata:34
+        STRATA_LINE(33);  // strata:33
         strata::Signal(strata::SyncSlot(sync_, world + world + k_), epoch_ + 2, (rank + d_) % world);
-        STRATA_LINE(35);  // strata:35
+        STRATA_LINE(34);  // strata:34
         strata::WaitFlag(strata::SyncSlot(sync_, world + world + k_), epoch_ + 2);
       }
       AscendC::SyncAll<true>();
-      {  // strata:36 stage 3 on aiv
-        STRATA_LINE(36);
+      {  // strata:35 stage 3 on aiv
+        STRATA_LINE(35);
         int64_t total = 0;
         for (int64_t j_ = 0; j_ < (world + d_ - 1) / (2 * d_); ++j_) {
           if ((2 * j_ + 2) * d_ <= world) {
@@ -116,14 +111,14 @@ class AlltoallBruck {
         int64_t off = 0, len = 0;
         for (int64_t j_ = 0; j_ < (world + d_ - 1) / (2 * d_); ++j_) {
           if ((2 * j_ + 2) * d_ <= world) {
-            STRATA_LINE(37);  // strata:37
+            STRATA_LINE(36);  // strata:36
             if (cut.Take((2 * j_ + 2) * d_ * n_ - (2 * j_ + 1) * d_ * n_, off, len)) {
               const int64_t lo = (2 * j_ + 1) * d_ * n_;
               mv_.Copy(strata::Via::kAiv, tmp_ + lo + off, rank,
                        rcv_ + lo + off, rank, len, rank, kSdmaThreshold);
             }
           } else {
-            STRATA_LINE(38);  // strata:38
+            STRATA_LINE(37);  // strata:37
             if (cut.Take(world * n_ - (2 * j_ + 1) * d_ * n_, off, len)) {
               const int64_t lo = (2 * j_ + 1) * d_ * n_;
               mv_.Copy(strata::Via::kAiv, tmp_ + lo + off, rank,
@@ -135,14 +130,14 @@ class AlltoallBruck {
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (k_ + 1 < L_) {
-          STRATA_LINE(40);  // strata:40
+          STRATA_LINE(39);  // strata:39
           strata::Signal(strata::SyncSlot(sync_, world + k_ + 1), epoch_ + 1, strata::Mod(rank - 2 * d_, world));
         }
       }
       AscendC::SyncAll<true>();
     }
-    {  // strata:42 stage 4 on aiv
-      STRATA_LINE(42);
+    {  // strata:41 stage 4 on aiv
+      STRATA_LINE(41);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         total += n_;
@@ -150,7 +145,7 @@ class AlltoallBruck {
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
-        STRATA_LINE(42);  // strata:42
+        STRATA_LINE(41);  // strata:41
         if (cut.Take(n_, off, len)) {
           mv_.Copy(strata::Via::kAiv, out_ + p_ * n_ + off, rank,
                    tmp_ + strata::Mod(rank - p_, world) * n_ + off, rank, len, rank, kSdmaThreshold);

@@ -26,15 +26,15 @@ class AlltoallPairwise {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(10);  // strata:10 the ranks agree on the call
+    STRATA_LINE(11);  // strata:11 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    {  // strata:15 stage 1 on sdma
-      STRATA_LINE(15);
+    {  // strata:16 stage 1 on sdma
+      STRATA_LINE(16);
       int64_t total = 0;
       total += n_;
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(15);  // strata:15
+      STRATA_LINE(16);  // strata:16
       if (cut.Take(n_, off, len)) {
         const int64_t lo = rank * n_;
         mv_.Copy(strata::Via::kSdma, out_ + lo + off, rank,
@@ -42,18 +42,13 @@ class AlltoallPairwise {
       }
       strata::EndStage(mv_);
     }
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      if (world > 1) {
-        STRATA_LINE(16);  // strata:16
-        strata::Signal(strata::SyncSlot(sync_, world + 1), epoch_ + 1, strata::Mod(rank - 1, world));
-      }
-    }
-    AscendC::SyncAll<true>();
     for (int64_t i_ = 1; i_ < world; ++i_) {  // strata:17
       const int64_t p_ = (rank + i_) % world;  // strata:18
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(19);  // strata:19
-        strata::WaitFlag(strata::SyncSlot(sync_, world + i_), epoch_ + 1);
+        if (i_ > 1) {
+          STRATA_LINE(19);  // strata:19
+          strata::WaitFlag(strata::SyncSlot(sync_, world + i_), epoch_ + 1);
+        }
       }
       AscendC::SyncAll<true>();
       {  // strata:20 stage 2 on sdma

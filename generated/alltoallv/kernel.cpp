@@ -38,10 +38,8 @@ class Alltoallv {
       rt_.Histogram(counts_ + rank * world, dest_, rows_, world);
       strata::EndStage(mv_);
     }
-    STRATA_LINE(16);  // strata:16
-    strata::Barrier(sync_, epoch_ + 1);
-    {  // strata:17 stage 2 on aiv
-      STRATA_LINE(17);
+    {  // strata:16 stage 2 on aiv
+      STRATA_LINE(16);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
@@ -51,7 +49,7 @@ class Alltoallv {
       int64_t off = 0, len = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
-        STRATA_LINE(17);  // strata:17
+        STRATA_LINE(16);  // strata:16
         if (cut.Take(world * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * world;
           mv_.Copy(strata::Via::kAiv, strata::Reinterpret<T>(counts_ + lo) + off, p_,
@@ -60,20 +58,20 @@ class Alltoallv {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(18);  // strata:18
-    strata::Barrier(sync_, epoch_ + 2);
-    {  // strata:19 stage 3 on aiv
-      STRATA_LINE(19);  // strata:19
+    STRATA_LINE(17);  // strata:17
+    strata::Barrier(sync_, epoch_ + 1);
+    {  // strata:18 stage 3 on aiv
+      STRATA_LINE(18);  // strata:18
       rt_.Exscan(offs_, counts_, world, rank, world, strata::Bound::kPerOwner, world * rows_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
-    {  // strata:20 stage 4 on aiv
-      STRATA_LINE(20);  // strata:20
+    {  // strata:19 stage 4 on aiv
+      STRATA_LINE(19);  // strata:19
       rt_.Place(mv_, strata::Via::kAiv, {out_, world * rows_, x_, hidden_}, {nullptr, 0, nullptr, 0}, dest_, offs_, rows_, 1, world, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
-    STRATA_LINE(21);  // strata:21
-    strata::Barrier(sync_, epoch_ + 3);
+    STRATA_LINE(20);  // strata:20
+    strata::Barrier(sync_, epoch_ + 2);
   }
 
  private:

@@ -35,11 +35,11 @@ class Broadcast {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(8);  // strata:8 barrier, where the ranks agree on the call
+    STRATA_LINE(6);  // strata:6 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    if (rank == root_) {  // strata:9
-      {  // strata:9 stage 1 on sdma
-        STRATA_LINE(9);
+    if (rank == root_) {  // strata:8
+      {  // strata:8 stage 1 on sdma
+        STRATA_LINE(8);
         int64_t total = 0;
         for (int64_t p_ = 0; p_ < world; ++p_) {
           if (p_ == rank) continue;
@@ -49,7 +49,7 @@ class Broadcast {
         int64_t off = 0, len = 0;
         for (int64_t p_ = 0; p_ < world; ++p_) {
           if (p_ == rank) continue;
-          STRATA_LINE(9);  // strata:9
+          STRATA_LINE(8);  // strata:8
           if (cut.Take(PartLength(n_, world, p_), off, len)) {
             const int64_t lo = PartOffset(n_, world, p_);
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, p_,
@@ -59,10 +59,10 @@ class Broadcast {
         strata::EndStage(mv_);
       }
     }
-    STRATA_LINE(10);  // strata:10
-    strata::Barrier(sync_, epoch_ + 2);
-    {  // strata:11 stage 2 on sdma
-      STRATA_LINE(11);
+    STRATA_LINE(9);  // strata:9
+    strata::Barrier(sync_, epoch_ + 1);
+    {  // strata:10 stage 2 on sdma
+      STRATA_LINE(10);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
@@ -75,7 +75,7 @@ class Broadcast {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         if (p_ != root_) {
-          STRATA_LINE(11);  // strata:11
+          STRATA_LINE(10);  // strata:10
           if (cut.Take(PartLength(n_, world, rank), off, len)) {
             const int64_t lo = PartOffset(n_, world, rank);
             mv_.Copy(strata::Via::kSdma, x_ + lo + off, p_,
@@ -85,8 +85,8 @@ class Broadcast {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(12);  // strata:12
-    strata::Barrier(sync_, epoch_ + 3);
+    STRATA_LINE(11);  // strata:11
+    strata::Barrier(sync_, epoch_ + 2);
   }
 
  private:

@@ -28,32 +28,25 @@ class BroadcastTree {
   __aicore__ inline void Process() {
     STRATA_LINE(8);  // strata:8 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    const int64_t v_ = strata::Mod(rank - root_, world);  // strata:11
+    const int64_t v_ = strata::Mod(rank - root_, world);  // strata:10
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (v_ > 0) {
-        STRATA_LINE(13);  // strata:13
-        strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, strata::Mod(v_ - (int64_t{1} << strata::Log2(v_)) + root_, world));
-        STRATA_LINE(14);  // strata:14
-        strata::WaitFlag(strata::SyncSlot(sync_, world + world), epoch_ + 2);
+        STRATA_LINE(11);  // strata:11
+        strata::WaitFlag(strata::SyncSlot(sync_, world), epoch_ + 1);
       }
     }
     AscendC::SyncAll<true>();
-    for (int64_t k_ = 0; k_ < strata::Log2(2 * world - 1); ++k_) {  // strata:16
-      const int64_t child_ = (v_ + (int64_t{1} << k_) + root_) % world;  // strata:17
-      if (v_ < int64_t{1} << k_) {  // strata:18
-        if (v_ + (int64_t{1} << k_) < world) {  // strata:19
-          if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-            STRATA_LINE(20);  // strata:20
-            strata::WaitFlag(strata::SyncSlot(sync_, world + child_), epoch_ + 1);
-          }
-          AscendC::SyncAll<true>();
-          {  // strata:21 stage 1 on sdma
-            STRATA_LINE(21);
+    for (int64_t k_ = 0; k_ < strata::Log2(2 * world - 1); ++k_) {  // strata:12
+      const int64_t child_ = (v_ + (int64_t{1} << k_) + root_) % world;  // strata:13
+      if (v_ < int64_t{1} << k_) {  // strata:14
+        if (v_ + (int64_t{1} << k_) < world) {  // strata:15
+          {  // strata:16 stage 1 on sdma
+            STRATA_LINE(16);
             int64_t total = 0;
             total += n_;
             strata::Partition cut(total, sizeof(T));
             int64_t off = 0, len = 0;
-            STRATA_LINE(21);  // strata:21
+            STRATA_LINE(16);  // strata:16
             if (cut.Take(n_, off, len)) {
               mv_.Copy(strata::Via::kSdma, x_ + off, child_,
                        x_ + off, rank, len, rank, kSdmaThreshold);
@@ -61,8 +54,8 @@ class BroadcastTree {
             strata::EndStage(mv_);
           }
           if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-            STRATA_LINE(22);  // strata:22
-            strata::Signal(strata::SyncSlot(sync_, world + world), epoch_ + 2, child_);
+            STRATA_LINE(17);  // strata:17
+            strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, child_);
           }
           AscendC::SyncAll<true>();
         }

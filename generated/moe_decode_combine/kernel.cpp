@@ -37,34 +37,19 @@ class MoeDecodeCombine {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(31);  // strata:31 the ranks agree on the call
+    STRATA_LINE(32);  // strata:32 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, live_)) return;
     {  // strata:37 stage 1 on aiv
       STRATA_LINE(37);  // strata:37
       rt_.Slots(offs_, experts_, capacity_, rank, world);
       strata::EndStage(mv_);
     }
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
-        if (!strata::Live(live_, p_)) continue;
-        STRATA_LINE(38);  // strata:38
-        strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 2, p_);
-      }
-      for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
-        if (!strata::Live(live_, p_)) continue;
-        STRATA_LINE(39);  // strata:39
-        strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 2);
-      }
-    }
-    AscendC::SyncAll<true>();
-    {  // strata:40 stage 2 on aiv
-      STRATA_LINE(40);  // strata:40
+    {  // strata:38 stage 2 on aiv
+      STRATA_LINE(38);  // strata:38
       rt_.Gather(y_, win_, experts_ * capacity_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world, nullptr);
       strata::EndStage(mv_);
     }
-    STRATA_LINE(41);  // strata:41
+    STRATA_LINE(39);  // strata:39
     strata::MaskedBarrier(sync_, epoch_ + 1, live_);
   }
 

@@ -36,18 +36,18 @@ class MoeDecodeDispatch {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(12);  // strata:12 the ranks agree on the call
+    STRATA_LINE(13);  // strata:13 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, live_)) return;
-    {  // strata:19 stage 1 on aiv
-      STRATA_LINE(19);
-      STRATA_LINE(20);  // strata:20
-      rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);
+    {  // strata:20 stage 1 on aiv
+      STRATA_LINE(20);
       STRATA_LINE(21);  // strata:21
+      rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);
+      STRATA_LINE(22);  // strata:22
       rt_.Slots(offs_, experts_, capacity_, rank, world);
       strata::EndStage(mv_);
     }
-    {  // strata:23 stage 2 on aiv
-      STRATA_LINE(23);
+    {  // strata:24 stage 2 on aiv
+      STRATA_LINE(24);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
@@ -59,14 +59,14 @@ class MoeDecodeDispatch {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         if (!strata::Live(live_, p_)) continue;
-        STRATA_LINE(24);  // strata:24
+        STRATA_LINE(25);  // strata:25
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
           mv_.Copy(strata::Via::kAiv, strata::Reinterpret<T>(counts_ + lo) + off, p_,
                    strata::Reinterpret<T>(counts_ + lo) + off, rank, len, rank, kSdmaThreshold);
         }
       }
-      STRATA_LINE(25);  // strata:25
+      STRATA_LINE(26);  // strata:26
       rt_.Place(mv_, strata::Via::kAiv, {win_, experts_ * capacity_, x_, hidden_}, {nullptr, 0, nullptr, 0}, ids_, offs_, tokens_, topk_, experts_, rank, world, kSdmaThreshold, nullptr);
       strata::EndStage(mv_);
     }
@@ -74,13 +74,13 @@ class MoeDecodeDispatch {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         if (!strata::Live(live_, p_)) continue;
-        STRATA_LINE(27);  // strata:27
+        STRATA_LINE(28);  // strata:28
         strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, p_);
       }
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         if (!strata::Live(live_, p_)) continue;
-        STRATA_LINE(28);  // strata:28
+        STRATA_LINE(29);  // strata:29
         strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 1);
       }
     }

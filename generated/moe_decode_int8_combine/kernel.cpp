@@ -39,32 +39,17 @@ class MoeDecodeInt8Combine {
   __aicore__ inline void Process() {
     STRATA_LINE(28);  // strata:28 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, live_)) return;
-    {  // strata:34 stage 1 on aiv
-      STRATA_LINE(34);  // strata:34
+    {  // strata:33 stage 1 on aiv
+      STRATA_LINE(33);  // strata:33
       rt_.Slots(offs_, experts_, capacity_, rank, world);
       strata::EndStage(mv_);
     }
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
-        if (!strata::Live(live_, p_)) continue;
-        STRATA_LINE(35);  // strata:35
-        strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 2, p_);
-      }
-      for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
-        if (!strata::Live(live_, p_)) continue;
-        STRATA_LINE(36);  // strata:36
-        strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 2);
-      }
-    }
-    AscendC::SyncAll<true>();
-    {  // strata:37 stage 2 on aiv
-      STRATA_LINE(37);  // strata:37
+    {  // strata:34 stage 2 on aiv
+      STRATA_LINE(34);  // strata:34
       rt_.Gather(y_, win_, experts_ * capacity_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world, nullptr);
       strata::EndStage(mv_);
     }
-    STRATA_LINE(38);  // strata:38
+    STRATA_LINE(35);  // strata:35
     strata::MaskedBarrier(sync_, epoch_ + 1, live_);
   }
 

@@ -37,22 +37,20 @@ class MoePrefillBoundedCombine {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(29);  // strata:29 the ranks agree on the call
+    STRATA_LINE(28);  // strata:28 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, live_)) return;
-    {  // strata:34 stage 1 on aiv
-      STRATA_LINE(34);  // strata:34
+    {  // strata:33 stage 1 on aiv
+      STRATA_LINE(33);  // strata:33
       rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerOwner, max_recv_, strata::StatusLine(sync_, world));
+      strata::EndStage(mv_);
+    }
+    {  // strata:34 stage 2 on aiv
+      STRATA_LINE(34);  // strata:34
+      rt_.Gather(y_, win_, max_recv_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(35);  // strata:35
     strata::MaskedBarrier(sync_, epoch_ + 1, live_);
-    {  // strata:36 stage 2 on aiv
-      STRATA_LINE(36);  // strata:36
-      rt_.Gather(y_, win_, max_recv_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world, strata::StatusLine(sync_, world));
-      strata::EndStage(mv_);
-    }
-    STRATA_LINE(37);  // strata:37
-    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
   }
 
  private:

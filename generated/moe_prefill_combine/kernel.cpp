@@ -36,22 +36,20 @@ class MoePrefillCombine {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(31);  // strata:31 the ranks agree on the call
+    STRATA_LINE(30);  // strata:30 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, live_)) return;
-    {  // strata:36 stage 1 on aiv
-      STRATA_LINE(36);  // strata:36
+    {  // strata:35 stage 1 on aiv
+      STRATA_LINE(35);  // strata:35
       rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerOwner, world * tokens_ * topk_, strata::StatusLine(sync_, world));
+      strata::EndStage(mv_);
+    }
+    {  // strata:36 stage 2 on aiv
+      STRATA_LINE(36);  // strata:36
+      rt_.Gather(y_, win_, world * tokens_ * topk_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(37);  // strata:37
     strata::MaskedBarrier(sync_, epoch_ + 1, live_);
-    {  // strata:38 stage 2 on aiv
-      STRATA_LINE(38);  // strata:38
-      rt_.Gather(y_, win_, world * tokens_ * topk_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world, strata::StatusLine(sync_, world));
-      strata::EndStage(mv_);
-    }
-    STRATA_LINE(39);  // strata:39
-    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
   }
 
  private:

@@ -42,10 +42,8 @@ class MoePrefillDispatch {
       rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);
       strata::EndStage(mv_);
     }
-    STRATA_LINE(23);  // strata:23
-    strata::MaskedBarrier(sync_, epoch_ + 1, live_);
-    {  // strata:24 stage 2 on aiv
-      STRATA_LINE(24);
+    {  // strata:23 stage 2 on aiv
+      STRATA_LINE(23);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
@@ -57,7 +55,7 @@ class MoePrefillDispatch {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         if (!strata::Live(live_, p_)) continue;
-        STRATA_LINE(24);  // strata:24
+        STRATA_LINE(23);  // strata:23
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
           mv_.Copy(strata::Via::kAiv, strata::Reinterpret<T>(counts_ + lo) + off, p_,
@@ -66,20 +64,20 @@ class MoePrefillDispatch {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(25);  // strata:25
-    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
-    {  // strata:26 stage 3 on aiv
-      STRATA_LINE(26);  // strata:26
+    STRATA_LINE(24);  // strata:24
+    strata::MaskedBarrier(sync_, epoch_ + 1, live_);
+    {  // strata:25 stage 3 on aiv
+      STRATA_LINE(25);  // strata:25
       rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerOwner, world * tokens_ * topk_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
-    {  // strata:27 stage 4 on aiv
-      STRATA_LINE(27);  // strata:27
+    {  // strata:26 stage 4 on aiv
+      STRATA_LINE(26);  // strata:26
       rt_.Place(mv_, strata::Via::kAiv, {win_, world * tokens_ * topk_, x_, hidden_}, {nullptr, 0, nullptr, 0}, ids_, offs_, tokens_, topk_, experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
-    STRATA_LINE(28);  // strata:28
-    strata::MaskedBarrier(sync_, epoch_ + 3, live_);
+    STRATA_LINE(27);  // strata:27
+    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
   }
 
  private:

@@ -37,22 +37,20 @@ class MoePrefillExpertsCombine {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(28);  // strata:28 the ranks agree on the call
+    STRATA_LINE(27);  // strata:27 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, live_)) return;
-    {  // strata:33 stage 1 on aiv
-      STRATA_LINE(33);  // strata:33
+    {  // strata:32 stage 1 on aiv
+      STRATA_LINE(32);  // strata:32
       rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerExpert, expert_rows_, strata::StatusLine(sync_, world));
+      strata::EndStage(mv_);
+    }
+    {  // strata:33 stage 2 on aiv
+      STRATA_LINE(33);  // strata:33
+      rt_.Gather(y_, win_, (experts_ / world) * expert_rows_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(34);  // strata:34
     strata::MaskedBarrier(sync_, epoch_ + 1, live_);
-    {  // strata:35 stage 2 on aiv
-      STRATA_LINE(35);  // strata:35
-      rt_.Gather(y_, win_, (experts_ / world) * expert_rows_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world, strata::StatusLine(sync_, world));
-      strata::EndStage(mv_);
-    }
-    STRATA_LINE(36);  // strata:36
-    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
   }
 
  private:

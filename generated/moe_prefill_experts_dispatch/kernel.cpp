@@ -43,10 +43,8 @@ class MoePrefillExpertsDispatch {
       rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);
       strata::EndStage(mv_);
     }
-    STRATA_LINE(20);  // strata:20
-    strata::MaskedBarrier(sync_, epoch_ + 1, live_);
-    {  // strata:21 stage 2 on aiv
-      STRATA_LINE(21);
+    {  // strata:20 stage 2 on aiv
+      STRATA_LINE(20);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
@@ -58,7 +56,7 @@ class MoePrefillExpertsDispatch {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         if (!strata::Live(live_, p_)) continue;
-        STRATA_LINE(21);  // strata:21
+        STRATA_LINE(20);  // strata:20
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
           mv_.Copy(strata::Via::kAiv, strata::Reinterpret<T>(counts_ + lo) + off, p_,
@@ -67,20 +65,20 @@ class MoePrefillExpertsDispatch {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(22);  // strata:22
-    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
-    {  // strata:23 stage 3 on aiv
-      STRATA_LINE(23);  // strata:23
+    STRATA_LINE(21);  // strata:21
+    strata::MaskedBarrier(sync_, epoch_ + 1, live_);
+    {  // strata:22 stage 3 on aiv
+      STRATA_LINE(22);  // strata:22
       rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerExpert, expert_rows_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
-    {  // strata:24 stage 4 on aiv
-      STRATA_LINE(24);  // strata:24
+    {  // strata:23 stage 4 on aiv
+      STRATA_LINE(23);  // strata:23
       rt_.Place(mv_, strata::Via::kAiv, {win_, (experts_ / world) * expert_rows_, x_, hidden_}, {nullptr, 0, nullptr, 0}, ids_, offs_, tokens_, topk_, experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
-    STRATA_LINE(25);  // strata:25
-    strata::MaskedBarrier(sync_, epoch_ + 3, live_);
+    STRATA_LINE(24);  // strata:24
+    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
   }
 
  private:

@@ -37,22 +37,20 @@ class MoePrefillInt8Combine {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(33);  // strata:33 the ranks agree on the call
+    STRATA_LINE(32);  // strata:32 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, live_)) return;
-    {  // strata:38 stage 1 on aiv
-      STRATA_LINE(38);  // strata:38
+    {  // strata:37 stage 1 on aiv
+      STRATA_LINE(37);  // strata:37
       rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerOwner, max_recv_, strata::StatusLine(sync_, world));
+      strata::EndStage(mv_);
+    }
+    {  // strata:38 stage 2 on aiv
+      STRATA_LINE(38);  // strata:38
+      rt_.Gather(y_, win_, max_recv_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
     STRATA_LINE(39);  // strata:39
     strata::MaskedBarrier(sync_, epoch_ + 1, live_);
-    {  // strata:40 stage 2 on aiv
-      STRATA_LINE(40);  // strata:40
-      rt_.Gather(y_, win_, max_recv_, ids_, weights_, offs_, tokens_, topk_, hidden_, experts_, world, strata::StatusLine(sync_, world));
-      strata::EndStage(mv_);
-    }
-    STRATA_LINE(41);  // strata:41
-    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
   }
 
  private:

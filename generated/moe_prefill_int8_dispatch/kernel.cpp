@@ -45,10 +45,8 @@ class MoePrefillInt8Dispatch {
       rt_.Histogram(counts_ + rank * experts_, ids_, tokens_ * topk_, experts_);
       strata::EndStage(mv_);
     }
-    STRATA_LINE(22);  // strata:22
-    strata::MaskedBarrier(sync_, epoch_ + 1, live_);
-    {  // strata:23 stage 2 on aiv
-      STRATA_LINE(23);
+    {  // strata:22 stage 2 on aiv
+      STRATA_LINE(22);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
@@ -60,7 +58,7 @@ class MoePrefillInt8Dispatch {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         if (!strata::Live(live_, p_)) continue;
-        STRATA_LINE(23);  // strata:23
+        STRATA_LINE(22);  // strata:22
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
           mv_.Copy(strata::Via::kAiv, strata::Reinterpret<T>(counts_ + lo) + off, p_,
@@ -69,22 +67,22 @@ class MoePrefillInt8Dispatch {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(24);  // strata:24
-    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
-    {  // strata:25 stage 3 on aiv
-      STRATA_LINE(25);  // strata:25
+    STRATA_LINE(23);  // strata:23
+    strata::MaskedBarrier(sync_, epoch_ + 1, live_);
+    {  // strata:24 stage 3 on aiv
+      STRATA_LINE(24);  // strata:24
       rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerOwner, max_recv_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
-    {  // strata:26 stage 4 on aiv
-      STRATA_LINE(26);
-      // strata:28 is placed in the same pass over the ids (passes.join_places)
-      STRATA_LINE(27);  // strata:27
+    {  // strata:25 stage 4 on aiv
+      STRATA_LINE(25);
+      // strata:27 is placed in the same pass over the ids (passes.join_places)
+      STRATA_LINE(26);  // strata:26
       rt_.Place(mv_, strata::Via::kAiv, {wq_, max_recv_, xq_, hidden_}, {strata::Reinterpret<T>(ws_), max_recv_, strata::Reinterpret<T>(xs_), 8 * strata::Ratio<float, T>()}, ids_, offs_, tokens_, topk_, experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
-    STRATA_LINE(30);  // strata:30
-    strata::MaskedBarrier(sync_, epoch_ + 3, live_);
+    STRATA_LINE(29);  // strata:29
+    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
   }
 
  private:

@@ -54,10 +54,8 @@ class MoeStagingBaselineDispatch {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(23);  // strata:23
-    strata::MaskedBarrier(sync_, epoch_ + 1, live_);
-    {  // strata:24 stage 2 on aiv
-      STRATA_LINE(24);
+    {  // strata:23 stage 2 on aiv
+      STRATA_LINE(23);
       int64_t total = 0;
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
@@ -69,7 +67,7 @@ class MoeStagingBaselineDispatch {
       for (int64_t p_ = 0; p_ < world; ++p_) {
         if (p_ == rank) continue;
         if (!strata::Live(live_, p_)) continue;
-        STRATA_LINE(24);  // strata:24
+        STRATA_LINE(23);  // strata:23
         if (cut.Take(experts_ * strata::Ratio<int32_t, T>(), off, len)) {
           const int64_t lo = rank * experts_;
           mv_.Copy(strata::Via::kAiv, strata::Reinterpret<T>(counts_ + lo) + off, p_,
@@ -78,27 +76,27 @@ class MoeStagingBaselineDispatch {
       }
       strata::EndStage(mv_);
     }
-    STRATA_LINE(25);  // strata:25
-    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
-    {  // strata:26 stage 3 on aiv
-      STRATA_LINE(26);  // strata:26
+    STRATA_LINE(24);  // strata:24
+    strata::MaskedBarrier(sync_, epoch_ + 1, live_);
+    {  // strata:25 stage 3 on aiv
+      STRATA_LINE(25);  // strata:25
       rt_.Exscan(offs_, counts_, experts_, rank, world, strata::Bound::kPerOwner, world * tokens_ * topk_, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
-    {  // strata:27 stage 4 on aiv
-      STRATA_LINE(27);  // strata:27
+    {  // strata:26 stage 4 on aiv
+      STRATA_LINE(26);  // strata:26
       rt_.Place(mv_, strata::Via::kAiv, {recv_, world * tokens_ * topk_, send_, hidden_}, {nullptr, 0, nullptr, 0}, ids_, offs_, tokens_, topk_, experts_, rank, world, kSdmaThreshold, strata::StatusLine(sync_, world));
       strata::EndStage(mv_);
     }
-    STRATA_LINE(28);  // strata:28
-    strata::MaskedBarrier(sync_, epoch_ + 3, live_);
-    {  // strata:29 stage 5 on aiv
-      STRATA_LINE(29);
+    STRATA_LINE(27);  // strata:27
+    strata::MaskedBarrier(sync_, epoch_ + 2, live_);
+    {  // strata:28 stage 5 on aiv
+      STRATA_LINE(28);
       int64_t total = 0;
       total += world * tokens_ * topk_ * hidden_;
       strata::Partition cut(total, sizeof(T));
       int64_t off = 0, len = 0;
-      STRATA_LINE(29);  // strata:29
+      STRATA_LINE(28);  // strata:28
       if (cut.Take(world * tokens_ * topk_ * hidden_, off, len)) {
         mv_.Copy(strata::Via::kAiv, win_ + off, rank,
                  recv_ + off, rank, len, rank, kSdmaThreshold);

@@ -26,16 +26,16 @@ class Reduce {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(4);  // strata:4 barrier, where the ranks agree on the call
+    STRATA_LINE(3);  // strata:3 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    if (rank == root_) {  // strata:5
-      {  // strata:5 stage 1 on aiv
-        STRATA_LINE(5);
+    if (rank == root_) {  // strata:4
+      {  // strata:4 stage 1 on aiv
+        STRATA_LINE(4);
         int64_t total = 0;
         total += n_;
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
-        STRATA_LINE(5);  // strata:5
+        STRATA_LINE(4);  // strata:4
         if (cut.Take(n_, off, len)) {
           for (int64_t t = 0; t < len; t += mv_.Tile()) {
             const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
@@ -50,8 +50,8 @@ class Reduce {
         strata::EndStage(mv_);
       }
     }
-    STRATA_LINE(6);  // strata:6
-    strata::Barrier(sync_, epoch_ + 2);
+    STRATA_LINE(5);  // strata:5
+    strata::Barrier(sync_, epoch_ + 1);
   }
 
  private:

@@ -26,7 +26,7 @@ class Reducescatter {
   }
 
   __aicore__ inline void Process() {
-    STRATA_LINE(8);  // strata:8 barrier, where the ranks agree on the call
+    STRATA_LINE(7);  // strata:7 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
     {  // strata:9 stage 1 on aiv
       STRATA_LINE(9);
@@ -49,7 +49,7 @@ class Reducescatter {
       strata::EndStage(mv_);
     }
     STRATA_LINE(10);  // strata:10
-    strata::Barrier(sync_, epoch_ + 2);
+    strata::Barrier(sync_, epoch_ + 1);
   }
 
  private:

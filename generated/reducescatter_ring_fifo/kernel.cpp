@@ -29,32 +29,25 @@ class ReducescatterRingFifo {
   __aicore__ inline void Process() {
     STRATA_LINE(15);  // strata:15 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    const int64_t next_ = (rank + 1) % world;  // strata:23
-    const int64_t prev_ = strata::Mod(rank - 1, world);  // strata:24
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      STRATA_LINE(25);  // strata:25
-      strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, prev_);
-      STRATA_LINE(26);  // strata:26
-      strata::WaitFlag(strata::SyncSlot(sync_, world), epoch_ + 1);
-    }
-    AscendC::SyncAll<true>();
-    for (int64_t s_ = 0; s_ < world - 1; ++s_) {  // strata:27
-      const int64_t c_ = strata::Mod(rank - s_ - 1, world);  // strata:28
+    const int64_t next_ = (rank + 1) % world;  // strata:22
+    const int64_t prev_ = strata::Mod(rank - 1, world);  // strata:23
+    for (int64_t s_ = 0; s_ < world - 1; ++s_) {  // strata:24
+      const int64_t c_ = strata::Mod(rank - s_ - 1, world);  // strata:25
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (s_ >= 2) {
-          STRATA_LINE(29);  // strata:29
-          strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + 2 + s_ % 2), epoch_ + (1 + (world + 1) / 2 + 1 + (s_ - 2) / 2));
+          STRATA_LINE(26);  // strata:26
+          strata::WaitFlag(strata::SyncSlot(sync_, world + 2 + s_ % 2), epoch_ + ((world + 1) / 2 + 1 + (s_ - 2) / 2));
         }
       }
       AscendC::SyncAll<true>();
-      if (s_ == 0) {  // strata:30
-        {  // strata:31 stage 1 on aiv
-          STRATA_LINE(31);
+      if (s_ == 0) {  // strata:27
+        {  // strata:28 stage 1 on aiv
+          STRATA_LINE(28);
           int64_t total = 0;
           total += n_;
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(31);  // strata:31
+          STRATA_LINE(28);  // strata:28
           if (cut.Take(n_, off, len)) {
             mv_.Copy(strata::Via::kAiv, fifo_ + off, next_,
                      x_ + c_ * n_ + off, rank, len, rank, kSdmaThreshold);
@@ -63,17 +56,17 @@ class ReducescatterRingFifo {
         }
       } else {
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(33);  // strata:33
-          strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + strata::Mod(s_ - 1, 2)), epoch_ + (2 + (s_ - 1) / 2));
+          STRATA_LINE(30);  // strata:30
+          strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Mod(s_ - 1, 2)), epoch_ + (1 + (s_ - 1) / 2));
         }
         AscendC::SyncAll<true>();
-        {  // strata:34 stage 2 on aiv
-          STRATA_LINE(34);
+        {  // strata:31 stage 2 on aiv
+          STRATA_LINE(31);
           int64_t total = 0;
           total += n_;
           strata::Partition cut(total, sizeof(T));
           int64_t off = 0, len = 0;
-          STRATA_LINE(34);  // strata:34
+          STRATA_LINE(31);  // strata:31
           if (cut.Take(n_, off, len)) {
             for (int64_t t = 0; t < len; t += mv_.Tile()) {
               const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
@@ -85,30 +78,30 @@ class ReducescatterRingFifo {
           strata::EndStage(mv_);
         }
         if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-          STRATA_LINE(35);  // strata:35
-          strata::Signal(strata::SyncSlot(sync_, world + 1 + 2 + strata::Mod(s_ - 1, 2)), epoch_ + (1 + (world + 1) / 2 + 1 + (s_ - 1) / 2), prev_);
+          STRATA_LINE(32);  // strata:32
+          strata::Signal(strata::SyncSlot(sync_, world + 2 + strata::Mod(s_ - 1, 2)), epoch_ + ((world + 1) / 2 + 1 + (s_ - 1) / 2), prev_);
         }
         AscendC::SyncAll<true>();
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(37);  // strata:37
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_ % 2), epoch_ + (2 + s_ / 2), next_);
+        STRATA_LINE(34);  // strata:34
+        strata::Signal(strata::SyncSlot(sync_, world + s_ % 2), epoch_ + (1 + s_ / 2), next_);
       }
       AscendC::SyncAll<true>();
     }
-    if (world > 1) {  // strata:39
+    if (world > 1) {  // strata:36
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(40);  // strata:40
-        strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + strata::Mod(world - 2, 2)), epoch_ + (2 + (world - 2) / 2));
+        STRATA_LINE(37);  // strata:37
+        strata::WaitFlag(strata::SyncSlot(sync_, world + strata::Mod(world - 2, 2)), epoch_ + (1 + (world - 2) / 2));
       }
       AscendC::SyncAll<true>();
-      {  // strata:41 stage 3 on aiv
-        STRATA_LINE(41);
+      {  // strata:38 stage 3 on aiv
+        STRATA_LINE(38);
         int64_t total = 0;
         total += n_;
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
-        STRATA_LINE(41);  // strata:41
+        STRATA_LINE(38);  // strata:38
         if (cut.Take(n_, off, len)) {
           for (int64_t t = 0; t < len; t += mv_.Tile()) {
             const uint32_t m = static_cast<uint32_t>(strata::Min(mv_.Tile(), len - t));
@@ -120,13 +113,13 @@ class ReducescatterRingFifo {
         strata::EndStage(mv_);
       }
     } else {
-      {  // strata:43 stage 4 on aiv
-        STRATA_LINE(43);
+      {  // strata:40 stage 4 on aiv
+        STRATA_LINE(40);
         int64_t total = 0;
         total += n_;
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
-        STRATA_LINE(43);  // strata:43
+        STRATA_LINE(40);  // strata:40
         if (cut.Take(n_, off, len)) {
           mv_.Copy(strata::Via::kAiv, out_ + off, rank,
                    x_ + off, rank, len, rank, kSdmaThreshold);

@@ -27,30 +27,23 @@ class ReducescatterRingInPlace {
   __aicore__ inline void Process() {
     STRATA_LINE(11);  // strata:11 the ranks agree on the call
     if (!strata::Agree(mv_, sync_, epoch_, strata::Ranks())) return;
-    const int64_t next_ = (rank + 1) % world;  // strata:15
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      STRATA_LINE(16);  // strata:16
-      strata::Signal(strata::SyncSlot(sync_, world), epoch_ + 1, strata::Mod(rank - 1, world));
-      STRATA_LINE(17);  // strata:17
-      strata::WaitFlag(strata::SyncSlot(sync_, world), epoch_ + 1);
-    }
-    AscendC::SyncAll<true>();
-    for (int64_t s_ = 0; s_ < world - 1; ++s_) {  // strata:18
-      const int64_t c_ = strata::Mod(rank - s_ - 1, world);  // strata:19
+    const int64_t next_ = (rank + 1) % world;  // strata:14
+    for (int64_t s_ = 0; s_ < world - 1; ++s_) {  // strata:15
+      const int64_t c_ = strata::Mod(rank - s_ - 1, world);  // strata:16
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
         if (s_ > 0) {
-          STRATA_LINE(20);  // strata:20
-          strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (s_ - 1)), epoch_ + 2);
+          STRATA_LINE(17);  // strata:17
+          strata::WaitFlag(strata::SyncSlot(sync_, world + (s_ - 1)), epoch_ + 1);
         }
       }
       AscendC::SyncAll<true>();
-      {  // strata:21 stage 1 on aiv
-        STRATA_LINE(21);
+      {  // strata:18 stage 1 on aiv
+        STRATA_LINE(18);
         int64_t total = 0;
         total += n_;
         strata::Partition cut(total, sizeof(T));
         int64_t off = 0, len = 0;
-        STRATA_LINE(21);  // strata:21
+        STRATA_LINE(18);  // strata:18
         if (cut.Take(n_, off, len)) {
           const int64_t lo = c_ * n_;
           mv_.template AccumulateInto<OP>(x_ + lo + off, next_,
@@ -59,15 +52,15 @@ class ReducescatterRingInPlace {
         strata::EndStage(mv_);
       }
       if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-        STRATA_LINE(22);  // strata:22
-        strata::Signal(strata::SyncSlot(sync_, world + 1 + s_), epoch_ + 2, next_);
+        STRATA_LINE(19);  // strata:19
+        strata::Signal(strata::SyncSlot(sync_, world + s_), epoch_ + 1, next_);
       }
       AscendC::SyncAll<true>();
     }
     if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
       if (world > 1) {
-        STRATA_LINE(24);  // strata:24
-        strata::WaitFlag(strata::SyncSlot(sync_, world + 1 + (world - 2)), epoch_ + 2);
+        STRATA_LINE(21);  // strata:21
+        strata::WaitFlag(strata::SyncSlot(sync_, world + (world - 2)), epoch_ + 1);
       }
     }
     AscendC::SyncAll<true>();

@@ -3,8 +3,9 @@
 In: an instance and its execution (the happens-before relation; the accesses of routing constructs
 are only known once executed). Out: at most MAX_RACES_REPORTED diagnostics. A race is two accesses
 to overlapping elements of one rank's buffer, at least one a write, that happens-before does not
-order. Every access to a peer's memory must come after that peer entered the call (its input is
-valid) and before it returns (its memory is still the call's).
+order. Every access to a peer's memory must complete before that peer returns (its memory is still
+the call's). That it comes after the peer entered the call needs no check: every call begins with
+the agreement of the live ranks, a barrier (timeline.Execution).
 """
 
 from __future__ import annotations
@@ -23,13 +24,6 @@ MAX_RACES_REPORTED = 3
 def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
     diags: list[Diagnostic] = []
     exit_index = [len(tl) - 1 for tl in inst.timelines]
-    c = inst.schedule.contract
-    # A slotted (decode) dispatch may write its outputs (windows, counts) into peers that have not
-    # entered yet, saving a round trip: its precondition is that no rank touches them until then
-    # (the previous combine ends when every rank has finished reading them; after allocating or
-    # writing them on the host, comm.barrier()). dsl/README.md, "Routing". Reads and every other
-    # buffer keep the entry rule. The rows that travel with the tokens (c.side) are outputs too.
-    entry_free = set(c.outputs) | {w for _, w in c.side} if c.kind.dispatch and c.capacity else set()
     # Accesses separated by a barrier of every rank are ordered by it, so only accesses between
     # the same two such barriers can race: group by (owner, buffer, barrier epoch). A team's
     # barrier (barrier(node)) orders its members only, so it starts no epoch. An asynchronous
@@ -39,7 +33,7 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
     # access is `carried`; two carried accesses met in an earlier epoch already, so they are
     # compared only there (each pair once).
     groups: dict[tuple[int, str, int], list[tuple[Access, Event, bool]]] = {}
-    BARRIER, vc = EventKind.BARRIER, ex.vc   # the hot loop: no enum lookups; hb inlined below
+    BARRIER = EventKind.BARRIER   # the hot loop: no enum lookups
     for tl in inst.timelines:
         epoch = 0
         for ev in tl:
@@ -55,17 +49,11 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
                     if group is None:
                         groups[key] = group = []
                     group.append((a, ev, e > epoch))
+                # (entry needs no check: every call begins with the agreement of the live ranks,
+                # a barrier, timeline.Execution)
                 if a.owner != ev.rank:
                     kind = "writes" if a.write else "reads"
-                    # ex.hb(a.owner, 0, ev.rank, ev.index): the owner's entry happens before ev
-                    if not vc[ev.rank][ev.index][a.owner] >= 1 and not (a.write and
-                                                                          a.buffer in entry_free):
-                        diags.append(error(
-                            Codes.ENTRY, f"rank {ev.rank} {kind} {a.buffer}[{a.lo}:{a.hi}]@{a.owner} "
-                            f"before rank {a.owner} is known to have entered the call ({context(inst)})",
-                            a.span, Note("nothing orders this after the peer's entry: add a barrier or "
-                                         "wait for a flag the peer signals first")))
-                    elif not ex.hb(ev.rank, ev.end, a.owner, exit_index[a.owner]):
+                    if not ex.hb(ev.rank, ev.end, a.owner, exit_index[a.owner]):
                         diags.append(error(
                             Codes.EXIT, f"rank {ev.rank} {kind} {a.buffer}[{a.lo}:{a.hi}]@{a.owner}, "
                             f"but rank {a.owner} may return before that completes ({context(inst)})",

@@ -2,8 +2,9 @@
 
 In: an instance. Out: a vector clock for every event (so `hb` orders any two), the simulated
 values after the call (`provenance`), and a deadlock or double-signal diagnostic if the execution
-cannot finish. Stages run in program order within a rank, barriers join all ranks, a wait joins the
-signal that satisfies it. If no rank can move and some have not finished, that is a deadlock,
+cannot finish. Every call begins with the agreement of the live ranks (strata::Agree), a barrier,
+so every live rank's entry happens before any statement. Stages run in program order within a
+rank, barriers join all ranks, a wait joins the signal that satisfies it. If no rank can move and some have not finished, that is a deadlock,
 reported with who waits for what.
 
 Ranks meet at barriers of equal stamps (on the IR after the passes, the stamps the kernel
@@ -122,7 +123,14 @@ class Execution:
         live = [r for r in range(W) if inst.live(r)]
         longest = max(len(tl) for tl in inst.timelines)
         dtype = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}[clock_itemsize(longest)]
-        cur = [np.zeros(W, dtype=dtype) for _ in range(W)]
+        # every call begins with the ranks' agreement (strata::Agree, runtime/device/strata_device.h),
+        # a barrier of the live ranks before the first statement: each live rank knows that every
+        # live rank has entered (its ENTRY, event 0, happens before anything the schedule does)
+        # (one array for all of them: a clock is replaced at a join, never changed while shared)
+        entered = np.zeros(W, dtype=dtype)
+        entered[live] = 1
+        none = np.zeros(W, dtype=dtype)
+        cur = [entered if inst.live(r) else none for r in range(W)]
         # the clock of the signal event that set (owner, flag, slot, round), its own index + 1, the event
         signaled: dict[tuple[int, str, int, int], tuple[np.ndarray, int, Event]] = {}
         done = 0

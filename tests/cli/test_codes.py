@@ -44,7 +44,6 @@ BY_CHECK = {
     Codes.SHAPE: VERIFY / "shape_allgather_output_size.strata",
     Codes.RACE: VERIFY / "race_read_write_across_ranks.strata",
     Codes.DEADLOCK: VERIFY / "deadlock_cycle.strata",
-    Codes.ENTRY: VERIFY / "entry_missing_first_barrier.strata",
     Codes.EXIT: VERIFY / "exit_missing_last_barrier.strata",
     Codes.CONTRACT: VERIFY / "contract_accumulate_op_mismatch.strata",
     Codes.DOUBLE_SIGNAL: VERIFY / "double_signal.strata",

@@ -150,7 +150,6 @@ EQUIVALENT = {
         (2,),
         "at world 2 each group is one rank: a barrier of the group meets nobody else, and the "
         "group has no peer to read a range from") for line in (
-        "barrier(g)                             # my group has entered: its x may be read",
         "x[q * k * n / C:(q + 1) * k * n / C] = x[q * k * n / C:(q + 1) * k * n / C]@p",
         "barrier(g)                             # my group has read my x: I may return")},
     ("allgather_ring_pipelined.strata",
@@ -171,20 +170,31 @@ EQUIVALENT = {
         (2, 4),
         "at a power-of-two world every run of 2^k blocks ends inside the world, so the cut-off arm "
         "never runs"),
+    ("alltoall_bruck.strata", "if k > 0: wait ok[k]                    # rank + d copied round k - 1 out of its rcv",
+     1): (
+        (2, 3),
+        "at world 2 there is one round (k = 0), so the credit is never waited for; at world 3 round "
+        "1 writes block 2 of rcv, which round 0 (blocks 1 and 3..) never wrote, so no write waits "
+        "for a read; from world 4 on round 1's run (blocks 2-3) overlaps round 0's block 3 and the "
+        "mutant is rejected (a race)"),
+    ("alltoall_pairwise.strata", "if i > 1: wait ready[i]                   # p's block of step i - 1 has landed",
+     1): (
+        (2, 3, 4),
+        "ready paces the writers of a rank's output, one at a time (no incast): a property of "
+        "speed, not of the result. Without the wait every rank writes its blocks without pause; "
+        "the blocks are disjoint and every peer has entered (the call's agreement), so the result "
+        "is the same at every world; what is lost is the pacing the algorithm is for"),
     ("alltoall_bruck.strata", "if k + 1 < L: signal ok[k + 1]@((rank - 2 * d) % world)", 1): (
         (2,),
         "at world 2 there is one round (L = 1), so the next round's handshake is never signalled"),
     **{("allreduce_halving_doubling.strata", line, 1): NO_FOLD for line in (
-        "wait ready[L]                               # my left neighbour has entered",
         "on aiv: x@(rank - 1) op= x                  # fold my contribution into it",
         "signal got[2 * L]@(rank - 1)",
         "wait got[2 * L + 1]                         # the result landed in my x",
-        "if rank < 2 * E: signal ready[L]@(rank + 1)",
         "if rank < 2 * E: wait got[2 * L]            # my right neighbour's contribution has landed",
         "on sdma: x@(rank + 1) = x",
         "signal got[2 * L + 1]@(rank + 1)")},
     **{("allreduce_double_tree.strata", line, nth): ONE_CHILD for line, nth in (
-        ("if 2 * l + 2 < world: signal ready[t]@(2 * l + 2 + t * (world - 5 - 4 * l))", 1),
         ("if 2 * l + 2 < world: wait up[2 * t + 1]", 1),
         ("on sdma: half[t]@c = half[t]", 2),
         ("signal down[t]@c", 2))},
@@ -207,9 +217,6 @@ EQUIVALENT = {
         "the previous call's writes into my out (the peers' pushes of their slices) all landed "
         "before its last barrier"),
     ("allreduce_hierarchical.strata",
-     'barrier(node)                                 # my node has entered: its parts may be read', 1):
-        NODE_OF_ONE,
-    ("allreduce_hierarchical.strata",
      'on aiv: part[me] = op(part[me]@p for p in node.ranks)', 1): NODE_OF_ONE,
     ("allreduce_hierarchical.strata",
      'barrier(lane)                                 # my lane has reduced its parts', 1): LANE_OF_ONE,
@@ -224,8 +231,11 @@ EQUIVALENT = {
     ("allreduce_hierarchical.strata",
      "barrier(node)                                 # my node's writes into me have landed", 1): NODE_OF_ONE,
     ("allreduce_hierarchical_composed.strata",
-     'barrier(node)                                 # my node has entered: its parts may be read', 1):
-        NODE_OF_ONE_COMPOSED,
+     "barrier(lane)                                 # my lane's parts me are reduced over their nodes", 1): (
+        (2, 4),
+        "at worlds 2 and 4 the world is one node (T = world), so a lane has one rank and the ring "
+        "over it writes no peer: nothing needs the lane's parts reduced first; at world 3 (lanes "
+        "of 3) the mutant is rejected (a race with the node's reduce)"),
     ("allreduce_hierarchical_composed.strata",
      'on aiv: part[me] = op(part[me]@p for p in node.ranks)', 1): NODE_OF_ONE_COMPOSED,
     ("allreduce_hierarchical_composed.strata",
@@ -239,7 +249,7 @@ EQUIVALENT = {
         "at worlds 2 and 4 the world is one node (T = world), so a lane has one rank: the ring over "
         "it has no step (2 * 1 - 2 = 0) and no peer, so the call does nothing; at world 3 (lanes "
         "of 3) the mutant is rejected"),
-    ("broadcast.strata", "barrier", 2): (
+    ("broadcast.strata", "barrier", 1): (
         (2,),
         "at world 2 the all-gather step sends nothing from the non-root rank (its only peer is the "
         "root, which `if p != root` skips), so nobody forwards a slice it received in the scatter "
