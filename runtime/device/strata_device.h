@@ -942,8 +942,11 @@ __aicore__ inline void FetchWords(AscendC::LocalTensor<int32_t>& dst, __gm__ int
 // sync area. As every rank reads every live peer, each rank of a call whose ranks do not all agree
 // finds at least one that differs. A kernel whose first statement is a world barrier has it
 // replaced by this one (the same ordering: every live rank has entered the call).
-template <typename T>
-__aicore__ inline bool Agree(Mover<T>& mv, __gm__ int32_t* sync, int32_t epoch, const Ranks& active) {
+// The barrier of the live ranks at the call's own stamp (epoch + 0) that Agree begins with: after
+// it every live rank has entered the call, which the verifier assumes of every kernel (no schedule
+// statement runs before it). Alone, as the first statement, only in a kernel built without the
+// agreement (stratac bench --agreement-cost).
+__aicore__ inline void EntryBarrier(__gm__ int32_t* sync, int32_t epoch, const Ranks& active) {
   const int64_t me = aclshmem_my_pe(), world = aclshmem_n_pes();
   const int64_t c = AscendC::GetBlockIdx(), cores = AscendC::GetBlockNum();
   // the kernel's first statement: nothing before it to drain
@@ -956,6 +959,13 @@ __aicore__ inline bool Agree(Mover<T>& mv, __gm__ int32_t* sync, int32_t epoch, 
     WaitFlag(SyncSlot(sync, p), epoch);
   }
   AscendC::SyncAll<true>();
+}
+
+template <typename T>
+__aicore__ inline bool Agree(Mover<T>& mv, __gm__ int32_t* sync, int32_t epoch, const Ranks& active) {
+  const int64_t me = aclshmem_my_pe(), world = aclshmem_n_pes();
+  const int64_t c = AscendC::GetBlockIdx();
+  EntryBarrier(sync, epoch, active);
   __gm__ int32_t* mine = AgreeRecord(sync, world, epoch & 1);
   AscendC::LocalTensor<int32_t> own = mv.Words();
   AscendC::LocalTensor<int32_t> peer = own[kAgreeInts];

@@ -691,16 +691,17 @@ def _agreement(s: ir.Schedule, statements: list[dict]) -> tuple[list[dict], dict
     """The ranks' agreement on the call (strata::Agree), the kernel's first statement. It is a
     barrier of the live ranks, so a schedule that begins with a world barrier (the usual entry
     barrier: every rank's input is ready) has that barrier replaced by it; any other begins with
-    it. None for a kernel built without it (passes.Options.agreement, bench's comparison only)."""
-    if not s.kernel.agreement:
-        return statements, None
+    it. The verifier relies on that barrier (every rank has entered before any statement), so a
+    kernel built without the agreement (passes.Options.agreement, bench's comparison only) keeps
+    it without the comparison ("check": False, strata::EntryBarrier)."""
+    check = s.kernel.agreement
     # the lets before it only name values: they may come after the agreement
     i = next((i for i, n in enumerate(statements) if n["kind"] != "local" or "let" not in n), None)
     first = statements[i] if i is not None else None
     if first is not None and first["kind"] == "barrier" and first["team"] is None:
         return statements[:i] + statements[i + 1:], {"line": first["line"], "at": first["at"],
-                                                       "fused": True}
-    return statements, {**_at(s.span), "fused": False}
+                                                       "fused": True, "check": check}
+    return statements, {**_at(s.span), "fused": False, "check": check}
 
 
 def _render(s: ir.Schedule, env: jinja2.Environment, rs, src: str, statements: list[dict],

@@ -278,16 +278,20 @@ def test_mpi_peer_interleaved_with_stratac(tmp_path):
 
 def test_agreement_cost_benches_each_schedule_and_its_twin_without_the_check(tmp_path):
     """`--agreement-cost`: every schedule, then the same schedule built without the ranks'
-    agreement (its kernel has no strata::Agree, its entry barrier is a plain one), both checked
-    against torch, in one run."""
+    agreement (its kernel has no strata::Agree but keeps its barrier, strata::EntryBarrier, which
+    the verifier relies on: every rank has entered before any statement), both checked against
+    torch, in one run."""
     from stratac.codegen import pipeline
     from stratac.ir import passes
     from stratac.lang import frontend
     src = ROOT / "examples" / "allreduce_twoshot.strata"
     texts = {on: pipeline.compile_schedules(frontend.load_source(src), passes.Options(agreement=on),
                                             [2])[0].output.files["kernel.cpp"] for on in (True, False)}
-    assert "strata::Agree(" in texts[True] and "strata::Barrier(sync_, epoch_ + 1)" not in texts[True]
-    assert "strata::Agree(" not in texts[False] and "strata::Barrier(sync_, epoch_ + 1)" in texts[False]
+    entry = "strata::EntryBarrier(sync_, epoch_, strata::Ranks());"
+    assert "strata::Agree(" in texts[True] and entry not in texts[True]
+    assert "strata::Agree(" not in texts[False] and entry in texts[False]
+    for on in (True, False):   # the schedule's own barrier, at the end, is the same in both
+        assert texts[on].count("strata::Barrier(sync_, epoch_ + 1);") == 1
     out_json = tmp_path / "out.json"
     p = _bench([str(src), "--world", "2", "--sizes", "4096", "--iters", "2", "--warmup", "1",
                 "--agreement-cost", "--json", str(out_json), "--no-progress"])

@@ -160,8 +160,8 @@ def test_world_above_the_verifiers_bound_is_refused_at_once(tmp_path):
         no_traceback(p)
     # a world the verifier cannot hold is refused before the instance is built, in seconds
     p = stratac("check", "examples/allreduce_ring.strata", "--world", "8192", timeout=120)
-    assert p.returncode == 1 and "allreduce_ring at n=1, world=8192 would hold about 939,458,560 " \
-        "events, moves, sources, signals and waits (up to 114,680 on a rank), more than the " \
+    assert p.returncode == 1 and "allreduce_ring at n=1, world=8192 would hold about 939,425,792 " \
+        "events, moves, sources, signals and waits (up to 114,676 on a rank), more than the " \
         "4,000,000 the verifier holds: " \
         "refused before it is built" in p.stderr, p.stderr
     no_traceback(p)

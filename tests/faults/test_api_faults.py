@@ -17,8 +17,10 @@ from faultkit import ROOT, leftover_segments
 AR = ROOT / "examples" / "allreduce_twoshot.strata"
 
 
-def first_barrier_line(path) -> int:
-    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if line.strip() == "barrier")
+def schedule_line(path) -> int:
+    """The line of a file's first schedule header: where a kernel's agreement of the ranks (its
+    first statement, a barrier of the live ranks) is attributed."""
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if line.startswith("schedule "))
 
 
 WORLD = 4
@@ -71,7 +73,7 @@ def test_oversubscribed_ranks_and_cores_complete(job):
 
 
 def test_a_rank_that_never_arrives_times_out_with_a_diagnosis(job):
-    line = first_barrier_line(AR)
+    line = schedule_line(AR)   # a missing rank is waited for at the agreement
     last = WORLD - 1
     waited = []
     for r, rk in enumerate(job.ranks):

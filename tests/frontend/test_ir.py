@@ -29,7 +29,6 @@ PART = ("x[((rank * (n / world)) + min(rank, (n % world))) "
 ALLREDUCE_GOLDEN = f"""\
 schedule allreduce_twoshot(x: sym T[n], op: redop) implements allreduce(x, op)
   sizes n
-  barrier seq=0  # line 11
   stage 1 on aiv:  # line 12
     {PART} = op({PART}@p for p in ranks)  # line 12
   stage 2 on sdma:  # line 13
@@ -41,11 +40,10 @@ schedule allreduce_twoshot(x: sym T[n], op: redop) implements allreduce(x, op)
 ALLGATHER_GOLDEN = """\
 schedule allgather_push(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out)
   sizes n
-  barrier seq=0  # line 10
-  stage 1 on sdma:  # line 11
-    for p in ranks:  # line 11
-      out[(rank * n) +: n]@p = x[0 +: n]  # line 11
-  barrier seq=0  # line 12
+  stage 1 on sdma:  # line 10
+    for p in ranks:  # line 10
+      out[(rank * n) +: n]@p = x[0 +: n]  # line 10
+  barrier seq=0  # line 11
 """
 
 FLAGS_SRC = """\
@@ -104,8 +102,8 @@ def test_lowered_structure_of_allreduce():
     assert (c.kind, c.inputs, c.outputs, c.op) == (ir.ContractKind.ALLREDUCE, ("x",), ("x",),
                                                    ir.OpParam("op"))
     assert [(x.name, x.kind) for x in s.scalars] == [("op", ir.ScalarKind.REDOP)]
-    b0, st1, st2, b1 = s.body
-    assert isinstance(b0, ir.Barrier) and isinstance(b1, ir.Barrier)
+    st1, st2, b1 = s.body
+    assert isinstance(b1, ir.Barrier)
     assert (st1.engine, st1.index, st2.engine, st2.index) == (ir.Engine.AIV, 1, ir.Engine.SDMA, 2)
     red, = st1.body
     assert isinstance(red, ir.Reduce) and red.var == "p" and red.domain is ir.Domain.RANKS
@@ -255,17 +253,17 @@ schedule moe_decode_dispatch(x: sym T[tokens, hidden], ids: i32[tokens, topk], c
   sizes capacity, experts, hidden, tokens, topk
   scratch offs: i32[experts]
   flag ready[world] seq=1
-  stage 1 on aiv [routing]:  # line 19
-    counts[(rank * experts) +: experts] = histogram(ids)  # line 20
-    offs[0 +: experts] = slots(capacity)  # line 21
-  stage 2 on aiv [aiv-copy routing]:  # line 23
-    for p in peers:  # line 24
-      counts[(rank * experts) +: experts]@p = counts[(rank * experts) +: experts]  # line 24
-    win[0 +: ((experts * capacity) * hidden)] = place(x, ids, offs)  # line 25
-  for p in peers:  # line 27
-    signal ready[rank]@p  # line 27
+  stage 1 on aiv [routing]:  # line 20
+    counts[(rank * experts) +: experts] = histogram(ids)  # line 21
+    offs[0 +: experts] = slots(capacity)  # line 22
+  stage 2 on aiv [aiv-copy routing]:  # line 24
+    for p in peers:  # line 25
+      counts[(rank * experts) +: experts]@p = counts[(rank * experts) +: experts]  # line 25
+    win[0 +: ((experts * capacity) * hidden)] = place(x, ids, offs)  # line 26
   for p in peers:  # line 28
-    wait ready[p]  # line 28
+    signal ready[rank]@p  # line 28
+  for p in peers:  # line 29
+    wait ready[p]  # line 29
   # 1 flag stamps per call
   # UB per core: 2 copy + 0 reduce tiles x 76672 B + 256 B scratch + 40960 B routing + 2048 B mask = 196608 B; 40 cores (Ascend910B3)
 """

@@ -81,9 +81,10 @@ def test_flags_wait_for_the_last_signal(tiny):
     part = 2000
     signal = 1 * 0.5 + 1.0                            # one slot per signal event, then SyncAll
     wait = 3.0 + 1.0                                  # the peer's flag lands one latency later
+    agreement = 2 * 1.0 + 2 * 0.5 + 3.0               # the ranks' agreement: a barrier
     reduce = part / 500 + 1.0 + 3.0
     gather = part / 500 + 5.0 + 1.0 + 3.0
-    assert us == pytest.approx(10.0 + signal + wait + reduce + gather + signal + wait)
+    assert us == pytest.approx(10.0 + agreement + reduce + gather + signal + wait)
 
 
 def test_step_loop_charges_each_step_its_own_moves_and_handshake(tiny):
@@ -97,7 +98,8 @@ def test_step_loop_charges_each_step_its_own_moves_and_handshake(tiny):
     wait = 3.0 + 1.0                                  # the flag lands a latency after the signal
     reduce = part / 500 + 1.0 + 3.0                   # the link (8 us) beats the core's 2 us
     copy = part / 500 + 5.0 + 1.0 + 3.0               # one queue: bytes + one SQE's post
-    entry = signal + wait                             # ready handshake with the neighbours
+    entry = 2 * 1.0 + 3 * 0.5 + 3.0                   # the ranks' agreement, a barrier: 2 SyncAlls,
+    #                                                   a flag to each of 3 ranks (one core), a latency
     steps = (reduce + signal) + (wait + reduce + signal) + 2 * (wait + copy + signal)
     assert us == pytest.approx(10.0 + entry + steps + wait)
     # the whole call's link load (4 parts per rank at 0.5 GB/s = 32 us) does not bind it

@@ -93,16 +93,15 @@ def test_every_example_is_modelled():
 
 def test_a_template_too_large_is_refused_from_three_ranks_before_it_is_walked(monkeypatch):
     """From PROBE_FROM on, three ranks estimate the walk; over MAX_ENTRIES it is refused at once.
-    The ring at world 8, per rank: the entry round's signal and wait, 2 * 8 - 2 steps of a wait
-    (but the first), a stage and a signal, the last wait (44 entries), and a move of one source per
-    step (28): 72, 576 in all."""
+    The ring at world 8, per rank: 2 * 8 - 2 steps of a wait (but the first), a stage and a signal,
+    the last wait (42 entries), and a move of one source per step (28): 70, 560 in all."""
     from stratac.tools.simulate import template as template_mod
     path, = [p for p in EXAMPLES if p.name == "allreduce_ring.strata"]
     ring, = frontend.schedules(frontend.load_source(path))
     monkeypatch.setattr(template_mod, "PROBE_FROM", 4)
-    monkeypatch.setattr(template_mod, "MAX_ENTRIES", 575)
-    with pytest.raises(SimulateError, match=r"^allreduce_ring at world 8 would hold about 576 timeline "
-                       r"entries, moves and sources \(72 on a rank\), more than the 575 the model holds"):
+    monkeypatch.setattr(template_mod, "MAX_ENTRIES", 559)
+    with pytest.raises(SimulateError, match=r"^allreduce_ring at world 8 would hold about 560 timeline "
+                       r"entries, moves and sources \(70 on a rank\), more than the 559 the model holds"):
         template(ring, 8, {"n": 1024})
-    monkeypatch.setattr(template_mod, "MAX_ENTRIES", 576)
+    monkeypatch.setattr(template_mod, "MAX_ENTRIES", 560)
     assert len(template(ring, 8, {"n": 1024}).timelines) == 8

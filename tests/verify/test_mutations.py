@@ -493,7 +493,7 @@ def test_every_example_has_mutants_and_verifies_unmutated():
     """A broken example would make every mutant "rejected" and the test vacuous."""
     assert len(EXAMPLES) >= 15
     for p in EXAMPLES:
-        assert len(mutants(p)) >= 3, p.name
+        assert len(mutants(p)) >= 2, p.name   # the one-shot AllReduce: its stage and its barrier
         for s in frontend.schedules(frontend.load_source(str(p))):
             bad = [r for r in verify.verify_worlds(s, VERIFY_WORLDS) if not r.ok]
             assert not bad, f"{p.name}: {bad[0].diagnostics[0].render()}"

@@ -172,9 +172,8 @@ def _barriers(ops):
 
 
 def test_a_flag_with_rounds_takes_one_stamp_per_round():
-    """examples/reducescatter_ring_fifo.strata: ready (1 round), full and free ((world + 1) / 2
-    rounds each). Round r of a flag has stamp epoch + seq + r, so the flags take 1 + 2 x rounds
-    stamps per call, each flag's after the one before; a call that reserves one stamp fewer leaves
+    """examples/reducescatter_ring_fifo.strata: full and free ((world + 1) / 2 rounds each). Round r
+    of a flag has stamp epoch + seq + r, so the flags take 2 x rounds stamps per call, each flag's after the one before; a call that reserves one stamp fewer leaves
     free's last round to the next call, which the verifier refuses."""
     path = ROOT / "examples" / "reducescatter_ring_fifo.strata"
     s = schedule("reducescatter_ring_fifo", path)
@@ -183,11 +182,11 @@ def test_a_flag_with_rounds_takes_one_stamp_per_round():
         env = {"world": world, "n": 1}
         rounds = (world + 1) // 2
         assert [f.seq if isinstance(f.seq, int) else f.seq.eval(env) for f in low.flags] == \
-            [1, 2, 2 + rounds], world
-        assert low.stamps(env) == 1 + 2 * rounds
+            [1, 1 + rounds], world
+        assert low.stamps(env) == 2 * rounds
     assert first_error(verify.verify_lowered(low, s, WORLDS)) is None
     short = replace(low, sync_expr=ir.simplify(ir.Bin(ir.BinKind.SUB, low.sync_expr, ir.Const(1))))
     d = first_error(verify.verify_worlds(short, [5]))
-    assert d.code == Codes.SYNC_STAMP and d.span.line == 19, d.render()   # flag free
-    assert d.message.startswith("flag free has stamps epoch + 5..7 (its rounds), outside the stamps "
-                                "1..6"), d.message
+    assert d.code == Codes.SYNC_STAMP and d.span.line == 18, d.render()   # flag free
+    assert d.message.startswith("flag free has stamps epoch + 4..6 (its rounds), outside the stamps "
+                                "1..5"), d.message

@@ -247,21 +247,21 @@ def test_an_instance_too_large_is_refused_before_it_is_built_from_three_ranks(mo
     moves against MAX_EVENTS, its vector clocks against CLOCK_BYTES; either refuses it at once."""
     ring, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allreduce_ring.strata"))
     monkeypatch.setattr(instantiate_mod, "PROBE_FROM", 4)
-    # world 8, per rank: entry, the entry round's signal and wait, 2 * 8 - 2 steps of a wait (but
-    # the first), a stage and a signal, the last wait, exit: 46 events; a move of one source per
-    # step (28); 15 signals and 15 waits: 104
+    # world 8, per rank: entry, 2 * 8 - 2 steps of a wait (but the first), a stage and a signal,
+    # the last wait, exit: 44 events; a move of one source per step (28); 14 signals and 14 waits:
+    # 100
     monkeypatch.setattr(instantiate_mod, "MAX_EVENTS", 300)
     d, = verify.verify(ring, 8, {"n": 3}).diagnostics
-    assert d.code == Codes.BAD_WORLD and "would hold about 832 events, moves, sources, signals and " \
-        "waits (up to 104 on a rank), more than the 300 the verifier holds: refused before it is built" in d.message, d.message
+    assert d.code == Codes.BAD_WORLD and "would hold about 800 events, moves, sources, signals and " \
+        "waits (up to 100 on a rank), more than the 300 the verifier holds: refused before it is built" in d.message, d.message
     monkeypatch.setattr(instantiate_mod, "MAX_EVENTS", 10_000)
-    # 15 joins x 8 ranks x 8 entries of one byte (timelines of 46 events count in a byte):
-    # 960 bytes, over a budget of 959 and within one of 960
-    monkeypatch.setattr(instantiate_mod, "CLOCK_BYTES", 959)
+    # 14 joins x 8 ranks x 8 entries of one byte (timelines of 44 events count in a byte):
+    # 896 bytes, over a budget of 895 and within one of 896
+    monkeypatch.setattr(instantiate_mod, "CLOCK_BYTES", 895)
     d, = verify.verify(ring, 8, {"n": 3}).diagnostics
-    assert "would hold vector clocks of about 0.0 GiB (15 waits and barriers on a rank, 8 entries " \
+    assert "would hold vector clocks of about 0.0 GiB (14 waits and barriers on a rank, 8 entries " \
         "each), more than the 0 GiB" in d.message, d.message
-    monkeypatch.setattr(instantiate_mod, "CLOCK_BYTES", 960)
+    monkeypatch.setattr(instantiate_mod, "CLOCK_BYTES", 896)
     assert verify.verify(ring, 8, {"n": 3}).ok
 
 
@@ -278,7 +278,7 @@ def test_an_instance_whose_memory_outgrows_its_pieces_is_refused_at_the_move(mon
     d, = verify.verify(a2a, 8, {"n": 3}).diagnostics
     assert d.code == Codes.BAD_WORLD and d.message.startswith(
         "alltoall (world=8, n=3): its simulated memory holds more than 71 pieces"), d.message
-    assert d.span.line == 9, d.span   # on sdma: for p in ranks: dst[rank]@p = src[p]
+    assert d.span.line == 8, d.span   # on sdma: for p in ranks: dst[rank]@p = src[p]
 
 
 def test_an_allgathers_input_is_one_function_over_the_ranks():

@@ -2,7 +2,10 @@
 and the cores per rank. Out: the predicted microseconds from the kernel launch to the last rank's
 exit, and that critical path split by category.
 
-Synchronisation: a barrier releases its members (every rank, or a team's) at its place in the
+Synchronisation: every call begins with the ranks' agreement (strata::Agree), a barrier of every
+rank, charged after the launch like any barrier (a schedule whose first statement is a world
+barrier has it fused into the agreement, so that barrier is the agreement's and is charged once);
+a barrier releases its members (every rank, or a team's) at its place in the
 program when the last of them arrives there, plus its cost (two SyncAlls, each core signalling
 world/cores peers, one fabric latency); a wait returns when the last flag it waits for
 has landed (signal time + fabric latency); a signal costs a flag issue per slot. Between two
@@ -32,12 +35,14 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
     world, lat = t.world, m.fabric_latency_us
     barrier_cost = 2 * m.sync_all_us + math.ceil(world / cores) * m.flag_issue_us + \
         (lat if world > 1 else 0.0)
-    clock = [m.launch_us] * world
-    parts = [{"latency": m.launch_us} for _ in range(world)]
+    fused = all(tl and tl[0][0] == "barrier" and tl[0][1][1] is None for tl in t.timelines)
+    start = m.launch_us + (0.0 if fused else barrier_cost)   # launch, then the agreement
+    clock = [start] * world
+    parts = [{"latency": start} for _ in range(world)]
     pos = [0] * world
     landed: dict[tuple, tuple[float, dict]] = {}
     arrived: dict[int, tuple[float, dict]] = {}
-    phase, phase_start = 0, (m.launch_us, {"latency": m.launch_us})
+    phase, phase_start = 0, (start, {"latency": start})
     load: dict[int, list] = {}
     for cost in costs.values():
         for ph, (tx, rx, hbm) in cost.loads.items():
