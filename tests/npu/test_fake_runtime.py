@@ -198,7 +198,7 @@ def test_a_failed_build_says_which_step_and_publishes_nothing(rt, monkeypatch, t
     else:
         assert d.message.startswith("building allreduce_twoshot for Ascend910B3 with CANN failed (exit 1)")
         assert "no matching function for call (fake)" in d.message
-        assert any(n.message.endswith("comes from .strata line 12") for n in d.notes), d.notes
+        assert any(n.message.endswith("comes from .strata line 10") for n in d.notes), d.notes
     cache = tmp_path / "cache"   # no build is published (the proof's verdict is kept: it held)
     assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock") and p.name != "verdicts"] == []
     comm.close()
