@@ -596,7 +596,7 @@ KNOWN_BAD = [
     ("allreduce_twoshot.strata", "on aiv: part[rank] = op(part[rank]@p for p in ranks)", "WRONG",
      "expected"),
     ("moe_prefill.strata", "on aiv: y = gather(win, ids, weights, offs)", "WRONG", "y["),
-    ("allreduce_twoshot_flags.strata", "for p in peers: signal ready[rank]@p", "HANG",
+    ("allreduce_twoshot_flags.strata", "for p in peers: signal done[rank]@p", "HANG",
      "never signalled"),
 ]
 
