@@ -697,8 +697,9 @@ def _agreement(s: ir.Schedule, statements: list[dict]) -> tuple[list[dict], dict
     check = s.kernel.agreement
     # the lets before it only name values: they may come after the agreement
     i = next((i for i, n in enumerate(statements) if n["kind"] != "local" or "let" not in n), None)
-    first = statements[i] if i is not None else None
-    if first is not None and first["kind"] == "barrier" and first["team"] is None:
+    if s.leads_with_barrier:
+        first = statements[i]
+        assert first["kind"] == "barrier" and first["team"] is None, first
         return statements[:i] + statements[i + 1:], {"line": first["line"], "at": first["at"],
                                                        "fused": True, "check": check}
     return statements, {**_at(s.span), "fused": False, "check": check}

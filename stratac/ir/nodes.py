@@ -598,6 +598,14 @@ class Schedule:
         parameters env."""
         return self.sync_ops if self.sync_expr is None else int(self.sync_expr.eval(env))
 
+    @property
+    def leads_with_barrier(self) -> bool:
+        """Whether the first statement (lets aside: they only name values) is a world barrier,
+        which the kernel fuses into the ranks' agreement on the call (strata::Agree, itself a
+        barrier of the live ranks): then the two are one barrier, not two."""
+        first = next((op for op in self.body if not (isinstance(op, Local) and op.inline)), None)
+        return isinstance(first, Barrier) and first.team is None
+
     def param(self, name: str) -> Buffer:
         return next(p for p in self.params if p.name == name)
 

@@ -4,8 +4,8 @@ In: an instance. Out: a vector clock for every event (so `hb` orders any two), t
 values after the call (`provenance`), and a deadlock or double-signal diagnostic if the execution
 cannot finish. Every call begins with the agreement of the live ranks (strata::Agree), a barrier,
 so every live rank's entry happens before any statement. Stages run in program order within a
-rank, barriers join all ranks, a wait joins the signal that satisfies it. If no rank can move and some have not finished, that is a deadlock,
-reported with who waits for what.
+rank, barriers join all ranks, a wait joins the signal that satisfies it. If no rank can move and
+some have not finished, that is a deadlock, reported with who waits for what.
 
 Ranks meet at barriers of equal stamps (on the IR after the passes, the stamps the kernel
 compares). A kernel barrier waits until every rank has announced its stamp or a later one, so a

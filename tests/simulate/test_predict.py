@@ -58,6 +58,21 @@ def test_two_shot_by_hand(tiny):
     assert us == pytest.approx(10.0 + barrier + reduce + gather + barrier)
 
 
+def test_the_agreement_is_charged_once_and_a_leading_barrier_is_it(tmp_path, tiny):
+    """Every call begins with the ranks' agreement, a barrier. A first statement that is a world
+    barrier (after lets) is fused into it, as the kernel fuses it: no extra charge. One under an
+    `if` is not the first statement: the kernel runs the agreement, then that barrier."""
+    barrier = 2 * 1.0 + 2 * 0.5 + 3.0
+    lead = PUSH.format(engine="aiv")
+    first = lead.replace("  barrier\n  on", "  let k = world\n  barrier\n  on", 1)
+    under_if = lead.replace("  barrier\n  on", "  if world > 0 { barrier }\n  on", 1)
+    none = lead.replace("  barrier\n  on", "  on", 1)
+    times = {name: predict_count(schedule(tmp_path, text, f"{name}.strata"), tiny, world=2, count=1000)[0]
+             for name, text in (("lead", lead), ("first", first), ("under_if", under_if), ("none", none))}
+    assert times["lead"] == pytest.approx(times["first"]) == pytest.approx(times["none"])
+    assert times["under_if"] == pytest.approx(times["none"] + barrier)
+
+
 def test_partition_follows_the_kernel_blocks(tmp_path, tiny):
     # 1000 f32 = 125 blocks of 32 B over 2 cores: 62 and 63 blocks; the busiest core sets the time
     s = schedule(tmp_path, PUSH.format(engine="aiv"))

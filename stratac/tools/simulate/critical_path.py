@@ -35,8 +35,7 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
     world, lat = t.world, m.fabric_latency_us
     barrier_cost = 2 * m.sync_all_us + math.ceil(world / cores) * m.flag_issue_us + \
         (lat if world > 1 else 0.0)
-    fused = all(tl and tl[0][0] == "barrier" and tl[0][1][1] is None for tl in t.timelines)
-    start = m.launch_us + (0.0 if fused else barrier_cost)   # launch, then the agreement
+    start = m.launch_us + (0.0 if t.fused else barrier_cost)   # launch, then the agreement
     clock = [start] * world
     parts = [{"latency": start} for _ in range(world)]
     pos = [0] * world

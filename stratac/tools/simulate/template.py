@@ -52,6 +52,7 @@ class Template:
                                           # flag, (slot, round))]) | ("wait", [(flag, (slot,
                                           # round))]) | ("await", None)
     size_dependent: bool                  # a condition, rank or flag slot depends on a size symbol
+    fused: bool = False                   # the first barrier is the agreement's (leads_with_barrier)
 
     def moves(self, stage_index, lengths: np.ndarray) -> list[tuple]:
         """(issuer, kind, dst owner, src owners, length) of every move of a stage instance, for the
@@ -338,7 +339,7 @@ def template(s: ir.Schedule, world: int, env: dict) -> Template:
     for sm in w.stages.values():
         sm.arrays = {k: np.asarray(getattr(sm, k), dtype=np.int64)
                      for k in ("issuer", "key", "kind", "dst", "nsrc", "src_move", "src_owner", "scale")}
-    return Template(world, w.keys, w.stages, timelines, w.size_dependent)
+    return Template(world, w.keys, w.stages, timelines, w.size_dependent, s.leads_with_barrier)
 
 
 def lengths(t: Template, env: dict) -> np.ndarray:
