@@ -366,6 +366,10 @@ def _env_text(env: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
 
 
+# From this many live ranks on, an instance's ranks walk the program together (stratac.ir.lockstep:
+# each expression evaluated once for all of them), unless that walk gives the instance back.
+LOCKSTEP_FROM = 2
+
 # From this many live ranks on, an instance is first estimated from three of its ranks (_probe) and
 # refused before it is built when the estimate is over MAX_EVENTS or CLOCK_BYTES.
 PROBE_FROM = 64
@@ -470,11 +474,16 @@ def instantiate(s: ir.Schedule, world: int, sizes: dict[str, int], data: dict | 
     b.live = frozenset(r for r in range(world) if active is None or active[r])
     if len(b.live) > PROBE_FROM:
         _probe(s, world, base, buffer_sizes, flag_sizes, barriers_only, shapes, b.live, flag_rounds)
-    timelines = []
-    for r in range(world):
-        timelines.append(b.timeline(r) if r in b.live else
-                         [Event(EventKind.ENTRY, r, 0, None), Event(EventKind.EXIT, r, 1, None)])
-        b.held += len(timelines[-1])
+    timelines = None
+    if not barriers_only and len(b.live) >= LOCKSTEP_FROM:
+        from stratac.ir import lockstep   # (it builds on this module)
+        timelines = lockstep.timelines(b)
+    if timelines is None:   # rank by rank (the lockstep walk leaves every error to this one)
+        timelines = []
+        for r in range(world):
+            timelines.append(b.timeline(r) if r in b.live else
+                             [Event(EventKind.ENTRY, r, 0, None), Event(EventKind.EXIT, r, 1, None)])
+            b.held += len(timelines[-1])
     return Instance(s, world, dict(sizes), timelines, buffer_sizes, flag_sizes, shapes, dict(data or {}),
                     active=active, flag_rounds=flag_rounds)
 

@@ -10,6 +10,8 @@ verify_lowered checks the IR after the passes against the proof of the IR before
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 from dataclasses import dataclass, field, replace
 
@@ -39,9 +41,30 @@ class Result:
         return not self.diagnostics
 
 
+@contextlib.contextmanager
+def _no_cycle_collection():
+    """Python's cycle collector paused (then restored as it was). An instance at world 384 is
+    millions of events, moves and accesses, made in one go and freed together by reference
+    counting; each collection of the oldest generation walks all of them, and with collections
+    running as they are allocated, building a ring's instance took 7 s, of which 6 were the
+    collector's (docs/bench.md, "The verifier at world 384")."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def verify(s: ir.Schedule, world: int, sizes: dict[str, int], routing: str | None = None,
            active: tuple[bool, ...] | None = None) -> Result:
     """One instance; `active`: a masked call's live ranks (ir.takes_mask schedules)."""
+    with _no_cycle_collection():
+        return _verify(s, world, sizes, routing, active)
+
+
+def _verify(s, world, sizes, routing, active) -> Result:
     t0 = time.perf_counter()
     res = Result(world, dict(sizes), active=active)
     unmet = ir.unmet_requirement(s, world)

@@ -1,0 +1,211 @@
+"""The lockstep walk (stratac.ir.lockstep) builds the instances the per-rank walk builds, event for
+event, and gives back to it every instance it would have to refuse or check more closely.
+
+Every example, every corpus file and every line-deletion mutant of the examples
+(tests/verify/test_mutations.py) is instantiated both ways, with the samples the verifier derives,
+and the two are compared: the same timelines, or the same diagnostics. The expressions are checked
+on their own against the per-rank evaluation (instantiate.evaluate) on random trees, lane by lane,
+including the values it refuses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stratac import ir
+from stratac.diagnostics import Source, StrataError
+from stratac.ir import instantiate as inst_mod
+from stratac.ir import lockstep
+from stratac.ir.expr import Bin, Const, Sel, Var
+from stratac.ir.expr import BinKind as K
+from stratac.lang import frontend
+from stratac.verify.samples import default_samples
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.strata"))
+CORPUS = sorted((HERE / "corpus").glob("*.strata"))
+
+
+def _canonical(timelines) -> list:
+    """The timelines as plain values. Accesses of one move share an id (Access.instance) that
+    only tells them apart from other moves' (races.py compares ids for equality): the walks number
+    moves in different orders, so an id is replaced by its order of appearance in its event."""
+    out = []
+    for tl in timelines:
+        for ev in tl:
+            ids: dict[int, int] = {}
+            out.append((
+                ev.kind, ev.rank, ev.index, ev.span, ev.stage, ev.barrier, ev.members, ev.done,
+                [(a.owner, a.buffer, a.lo, a.hi, a.write, ids.setdefault(a.instance, len(ids)),
+                  a.span, a.accumulate) for a in ev.accesses],
+                [(m.dst, m.srcs, m.op, m.span, m.accumulate) for m in ev.moves],
+                list(ev.signals), list(ev.waits), list(ev.routes)))
+    return out
+
+
+def _built(s, world, sizes, lockstep_from, monkeypatch):
+    monkeypatch.setattr(inst_mod, "LOCKSTEP_FROM", lockstep_from)
+    try:
+        return _canonical(inst_mod.instantiate(s, world, sizes).timelines), None
+    except StrataError as exc:
+        return None, [str(d) for d in exc.diagnostics]
+
+
+def _compare(schedules, worlds, monkeypatch) -> tuple[int, int]:
+    """(instances compared, instances the lockstep walk built); fails on the first difference."""
+    taken = {"built": 0}
+    walk = lockstep.timelines
+
+    def counting(b):
+        got = walk(b)
+        taken["built"] += got is not None
+        return got
+    monkeypatch.setattr(lockstep, "timelines", counting)
+    compared = 0
+    for s in schedules:
+        for w in worlds:
+            try:
+                samples = default_samples(s, w)
+            except StrataError:
+                continue
+            for sizes in samples:
+                per_rank = _built(s, w, sizes, 10**9, monkeypatch)
+                together = _built(s, w, sizes, 1, monkeypatch)
+                assert per_rank == together, f"{s.name} at world {w}, {sizes}: the walks differ"
+                compared += 1
+    return compared, taken["built"]
+
+
+def _schedules(paths) -> list[ir.Schedule]:
+    out = []
+    for p in paths:
+        try:
+            out += frontend.schedules(frontend.load_source(str(p)))
+        except StrataError:
+            pass   # the corpus's front-end errors: nothing to instantiate
+    return out
+
+
+def test_examples_are_built_alike(monkeypatch):
+    compared, built = _compare(_schedules(EXAMPLES), [1, 2, 3, 4, 5, 8], monkeypatch)
+    # the routing constructs (MoE, AllToAllV) are the per-rank walk's; every other instance is
+    # the lockstep walk's, so the comparison above compared something
+    assert compared > 1000 and built > compared // 2, (compared, built)
+
+
+def test_every_non_routing_example_is_taken_by_the_lockstep_walk():
+    for s in _schedules(EXAMPLES):
+        if s.contract.kind.moe or s.contract.kind.name == "ALLTOALLV":
+            continue
+        b = _builder(s, 5, default_samples(s, 5)[0])
+        assert lockstep.timelines(b) is not None, s.name
+
+
+def test_corpus_is_built_alike(monkeypatch):
+    compared, built = _compare(_schedules(CORPUS), [1, 2, 3, 4, 5], monkeypatch)
+    assert compared > 1000 and built > 0, (compared, built)
+
+
+@pytest.mark.slow
+def test_examples_are_built_alike_at_larger_worlds(monkeypatch):
+    compared, _ = _compare(_schedules(EXAMPLES), [7, 9, 16, 17, 33], monkeypatch)
+    assert compared > 500
+
+
+def test_mutants_are_built_alike(monkeypatch):
+    """Every line-deletion mutant of every example: the mutants the verifier rejects for what their
+    regions, flags or loops evaluate to are exactly the instances the lockstep walk must give back."""
+    spec = importlib.util.spec_from_file_location("_lockstep_mutations", HERE / "test_mutations.py")
+    mutations = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mutations   # its dataclasses look their module up
+    spec.loader.exec_module(mutations)
+    schedules = []
+    for p in mutations.EXAMPLES:
+        for m in mutations.mutants(p):
+            try:
+                schedules += frontend.schedules(Source(f"{p.stem}-without-{m.line}.strata", m.source))
+            except StrataError:
+                pass
+    compared, built = _compare(schedules, [2, 3, 4], monkeypatch)
+    assert compared > 2000 and built > compared // 3, (compared, built)   # a third: MoE
+
+
+def _builder(s, world, sizes):
+    """The per-rank walk's builder of an instance, as instantiate sets it up."""
+    base = {"world": world, **sizes}
+    b = inst_mod._Builder(s, world, base,
+                          {p.name: inst_mod.evaluate(p.size, base, p.span, "") for p in s.params},
+                          {f.name: inst_mod.evaluate(f.size, base, f.span, "") for f in s.flags},
+                          False)
+    b.shapes = {p.name: tuple(inst_mod.evaluate(d, base, p.span, "") for d in p.dims) for p in s.params}
+    b.flag_rounds = {f.name: inst_mod.evaluate(f.rounds, base, f.span, "") for f in s.flags}
+    return b
+
+
+def test_an_error_is_the_per_rank_walks(monkeypatch):
+    """A region that leaves its buffer on one rank only: the lockstep walk gives the instance back,
+    and the diagnostic names that rank, as the per-rank walk always did."""
+    text = ("schedule s(x: sym f32[n]) implements allreduce(x, sum) {\n"
+            "  if rank == world - 1: on aiv: x[0:n + 1] = x[0:n + 1]@0\n"
+            "}\n")
+    s = frontend.schedules(Source("edge.strata", text))[0]
+    assert lockstep.timelines(_builder(s, 4, {"n": 8})) is None
+    monkeypatch.setattr(inst_mod, "LOCKSTEP_FROM", 1)
+    with pytest.raises(StrataError) as exc:
+        inst_mod.instantiate(s, 4, {"n": 8})
+    assert "x[0:9] is outside x" in str(exc.value.diagnostics[0]) and "rank=3" in str(
+        exc.value.diagnostics[0])
+
+
+# ---- expressions ---------------------------------------------------------------------------------
+
+KINDS = [k for k in K if k is not K.LOG2]
+LEAVES = [Var("rank"), Var("world"), Var("n"), Const(0), Const(1), Const(2), Const(3), Const(-1),
+          Const(62), Const(63), Const(1 << 40), Const(-(1 << 61))]
+
+
+def _tree(rng: random.Random, depth: int):
+    if depth == 0 or rng.random() < 0.25:
+        return rng.choice(LEAVES)
+    r = rng.random()
+    if r < 0.1:
+        return Bin(K.LOG2, _tree(rng, depth - 1), Const(0))
+    if r < 0.2:
+        return Sel(_tree(rng, depth - 1), _tree(rng, depth - 1), _tree(rng, depth - 1))
+    return Bin(rng.choice(KINDS), _tree(rng, depth - 1), _tree(rng, depth - 1))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_expressions_agree_with_the_per_rank_evaluation(seed):
+    """Random trees of every operator over rank (an array of lanes), world and n, with constants
+    at the edges of the operators' rules: where every lane evaluates, the lockstep value is the
+    per-rank value on each lane; where any lane is refused (or would leave int64), the lockstep
+    evaluation gives up. And it never gives up on everything: most trees evaluate."""
+    rng = random.Random(seed)
+    world, n = 7, 5
+    ranks = np.arange(world, dtype=np.int64)
+    evaluated = 0
+    for _ in range(400):
+        e = _tree(rng, 4)
+        per_rank = []
+        for r in range(world):
+            try:
+                per_rank.append(inst_mod.evaluate(e, {"rank": r, "world": world, "n": n}, None, "e"))
+            except StrataError:
+                per_rank.append(None)
+        try:
+            got = lockstep._Values({"rank": ranks, "world": world, "n": n}, world)(e)
+        except lockstep._Bail:
+            continue
+        assert None not in per_rank, f"{e}: evaluated where rank {per_rank.index(None)} is refused"
+        lanes = [got] * world if type(got) is int else got.tolist()
+        assert lanes == per_rank, str(e)
+        evaluated += 1
+    assert evaluated > 150, evaluated
