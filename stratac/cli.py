@@ -33,12 +33,13 @@ def _options(args) -> passes.Options:
 
 
 def cmd_check(args) -> int:
+    args.jobs = args.jobs or verify.default_jobs()
     source = frontend.load_source(args.file)
     schedules = frontend.schedules(source)
     status = EXIT_OK
     for s in schedules:
         t0 = time.perf_counter()
-        results = verify.verify_worlds(s, args.world)
+        results = verify.verify_worlds(s, args.world, jobs=args.jobs)
         for r in results:
             if r.skipped:
                 print(f"{s.name}: world {r.world}: skipped ({r.skipped})")
@@ -310,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--world", type=options.world_list, default=list(range(1, 17)),
                    help="world sizes: a list and ranges, e.g. 2,3,4,8 or 1-16 (default 1-16; at most "
                    f"{options.MAX_WORLD})")
+    c.add_argument("-j", "--jobs", type=options.positive_int, default=None,
+                   help="instances proven side by side, each in a worker process (default: one per "
+                   "CPU, as many as the free memory holds at 6 GiB each)")
     c.set_defaults(fn=cmd_check)
 
     def selection_opts(q):

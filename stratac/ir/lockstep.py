@@ -28,7 +28,8 @@ import numpy as np
 
 from stratac import ir
 from stratac.diagnostics import StrataError
-from stratac.ir.instantiate import (MAX_EVENTS, Access, Event, EventKind, Move, _barred, _Builder, _div,
+from stratac.ir import instantiate
+from stratac.ir.instantiate import (Access, Event, EventKind, Move, _barred, _Builder, _div,
                                     _log2, _mod, _shl, _shr)
 
 # Every value an array evaluation holds stays below this in magnitude, so that no operation on two
@@ -230,7 +231,7 @@ class _Lockstep:
         return self.tl
 
     def grow(self) -> None:
-        if self.count > MAX_EVENTS:
+        if self.count > instantiate.MAX_EVENTS:
             raise _Bail   # the per-rank walk refuses it, naming the count
 
     # -- groups -------------------------------------------------------------------------------

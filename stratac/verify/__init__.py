@@ -14,6 +14,7 @@ simulated memory), `races` (races, entry and exit), `contract` (the expected res
 from stratac.verify.check import (
            MASK_WORLDS,
            Result,
+           default_jobs,
            masks,
            verify,
            verify_lowered,
@@ -23,5 +24,5 @@ from stratac.verify.check import (
 from stratac.verify.contract import moe_layout
 from stratac.verify.samples import MOE_SAMPLES, Sample, default_samples, moe_roles
 
-__all__ = ["MASK_WORLDS", "MOE_SAMPLES", "Result", "Sample", "default_samples", "masks", "moe_layout",
+__all__ = ["MASK_WORLDS", "MOE_SAMPLES", "Result", "Sample", "default_jobs", "default_samples", "masks", "moe_layout",
            "moe_roles", "verify", "verify_lowered", "verify_masks", "verify_worlds"]

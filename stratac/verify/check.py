@@ -10,8 +10,11 @@ verify_lowered checks the IR after the passes against the proof of the IR before
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import gc
+import multiprocessing
+import os
 import time
 from dataclasses import dataclass, field, replace
 
@@ -119,20 +122,74 @@ def world_refused(s: ir.Schedule, world: int, unmet: ir.Requirement) -> Diagnost
 
 
 def verify_worlds(s: ir.Schedule, worlds: list[int],
-                  samples: list[dict[str, int]] | None = None) -> list[Result]:
+                  samples: list[dict[str, int]] | None = None, jobs: int = 1) -> list[Result]:
     """Every instance at `worlds`; a world the schedule's `requires` excludes gives one skipped
-    result (ok, no instances)."""
-    results = []
+    result (ok, no instances). jobs > 1: the instances are proven in that many worker processes
+    at once (where the platform forks); the results, and where they stop, are the same."""
+    plan: list[Result | tuple[int, dict[str, int]]] = []
     for w in worlds:
         unmet = ir.unmet_requirement(s, w)
         if unmet is not None:
-            results.append(Result(w, {}, skipped=str(unmet)))
+            plan.append(Result(w, {}, skipped=str(unmet)))
             continue
-        for sizes in (samples or default_samples(s, w)):
-            results.append(verify(s, w, sizes, getattr(sizes, "routing", None)))
-            if not results[-1].ok:
-                return results
+        plan += [(w, sizes) for sizes in (samples or default_samples(s, w))]
+    todo = [x for x in plan if not isinstance(x, Result)]
+    proofs = _proofs(s, todo, jobs) if jobs > 1 and len(todo) > 1 and _FORK else None
+    results = []
+    for x in plan:
+        if isinstance(x, Result):
+            results.append(x)
+            continue
+        w, sizes = x
+        results.append(next(proofs) if proofs else verify(s, w, sizes, getattr(sizes, "routing", None)))
+        if not results[-1].ok:
+            if proofs:
+                proofs.close()   # the instances after it are not waited for
+            return results
     return results
+
+
+_FORK = "fork" in multiprocessing.get_all_start_methods()
+# what a worker of _proofs proves: set before the workers fork, so it is not pickled
+_WORK: ir.Schedule | None = None
+
+
+def _prove(item: tuple[int, dict[str, int]]) -> Result:
+    w, sizes = item
+    return verify(_WORK, w, sizes, getattr(sizes, "routing", None))
+
+
+def _proofs(s: ir.Schedule, todo: list, jobs: int):
+    """verify of each (world, sizes) of todo, in order, from `jobs` forked worker processes; closing
+    the generator stops the workers."""
+    global _WORK
+    _WORK = s
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo)),
+                                                  mp_context=multiprocessing.get_context("fork"))
+    try:
+        futures = [pool.submit(_prove, item) for item in todo]
+        for f in futures:
+            yield f.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        _WORK = None
+
+
+# The most memory one instance's proof may take: the verifier's budgets (events, vector clocks and
+# simulated memory: ir.instantiate.MAX_EVENTS, CLOCK_BYTES, provenance.MAX_PIECES) add up to about
+# this much, so a worker is started only for each this much of available memory.
+INSTANCE_BYTES = 6 << 30
+
+
+def default_jobs() -> int:
+    """Worker processes for proving instances side by side: one per CPU this process may run on,
+    no more than the available memory holds at INSTANCE_BYTES each, at least one."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1
+    return max(1, min(cpus, avail // INSTANCE_BYTES))
 
 
 # the worlds at which `stratac check` proves every masked variant of a schedule that takes a mask
