@@ -105,20 +105,21 @@ class Values:
         for ri in ev.routes:
             self._route(ri, ev)
         # (called under np.errstate(over="ignore") by the timeline's execution: tags wrap)
+        cur = self.cur
         for mv in ev.moves:
             owner, buf, lo, hi = mv.dst
             if hi <= lo:
                 continue
-            vals = [self.cur[(o, b)][l:h] for o, b, l, h in mv.srcs]
+            target = cur[(owner, buf)]
+            vals = [cur[(o, b)].read(l, h) for o, b, l, h in mv.srcs]
             if mv.accumulate:
-                out = self.cur[(owner, buf)][lo:hi] + vals[0]
+                out = target.read(lo, hi) + vals[0]
             else:   # a copy, or the sum of every source (of none: zeros)
                 out = vals[0] if vals else Segs.zeros(hi - lo)
                 for v in vals[1:]:
                     out = out + v
-            target = self.cur[(owner, buf)]
             before = len(target.parts)
-            target[lo:hi] = out
+            target.write(lo, hi, out.parts)
             self.pieces += len(target.parts) - before
             if self.pieces > MAX_PIECES:
                 self._too_many_pieces(mv)

@@ -39,8 +39,10 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
         for ev in tl:
             if ev.kind is BARRIER and ev.members is None:
                 epoch += 1
+            if not ev.accesses:
+                continue
             last = epoch
-            if ev.done >= 0 and ev.accesses:
+            if ev.done >= 0:
                 last += sum(1 for e in tl[ev.index + 1:ev.done] if e.kind is BARRIER and e.members is None)
             for a in ev.accesses:
                 for e in range(epoch, last + 1):
@@ -68,8 +70,10 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
         # world of accumulates into one slice costs no pairwise checks)
         active: dict[str, _Live] = {"w": _Live(), "r": _Live()}
         for seq, (a, ev, carried) in enumerate(items):
+            lo = a.lo
             for live in active.values():
-                live.drop_before(a.lo)
+                if live.heap and live.heap[0][0] <= lo:
+                    live.drop_before(lo)
             kind = "r" if not a.write else ("acc:" + a.accumulate if a.accumulate else "w")
             against = [k for k in active if k != "r" or a.write]
             if a.accumulate:

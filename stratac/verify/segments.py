@@ -239,6 +239,10 @@ class Buffer:
             lo, hi, _ = key.indices(self.n)
         return lo, max(lo, hi)
 
+    def read(self, lo: int, hi: int) -> Segs:
+        """Elements lo..hi (0 <= lo <= hi <= n, not checked: the verifier's moves are in bounds)."""
+        return Segs(hi - lo, self.pieces(lo, hi))
+
     def __getitem__(self, key):
         if isinstance(key, slice):
             lo, hi = self._range(key)
@@ -260,6 +264,10 @@ class Buffer:
             count = sum(p[0] for p in new)
         if count != hi - lo:
             raise ValueError(f"assigning {count} elements to {hi - lo}")
+        self.write(lo, hi, new)
+
+    def write(self, lo: int, hi: int, new: list) -> None:
+        """Elements lo..hi become the pieces `new`, of hi - lo elements (not checked, as for read)."""
         if hi <= lo:
             return
         i = bisect_right(self.starts, lo) - 1
