@@ -1,8 +1,9 @@
 """The lockstep walk (stratac.ir.lockstep) builds the instances the per-rank walk builds, event for
 event, and gives back to it every instance it would have to refuse or check more closely.
 
-Every example, every corpus file and every line-deletion mutant of the examples
-(tests/verify/test_mutations.py) is instantiated both ways, with the samples the verifier derives,
+Every example, every corpus file, every line-deletion mutant of the examples
+(tests/verify/test_mutations.py) and 200 schedules of the fuzzer (tests/fuzz_gen.py) are
+instantiated both ways, with the samples the verifier derives,
 and the two are compared: the same timelines, or the same diagnostics. The expressions are checked
 on their own against the per-rank evaluation (instantiate.evaluate) on random trees, lane by lane,
 including the values it refuses.
@@ -209,3 +210,29 @@ def test_expressions_agree_with_the_per_rank_evaluation(seed):
         assert lanes == per_rank, str(e)
         evaluated += 1
     assert evaluated > 150, evaluated
+
+
+def test_fuzzed_schedules_are_built_alike(monkeypatch):
+    """200 schedules of the schedule fuzzer (tests/fuzz_gen.py: every family, each with
+    hypothesis-drawn mistakes, derandomized), at worlds 1-5: xor, shift and log2 partners, teams,
+    async stages, composition, rank parameters and vars in shapes the examples do not have."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    import fuzz_gen
+    texts: list[str] = []
+
+    @settings(max_examples=200, deadline=None, database=None, derandomize=True,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(fuzz_gen.schedules(None))
+    def draw(spec):
+        if spec.text not in texts:
+            texts.append(spec.text)
+    draw()
+    schedules = []
+    for i, text in enumerate(texts):
+        try:
+            schedules += frontend.schedules(Source(f"fuzz{i}.strata", text))
+        except StrataError:
+            pass
+    compared, built = _compare(schedules, [1, 2, 3, 4, 5], monkeypatch)
+    assert len(texts) > 150 and compared > 700 and built > compared // 3, (len(texts), compared, built)
