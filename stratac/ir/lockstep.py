@@ -1,8 +1,8 @@
 """Instantiate every live rank of a schedule at once: the per-rank walk of `instantiate`, in lockstep.
 
-In: a `_Builder` of `stratac.ir.instantiate` (the schedule, the world, the sizes). Out: the same
-timelines its per-rank walk (`_Builder.timeline`) builds, event for event, or None where this walk
-does not take the instance.
+In: a `_Builder` of `stratac.ir.instantiate` (the schedule, the world, the sizes, the budget). Out:
+the same timelines its per-rank walk (`_Builder.timeline`) builds, event for event, or None where
+this walk does not take the instance.
 
 The ranks walk the program together as a *group*: the values of names that differ between ranks
 (rank, a var, a loop variable whose bounds depend on rank) are numpy arrays over the group, one
@@ -28,9 +28,7 @@ import numpy as np
 
 from stratac import ir
 from stratac.diagnostics import StrataError
-from stratac.ir import instantiate
-from stratac.ir.instantiate import (Access, Event, EventKind, Move, _barred, _Builder, _div,
-                                    _log2, _mod, _shl, _shr)
+from stratac.ir.events import Access, Event, EventKind, Move, barred, div, log2, mod, shl, shr
 
 # Every value an array evaluation holds stays below this in magnitude, so that no operation on two
 # of them can wrap around int64 unnoticed (the per-rank walk computes with Python's integers).
@@ -41,7 +39,7 @@ class _Bail(Exception):
     """The lockstep walk does not take this instance: the per-rank walk does (see the module)."""
 
 
-def timelines(b: _Builder) -> list[list[Event]] | None:
+def timelines(b) -> list[list[Event]] | None:
     """Every rank's timeline (the masked ranks': ENTRY, EXIT), or None: the per-rank walk must
     build this instance (it reports what the lockstep walk would not decide)."""
     try:
@@ -118,15 +116,15 @@ def _scalar(kind: ir.BinKind, a: int, b: int) -> int:
     K = ir.BinKind
     try:
         if kind is K.DIV:
-            return _div(a, b)
+            return div(a, b)
         if kind is K.MOD:
-            return _mod(a, b)
+            return mod(a, b)
         if kind is K.SHL:
-            return _shl(a, b)
+            return shl(a, b)
         if kind is K.SHR:
-            return _shr(a, b)
+            return shr(a, b)
         if kind is K.LOG2:
-            return _log2(a)
+            return log2(a)
     except ArithmeticError:
         raise _Bail from None
     if kind is K.ADD:
@@ -208,7 +206,7 @@ def _lanes(x, n: int) -> list[int]:
 
 
 class _Lockstep:
-    def __init__(self, b: _Builder):
+    def __init__(self, b):
         self.b = b
         self.s = b.s
         W = b.world
@@ -218,7 +216,7 @@ class _Lockstep:
         self.live_mask[self.live] = True
         self.tl: list[list[Event]] = [[Event(EventKind.ENTRY, r, 0, None)] for r in range(W)]
         self.posted: list[dict[str, Event]] = [{} for _ in range(W)]
-        self.count = 2 * W       # events, moves and sources so far, against MAX_EVENTS
+        self.count = 2 * W       # events, moves and sources so far, against b.max_events
         self.ids = 0             # move ids (Access.instance)
 
     def run(self) -> list[list[Event]]:
@@ -231,7 +229,7 @@ class _Lockstep:
         return self.tl
 
     def grow(self) -> None:
-        if self.count > instantiate.MAX_EVENTS:
+        if self.count > self.b.max_events:
             raise _Bail   # the per-rank walk refuses it, naming the count
 
     # -- groups -------------------------------------------------------------------------------
@@ -247,6 +245,8 @@ class _Lockstep:
         sub = _sub(env, idx)
         got = walk(sub, ranks[idx], barriers if type(barriers) is int else barriers[idx])
         for k in env:
+            if k not in sub:
+                raise _Bail   # a name the lanes dropped and the others keep: not one env any more
             v, w = env[k], sub[k]
             if v is w or (type(v) is int and type(w) is int and v == w):
                 continue
@@ -312,7 +312,7 @@ class _Lockstep:
                                        lambda e, r, bb: self.top(op.then, e, r, bb) if op.then else bb)
                     barriers = self.on(~taken, env, ranks, barriers,
                                        lambda e, r, bb: self.top(op.orelse, e, r, bb) if op.orelse else bb)
-                if _barred(op):   # the if takes the places of its longer arm (passes._stamp_barriers)
+                if barred(op):   # the if takes the places of its longer arm (passes._stamp_barriers)
                     barriers = self.places(op, env, ranks, start)
             elif t is ir.Barrier:
                 val = _Values(env, n)

@@ -32,6 +32,31 @@ def test_check_accepts_examples():
         assert f"{ex}: verified" in p.stdout and "world 2-4,8" in p.stdout
 
 
+def test_check_jobs_prove_side_by_side_with_the_same_output(tmp_path):
+    """-j 2 (worker processes) and --jobs 1 print the same verdicts, and the same first error with
+    the same exit status for a schedule that fails at a later instance; -j 0 is refused."""
+    bad = tmp_path / "late.strata"
+    bad.write_text("""schedule s(x: sym T[n]) implements allreduce(x, sum) {
+  part = split(x, world)
+  barrier
+  on aiv: part[rank] = sum(part[rank]@p for p in ranks)
+  on sdma: for p in peers: part[rank]@p = part[rank]
+}
+""")
+
+    def lines(p):
+        return [line.split(" (")[0] if "verified" in line else line for line in p.stdout.splitlines()]
+    for args in (("examples/allreduce_ring.strata", "--world", "2-6"), (str(bad), "--world", "1-3")):
+        one = stratac("check", *args, "--jobs", "1")
+        two = stratac("check", *args, "-j", "2")
+        no_traceback(two)
+        assert (one.returncode, lines(one), one.stderr) == (two.returncode, lines(two), two.stderr)
+    assert one.returncode == 1 and "E0304" in one.stderr + one.stdout
+    p = stratac("check", "examples/allreduce_ring.strata", "-j", "0")
+    assert p.returncode == 2 and "-j" in p.stderr, p.stderr
+    no_traceback(p)
+
+
 def test_check_proves_every_mask_of_a_moe_schedule():
     p = stratac("check", "examples/moe_decode.strata", "--world", "2,3")
     assert p.returncode == 0, p.stderr
