@@ -11,6 +11,7 @@ verify_lowered checks the IR after the passes against the proof of the IR before
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.process
 import contextlib
 import gc
 import multiprocessing
@@ -137,17 +138,19 @@ def verify_worlds(s: ir.Schedule, worlds: list[int],
     todo = [x for x in plan if not isinstance(x, Result)]
     proofs = _proofs(s, todo, jobs) if jobs > 1 and len(todo) > 1 and _FORK else None
     results = []
-    for x in plan:
-        if isinstance(x, Result):
-            results.append(x)
-            continue
-        w, sizes = x
-        results.append(next(proofs) if proofs else verify(s, w, sizes, getattr(sizes, "routing", None)))
-        if not results[-1].ok:
-            if proofs:
-                proofs.close()   # the instances after it are not waited for
-            return results
-    return results
+    try:
+        for x in plan:
+            if isinstance(x, Result):
+                results.append(x)
+                continue
+            w, sizes = x
+            results.append(next(proofs) if proofs else verify(s, w, sizes, getattr(sizes, "routing", None)))
+            if not results[-1].ok:
+                return results   # the instances after it are not waited for
+        return results
+    finally:
+        if proofs:
+            proofs.close()
 
 
 _FORK = "fork" in multiprocessing.get_all_start_methods()
@@ -169,8 +172,15 @@ def _proofs(s: ir.Schedule, todo: list, jobs: int):
                                                   mp_context=multiprocessing.get_context("fork"))
     try:
         futures = [pool.submit(_prove, item) for item in todo]
-        for f in futures:
-            yield f.result()
+        for (w, sizes), f in zip(todo, futures):
+            try:
+                yield f.result()
+            except concurrent.futures.process.BrokenProcessPool:
+                raise StrataError(error(
+                    Codes.BAD_WORLD, f"a worker process proving {s.name} at world {w} "
+                    f"({', '.join(f'{k}={v}' for k, v in sizes.items())}) ended before it answered "
+                    "(killed, or out of memory): prove one instance at a time (-j 1), or at a "
+                    "smaller world", s.span)) from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         _WORK = None

@@ -108,6 +108,20 @@ def test_a_proof_pauses_the_cycle_collector_and_leaves_no_cycles(monkeypatch):
         (gc.enable if enabled else gc.disable)()
 
 
+def test_a_worker_that_dies_is_an_error_naming_the_instance(monkeypatch):
+    """A worker process that ends before it answers (killed, out of memory) is a StrataError that
+    names the schedule and the instance, not a traceback of the process pool."""
+    import os
+    ring, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allreduce_ring.strata"))
+    # the forked workers' copy of the module: each one ends as it starts its first proof
+    monkeypatch.setattr(verify.check, "verify", lambda *args, **kw: os._exit(9))
+    with pytest.raises(StrataError) as exc:
+        verify.verify_worlds(ring, [3], jobs=2)
+    d, = exc.value.diagnostics
+    assert d.code == Codes.BAD_WORLD and "a worker process proving allreduce_ring at world 3 (n=" in d.message
+    assert "-j 1" in d.message
+
+
 def test_instances_proven_side_by_side_give_the_same_results():
     """jobs = 2 (worker processes): the same results in the same order, stopping at the same
     failure; and over every corpus file at worlds 2-4, the same verdicts and diagnostics."""
