@@ -165,9 +165,8 @@ class _Values:
         if hit is not None and hit[0] is e:
             return hit[1]
         v = self._eval(e)
-        if type(v) is int:
-            if not -_LIMIT < v < _LIMIT:
-                raise _Bail
+        if type(v) is int and not -_LIMIT < v < _LIMIT:
+            raise _Bail
         self.memo[key] = (e, v)
         return v
 
@@ -292,7 +291,7 @@ class _Lockstep:
     def top(self, ops, env: dict, ranks: np.ndarray, barriers):
         """Walks ops on the group's ranks; returns their barrier places so far (an int or an
         array), which only a non-lowered schedule's barriers read."""
-        s, b, tl = self.s, self.b, self.tl
+        s, tl = self.s, self.tl
         declared: list[str] = []
         for op in ops:
             t = type(op)
@@ -308,10 +307,10 @@ class _Lockstep:
                         barriers = self.top(arm, env, ranks, barriers)
                 else:
                     taken = c != 0
-                    barriers = self.on(taken, env, ranks, barriers,
-                                       lambda e, r, bb: self.top(op.then, e, r, bb) if op.then else bb)
-                    barriers = self.on(~taken, env, ranks, barriers,
-                                       lambda e, r, bb: self.top(op.orelse, e, r, bb) if op.orelse else bb)
+                    for lanes, arm in ((taken, op.then), (~taken, op.orelse)):
+                        if arm:
+                            barriers = self.on(lanes, env, ranks, barriers,
+                                               lambda e, r, bb, arm=arm: self.top(arm, e, r, bb))
                 if barred(op):   # the if takes the places of its longer arm (passes._stamp_barriers)
                     barriers = self.places(op, env, ranks, start)
             elif t is ir.Barrier:
@@ -350,7 +349,7 @@ class _Lockstep:
                     self.grow()
                     env[op.var] = v
                     barriers = self.on(sel, env, ranks, barriers,
-                                       lambda e, r, bb: self.top(op.body, e, r, bb))
+                                       lambda e, r, bb, body=op.body: self.top(body, e, r, bb))
                 env.pop(op.var, None)
             elif t is ir.Await:
                 for r in ranks.tolist():

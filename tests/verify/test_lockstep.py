@@ -216,9 +216,8 @@ def test_fuzzed_schedules_are_built_alike(monkeypatch):
     """200 schedules of the schedule fuzzer (tests/fuzz_gen.py: every family, each with
     hypothesis-drawn mistakes, derandomized), at worlds 1-5: xor, shift and log2 partners, teams,
     async stages, composition, rank parameters and vars in shapes the examples do not have."""
-    from hypothesis import HealthCheck, Phase, given, settings
-
     import fuzz_gen
+    from hypothesis import HealthCheck, Phase, given, settings
     texts: list[str] = []
 
     @settings(max_examples=200, deadline=None, database=None, derandomize=True,
