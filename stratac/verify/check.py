@@ -46,13 +46,13 @@ class Result:
 
 
 @contextlib.contextmanager
-def _no_cycle_collection():
+def no_cycle_collection():
     """Python's cycle collector paused (then restored as it was). An instance at world 384 is
     millions of events, moves and accesses, made in one go; each collection of the oldest
     generation walks all of them: building the ring's three instances at 384 took 27 s with the
     collector running and 3.6 s with it paused (docs/bench.md, "The verifier at world 384").
     Nothing a proof makes is cyclic (a test checks), so reference counting frees it when the
-    proof returns."""
+    proof returns. The simulator's walk pauses it too (tools/simulate/driver.py)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -65,7 +65,7 @@ def _no_cycle_collection():
 def verify(s: ir.Schedule, world: int, sizes: dict[str, int], routing: str | None = None,
            active: tuple[bool, ...] | None = None) -> Result:
     """One instance; `active`: a masked call's live ranks (ir.takes_mask schedules)."""
-    with _no_cycle_collection():
+    with no_cycle_collection():
         return _verify(s, world, sizes, routing, active)
 
 

@@ -6,9 +6,6 @@ cannot predict.
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
-
 from stratac import ir
 from stratac.tools.options import parse_counts, parse_sizes
 from stratac.tools.simulate.machine import (
@@ -28,6 +25,7 @@ from stratac.tools.simulate.predict import predict
 from stratac.tools.simulate.results import SimResult
 from stratac.tools.simulate.stage_cost import SCALAR_CALL_US, SCALAR_ELEMENT_US
 from stratac.tools.simulate.template import not_modelled
+from stratac.verify.check import no_cycle_collection
 
 DEFAULT_SIZES = "8:256M"    # S of collectives, bytes
 
@@ -59,7 +57,7 @@ def simulate_file(file: str, machine: Machine, world: int, sizes: list[int] | No
     moe = moe if moe is not None else MoeSpec()
     preds, skipped, cache = [], [], {}
     excluded = []
-    with _no_cyclic_gc():
+    with no_cycle_collection():   # millions of small acyclic objects at large worlds
         for s in scheds:
             why = not_modelled(s)
             if why:
@@ -100,20 +98,4 @@ def simulate_file(file: str, machine: Machine, world: int, sizes: list[int] | No
                        "assumptions": {"scalar_call_us": SCALAR_CALL_US,
                                        "scalar_element_us": SCALAR_ELEMENT_US}}
     return SimResult(meta, preds, skipped)
-
-
-@contextmanager
-def _no_cyclic_gc():
-    """The walk and the critical path allocate millions of small acyclic objects at large worlds
-    (a ring of 384 ranks: 766 steps per rank); Python's cyclic collector rescans them over and over
-    and took about half of the time. Reference counting still frees them; the collector runs once
-    at the end."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-        gc.collect()
 
