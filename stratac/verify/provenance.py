@@ -111,15 +111,21 @@ class Values:
             if hi <= lo:
                 continue
             target = cur[(owner, buf)]
-            vals = [cur[(o, b)].read(l, h) for o, b, l, h in mv.srcs]
-            if mv.accumulate:
-                out = target.read(lo, hi) + vals[0]
-            else:   # a copy, or the sum of every source (of none: zeros)
-                out = vals[0] if vals else Segs.zeros(hi - lo)
-                for v in vals[1:]:
-                    out = out + v
+            srcs = mv.srcs
+            if len(srcs) == 1 and not mv.accumulate:   # a copy: the source's pieces, as they are
+                o, b, l, h = srcs[0]
+                parts = cur[(o, b)].pieces(l, h)
+            else:
+                vals = [cur[(o, b)].read(l, h) for o, b, l, h in srcs]
+                if mv.accumulate:
+                    out = target.read(lo, hi) + vals[0]
+                else:   # the sum of every source (of none: zeros)
+                    out = vals[0] if vals else Segs.zeros(hi - lo)
+                    for v in vals[1:]:
+                        out = out + v
+                parts = out.parts
             before = len(target.parts)
-            target.write(lo, hi, out.parts)
+            target.write(lo, hi, parts)
             self.pieces += len(target.parts) - before
             if self.pieces > MAX_PIECES:
                 self._too_many_pieces(mv)

@@ -34,6 +34,7 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
     # compared only there (each pair once).
     groups: dict[tuple[int, str, int], list[tuple[Access, Event, bool]]] = {}
     BARRIER = EventKind.BARRIER   # the hot loop: no enum lookups
+    hb = ex.hb
     for tl in inst.timelines:
         epoch = 0
         for ev in tl:
@@ -41,26 +42,30 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
                 epoch += 1
             if not ev.accesses:
                 continue
-            last = epoch
-            if ev.done >= 0:
-                last += sum(1 for e in tl[ev.index + 1:ev.done] if e.kind is BARRIER and e.members is None)
-            for a in ev.accesses:
-                for e in range(epoch, last + 1):
-                    key = (a.owner, a.buffer, e)
+            rank, end = ev.rank, ev.end
+            if ev.done < 0:          # the usual case: complete in its event, one epoch
+                for a in ev.accesses:
+                    key = (a.owner, a.buffer, epoch)
                     group = groups.get(key)
                     if group is None:
                         groups[key] = group = []
-                    group.append((a, ev, e > epoch))
+                    group.append((a, ev, False))
+            else:
+                last = epoch + sum(1 for e in tl[ev.index + 1:ev.done] if e.kind is BARRIER and e.members is None)
+                for a in ev.accesses:
+                    for e in range(epoch, last + 1):
+                        group = groups.setdefault((a.owner, a.buffer, e), [])
+                        group.append((a, ev, e > epoch))
+            for a in ev.accesses:
                 # (entry needs no check: every call begins with the agreement of the live ranks,
                 # a barrier, timeline.Execution)
-                if a.owner != ev.rank:
+                if a.owner != rank and not hb(rank, end, a.owner, exit_index[a.owner]):
                     kind = "writes" if a.write else "reads"
-                    if not ex.hb(ev.rank, ev.end, a.owner, exit_index[a.owner]):
-                        diags.append(error(
-                            Codes.EXIT, f"rank {ev.rank} {kind} {a.buffer}[{a.lo}:{a.hi}]@{a.owner}, "
-                            f"but rank {a.owner} may return before that completes ({context(inst)})",
-                            a.span, Note("nothing orders this before the peer's exit: add a barrier or "
-                                         "a signal the peer waits for after it"), *_in_flight(inst, ev)))
+                    diags.append(error(
+                        Codes.EXIT, f"rank {ev.rank} {kind} {a.buffer}[{a.lo}:{a.hi}]@{a.owner}, "
+                        f"but rank {a.owner} may return before that completes ({context(inst)})",
+                        a.span, Note("nothing orders this before the peer's exit: add a barrier or "
+                                     "a signal the peer waits for after it"), *_in_flight(inst, ev)))
                     if len(diags) >= MAX_RACES_REPORTED:
                         return diags
     for (owner, buf, _), items in groups.items():
@@ -74,14 +79,13 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
             for live in active.values():
                 if live.heap and live.heap[0][0] <= lo:
                     live.drop_before(lo)
+            # a write is compared with every kind; a read with all but reads, an accumulate with
+            # all but accumulates of its op (in the order the kinds were first met)
             kind = "r" if not a.write else ("acc:" + a.accumulate if a.accumulate else "w")
-            against = [k for k in active if k != "r" or a.write]
-            if a.accumulate:
-                against = [k for k in against if k != kind]
             conflict = None
-            for k in against:
-                if active[k].heap:
-                    conflict = _oldest_unordered(ex, a, ev, carried, active[k])
+            for k, live in active.items():
+                if live.heap and (k != kind or k == "w"):
+                    conflict = _oldest_unordered(ex, a, ev, carried, live)
                     if conflict:
                         break
             if conflict:
@@ -95,7 +99,10 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
                     *_in_flight(inst, ev), *_in_flight(inst, bev), *_credit(inst, (a, ev), (b, bev))))
                 if len(diags) >= MAX_RACES_REPORTED:
                     return diags
-            active.setdefault(kind, _Live()).add((a.hi, seq, a, ev, carried))
+            live = active.get(kind)
+            if live is None:
+                active[kind] = live = _Live()
+            live.add((a.hi, seq, a, ev, carried))
     return diags
 
 

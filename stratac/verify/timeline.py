@@ -137,26 +137,38 @@ class Execution:
         BARRIER, WAIT, SIGNAL, STAGE = (EventKind.BARRIER, EventKind.WAIT, EventKind.SIGNAL,
                                         EventKind.STAGE)   # the hot loop: no enum lookups
         vc, order, execute = self.vc, self.order, self.values.execute
+        timelines = inst.timelines
         while done < W:
             progress = False
             for r in range(W):
-                tl = inst.timelines[r]
-                vcr = vc[r]
-                while pos[r] < len(tl):
-                    ev = tl[pos[r]]
+                tl = timelines[r]
+                n, p = len(tl), pos[r]
+                if p == n:
+                    continue
+                vcr, c, start = vc[r], cur[r], p
+                while p < n:
+                    ev = tl[p]
                     kind = ev.kind
                     if kind is BARRIER:
                         break
                     if kind is WAIT:
-                        keys = [(r, f, slot, rnd) for f, slot, rnd, _ in ev.waits]
-                        if any(k not in signaled for k in keys):
-                            break
-                        for k in keys:
-                            clock, own, sev = signaled[k]
-                            cur[r] = np.maximum(cur[r], clock)     # a new array: cur[r] is shared
-                            if cur[r][sev.rank] < own:
-                                cur[r][sev.rank] = own
-                    vcr[ev.index] = cur[r]
+                        waits = ev.waits
+                        if len(waits) == 1:        # the usual case
+                            f, slot, rnd, _ = waits[0]
+                            got = signaled.get((r, f, slot, rnd))
+                            if got is None:
+                                break
+                            got = (got,)
+                        else:
+                            got = [signaled.get((r, f, slot, rnd)) for f, slot, rnd, _ in waits]
+                            if None in got:
+                                break
+                        for clock, own, sev in got:
+                            c = np.maximum(c, clock)     # a new array: the clock in c is shared
+                            if c[sev.rank] < own:
+                                c[sev.rank] = own
+                        cur[r] = c
+                    vcr[ev.index] = c
                     if kind is SIGNAL:
                         for owner, f, slot, rnd, span in ev.signals:
                             key = (owner, f, slot, rnd)
@@ -171,19 +183,20 @@ class Execution:
                                     f"the two apart{again}",
                                     span, Note(f"rank {first.rank} signalled it here", first.span)))
                                 return diags
-                            if rnd and not self._follows(signaled.get((owner, f, slot, rnd - 1)), ev,
-                                                         cur[r]):
+                            if rnd and not self._follows(signaled.get((owner, f, slot, rnd - 1)), ev, c):
                                 diags.append(self._out_of_order(signaled, (owner, f, slot, rnd), ev, span))
                                 return diags
                             # every slot of one signal event shares the event's clock
-                            signaled[key] = (cur[r], ev.index + 1, ev)
+                            signaled[key] = (c, ev.index + 1, ev)
                     elif kind is STAGE:
                         execute(ev)   # expands routing constructs into accesses first
                         self.access_count += len(ev.accesses)
                     order.append(ev)
-                    pos[r] += 1
+                    p += 1
+                pos[r] = p
+                if p > start:
                     progress = True
-                    if pos[r] == len(tl):
+                    if p == n:
                         done += 1
             at_barrier = [inst.timelines[r][pos[r]] if pos[r] < len(inst.timelines[r]) else None
                           for r in range(W)]
