@@ -155,7 +155,7 @@ def _oldest_unordered(ex: Execution, a: Access, ev: Event, carried: bool, live: 
     for q, entries in live.by_rank.items():
         if len(entries) == 1:             # the usual case: one access of q live
             _, seq, (_, _, b, bev, b_carried) = entries[0]
-            if (a.instance == b.instance and (a.lo, a.hi) == (b.lo, b.hi)) or (carried and b_carried):
+            if (a.instance == b.instance and a.lo == b.lo and a.hi == b.hi) or (carried and b_carried):
                 continue
             if bev is not ev and (hb(q, bev.end, r, i) or hb(r, end, q, bev.index)):
                 continue
@@ -175,7 +175,7 @@ def _oldest_unordered(ex: Execution, a: Access, ev: Event, carried: bool, live: 
             _, seq, (_, _, b, bev, b_carried) = entries[j]
             if bev.end < cut:
                 continue
-            if a.instance == b.instance and (a.lo, a.hi) == (b.lo, b.hi):
+            if a.instance == b.instance and a.lo == b.lo and a.hi == b.hi:
                 continue  # one elementwise move reading and writing the same elements
             if carried and b_carried:
                 continue  # compared in the epoch where the later of the two was posted

@@ -319,7 +319,7 @@ class Execution:
     def hb(self, a_rank: int, a_index: int, b_rank: int, b_index: int) -> bool:
         if a_rank == b_rank:
             return a_index < b_index
-        return int(self.vc[b_rank][b_index][a_rank]) >= a_index + 1
+        return self.vc[b_rank][b_index][a_rank] > a_index
 
 
 def _slot(f: str, slot: int, rnd: int, inst: Instance) -> str:
