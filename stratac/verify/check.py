@@ -63,13 +63,14 @@ def no_cycle_collection():
 
 
 def verify(s: ir.Schedule, world: int, sizes: dict[str, int], routing: str | None = None,
-           active: tuple[bool, ...] | None = None) -> Result:
-    """One instance; `active`: a masked call's live ranks (ir.takes_mask schedules)."""
+           active: tuple[bool, ...] | None = None, keep: list | None = None) -> Result:
+    """One instance; `active`: a masked call's live ranks (ir.takes_mask schedules). `keep`: a
+    list the instance and its execution are appended to, for a caller that frees them later."""
     with no_cycle_collection():
-        return _verify(s, world, sizes, routing, active)
+        return _verify(s, world, sizes, routing, active, keep)
 
 
-def _verify(s, world, sizes, routing, active) -> Result:
+def _verify(s, world, sizes, routing, active, keep) -> Result:
     t0 = time.perf_counter()
     res = Result(world, dict(sizes), active=active)
     unmet = ir.unmet_requirement(s, world)
@@ -87,6 +88,8 @@ def _verify(s, world, sizes, routing, active) -> Result:
         return res
     res.events = sum(len(t) for t in inst.timelines)
     ex = Execution(inst)
+    if keep is not None:
+        keep.append((inst, ex))
     try:
         res.diagnostics.extend(ex.run())
     except StrataError as exc:   # the simulated memory outgrew its budget (provenance.MAX_PIECES)
@@ -158,9 +161,21 @@ _FORK = "fork" in multiprocessing.get_all_start_methods()
 _WORK: ir.Schedule | None = None
 
 
+# A worker's last proof (its instance and execution): freed when the worker starts its next, or
+# never, since a forked worker ends with os._exit, which frees nothing object by object. Freeing
+# an instance at world 384 takes about a second (a million events, moves and accesses), and the
+# caller waits for a worker's last proof. Kept objects are frozen (gc.freeze) before the cycle
+# collector runs again: else its next collection would walk them all.
+_KEPT: list = []
+
+
 def _prove(item: tuple[int, dict[str, int]]) -> Result:
     w, sizes = item
-    return verify(_WORK, w, sizes, getattr(sizes, "routing", None))
+    with no_cycle_collection():
+        _KEPT.clear()
+        res = verify(_WORK, w, sizes, getattr(sizes, "routing", None), keep=_KEPT)
+        gc.freeze()
+    return res
 
 
 def _proofs(s: ir.Schedule, todo: list, jobs: int):

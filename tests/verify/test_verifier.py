@@ -112,6 +112,29 @@ def test_a_proof_pauses_the_cycle_collector_and_leaves_no_cycles(monkeypatch):
         (gc.enable if enabled else gc.disable)()
 
 
+def test_a_worker_keeps_only_its_last_proof_and_hides_it_from_the_collector(monkeypatch):
+    """What a worker of `check -j` runs (verify.check._prove, here in this process): it keeps the
+    instance of its last proof (its exit frees nothing one by one), frees the one before as it
+    starts the next, so it never holds two, and freezes what it keeps so that no collection walks
+    it; the collector is enabled again after each proof."""
+    import gc
+    ring, = frontend.schedules(frontend.load_source(ROOT / "examples" / "allreduce_ring.strata"))
+    monkeypatch.setattr(verify.check, "_WORK", ring)
+    enabled = gc.isenabled()
+    try:
+        gc.enable()
+        for n in (5, 6):
+            assert verify.check._prove((3, {"n": n})).ok
+            (inst, ex), = verify.check._KEPT        # this proof's alone
+            assert inst.sizes == {"n": n} and ex.inst is inst
+            assert gc.get_freeze_count() > 0 and gc.isenabled()
+            del inst, ex
+            gc.unfreeze()
+    finally:
+        verify.check._KEPT.clear()
+        (gc.enable if enabled else gc.disable)()
+
+
 def test_a_worker_that_dies_is_an_error_naming_the_instance(monkeypatch):
     """A worker process that ends before it answers (killed, out of memory) is a StrataError that
     names the schedule and the instance, not a traceback of the process pool."""
