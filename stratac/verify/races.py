@@ -13,6 +13,8 @@ from __future__ import annotations
 import bisect
 import heapq
 
+import numpy as np
+
 from stratac.diagnostics import Codes, Diagnostic, Note, error
 from stratac.ir.instantiate import Access, Event, EventKind, Instance
 from stratac.verify.samples import context
@@ -69,6 +71,8 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
                     if len(diags) >= MAX_RACES_REPORTED:
                         return diags
     for (owner, buf, _), items in groups.items():
+        if len(items) >= _PAIRS_FROM and _all_ordered(ex, items):
+            continue
         items.sort(key=lambda t: t[0].lo)
         # live accesses by kind, each a heap on the end of the interval: "r" reads, "w" plain
         # writes, and one per accumulate operation (accumulates of one op never conflict, so a
@@ -104,6 +108,65 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
                 active[kind] = live = _Live()
             live.add((a.hi, seq, a, ev, carried))
     return diags
+
+
+# Groups of at least this many accesses are first checked pair by pair (_all_ordered); below it
+# the numpy arrays cost more than the sweep.
+_PAIRS_FROM = 64
+# The most overlapping pairs per access _all_ordered enumerates before it leaves the group to the
+# sweep (a slot written and read step after step overlaps every access of it with every other).
+_PAIRS_PER_ACCESS = 8
+
+
+def _all_ordered(ex: Execution, items: list[tuple[Access, Event, bool]]) -> bool:
+    """Whether the sweep below would find no race in this group, decided from the pairs: every
+    two accesses that overlap and conflict (not both reads, not accumulates of one op, not one
+    move's read and write of the same elements, not both carried) are ordered: other events, one
+    complete before the other starts. The sweep compares exactly these pairs (the live accesses
+    when an access starts, in the order of `lo`, are those before it whose `hi` exceeds its `lo`;
+    its shortcuts by program order skip only pairs that are ordered). False is no verdict: the
+    sweep decides, and names the race. The usual group (a ring's slice of a rank's buffer) has a
+    few accesses per element range, so its pairs are about as many as its accesses, and each costs
+    one happens-before lookup instead of a step of the sweep."""
+    n = len(items)
+    kinds: dict[str | None, int] = {}   # 0 a read; a write: one code per accumulate op (None: plain)
+    rows = np.fromiter(((a.lo, a.hi, kinds.setdefault(a.accumulate, len(kinds) + 1) if a.write else 0,
+                         a.instance, carried, ev.rank, ev.index, ev.end) for a, ev, carried in items),
+                       np.dtype((np.int64, 8)), n)
+    rows = rows[np.argsort(rows[:, 0], kind="stable")]
+    lo, hi, code, inst, carried, ranks, index, end = rows.T
+    # pairs (b, a), b before a in that order and overlapping it: b's hi beyond a's lo
+    first = np.searchsorted(lo, hi, side="left")        # for b: the first access starting at or after its hi
+    counts = np.maximum(first - np.arange(1, n + 1), 0)
+    total = int(counts.sum())
+    if total > _PAIRS_PER_ACCESS * n:
+        return False
+    if not total:
+        return True
+    b = np.repeat(np.arange(n), counts)
+    a = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts) + b + 1
+    plain = kinds.get(None, -1)      # plain writes: they conflict with writes too
+    ca, cb = code[a], code[b]
+    conflict = (ca | cb) != 0
+    conflict &= (ca != cb) | (ca == plain)
+    conflict &= ~((inst[a] == inst[b]) & (lo[a] == lo[b]) & (hi[a] == hi[b]))
+    conflict &= (carried[a] & carried[b]) == 0
+    a, b = a[conflict], b[conflict]
+    if not len(a):
+        return True
+    ra, rb, ia, ib, ea, eb = ranks[a], ranks[b], index[a], index[b], end[a], end[b]
+    same = ra == rb
+    # one rank: program order (one event with itself is never ordered)
+    if not np.all(~same | (eb < ia) | (ea < ib)):
+        return False
+    vc = ex.vc
+    other = ~same
+    for xr, xi, xe, yr, yi, ye in zip(ra[other].tolist(), ia[other].tolist(), ea[other].tolist(),
+                                      rb[other].tolist(), ib[other].tolist(), eb[other].tolist()):
+        # y's access complete before x's starts, or x's before y's
+        if not (vc[xr][xi][yr] > ye or vc[yr][yi][xr] > xe):
+            return False
+    return True
 
 
 class _Live:
