@@ -135,16 +135,24 @@ def _all_ordered(ex: Execution, items: list[tuple[Access, Event, bool]]) -> bool
                        np.dtype((np.int64, 8)), n)
     rows = rows[np.argsort(rows[:, 0], kind="stable")]
     lo, hi, code, inst, carried, ranks, index, end = rows.T
-    # pairs (b, a), b before a in that order and overlapping it: b's hi beyond a's lo
-    first = np.searchsorted(lo, hi, side="left")        # for b: the first access starting at or after its hi
-    counts = np.maximum(first - np.arange(1, n + 1), 0)
-    total = int(counts.sum())
+    # pairs (b, a), b before a in that order and overlapping it (b's hi beyond a's lo), at least one
+    # of them a write: two reads never race, and a slice every rank reads would make world^2 pairs
+    after = np.searchsorted(lo, hi, side="left")    # for b: the first access starting at or after its hi
+    writes = np.flatnonzero(code)
+    reads = np.flatnonzero(code == 0)
+    # b a write: every access after it up to `after`; b a read: the writes among those
+    w_counts = np.maximum(after[writes] - writes - 1, 0)
+    first_w = np.searchsorted(writes, reads, side="right")
+    r_counts = np.maximum(np.searchsorted(writes, after[reads], side="left") - first_w, 0)
+    total = int(w_counts.sum() + r_counts.sum())
     if total > _PAIRS_PER_ACCESS * n:
         return False
     if not total:
         return True
-    b = np.repeat(np.arange(n), counts)
-    a = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts) + b + 1
+    b_w, a_any = _ranges(writes, writes + 1, w_counts)
+    b_r, nth_w = _ranges(reads, first_w, r_counts)
+    b = np.concatenate([b_w, b_r])
+    a = np.concatenate([a_any, writes[nth_w]])
     plain = kinds.get(None, -1)      # plain writes: they conflict with writes too
     ca, cb = code[a], code[b]
     conflict = (ca | cb) != 0
@@ -167,6 +175,14 @@ def _all_ordered(ex: Execution, items: list[tuple[Access, Event, bool]]) -> bool
         if not (vc[xr][xi][yr] > ye or vc[yr][yi][xr] > xe):
             return False
     return True
+
+
+def _ranges(owners: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each i, counts[i] pairs (owners[i], starts[i] + k), k = 0, 1, ...: as two arrays."""
+    total = int(counts.sum())
+    which = np.repeat(np.arange(len(counts)), counts)
+    k = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    return owners[which], starts[which] + k
 
 
 class _Live:
