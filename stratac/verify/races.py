@@ -119,7 +119,7 @@ _PAIRS_PER_ACCESS = 8
 
 
 def _all_ordered(ex: Execution, items: list[tuple[Access, Event, bool]]) -> bool:
-    """Whether the sweep below would find no race in this group, decided from the pairs: every
+    """Whether check_races's sweep would find no race in this group, decided from the pairs: every
     two accesses that overlap and conflict (not both reads, not accumulates of one op, not one
     move's read and write of the same elements, not both carried) are ordered: other events, one
     complete before the other starts. The sweep compares exactly these pairs (the live accesses
