@@ -53,7 +53,8 @@ def check_races(inst: Instance, ex: Execution) -> list[Diagnostic]:
                         groups[key] = group = []
                     group.append((a, ev, False))
             else:
-                last = epoch + sum(1 for e in tl[ev.index + 1:ev.done] if e.kind is BARRIER and e.members is None)
+                last = epoch + sum(1 for e in tl[ev.index + 1:ev.done]
+                                   if e.kind is BARRIER and e.members is None)
                 for a in ev.accesses:
                     for e in range(epoch, last + 1):
                         group = groups.setdefault((a.owner, a.buffer, e), [])
