@@ -14,10 +14,8 @@ racy schedule runs OK: that is what the seeded latencies add (measured when this
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
-from functools import cache
 from pathlib import Path
 
 import pytest
@@ -29,19 +27,16 @@ from stratac.tools.run import runner
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus"
+sys.path.insert(0, str(HERE))
+import verifykit  # noqa: E402
 # each copy lands 0..20 ms after its post (ample against a barrier's latency on a loaded machine;
 # each step's await costs at most that); the seed fixes which copy gets which latency
 DELAYS = {"STRATA_CPU_SDMA_DELAY_US": "20000", "STRATA_CPU_SDMA_DELAY_SEED": "23"}
 
 
-@cache
 def _mutations():
     """tests/verify/test_mutations.py's run helpers (run_mutant, the unverified ranks)."""
-    spec = importlib.util.spec_from_file_location("_async_run_mutations", HERE / "test_mutations.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod   # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return verifykit.mutations()
 
 
 def _cache() -> Path:   # the mutants' build cache (test_mutations.cache_dir)

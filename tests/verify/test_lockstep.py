@@ -11,7 +11,6 @@ including the values it refuses.
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import sys
 from pathlib import Path
@@ -19,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stratac import ir
 from stratac.diagnostics import Source, StrataError
 from stratac.ir import instantiate as inst_mod
 from stratac.ir import lockstep
@@ -32,6 +30,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.strata"))
 CORPUS = sorted((HERE / "corpus").glob("*.strata"))
+sys.path.insert(0, str(HERE))
+import verifykit  # noqa: E402
 
 
 def _canonical(timelines) -> list:
@@ -70,39 +70,23 @@ def _compare(schedules, worlds, monkeypatch) -> tuple[int, int]:
         return got
     monkeypatch.setattr(lockstep, "timelines", counting)
     compared = 0
-    for s in schedules:
-        for w in worlds:
-            try:
-                samples = default_samples(s, w)
-            except StrataError:
-                continue
-            for sizes in samples:
-                per_rank = _built(s, w, sizes, 10**9, monkeypatch)
-                together = _built(s, w, sizes, 1, monkeypatch)
-                assert per_rank == together, f"{s.name} at world {w}, {sizes}: the walks differ"
-                compared += 1
+    for s, w, sizes in verifykit.sampled(schedules, worlds):
+        per_rank = _built(s, w, sizes, 10**9, monkeypatch)
+        together = _built(s, w, sizes, 1, monkeypatch)
+        assert per_rank == together, f"{s.name} at world {w}, {sizes}: the walks differ"
+        compared += 1
     return compared, taken["built"]
 
 
-def _schedules(paths) -> list[ir.Schedule]:
-    out = []
-    for p in paths:
-        try:
-            out += frontend.schedules(frontend.load_source(str(p)))
-        except StrataError:
-            pass   # the corpus's front-end errors: nothing to instantiate
-    return out
-
-
 def test_examples_are_built_alike(monkeypatch):
-    compared, built = _compare(_schedules(EXAMPLES), [1, 2, 3, 4, 5, 8], monkeypatch)
+    compared, built = _compare(verifykit.schedules(EXAMPLES), [1, 2, 3, 4, 5, 8], monkeypatch)
     # the routing constructs (MoE, AllToAllV) are the per-rank walk's; every other instance is
     # the lockstep walk's, so the comparison above compared something
     assert compared > 1000 and built > compared // 2, (compared, built)
 
 
 def test_every_non_routing_example_is_taken_by_the_lockstep_walk():
-    for s in _schedules(EXAMPLES):
+    for s in verifykit.schedules(EXAMPLES):
         if s.contract.kind.moe or s.contract.kind.name == "ALLTOALLV":
             continue
         b = _builder(s, 5, default_samples(s, 5)[0])
@@ -110,31 +94,20 @@ def test_every_non_routing_example_is_taken_by_the_lockstep_walk():
 
 
 def test_corpus_is_built_alike(monkeypatch):
-    compared, built = _compare(_schedules(CORPUS), [1, 2, 3, 4, 5], monkeypatch)
+    compared, built = _compare(verifykit.schedules(CORPUS), [1, 2, 3, 4, 5], monkeypatch)
     assert compared > 1000 and built > 0, (compared, built)
 
 
 @pytest.mark.slow
 def test_examples_are_built_alike_at_larger_worlds(monkeypatch):
-    compared, _ = _compare(_schedules(EXAMPLES), [7, 9, 16, 17, 33], monkeypatch)
+    compared, _ = _compare(verifykit.schedules(EXAMPLES), [7, 9, 16, 17, 33], monkeypatch)
     assert compared > 500
 
 
 def test_mutants_are_built_alike(monkeypatch):
     """Every line-deletion mutant of every example: the mutants the verifier rejects for what their
     regions, flags or loops evaluate to are exactly the instances the lockstep walk must give back."""
-    spec = importlib.util.spec_from_file_location("_lockstep_mutations", HERE / "test_mutations.py")
-    mutations = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mutations   # its dataclasses look their module up
-    spec.loader.exec_module(mutations)
-    schedules = []
-    for p in mutations.EXAMPLES:
-        for m in mutations.mutants(p):
-            try:
-                schedules += frontend.schedules(Source(f"{p.stem}-without-{m.line}.strata", m.source))
-            except StrataError:
-                pass
-    compared, built = _compare(schedules, [2, 3, 4], monkeypatch)
+    compared, built = _compare(verifykit.schedules(verifykit.mutant_sources()), [2, 3, 4], monkeypatch)
     assert compared > 2000 and built > compared // 3, (compared, built)   # a third: MoE
 
 
@@ -227,11 +200,6 @@ def test_fuzzed_schedules_are_built_alike(monkeypatch):
         if spec.text not in texts:
             texts.append(spec.text)
     draw()
-    schedules = []
-    for i, text in enumerate(texts):
-        try:
-            schedules += frontend.schedules(Source(f"fuzz{i}.strata", text))
-        except StrataError:
-            pass
+    schedules = verifykit.schedules(Source(f"fuzz{i}.strata", text) for i, text in enumerate(texts))
     compared, built = _compare(schedules, [1, 2, 3, 4, 5], monkeypatch)
     assert len(texts) > 150 and compared > 700 and built > compared // 3, (len(texts), compared, built)
