@@ -7,8 +7,9 @@ StrataUsageError naming what breaks: a region outside its tensor (the parameter,
 proof assumed, the line, the rank and loop variables), a rank or flag slot that does not exist,
 or the verifier's diagnostics on this instance.
 
-The regions are evaluated rank by rank, every value of a loop variable at once (numpy), so the
-check costs little even at world 384. The proof is stratac.verify on this very instance (MoE:
+The regions are evaluated for a block of ranks and every value of a loop variable at once (numpy:
+the rank and each loop variable an axis), so the check costs little even at world 384, and a
+call's first check at a small world is a handful of array operations per statement. The proof is stratac.verify on this very instance (MoE:
 under each sample routing that fits its capacity), cached by stratac.targets.verdicts. It is the
 call's own instance at its own sizes, whatever they are: the verifier's memory holds pieces of
 buffers, not elements (stratac.verify.segments), so a 256 MiB call is proven as cheaply as a small
@@ -37,11 +38,11 @@ _BITS = {ir.BinKind.SHL: np.left_shift, ir.BinKind.SHR: np.right_shift,
 
 
 def _log2(a):
+    """floor(log2(a)) of every element (of max(a, 1)), exact for all of int64."""
     a = np.maximum(np.asarray(a, dtype=np.int64), 1)
-    out = np.zeros(a.shape, dtype=np.int64)
-    for k in range(1, 63):
-        out += (a >> k) > 0
-    return out
+    k = np.clip(np.floor(np.log2(a.astype(np.float64))).astype(np.int64), 0, 62)
+    k = np.where(np.left_shift(1, k) > a, k - 1, k)      # the float rounded up past a power of 2
+    return np.where((k < 62) & (np.left_shift(1, np.minimum(k + 1, 62)) <= a), k + 1, k)
 _COMPARE = {ir.BinKind.LT: np.less, ir.BinKind.LE: np.less_equal, ir.BinKind.GT: np.greater,
             ir.BinKind.GE: np.greater_equal, ir.BinKind.EQ: np.equal, ir.BinKind.NE: np.not_equal}
 
@@ -66,9 +67,14 @@ class _Fault(Exception):
     """The instance touches something that does not exist (the message says what and where)."""
 
 
+# The ranks one pass of _Walk takes at once: its arrays hold a block of ranks times the values of
+# the loops around a statement, so at large worlds it takes fewer (one from world 4,096 on).
+RANK_BLOCK_ELEMENTS = 4096
+
+
 class _Walk:
-    """One pass over the schedule for every rank of an instance, loop variables as numpy axes:
-    checks that every region, rank and flag slot exists."""
+    """One pass over the schedule for each block of ranks of an instance, the rank and the loop
+    variables as numpy axes: checks that every region, rank and flag slot exists."""
 
     def __init__(self, s: ir.Schedule, world: int, params: dict[str, int]):
         self.s, self.world = s, world
@@ -77,8 +83,21 @@ class _Walk:
         self.flag_size = {f.name: int(f.size.eval(self.base)) for f in s.flags}
         self.flag_rounds = {f.name: int(f.rounds.eval(self.base)) for f in s.flags}
         self._loops: list[str] = []
-        for r in range(world):
-            self._top(s.body, {**self.base, "rank": r}, np.ones((), dtype=bool))
+        block = max(1, min(world, RANK_BLOCK_ELEMENTS // world))
+        for r in range(0, world, block):
+            ranks = np.arange(r, min(world, r + block), dtype=np.int64)
+            try:
+                self._walk(ranks)
+            except _Fault:
+                # the fault a rank-by-rank walk meets first (the lowest rank's first, in program
+                # order), whatever the block: a block finds the first statement any rank faults at
+                for q in ranks[:-1]:
+                    self._walk(ranks[q - r:q - r + 1])
+                raise
+
+    def _walk(self, ranks: np.ndarray) -> None:
+        self._loops = []
+        self._top(self.s.body, {**self.base, "rank": ranks}, np.ones(len(ranks), dtype=bool))
 
     # ---- expressions
     def _val(self, e: ir.IExpr, env: dict, mask: np.ndarray, span):
@@ -112,11 +131,13 @@ class _Walk:
             return v
         return _ARITH[k](a, b)
 
-    def _fault(self, span, bad: np.ndarray, env: dict, what: str) -> None:
+    def _fault(self, span, bad: np.ndarray, env: dict, what) -> None:
+        """Raises for the first place where `bad` holds (the lowest rank's); `what`: the message,
+        or a function making it (texts of expressions are made only for a fault)."""
         at = tuple(int(i) for i in np.argwhere(bad)[0]) if bad.ndim else ()
-        where = [f"rank {env['rank']}"] + [f"{v} = {int(np.broadcast_to(env[v], bad.shape)[at])}"
-                                            for v in self._loops]
-        raise _Fault(f"on {', '.join(where)}, line {span.line} {what}")
+        where = [f"{v} = {int(np.broadcast_to(env[v], bad.shape)[at])}" for v in ("rank", *self._loops)]
+        where[0] = where[0].replace(" = ", " ", 1)
+        raise _Fault(f"on {', '.join(where)}, line {span.line} {what() if callable(what) else what}")
 
     # ---- the schedule
     def _loop(self, var: str, domain: ir.Domain, env: dict, mask: np.ndarray,
@@ -132,7 +153,7 @@ class _Walk:
         inner[var] = np.arange(self.world).reshape((1,) * mask.ndim + (self.world,))
         deeper = mask[..., None] & np.ones(inner[var].shape, dtype=bool)
         if domain is ir.Domain.PEERS:
-            deeper = deeper & (inner[var] != env["rank"])
+            deeper = deeper & (inner[var] != inner["rank"])
         return inner, deeper
 
     def _range(self, loop: ir.Loop, env: dict, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -195,8 +216,8 @@ class _Walk:
 
     def _sync(self, op, env: dict, mask: np.ndarray) -> None:
         if isinstance(op, ir.Signal):
-            self._rank(op.rank, env, mask, op.span, f"signals {op.flag}[{ir.bare(op.index)}]@"
-                       f"{ir.bare(op.rank)}")
+            self._rank(op.rank, env, mask, op.span,
+                       lambda: f"signals {op.flag}[{ir.bare(op.index)}]@{ir.bare(op.rank)}")
         slot = self._val(op.index, env, mask, op.span)
         n = self.flag_size[op.flag]
         bad = mask & ((np.asarray(slot) < 0) | (np.asarray(slot) >= n))
@@ -212,36 +233,40 @@ class _Walk:
             self._fault(op.span, bad, env, f"{verb} round {int(np.broadcast_to(rnd, bad.shape)[bad][0])} "
                         f"of flag {op.flag}, which has {n} rounds")
 
-    def _rank(self, e: ir.IExpr, env: dict, mask: np.ndarray, span, what: str):
+    def _rank(self, e: ir.IExpr, env: dict, mask: np.ndarray, span, what):
+        """what: the statement, or a function making its text."""
         r = self._val(e, env, mask, span)
         bad = mask & ((np.asarray(r) < 0) | (np.asarray(r) >= self.world))
         if bad.any():
-            self._fault(span, bad, env, f"{what}: rank {int(np.broadcast_to(r, bad.shape)[bad][0])} "
+            said = what() if callable(what) else what
+            self._fault(span, bad, env, f"{said}: rank {int(np.broadcast_to(r, bad.shape)[bad][0])} "
                         f"does not exist in a world of {self.world}")
         return r
 
     def _region(self, r: ir.Region, env: dict, mask: np.ndarray, verb: str) -> np.ndarray:
         """Checks that r lies inside its buffer wherever mask holds; returns its start."""
-        at = f"@{ir.bare(r.rank)}" if r.rank is not None else ""
-        end = ir.simplify(ir.add(r.lo, r.length))
-        text = f"{r.buffer}[{ir.bare(r.lo)}:{ir.bare(end)}]{at}"
+        end = lambda: ir.simplify(ir.add(r.lo, r.length))
+        text = lambda: (f"{r.buffer}[{ir.bare(r.lo)}:{ir.bare(end())}]"
+                        + (f"@{ir.bare(r.rank)}" if r.rank is not None else ""))
         if r.rank is not None:
-            self._rank(r.rank, env, mask, r.span, f"{verb} {text}")
+            self._rank(r.rank, env, mask, r.span, lambda: f"{verb} {text()}")
         lo = np.broadcast_to(self._val(r.lo, env, mask, r.span), mask.shape)
         n = np.broadcast_to(self._val(r.length, env, mask, r.span), mask.shape)
         size = self.extent[r.buffer]
         p = self.s.param(r.buffer)
-        for bad, relation, exprs in ((mask & (lo < 0), f"{ir.bare(r.lo)} >= 0", (r.lo,)),
-                                     (mask & (n < 0), f"{ir.bare(r.length)} >= 0", (r.length,)),
-                                     (mask & (lo + n > size), f"{ir.bare(end)} <= {ir.bare(p.size)}",
-                                      (end, p.size))):
+        for bad, relation, exprs in (
+                (mask & (lo < 0), lambda: f"{ir.bare(r.lo)} >= 0", lambda: (r.lo,)),
+                (mask & (n < 0), lambda: f"{ir.bare(r.length)} >= 0", lambda: (r.length,)),
+                (mask & (lo + n > size), lambda: f"{ir.bare(end())} <= {ir.bare(p.size)}",
+                 lambda: (end(), p.size))):
             if bad.any():
+                relation, exprs = relation(), exprs()
                 i = tuple(int(j) for j in np.argwhere(bad)[0]) if bad.ndim else ()
                 names = sorted(set().union(*(e.names() for e in exprs)) & self.base.keys())
                 values = ", ".join(f"{k} = {self.base[k]}" for k in names)
                 what = "scratch buffer" if p.scratch else "parameter"
                 self._fault(r.span, bad, env,
-                            f"{verb} {text} = {r.buffer}[{int(lo[i])}:{int(lo[i] + n[i])}], but {what} "
+                            f"{verb} {text()} = {r.buffer}[{int(lo[i])}:{int(lo[i] + n[i])}], but {what} "
                             f"{r.buffer} has {size} elements: the schedule was proven for calls where "
                             f"{relation}" + (f", and this call has {values}" if values else ""))
         return lo

@@ -189,3 +189,106 @@ def test_the_walk_follows_loop_state_step_by_step():
     with pytest.raises(StrataUsageError, match=r"^state: on rank 1, line 8 reads x\[k:k \+ m\]@root = "
                        r"x\[3:9\], but parameter x has 8 elements"):
         instance.check(s, 2, {"n": 8, "m": 6, "root": 0})
+
+
+LAST = """
+schedule last(x: sym T[n], op: redop) implements allreduce(x, op) {
+  for p in peers {
+    if rank == world - 1 {
+      if p == 2: on aiv: x[0:n + p] = x[0:n + p]@p
+    }
+  }
+}
+"""
+PEEK = """
+schedule peek(x: sym T[n], op: redop) implements allreduce(x, op) {
+  on aiv {
+    for p in peers {
+      if rank == world - 1: x[0:1] = x[p + 1:p + 2]@p
+    }
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("block", [1, 4096], ids=["rank-by-rank", "all-ranks-at-once"])
+@pytest.mark.parametrize("source, message", [
+    # around stages `for p in peers` is a step loop whose variable counts the steps, p standing
+    # for (rank + p) % world: rank 8 reaches peer 2 at step 3
+    (LAST, r"^last: on rank 8, p = 3, line 5 writes x\[0:n \+ \(\(rank \+ p\) % world\)\] = "
+           r"x\[0:10\], but parameter x has 8 elements"),
+    # inside a stage it repeats the moves for every peer (an axis of the walk's arrays)
+    (PEEK, r"^peek: on rank 8, p = 7, line 5 reads x\[p \+ 1:.*\]@p = x\[8:9\], but "
+           r"parameter x has 8 elements")], ids=["step-loop", "in-stage"])
+def test_the_walk_names_the_rank_and_loop_value_whatever_its_block_of_ranks(source, message, block,
+                                                                            monkeypatch):
+    """The walk before a call takes the ranks in blocks (the rank an axis of its arrays, as the
+    loop variables are); a region outside its buffer on the last rank only, in one trip of a loop
+    over the peers, is named with that rank and that trip whether the walk takes one rank at a
+    time or all nine at once."""
+    monkeypatch.setattr(instance, "RANK_BLOCK_ELEMENTS", block)
+    s = lowered(Source("t.strata", source))
+    with pytest.raises(StrataUsageError, match=message):
+        instance.check(s, 9, {"n": 8})
+
+
+def test_log2_is_floor_log2_over_int64():
+    """The walk's log2 (of max(a, 1)) against Python's exact bit length, at every power of two,
+    one either side of it, and int64's ends (a float log2 alone rounds 2^53 - 1 up)."""
+    import numpy as np
+    values = sorted({v for k in range(63) for v in ((1 << k) - 1, 1 << k, (1 << k) + 1)
+                     if 0 <= v < 1 << 63} | {(1 << 63) - 1, -7})
+    got = instance._log2(np.array(values, dtype=np.int64)).tolist()
+    assert got == [max(v, 1).bit_length() - 1 for v in values]
+
+
+def test_the_walk_in_blocks_finds_what_the_walk_rank_by_rank_finds():
+    """Every example and corpus schedule at worlds 3 and 5, at the verifier's first sizes and at
+    sizes moved off them (which break the relations some regions were proven under): the walk
+    taking all ranks at once passes or refuses exactly as the walk taking one rank at a time, with
+    the same message (the lowest rank's first fault in program order)."""
+    import random
+
+    from stratac import ir, verify
+    from stratac.diagnostics import StrataError
+    root = Path(__file__).resolve().parents[2]
+    files = sorted((root / "examples").glob("*.strata")) + \
+        sorted((root / "tests" / "verify" / "corpus").glob("*.strata"))
+    rng = random.Random(7)
+
+    def walk(s, world, params, block):
+        instance.RANK_BLOCK_ELEMENTS = block
+        try:
+            instance._Walk(s, world, params)
+        except instance._Fault as exc:
+            return str(exc)
+        return None
+
+    walks, faults = 0, 0
+    keep = instance.RANK_BLOCK_ELEMENTS
+    try:
+        for f in files:
+            try:
+                scheds = frontend.schedules(frontend.path_or_text(str(f), str(f)))
+            except StrataError:
+                continue
+            for s in scheds:
+                try:
+                    low = passes.pipeline(s, passes.Options(cores=2))
+                except StrataError:
+                    continue
+                for world in (3, 5):
+                    if ir.unmet_requirement(s, world) is not None:
+                        continue
+                    for sizes in verify.default_samples(s, world)[:2]:
+                        base = dict(sizes)
+                        for params in [base] + [{k: max(0, v + rng.choice((-3, -1, 1, 2, 5)))
+                                                 if k in s.sizes else v for k, v in base.items()}
+                                                for _ in range(2)]:
+                            one = walk(low, world, params, 1)
+                            assert walk(low, world, params, 4096) == one, (f.name, s.name, world, params)
+                            walks += 1
+                            faults += one is not None
+    finally:
+        instance.RANK_BLOCK_ELEMENTS = keep
+    assert walks > 1000 and faults > 50, (walks, faults)
