@@ -179,9 +179,10 @@ def add(a: IExpr, b: IExpr) -> IExpr:
 
 def simplify(e: IExpr) -> IExpr:
     """Local rewrites that keep IR dumps and generated C readable: constant folding,
-    (a * b) / b -> a, (a * b) % b -> 0, identities of 0 and 1, x - x -> 0 and (x + y) - y -> x
-    (so that a range x[a:a + n] has length n; not when the term cancelled has a / or %, which may
-    be a division by zero for instantiation to report), min(x, 0) and x < 0 -> 0 where x is never
+    (a * b) / b -> a, (a * b) % b -> 0, identities of 0 and 1, x - x -> 0, (x + y) - y -> x and
+    x + (y - x) -> y (so that a range x[a:a + n] has length n, and a range x[a:b] ends at b; not
+    when the term cancelled has a / or %, which may be a division by zero for instantiation to
+    report), min(x, 0) and x < 0 -> 0 where x is never
     negative by its form (`nonnegative`: not `rank - root < 0`, which holds on some ranks)."""
     if isinstance(e, Sel):
         c = simplify(e.cond)
@@ -206,6 +207,9 @@ def simplify(e: IExpr) -> IExpr:
             return b
         if b == Const(0):
             return a
+        # a + (b - a) -> b: the end of a range x[a:b] (its start plus its length)
+        if isinstance(b, Bin) and b.kind is BinKind.SUB and b.rhs == a and _divides_nothing(a):
+            return b.lhs
     if k is BinKind.SUB and b == Const(0):
         return a
     if k is BinKind.SUB and _divides_nothing(b):

@@ -218,7 +218,7 @@ schedule peek(x: sym T[n], op: redop) implements allreduce(x, op) {
     (LAST, r"^last: on rank 8, p = 3, line 5 writes x\[0:n \+ \(\(rank \+ p\) % world\)\] = "
            r"x\[0:10\], but parameter x has 8 elements"),
     # inside a stage it repeats the moves for every peer (an axis of the walk's arrays)
-    (PEEK, r"^peek: on rank 8, p = 7, line 5 reads x\[p \+ 1:.*\]@p = x\[8:9\], but "
+    (PEEK, r"^peek: on rank 8, p = 7, line 5 reads x\[p \+ 1:p \+ 2\]@p = x\[8:9\], but "
            r"parameter x has 8 elements")], ids=["step-loop", "in-stage"])
 def test_the_walk_names_the_rank_and_loop_value_whatever_its_block_of_ranks(source, message, block,
                                                                             monkeypatch):

@@ -176,6 +176,11 @@ ADD, SUB, MUL, DIV, MOD, MIN, LT = (BinKind.ADD, BinKind.SUB, BinKind.MUL, BinKi
     (B(SUB, n, n), Const(0)),
     (B(SUB, B(ADD, B(MUL, r, n), n), B(MUL, r, n)), n),
     (B(SUB, B(ADD, r, n), n), r),
+    # ... and a range x[a:b] (length b - a) ends at b
+    (B(ADD, B(ADD, r, Const(1)), B(SUB, B(ADD, r, Const(2)), B(ADD, r, Const(1)))),
+     B(ADD, r, Const(2))),
+    (B(ADD, B(ADD, r, B(DIV, n, w)), B(SUB, w, B(ADD, r, B(DIV, n, w)))),
+     B(ADD, B(ADD, r, B(DIV, n, w)), B(SUB, w, B(ADD, r, B(DIV, n, w))))),
     # ... but not of a term with / or %: it may divide by zero, which instantiation reports
     (B(SUB, B(DIV, n, w), B(DIV, n, w)), B(SUB, B(DIV, n, w), B(DIV, n, w))),
     (B(SUB, B(ADD, r, B(MOD, n, w)), B(MOD, n, w)), B(SUB, B(ADD, r, B(MOD, n, w)), B(MOD, n, w))),
