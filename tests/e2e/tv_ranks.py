@@ -1,16 +1,23 @@
-"""One rank of the translation validation (test_translation.py): `python tv_ranks.py PLAN RANK STORE OUT`.
+"""One rank of the translation validation (test_translation.py): `python tv_ranks.py JOB RANK STORE`.
 
-Loads every compiled schedule of the plan (tvkit.Plan) once, then runs every instance in turn on
-the same communicator: allocates its tensors on the heap, fills every buffer (the scratch too)
+The job is a list of parts, each a world and its plan (tvkit.Plan). For each part in turn, the
+ranks below its world make a communicator over a group of the first `world` ranks, load every
+compiled schedule of the plan once, then run every instance in turn on that communicator: allocates its tensors on the heap, fills every buffer (the scratch too)
 with this rank's numbered tags, calls the schedule through the public API (its checks and the
 proof of the call's instance included), and compares every buffer with the verifier's simulated
-memory. Writes one JSON line per instance to OUT: `ok`, or each buffer that differs (its first
-wrong index, the value expected and the value got, how many elements are wrong), or the error the
-call raised.
+memory. Writes one JSON line per instance to the part's `rankR.jsonl`: `ok`, or each buffer that
+differs (its first wrong index, the value expected and the value got, how many elements are wrong),
+or the error the call raised. Beside them `rankR.started` and `rankR.done`, and an error outside
+the instances (the communicator, loading) in `rankR.error`, after which the rank ends the job (the
+other ranks may be in a collective with it). Rank 0 writes the seconds a part took to `seconds`.
 """
 
 import json
+import os
+import pickle
 import sys
+import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -103,17 +110,40 @@ def run(plan, rank, comm, out):
             fn.release_scratch()
 
 
-def main(plan_path, rank, store, out_path):
+def main(job_path, rank, store):
     torch.set_num_threads(1)
-    plan = tvkit.read(Path(plan_path))
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=plan.world,
+    with open(job_path, "rb") as f:
+        job = pickle.load(f)
+    size = max(part["world"] for part in job)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size,
                             timeout=timedelta(seconds=120))
-    comm = Communicator.from_process_group(heap_bytes=64 << 20, timeout=TIMEOUT)
-    with open(out_path, "w") as out:
-        run(plan, rank, comm, out)
-    comm.close()
+    for part in job:
+        group = dist.new_group(ranks=list(range(part["world"])))   # every rank takes part in this
+        out_dir = Path(part["out"])
+        t0 = time.perf_counter()
+        if rank < part["world"]:
+            (out_dir / f"rank{rank}.started").touch()
+            try:
+                plan = tvkit.read(Path(part["plan"]))
+                comm = Communicator.from_process_group(heap_bytes=64 << 20, timeout=TIMEOUT, group=group)
+                try:
+                    with open(out_dir / f"rank{rank}.jsonl", "w") as out:
+                        run(plan, rank, comm, out)
+                finally:
+                    comm.close()
+            except Exception:
+                # the test reports it as this rank's failure in this part; the other ranks may be
+                # in a collective with this one, so the job ends here (they fail as its peer goes)
+                (out_dir / f"rank{rank}.error").write_text(traceback.format_exc()[-4000:])
+                sys.stdout.flush()
+                os._exit(1)
+            (out_dir / f"rank{rank}.done").touch()
+        dist.barrier()   # the next part starts on every rank together
+        if rank == 0:
+            (out_dir / "seconds").write_text(f"{time.perf_counter() - t0:.3f}")
+    dist.destroy_process_group()
     print("DONE", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
