@@ -9,8 +9,9 @@ or the verifier's diagnostics on this instance.
 
 The regions are evaluated for a block of ranks and every value of a loop variable at once (numpy:
 the rank and each loop variable an axis), so the check costs little even at world 384, and a
-call's first check at a small world is a handful of array operations per statement. The proof is stratac.verify on this very instance (MoE:
-under each sample routing that fits its capacity), cached by stratac.targets.verdicts. It is the
+call's first check at a small world is a few array operations per statement. The proof is
+stratac.verify on this very instance (MoE: under each sample routing that fits its capacity),
+cached by stratac.targets.verdicts. It is the
 call's own instance at its own sizes, whatever they are: the verifier's memory holds pieces of
 buffers, not elements (stratac.verify.segments), so a 256 MiB call is proven as cheaply as a small
 one. An instance whose proof would walk more events than the verifier
@@ -43,6 +44,8 @@ def _log2(a):
     k = np.clip(np.floor(np.log2(a.astype(np.float64))).astype(np.int64), 0, 62)
     k = np.where(np.left_shift(1, k) > a, k - 1, k)      # the float rounded up past a power of 2
     return np.where((k < 62) & (np.left_shift(1, np.minimum(k + 1, 62)) <= a), k + 1, k)
+
+
 _COMPARE = {ir.BinKind.LT: np.less, ir.BinKind.LE: np.less_equal, ir.BinKind.GT: np.greater,
             ir.BinKind.GE: np.greater_equal, ir.BinKind.EQ: np.equal, ir.BinKind.NE: np.not_equal}
 
