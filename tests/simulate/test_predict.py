@@ -152,3 +152,53 @@ def test_large_world_stays_cheap(cm384):
     assert [p.count for p in preds] == [2, 64 << 20]
     assert preds[-1].bound == "fabric"
     assert 0 < preds[-1].busbw <= cm384.fabric_gbps
+
+
+# a reduction over the peers (each rank's own part left out: a prediction needs no proof)
+PEERS_REDUCE = """
+schedule peers_reduce(x: sym T[n], acc: sym T[n]) implements allreduce(x, sum) {
+  part = split(x, world)
+  into = split(acc, world)
+  on aiv: into[rank] = sum(part[rank]@p for p in peers)
+  on sdma: for p in peers: part[rank]@p = into[rank]
+}
+"""
+
+
+@pytest.mark.parametrize("name", ["allreduce_oneshot", "allreduce_twoshot", "reduce", "reducescatter",
+                                  "allreduce_staging_baseline", "peers_reduce"])
+def test_a_reduction_over_every_rank_predicts_as_its_listed_sources(name, cm384, tiny, tmp_path,
+                                                                    monkeypatch):
+    """A reduction over every rank or peer (`sum(x@p for p in ranks)`) holds its sources as one
+    code (template.HOLD_EVERY), so that its template does not grow with the world's square. Its
+    prediction, and every part of its critical path, are those of the same template with every
+    source listed, at worlds 1-7, at a size below and above a rank's block, on three machines:
+    CloudMatrix384, the tiny one, and the tiny one with HBM slower than its link (so that the
+    sources' HBM traffic sets the time)."""
+    from stratac.tools.simulate import template as tpl
+    from stratac.tools.simulate.machine import load_machine
+    from simkit import TINY
+    slow_hbm = tmp_path / "slow_hbm.toml"
+    slow_hbm.write_text(TINY.replace("hbm_gbps = 1000.0", "hbm_gbps = 0.05"))
+    s = schedule(tmp_path, PEERS_REDUCE) if name == "peers_reduce" else \
+        passes.pipeline(example(name), passes.Options())
+    seen, hbm_bound = 0, 0
+    for m in (tiny, cm384, load_machine(slow_hbm)):
+        for world in range(1, 8):
+            for count in (3, 1000 * world + 5):
+                got = {}
+                for hold in (True, False):
+                    monkeypatch.setattr(tpl, "HOLD_EVERY", hold)
+                    try:
+                        got[hold] = predict_count(s, m, world, count)
+                    except Exception as exc:      # a world the schedule does not support
+                        got[hold] = repr(exc)
+                if isinstance(got[True], str):
+                    assert got[True] == got[False]
+                    continue
+                (us, path, t), (us2, path2, t2) = got[True], got[False]
+                assert us == pytest.approx(us2, rel=1e-12), (m.name, world, count)
+                assert path == pytest.approx(path2, rel=1e-12), (m.name, world, count)
+                seen += any(e != tpl.LISTED for sm in t.stages.values() for e in sm.every)
+                hbm_bound += path.get("hbm", 0.0) > 0
+    assert seen and hbm_bound   # the schedule has such a reduction, and HBM bound some call

@@ -37,6 +37,8 @@ from stratac.tools.simulate.sample_routing import Routed
 from stratac.tools.simulate.template import (
     ACCUMULATE,
     COPY,
+    EVERY_PEER,
+    EVERY_RANK,
     REDUCE,
     StageMoves,
     Template,
@@ -159,6 +161,17 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
                   + np.bincount(issuer, weights=np.where(dst_remote, 0.0, dst_hbm), minlength=world))
     w.touched |= (np.bincount(src_issuer, weights=src_remote.astype(np.float64), minlength=world)
                   + np.bincount(issuer, weights=dst_remote.astype(np.float64), minlength=world)) > 0
+    # reductions over every rank (or every peer), their sources not listed (StageMoves.every):
+    # W - 1 remote reads of the move's bytes, and with every rank one local read
+    every = a["every"]
+    all_ranks = (every == EVERY_RANK) & (dst_bytes > 0)
+    all_peers = (every == EVERY_PEER) & (dst_bytes > 0)
+    spread = all_ranks | all_peers
+    if world > 1:
+        w.rx_own += np.bincount(issuer, weights=np.where(spread, (world - 1) * dst_bytes, 0.0),
+                                minlength=world)
+        w.touched |= np.bincount(issuer, weights=spread.astype(np.float64), minlength=world) > 0
+    w.hbm_own += np.bincount(issuer, weights=np.where(all_ranks, dst_bytes, 0.0), minlength=world)
 
     # every link's and every HBM's load, per phase of the ranks running the stage
     phase_of = np.full(world, -1, dtype=np.int64)
@@ -176,6 +189,14 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
             np.bincount(dst, weights=w_dst, minlength=world)
         hbm += np.bincount(src_owner, weights=np.where(sel_src, src_bytes, 0.0), minlength=world) + \
             np.bincount(dst, weights=np.where(sel_dst, dst_hbm, 0.0), minlength=world)
+        if spread.any():   # each rank q is read by every such move but (peers) its own issuer's
+            mine = np.bincount(issuer, weights=np.where(sel_dst & spread, dst_bytes, 0.0), minlength=world)
+            peers = np.bincount(issuer, weights=np.where(sel_dst & all_peers, dst_bytes, 0.0),
+                                minlength=world)
+            total, total_ranks = mine.sum(), (mine - peers).sum()
+            tx += total - mine                  # remote reads of q by the other issuers
+            rx += (world - 1) * mine
+            hbm += total_ranks + (peers.sum() - peers)
 
     if sm.routes:
         _route_work(sm, w, routed, elem, m, phase_of)

@@ -20,6 +20,11 @@ from stratac.tools.simulate.machine import SimulateError
 
 # a move's kind as a small int, so that a stage's moves become numpy arrays (StageMoves.arrays)
 COPY, ACCUMULATE, REDUCE = 0, 1, 2
+# a move's sources: listed in src_move/src_owner, or every rank, or every rank but the issuer
+LISTED, EVERY_RANK, EVERY_PEER = 0, 1, 2
+# whether a reduction over every rank holds its sources as one code (False: listed, as any other;
+# tests/simulate/test_predict.py compares the two)
+HOLD_EVERY = True
 
 
 @dataclass
@@ -32,7 +37,11 @@ class StageMoves:
     kind: list[int] = field(default_factory=list)      # COPY, ACCUMULATE, REDUCE
     dst: list[int] = field(default_factory=list)       # owner of the destination
     nsrc: list[int] = field(default_factory=list)
-    src_move: list[int] = field(default_factory=list)  # one entry per source: its move
+    # a reduction whose source is `x@p for p in ranks` (EVERY_RANK) or `peers` (EVERY_PEER) reads
+    # one region of every rank (but its own): its sources are that set, held as one code, not
+    # listed (at world 8,192 a one-shot AllReduce's W sources per rank would be 67 M entries)
+    every: list[int] = field(default_factory=list)     # per move: LISTED, EVERY_RANK, EVERY_PEER
+    src_move: list[int] = field(default_factory=list)  # one entry per listed source: its move
     src_owner: list[int] = field(default_factory=list)
     scale: list[int] = field(default_factory=list)     # bytes of the destination's element type
                                                        # (0: the schedule's T)
@@ -61,6 +70,9 @@ class Template:
         srcs: dict[int, list[int]] = {}
         for mv, owner in zip(sm.src_move, sm.src_owner):
             srcs.setdefault(mv, []).append(owner)
+        for i, every in enumerate(sm.every):
+            if every != LISTED:
+                srcs[i] = [p for p in range(self.world) if every == EVERY_RANK or p != sm.issuer[i]]
         return [(sm.issuer[i], sm.kind[i], sm.dst[i], tuple(srcs.get(i, ())), int(lengths[sm.key[i]]))
                 for i in range(len(sm.issuer))]
 
@@ -234,6 +246,10 @@ class _Walker:
         sm.scale.append(dtype.nbytes if dtype is not None else 0)
         if isinstance(op, ir.Reduce):
             sm.kind.append(REDUCE)
+            if HOLD_EVERY and op.count is None and op.src.rank == ir.Var(op.var):   # x@p, p in ranks
+                sm.every.append(EVERY_RANK if op.domain is ir.Domain.RANKS else EVERY_PEER)
+                sm.nsrc.append(self.world - (op.domain is ir.Domain.PEERS))
+                return
             if op.count is None:
                 values = self.domain(op.domain, env["rank"])
             else:   # a team's places (the verifier has checked the team divides the world)
@@ -247,6 +263,7 @@ class _Walker:
             sm.kind.append(ACCUMULATE if isinstance(op, ir.Accumulate) else COPY)
             srcs = [self.owner(op.src, env)]
         sm.nsrc.append(len(srcs))
+        sm.every.append(LISTED)
         sm.src_move.extend([i] * len(srcs))
         sm.src_owner.extend(srcs)
 
@@ -338,7 +355,8 @@ def template(s: ir.Schedule, world: int, env: dict) -> Template:
     timelines = [w.timeline(r) for r in range(world)]
     for sm in w.stages.values():
         sm.arrays = {k: np.asarray(getattr(sm, k), dtype=np.int64)
-                     for k in ("issuer", "key", "kind", "dst", "nsrc", "src_move", "src_owner", "scale")}
+                     for k in ("issuer", "key", "kind", "dst", "nsrc", "every", "src_move", "src_owner",
+                          "scale")}
     return Template(world, w.keys, w.stages, timelines, w.size_dependent, s.leads_with_barrier)
 
 
