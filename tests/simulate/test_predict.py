@@ -154,36 +154,62 @@ def test_large_world_stays_cheap(cm384):
     assert 0 < preds[-1].busbw <= cm384.fabric_gbps
 
 
-# a reduction over the peers (each rank's own part left out: a prediction needs no proof)
-PEERS_REDUCE = """
+# what the examples lack: a reduction over the peers (each rank's own part left out: a prediction
+# needs no proof), a pull over the peers, accumulates into every peer, runs on `auto` (decided
+# piece by piece) and a run written to one fixed rank
+HELD = {
+    "peers_reduce": """
 schedule peers_reduce(x: sym T[n], acc: sym T[n]) implements allreduce(x, sum) {
   part = split(x, world)
   into = split(acc, world)
   on aiv: into[rank] = sum(part[rank]@p for p in peers)
   on sdma: for p in peers: part[rank]@p = into[rank]
 }
-"""
+""",
+    "pull_accumulate_auto": """
+schedule pull_accumulate_auto(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {
+  blk = split(out, world)
+  on auto: for p in peers: blk[p] = x@p
+  on aiv: for p in peers: blk[rank]@p += x
+  on auto: for p in ranks: blk[p]@0 = x
+}
+""",
+}
+HELD_EXAMPLES = ["allreduce_oneshot", "allreduce_twoshot", "reduce", "reducescatter",
+                 "allreduce_staging_baseline", "allgather_push", "allgather_pull", "alltoall",
+                 "allreduce_twoshot_flags"]
 
 
-@pytest.mark.parametrize("name", ["allreduce_oneshot", "allreduce_twoshot", "reduce", "reducescatter",
-                                  "allreduce_staging_baseline", "peers_reduce"])
-def test_a_reduction_over_every_rank_predicts_as_its_listed_sources(name, cm384, tiny, tmp_path,
-                                                                    monkeypatch):
+@pytest.mark.parametrize("name", HELD_EXAMPLES + list(HELD))
+def test_sources_and_runs_held_as_one_entry_predict_as_listed_moves(name, cm384, tiny, tmp_path,
+                                                                   monkeypatch):
     """A reduction over every rank or peer (`sum(x@p for p in ranks)`) holds its sources as one
-    code (template.HOLD_EVERY), so that its template does not grow with the world's square. Its
+    code, and a loop of copies over the ranks or peers inside a stage is one entry standing for its
+    moves (template.HOLD_EVERY), so that a template does not grow with the world's square. The
     prediction, and every part of its critical path, are those of the same template with every
-    source listed, at worlds 1-7, at a size below and above a rank's block, on three machines:
-    CloudMatrix384, the tiny one, and the tiny one with HBM slower than its link (so that the
-    sources' HBM traffic sets the time)."""
+    move and source listed, at worlds 1-7, at a size below and above a rank's block, on five
+    machines: CloudMatrix384, the tiny one, and three variants of it, each making one resource set
+    the time: HBM slower than the link; SQEs of 64 bytes that the queue posts at once, so that a
+    core's SQE issue binds and a core posts more than a quiet window holds (its quiets counted
+    post by post); and UB -> GM slower than GM -> UB."""
     from stratac.tools.simulate import template as tpl
     from stratac.tools.simulate.machine import load_machine
     from simkit import TINY
-    slow_hbm = tmp_path / "slow_hbm.toml"
-    slow_hbm.write_text(TINY.replace("hbm_gbps = 1000.0", "hbm_gbps = 0.05"))
-    s = schedule(tmp_path, PEERS_REDUCE) if name == "peers_reduce" else \
+    variants = []
+    for i, changes in enumerate([{"hbm_gbps = 1000.0": "hbm_gbps = 0.05"},
+                                 {"sqe_bytes = 1048576": "sqe_bytes = 64", "post_us = 5.0": "post_us = 0.001",
+                                  "queue_gbps = 0.5": "queue_gbps = 1000.0"},
+                                 {"ub_to_gm_gbps = 4.0": "ub_to_gm_gbps = 0.1"}]):
+        text = TINY
+        for a, b in changes.items():
+            assert a in text
+            text = text.replace(a, b)
+        (tmp_path / f"m{i}.toml").write_text(text)
+        variants.append(load_machine(tmp_path / f"m{i}.toml"))
+    s = schedule(tmp_path, HELD[name]) if name in HELD else \
         passes.pipeline(example(name), passes.Options())
     seen, hbm_bound = 0, 0
-    for m in (tiny, cm384, load_machine(slow_hbm)):
+    for m in (tiny, cm384, *variants):
         for world in range(1, 8):
             for count in (3, 1000 * world + 5):
                 got = {}
@@ -199,6 +225,7 @@ def test_a_reduction_over_every_rank_predicts_as_its_listed_sources(name, cm384,
                 (us, path, t), (us2, path2, t2) = got[True], got[False]
                 assert us == pytest.approx(us2, rel=1e-12), (m.name, world, count)
                 assert path == pytest.approx(path2, rel=1e-12), (m.name, world, count)
-                seen += any(e != tpl.LISTED for sm in t.stages.values() for e in sm.every)
+                seen += any(e != tpl.LISTED or c > 1 for sm in t.stages.values()
+                            for e, c in zip(sm.every, sm.count))
                 hbm_bound += path.get("hbm", 0.0) > 0
-    assert seen and hbm_bound   # the schedule has such a reduction, and HBM bound some call
+    assert seen and hbm_bound   # the schedule has such an entry, and HBM bound some call

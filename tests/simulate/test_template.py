@@ -101,7 +101,26 @@ def test_a_template_too_large_is_refused_from_three_ranks_before_it_is_walked(mo
     monkeypatch.setattr(template_mod, "PROBE_FROM", 4)
     monkeypatch.setattr(template_mod, "MAX_ENTRIES", 559)
     with pytest.raises(SimulateError, match=r"^allreduce_ring at world 8 would hold about 560 timeline "
-                       r"entries, moves and sources \(70 on a rank\), more than the 559 the model holds"):
+                       r"entries, flag slots, moves and sources \(70 on a rank\), more than the 559 the model "
+                       r"holds"):
         template(ring, 8, {"n": 1024})
     monkeypatch.setattr(template_mod, "MAX_ENTRIES", 560)
     assert len(template(ring, 8, {"n": 1024}).timelines) == 8
+
+
+def test_the_estimate_counts_each_flag_slot_and_a_held_entry_once(monkeypatch):
+    """A signal (wait) entry of the timeline holds a slot per flag it names. Two-shot with flags
+    at world 8, per rank: two stages, a signal of 7 peers' slots, a wait for 7, and 3 moves and
+    listed sources: 19, 152 in all (counting each signal and wait once: 7, 56). Two-shot without
+    flags: two stages and a barrier, and its reduction and loop of copies held as one entry each
+    (3): 6, 48 in all. A loop over the peers' flags grows with the world's square: 134 M slots at
+    world 8,192: counted once per signal, the walk reached 11 GB there once two-shot's copies were
+    held as runs."""
+    from stratac.tools.simulate import template as template_mod
+    flags = frontend.schedules(frontend.load_source(ROOT / "examples" / "allreduce_twoshot_flags.strata"))[0]
+    plain = frontend.schedules(frontend.load_source(ROOT / "examples" / "allreduce_twoshot.strata"))[0]
+    monkeypatch.setattr(template_mod, "PROBE_FROM", 4)
+    monkeypatch.setattr(template_mod, "MAX_ENTRIES", 100)
+    with pytest.raises(SimulateError, match=r"^allreduce_twoshot_flags at world 8 would hold about 152 "):
+        template(flags, 8, {"n": 1024})
+    assert len(template(plain, 8, {"n": 1024}).timelines) == 8

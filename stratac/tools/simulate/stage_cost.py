@@ -39,6 +39,7 @@ from stratac.tools.simulate.template import (
     COPY,
     EVERY_PEER,
     EVERY_RANK,
+    LISTED,
     REDUCE,
     StageMoves,
     Template,
@@ -108,9 +109,11 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
     # a region of a typed buffer (i32 counts) moves as whole elements of T (strata::Ratio)
     L = L * np.where(a["scale"] > 0, np.maximum(1, a["scale"] // elem), 1) if len(L) else L
     w = _Work(world, C, Q)
+    count = a["count"]              # moves an entry stands for (a run: StageMoves.count)
+    span = L * count                # an entry's elements, end to end
 
     # strata::Partition: the stage's elements of each rank, end to end, cut by blocks over the cores
-    T = np.bincount(issuer, weights=L, minlength=world).astype(np.int64) if len(L) else \
+    T = np.bincount(issuer, weights=span, minlength=world).astype(np.int64) if len(L) else \
         np.zeros(world, dtype=np.int64)
     per = max(1, BLOCK_BYTES // elem)
     blocks = (T + per - 1) // per
@@ -120,12 +123,14 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
     bin_start = (base[:, None] + lo).ravel()
     total = int(T.sum())
     if total:
-        mv_start = np.concatenate(([0], np.cumsum(L)[:-1]))
+        mv_start = np.concatenate(([0], np.cumsum(span)[:-1]))
         cuts = np.sort(np.concatenate((mv_start, bin_start, [total])))
         cuts = cuts[(cuts <= total) & np.concatenate(([True], cuts[1:] != cuts[:-1]))]
         seg_start, seg_len = cuts[:-1], np.diff(cuts)
         seg_mv = np.searchsorted(mv_start, seg_start, side="right") - 1
         seg_bin = np.searchsorted(bin_start, seg_start, side="right") - 1
+        seg_len, mult, seg_mv, seg_bin = _run_pieces(seg_start - mv_start[seg_mv], seg_len, seg_mv,
+                                                     seg_bin, L, count)
         seg_kind = kind[seg_mv]
         nb = seg_len.astype(np.float64) * elem
         engine = sm.stage.engine
@@ -136,22 +141,25 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
         else:
             sdma = np.zeros(len(nb), dtype=bool)
         k = a["nsrc"][seg_mv]
-        w.core_in += np.bincount(seg_bin, weights=np.where(sdma, 0.0, k * nb), minlength=world * C)
-        w.core_out += np.bincount(seg_bin, weights=np.where(sdma, 0.0, nb), minlength=world * C)
-        w.core_vec += np.bincount(seg_bin, weights=np.where(seg_kind == REDUCE, k * nb, 0.0),
+        w.core_in += np.bincount(seg_bin, weights=np.where(sdma, 0.0, k * nb * mult), minlength=world * C)
+        w.core_out += np.bincount(seg_bin, weights=np.where(sdma, 0.0, nb * mult), minlength=world * C)
+        w.core_vec += np.bincount(seg_bin, weights=np.where(seg_kind == REDUCE, k * nb * mult, 0.0),
                                   minlength=world * C)
         queue = (seg_bin // C) * Q + (seg_bin % C) % Q
-        w.q_bytes += np.bincount(queue, weights=np.where(sdma, nb, 0.0), minlength=world * Q)
+        w.q_bytes += np.bincount(queue, weights=np.where(sdma, nb * mult, 0.0), minlength=world * Q)
         if sdma.any():
             on = np.flatnonzero(sdma)
-            _sdma_pieces(w, seg_bin[on], nb[on].astype(np.int64), m.sqe_bytes)
+            _sdma_pieces(w, seg_bin[on], nb[on].astype(np.int64), m.sqe_bytes, mult[on])
 
     # traffic: source owner -> running rank -> destination owner; every access is HBM traffic
     src_move, src_owner, dst = a["src_move"], a["src_owner"], a["dst"]
-    src_bytes = L[src_move].astype(np.float64) * elem
+    src_bytes = span[src_move].astype(np.float64) * elem      # a run reads its source count times
     src_issuer = issuer[src_move]
     src_remote = (src_owner != src_issuer) & (src_bytes > 0)
-    dst_bytes = L.astype(np.float64) * elem
+    move_bytes = L.astype(np.float64) * elem                   # one move's
+    dst_listed = a["dst_every"] == LISTED
+    dst_bytes = np.where(dst_listed, span.astype(np.float64) * elem, 0.0)
+    dst = np.where(dst_listed, dst, issuer)                    # (-1 where every rank: no bytes)
     dst_remote = (dst != issuer) & (dst_bytes > 0)
     # own link: what this rank's own moves put through its own UB link
     w.rx_own += np.bincount(src_issuer, weights=np.where(src_remote, src_bytes, 0.0), minlength=world)
@@ -161,17 +169,26 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
                   + np.bincount(issuer, weights=np.where(dst_remote, 0.0, dst_hbm), minlength=world))
     w.touched |= (np.bincount(src_issuer, weights=src_remote.astype(np.float64), minlength=world)
                   + np.bincount(issuer, weights=dst_remote.astype(np.float64), minlength=world)) > 0
-    # reductions over every rank (or every peer), their sources not listed (StageMoves.every):
-    # W - 1 remote reads of the move's bytes, and with every rank one local read
-    every = a["every"]
-    all_ranks = (every == EVERY_RANK) & (dst_bytes > 0)
-    all_peers = (every == EVERY_PEER) & (dst_bytes > 0)
+    # sources (a reduction's, or a run's) and a run's destinations that are every rank (or every
+    # peer), not listed (StageMoves.every, dst_every): W - 1 remote reads (writes) of one move's
+    # bytes, and with every rank one local read (write)
+    every, dst_every = a["every"], a["dst_every"]
+    all_ranks = (every == EVERY_RANK) & (move_bytes > 0)
+    all_peers = (every == EVERY_PEER) & (move_bytes > 0)
     spread = all_ranks | all_peers
+    to_ranks = (dst_every == EVERY_RANK) & (move_bytes > 0)
+    to_peers = (dst_every == EVERY_PEER) & (move_bytes > 0)
+    spread_to = to_ranks | to_peers
+    move_hbm = np.where(kind == ACCUMULATE, 2.0, 1.0) * move_bytes
     if world > 1:
-        w.rx_own += np.bincount(issuer, weights=np.where(spread, (world - 1) * dst_bytes, 0.0),
+        w.rx_own += np.bincount(issuer, weights=np.where(spread, (world - 1) * move_bytes, 0.0),
                                 minlength=world)
-        w.touched |= np.bincount(issuer, weights=spread.astype(np.float64), minlength=world) > 0
-    w.hbm_own += np.bincount(issuer, weights=np.where(all_ranks, dst_bytes, 0.0), minlength=world)
+        w.tx_own += np.bincount(issuer, weights=np.where(spread_to, (world - 1) * move_bytes, 0.0),
+                                minlength=world)
+        w.touched |= np.bincount(issuer, weights=(spread | spread_to).astype(np.float64),
+                                 minlength=world) > 0
+    w.hbm_own += np.bincount(issuer, weights=np.where(all_ranks, move_bytes, 0.0)
+                             + np.where(to_ranks, move_hbm, 0.0), minlength=world)
 
     # every link's and every HBM's load, per phase of the ranks running the stage
     phase_of = np.full(world, -1, dtype=np.int64)
@@ -190,13 +207,22 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
         hbm += np.bincount(src_owner, weights=np.where(sel_src, src_bytes, 0.0), minlength=world) + \
             np.bincount(dst, weights=np.where(sel_dst, dst_hbm, 0.0), minlength=world)
         if spread.any():   # each rank q is read by every such move but (peers) its own issuer's
-            mine = np.bincount(issuer, weights=np.where(sel_dst & spread, dst_bytes, 0.0), minlength=world)
-            peers = np.bincount(issuer, weights=np.where(sel_dst & all_peers, dst_bytes, 0.0),
+            mine = np.bincount(issuer, weights=np.where(sel_dst & spread, move_bytes, 0.0), minlength=world)
+            peers = np.bincount(issuer, weights=np.where(sel_dst & all_peers, move_bytes, 0.0),
                                 minlength=world)
             total, total_ranks = mine.sum(), (mine - peers).sum()
             tx += total - mine                  # remote reads of q by the other issuers
             rx += (world - 1) * mine
             hbm += total_ranks + (peers.sum() - peers)
+        if spread_to.any():   # each rank q is written by every such run but (peers) its own issuer's
+            mine = np.bincount(issuer, weights=np.where(sel_dst & spread_to, move_bytes, 0.0), minlength=world)
+            mine_hbm = np.bincount(issuer, weights=np.where(sel_dst & to_ranks, move_hbm, 0.0),
+                                   minlength=world)
+            peers_hbm = np.bincount(issuer, weights=np.where(sel_dst & to_peers, move_hbm, 0.0),
+                                    minlength=world)
+            tx += (world - 1) * mine
+            rx += mine.sum() - mine             # remote writes into q by the other issuers
+            hbm += mine_hbm.sum() + (peers_hbm.sum() - peers_hbm)
 
     if sm.routes:
         _route_work(sm, w, routed, elem, m, phase_of)
@@ -238,6 +264,30 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
     return StageCost(time_us, category, busy, loads, scalar, issued)
 
 
+def _run_pieces(offset: np.ndarray, length: np.ndarray, mv: np.ndarray, core: np.ndarray,
+                L: np.ndarray, count: np.ndarray):
+    """The partition's segments (each within one entry and one core: its offset into the entry,
+    its length, the entry, the core) as the pieces the kernel copies: a segment of a run (an entry
+    of count > 1: moves of L elements end to end) is cut at its moves' ends into a first piece, the
+    whole moves within it, and a last piece. Returns (length, multiplicity, entry, core) per piece,
+    in program order."""
+    run = count[mv] > 1
+    if not run.any():
+        return length, np.ones(len(length), dtype=np.int64), mv, core
+    Lm = np.where(run, L[mv], 1)
+    end = offset + length
+    j0, j1 = offset // Lm, (end - 1) // Lm          # the moves holding its first and last element
+    one = ~run | (j0 == j1)
+    first = np.where(one, length, (j0 + 1) * Lm - offset)
+    whole = np.where(one, 0, j1 - j0 - 1)
+    last = np.where(one, 0, end - j1 * Lm)
+    lens = np.stack([first, Lm, last], axis=1).ravel()
+    mult = np.stack([np.ones_like(whole), whole, (last > 0).astype(np.int64)], axis=1).ravel()
+    keep = (mult > 0) & (lens > 0)
+    rep = lambda x: np.repeat(x, 3)[keep]
+    return lens[keep], mult[keep], rep(mv), rep(core)
+
+
 def _post_runs(nbytes: int, sqe_bytes: int) -> list[tuple[int, int]]:
     """One SDMA piece of `nbytes` as Mover::SdmaCopy posts it: (SQEs of a post, posts) runs: posts of
     SDMA_SQE_LIMIT SQEs, then the rest."""
@@ -249,14 +299,17 @@ def _post_runs(nbytes: int, sqe_bytes: int) -> list[tuple[int, int]]:
     return runs
 
 
-def _sdma_pieces(w: _Work, cores: np.ndarray, nbytes: np.ndarray, sqe_bytes: int) -> None:
-    """Adds SDMA pieces (one Mover::Copy each: the core, the bytes), in program order, to the cores'
-    SQEs."""
+def _sdma_pieces(w: _Work, cores: np.ndarray, nbytes: np.ndarray, sqe_bytes: int,
+                 mult: np.ndarray | None = None) -> None:
+    """Adds SDMA pieces (one Mover::Copy each: the core, the bytes; `mult`: how many such pieces
+    in a row, for a run's whole moves), in program order, to the cores' SQEs."""
     whole = SDMA_SQE_LIMIT * sqe_bytes
     full, rest = nbytes // whole, nbytes % whole
     sqes = full * SDMA_SQE_LIMIT + (rest + sqe_bytes - 1) // sqe_bytes
-    np.add.at(w.core_sqes, cores, sqes.astype(np.float64))
-    w.pieces.append((cores, nbytes))
+    if mult is None:
+        mult = np.ones(len(nbytes), dtype=np.int64)
+    np.add.at(w.core_sqes, cores, (sqes * mult).astype(np.float64))
+    w.pieces.append((cores, nbytes, mult))
 
 
 def _count_quiets(w: _Work, sqe_bytes: int) -> None:
@@ -267,10 +320,10 @@ def _count_quiets(w: _Work, sqe_bytes: int) -> None:
     if not len(over):
         return
     runs: dict[int, list[tuple[int, int]]] = {int(c): [] for c in over}
-    for cores, nbytes in w.pieces:
+    for cores, nbytes, mult in w.pieces:
         sel = np.isin(cores, over)
-        for core, nb in zip(cores[sel].tolist(), nbytes[sel].tolist()):
-            runs[core].extend(_post_runs(nb, sqe_bytes))
+        for core, nb, k in zip(cores[sel].tolist(), nbytes[sel].tolist(), mult[sel].tolist()):
+            runs[core].extend(_post_runs(nb, sqe_bytes) * k)
     for core, rows, rb in w.row_posts:
         if core in runs:
             per_row = _post_runs(rb, sqe_bytes)

@@ -41,6 +41,13 @@ class StageMoves:
     # one region of every rank (but its own): its sources are that set, held as one code, not
     # listed (at world 8,192 a one-shot AllReduce's W sources per rank would be 67 M entries)
     every: list[int] = field(default_factory=list)     # per move: LISTED, EVERY_RANK, EVERY_PEER
+    # a loop inside the stage over the ranks (peers) of one copy whose length does not depend on
+    # its variable, written to and read from the issuer, a fixed rank or the variable's rank, is
+    # one entry standing for `count` moves of that length, in order of the variable: a run.
+    # Written to the variable's rank, its destinations are every rank (peer): dst_every; read from
+    # it, its sources are (every, as a reduction's). Else count is 1 and dst_every LISTED.
+    count: list[int] = field(default_factory=list)
+    dst_every: list[int] = field(default_factory=list)
     src_move: list[int] = field(default_factory=list)  # one entry per listed source: its move
     src_owner: list[int] = field(default_factory=list)
     scale: list[int] = field(default_factory=list)     # bytes of the destination's element type
@@ -70,11 +77,20 @@ class Template:
         srcs: dict[int, list[int]] = {}
         for mv, owner in zip(sm.src_move, sm.src_owner):
             srcs.setdefault(mv, []).append(owner)
-        for i, every in enumerate(sm.every):
-            if every != LISTED:
-                srcs[i] = [p for p in range(self.world) if every == EVERY_RANK or p != sm.issuer[i]]
-        return [(sm.issuer[i], sm.kind[i], sm.dst[i], tuple(srcs.get(i, ())), int(lengths[sm.key[i]]))
-                for i in range(len(sm.issuer))]
+        out = []
+        for i in range(len(sm.issuer)):
+            r, length = sm.issuer[i], int(lengths[sm.key[i]])
+            ranks = [p for p in range(self.world) if p != r] if EVERY_PEER in (sm.every[i], sm.dst_every[i]) \
+                else list(range(self.world))
+            if sm.count[i] == 1 and sm.dst_every[i] == LISTED:   # one move
+                src = ranks if sm.every[i] != LISTED else srcs.get(i, [])
+                out.append((r, sm.kind[i], sm.dst[i], tuple(src), length))
+                continue
+            for p in ranks:                                        # a run: a move per rank (peer)
+                dst = p if sm.dst_every[i] != LISTED else sm.dst[i]
+                src = (p,) if sm.every[i] != LISTED else tuple(srcs.get(i, ()))
+                out.append((r, sm.kind[i], dst, src, length))
+        return out
 
     def routes(self, stage_index) -> list[tuple]:
         """(issuer, kind, shape) of every routing construct of a stage, for the consistency test."""
@@ -226,6 +242,8 @@ class _Walker:
 
     def moves(self, op, env: dict, sm: StageMoves) -> None:
         if isinstance(op, ir.Loop):
+            if HOLD_EVERY and self.run(op, env, sm):
+                return
             for v in self.values(op, env):
                 for o in op.body:
                     self.moves(o, {**env, op.var: v}, sm)
@@ -242,6 +260,8 @@ class _Walker:
         sm.issuer.append(env["rank"])
         sm.key.append(self.length_key(op.dst.length, env))
         sm.dst.append(self.owner(op.dst, env))
+        sm.count.append(1)
+        sm.dst_every.append(LISTED)
         dtype = self.s.param(op.dst.buffer).dtype
         sm.scale.append(dtype.nbytes if dtype is not None else 0)
         if isinstance(op, ir.Reduce):
@@ -266,6 +286,44 @@ class _Walker:
         sm.every.append(LISTED)
         sm.src_move.extend([i] * len(srcs))
         sm.src_owner.extend(srcs)
+
+
+    def run(self, loop: ir.Loop, env: dict, sm: StageMoves) -> bool:
+        """Records an in-stage loop as a run (StageMoves.count) when it is one: over the ranks or
+        peers, its body one copy or accumulate whose length does not name the variable and whose
+        ranks are the issuer, a rank that does not name the variable, or the variable itself."""
+        if loop.domain is ir.Domain.RANGE or len(loop.body) != 1:
+            return False
+        op, var = loop.body[0], ir.Var(loop.var)
+        if type(op) not in (ir.Copy, ir.Accumulate) or loop.var in op.dst.length.names():
+            return False
+        every = EVERY_RANK if loop.domain is ir.Domain.RANKS else EVERY_PEER
+        codes = []
+        for region in (op.dst, op.src):
+            if region.rank == var:
+                codes.append(every)
+            elif region.rank is None or loop.var not in region.rank.names():
+                codes.append(LISTED)
+            else:
+                return False
+        count = self.world - (loop.domain is ir.Domain.PEERS)
+        if count <= 0:
+            return True
+        i = len(sm.issuer)
+        sm.issuer.append(env["rank"])
+        sm.key.append(self.length_key(op.dst.length, env))
+        sm.dst.append(self.owner(op.dst, env) if codes[0] == LISTED else -1)
+        sm.count.append(count)
+        sm.dst_every.append(codes[0])
+        dtype = self.s.param(op.dst.buffer).dtype
+        sm.scale.append(dtype.nbytes if dtype is not None else 0)
+        sm.kind.append(ACCUMULATE if isinstance(op, ir.Accumulate) else COPY)
+        sm.nsrc.append(1)
+        sm.every.append(codes[1])
+        if codes[1] == LISTED:
+            sm.src_move.append(i)
+            sm.src_owner.append(self.owner(op.src, env))
+        return True
 
 
 def route_shape(s: ir.Schedule, op: ir.Route, env: dict) -> dict:
@@ -323,8 +381,9 @@ def not_modelled(s: ir.Schedule) -> str | None:
 
 
 # From this world on, a template is first estimated from three ranks (_probe) and refused when it
-# would hold more than MAX_ENTRIES timeline entries, moves and move sources over all ranks (about
-# 500 bytes each: some 4 GiB; two-shot at world 2,048 holds 4.2 M and takes 24 s).
+# would hold more than MAX_ENTRIES timeline entries, flag slots of signals and waits, moves and
+# listed move sources over all ranks (about 500 bytes each: some 4 GiB; two-shot at world 2,048
+# held 4.2 M and took 24 s before its loops of copies and its reduction were held as one entry).
 PROBE_FROM = 64
 MAX_ENTRIES = 8_000_000
 
@@ -334,14 +393,15 @@ def _probe(s: ir.Schedule, world: int, env: dict) -> None:
     most = 0
     for r in {0, world // 2, world - 1}:
         before = sum(len(sm.issuer) + len(sm.src_owner) for sm in w.stages.values())
-        n = len(w.timeline(r))
+        # a signal or wait entry holds a slot per flag it names (a loop over the peers: world)
+        n = sum(len(arg) if kind in ("signal", "wait") else 1 for kind, arg in w.timeline(r))
         after = sum(len(sm.issuer) + len(sm.src_owner) for sm in w.stages.values())
         most = max(most, n + after - before)
     if most * world > MAX_ENTRIES:
         raise SimulateError(f"{s.name} at world {world:,} would hold about {most * world:,} timeline "
-                            f"entries, moves and sources ({most:,} on a rank), more than the "
-                            f"{MAX_ENTRIES:,} the model holds: its walk of every rank's moves grows "
-                            "with the world's square; predict it at a smaller world")
+                            f"entries, flag slots, moves and sources ({most:,} on a rank), more than "
+                            f"the {MAX_ENTRIES:,} the model holds: its walk of every rank's moves and "
+                            "flags grows with the world's square; predict it at a smaller world")
 
 
 def template(s: ir.Schedule, world: int, env: dict) -> Template:
@@ -355,8 +415,8 @@ def template(s: ir.Schedule, world: int, env: dict) -> Template:
     timelines = [w.timeline(r) for r in range(world)]
     for sm in w.stages.values():
         sm.arrays = {k: np.asarray(getattr(sm, k), dtype=np.int64)
-                     for k in ("issuer", "key", "kind", "dst", "nsrc", "every", "src_move", "src_owner",
-                          "scale")}
+                     for k in ("issuer", "key", "kind", "dst", "nsrc", "every", "count", "dst_every",
+                          "src_move", "src_owner", "scale")}
     return Template(world, w.keys, w.stages, timelines, w.size_dependent, s.leads_with_barrier)
 
 
