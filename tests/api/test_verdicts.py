@@ -215,11 +215,11 @@ schedule peek(x: sym T[n], op: redop) implements allreduce(x, op) {
 @pytest.mark.parametrize("source, message", [
     # around stages `for p in peers` is a step loop whose variable counts the steps, p standing
     # for (rank + p) % world: rank 8 reaches peer 2 at step 3
-    (LAST, r"^last: on rank 8, p = 3, line 5 writes x\[0:n \+ \(\(rank \+ p\) % world\)\] = "
-           r"x\[0:10\], but parameter x has 8 elements"),
+    (LAST, (r"^last: on rank 8, p = 3, line 5 writes x\[0:n \+ \(\(rank \+ p\) % world\)\] = "
+            r"x\[0:10\], but parameter x has 8 elements")),
     # inside a stage it repeats the moves for every peer (an axis of the walk's arrays)
-    (PEEK, r"^peek: on rank 8, p = 7, line 5 reads x\[p \+ 1:p \+ 2\]@p = x\[8:9\], but "
-           r"parameter x has 8 elements")], ids=["step-loop", "in-stage"])
+    (PEEK, (r"^peek: on rank 8, p = 7, line 5 reads x\[p \+ 1:p \+ 2\]@p = x\[8:9\], but "
+            r"parameter x has 8 elements"))], ids=["step-loop", "in-stage"])
 def test_the_walk_names_the_rank_and_loop_value_whatever_its_block_of_ranks(source, message, block,
                                                                             monkeypatch):
     """The walk before a call takes the ranks in blocks (the rank an axis of its arrays, as the

@@ -2,7 +2,8 @@
 
 The job is a list of parts, each a world and its plan (tvkit.Plan). For each part in turn, the
 ranks below its world make a communicator over a group of the first `world` ranks, load every
-compiled schedule of the plan once, then run every instance in turn on that communicator: allocates its tensors on the heap, fills every buffer (the scratch too)
+compiled schedule of the plan once, then run every instance in turn on that communicator: allocates
+its tensors on the heap, fills every buffer (the scratch too)
 with this rank's numbered tags, calls the schedule through the public API (its checks and the
 proof of the call's instance included), and compares every buffer with the verifier's simulated
 memory. Writes one JSON line per instance to the part's `rankR.jsonl`: `ok`, or each buffer that

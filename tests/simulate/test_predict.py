@@ -192,9 +192,10 @@ def test_sources_and_runs_held_as_one_entry_predict_as_listed_moves(name, cm384,
     the time: HBM slower than the link; SQEs of 64 bytes that the queue posts at once, so that a
     core's SQE issue binds and a core posts more than a quiet window holds (its quiets counted
     post by post); and UB -> GM slower than GM -> UB."""
-    from stratac.tools.simulate import template as tpl
-    from stratac.tools.simulate.machine import load_machine
     from simkit import TINY
+
+    from stratac.tools.simulate import template as tpl
+    from stratac.tools.simulate.machine import SimulateError, load_machine
     variants = []
     for i, changes in enumerate([{"hbm_gbps = 1000.0": "hbm_gbps = 0.05"},
                                  {"sqe_bytes = 1048576": "sqe_bytes = 64", "post_us = 5.0": "post_us = 0.001",
@@ -217,12 +218,12 @@ def test_sources_and_runs_held_as_one_entry_predict_as_listed_moves(name, cm384,
                     monkeypatch.setattr(tpl, "HOLD_EVERY", hold)
                     try:
                         got[hold] = predict_count(s, m, world, count)
-                    except Exception as exc:      # a world the schedule does not support
+                    except SimulateError as exc:      # a world the schedule does not support
                         got[hold] = repr(exc)
                 if isinstance(got[True], str):
                     assert got[True] == got[False]
                     continue
-                (us, path, t), (us2, path2, t2) = got[True], got[False]
+                (us, path, t), (us2, path2, _) = got[True], got[False]
                 assert us == pytest.approx(us2, rel=1e-12), (m.name, world, count)
                 assert path == pytest.approx(path2, rel=1e-12), (m.name, world, count)
                 seen += any(e != tpl.LISTED or c > 1 for sm in t.stages.values()

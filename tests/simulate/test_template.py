@@ -101,8 +101,8 @@ def test_a_template_too_large_is_refused_from_three_ranks_before_it_is_walked(mo
     monkeypatch.setattr(template_mod, "PROBE_FROM", 4)
     monkeypatch.setattr(template_mod, "MAX_ENTRIES", 559)
     with pytest.raises(SimulateError, match=r"^allreduce_ring at world 8 would hold about 560 timeline "
-                       r"entries, flag slots, moves and sources \(70 on a rank\), more than the 559 the model "
-                       r"holds"):
+                       r"entries, flag slots, moves and sources \(70 on a rank\), more than the 559 the "
+                       r"model holds"):
         template(ring, 8, {"n": 1024})
     monkeypatch.setattr(template_mod, "MAX_ENTRIES", 560)
     assert len(template(ring, 8, {"n": 1024}).timelines) == 8

@@ -207,7 +207,8 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
         hbm += np.bincount(src_owner, weights=np.where(sel_src, src_bytes, 0.0), minlength=world) + \
             np.bincount(dst, weights=np.where(sel_dst, dst_hbm, 0.0), minlength=world)
         if spread.any():   # each rank q is read by every such move but (peers) its own issuer's
-            mine = np.bincount(issuer, weights=np.where(sel_dst & spread, move_bytes, 0.0), minlength=world)
+            mine = np.bincount(issuer, weights=np.where(sel_dst & spread, move_bytes, 0.0),
+                               minlength=world)
             peers = np.bincount(issuer, weights=np.where(sel_dst & all_peers, move_bytes, 0.0),
                                 minlength=world)
             total, total_ranks = mine.sum(), (mine - peers).sum()
@@ -215,7 +216,8 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
             rx += (world - 1) * mine
             hbm += total_ranks + (peers.sum() - peers)
         if spread_to.any():   # each rank q is written by every such run but (peers) its own issuer's
-            mine = np.bincount(issuer, weights=np.where(sel_dst & spread_to, move_bytes, 0.0), minlength=world)
+            mine = np.bincount(issuer, weights=np.where(sel_dst & spread_to, move_bytes, 0.0),
+                               minlength=world)
             mine_hbm = np.bincount(issuer, weights=np.where(sel_dst & to_ranks, move_hbm, 0.0),
                                    minlength=world)
             peers_hbm = np.bincount(issuer, weights=np.where(sel_dst & to_peers, move_hbm, 0.0),

@@ -22,7 +22,8 @@ from stratac.tools.simulate.machine import SimulateError
 COPY, ACCUMULATE, REDUCE = 0, 1, 2
 # a move's sources: listed in src_move/src_owner, or every rank, or every rank but the issuer
 LISTED, EVERY_RANK, EVERY_PEER = 0, 1, 2
-# whether a reduction over every rank holds its sources as one code (False: listed, as any other;
+# whether a reduction over every rank holds its sources as one code, and a loop of copies inside
+# a stage is one entry (a run; StageMoves.count) (False: every move and source listed;
 # tests/simulate/test_predict.py compares the two)
 HOLD_EVERY = True
 
@@ -80,8 +81,8 @@ class Template:
         out = []
         for i in range(len(sm.issuer)):
             r, length = sm.issuer[i], int(lengths[sm.key[i]])
-            ranks = [p for p in range(self.world) if p != r] if EVERY_PEER in (sm.every[i], sm.dst_every[i]) \
-                else list(range(self.world))
+            peers = EVERY_PEER in (sm.every[i], sm.dst_every[i])
+            ranks = [p for p in range(self.world) if not peers or p != r]
             if sm.count[i] == 1 and sm.dst_every[i] == LISTED:   # one move
                 src = ranks if sm.every[i] != LISTED else srcs.get(i, [])
                 out.append((r, sm.kind[i], sm.dst[i], tuple(src), length))
@@ -286,7 +287,6 @@ class _Walker:
         sm.every.append(LISTED)
         sm.src_move.extend([i] * len(srcs))
         sm.src_owner.extend(srcs)
-
 
     def run(self, loop: ir.Loop, env: dict, sm: StageMoves) -> bool:
         """Records an in-stage loop as a run (StageMoves.count) when it is one: over the ranks or
