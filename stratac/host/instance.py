@@ -138,8 +138,8 @@ class _Walk:
         """Raises for the first place where `bad` holds (the lowest rank's); `what`: the message,
         or a function making it (texts of expressions are made only for a fault)."""
         at = tuple(int(i) for i in np.argwhere(bad)[0]) if bad.ndim else ()
-        where = [f"{v} = {int(np.broadcast_to(env[v], bad.shape)[at])}" for v in ("rank", *self._loops)]
-        where[0] = where[0].replace(" = ", " ", 1)
+        value = lambda v: int(np.broadcast_to(env[v], bad.shape)[at])
+        where = [f"rank {value('rank')}"] + [f"{v} = {value(v)}" for v in self._loops]
         raise _Fault(f"on {', '.join(where)}, line {span.line} {what() if callable(what) else what}")
 
     # ---- the schedule

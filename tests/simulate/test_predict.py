@@ -227,6 +227,6 @@ def test_sources_and_runs_held_as_one_entry_predict_as_listed_moves(name, cm384,
                 assert us == pytest.approx(us2, rel=1e-12), (m.name, world, count)
                 assert path == pytest.approx(path2, rel=1e-12), (m.name, world, count)
                 seen += any(e != tpl.LISTED or c > 1 for sm in t.stages.values()
-                            for e, c in zip(sm.every, sm.count))
+                            for e, c in zip(sm.src_every, sm.count))
                 hbm_bound += path.get("hbm", 0.0) > 0
     assert seen and hbm_bound   # the schedule has such an entry, and HBM bound some call

@@ -170,25 +170,17 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
     w.touched |= (np.bincount(src_issuer, weights=src_remote.astype(np.float64), minlength=world)
                   + np.bincount(issuer, weights=dst_remote.astype(np.float64), minlength=world)) > 0
     # sources (a reduction's, or a run's) and a run's destinations that are every rank (or every
-    # peer), not listed (StageMoves.every, dst_every): W - 1 remote reads (writes) of one move's
+    # peer), not listed (StageMoves.src_every, dst_every): W - 1 remote reads (writes) of one move's
     # bytes, and with every rank one local read (write)
-    every, dst_every = a["every"], a["dst_every"]
-    all_ranks = (every == EVERY_RANK) & (move_bytes > 0)
-    all_peers = (every == EVERY_PEER) & (move_bytes > 0)
-    spread = all_ranks | all_peers
-    to_ranks = (dst_every == EVERY_RANK) & (move_bytes > 0)
-    to_peers = (dst_every == EVERY_PEER) & (move_bytes > 0)
-    spread_to = to_ranks | to_peers
     move_hbm = np.where(kind == ACCUMULATE, 2.0, 1.0) * move_bytes
+    read = _Spread(a["src_every"], issuer, move_bytes, move_bytes, world)
+    written = _Spread(a["dst_every"], issuer, move_bytes, move_hbm, world)
     if world > 1:
-        w.rx_own += np.bincount(issuer, weights=np.where(spread, (world - 1) * move_bytes, 0.0),
-                                minlength=world)
-        w.tx_own += np.bincount(issuer, weights=np.where(spread_to, (world - 1) * move_bytes, 0.0),
-                                minlength=world)
-        w.touched |= np.bincount(issuer, weights=(spread | spread_to).astype(np.float64),
+        w.rx_own += read.issued(None)
+        w.tx_own += written.issued(None)
+        w.touched |= np.bincount(issuer, weights=(read.any | written.any).astype(np.float64),
                                  minlength=world) > 0
-    w.hbm_own += np.bincount(issuer, weights=np.where(all_ranks, move_bytes, 0.0)
-                             + np.where(to_ranks, move_hbm, 0.0), minlength=world)
+    w.hbm_own += read.own_hbm() + written.own_hbm()
 
     # every link's and every HBM's load, per phase of the ranks running the stage
     phase_of = np.full(world, -1, dtype=np.int64)
@@ -206,25 +198,14 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
             np.bincount(dst, weights=w_dst, minlength=world)
         hbm += np.bincount(src_owner, weights=np.where(sel_src, src_bytes, 0.0), minlength=world) + \
             np.bincount(dst, weights=np.where(sel_dst, dst_hbm, 0.0), minlength=world)
-        if spread.any():   # each rank q is read by every such move but (peers) its own issuer's
-            mine = np.bincount(issuer, weights=np.where(sel_dst & spread, move_bytes, 0.0),
-                               minlength=world)
-            peers = np.bincount(issuer, weights=np.where(sel_dst & all_peers, move_bytes, 0.0),
-                                minlength=world)
-            total, total_ranks = mine.sum(), (mine - peers).sum()
-            tx += total - mine                  # remote reads of q by the other issuers
-            rx += (world - 1) * mine
-            hbm += total_ranks + (peers.sum() - peers)
-        if spread_to.any():   # each rank q is written by every such run but (peers) its own issuer's
-            mine = np.bincount(issuer, weights=np.where(sel_dst & spread_to, move_bytes, 0.0),
-                               minlength=world)
-            mine_hbm = np.bincount(issuer, weights=np.where(sel_dst & to_ranks, move_hbm, 0.0),
-                                   minlength=world)
-            peers_hbm = np.bincount(issuer, weights=np.where(sel_dst & to_peers, move_hbm, 0.0),
-                                    minlength=world)
-            tx += (world - 1) * mine
-            rx += mine.sum() - mine             # remote writes into q by the other issuers
-            hbm += mine_hbm.sum() + (peers_hbm.sum() - peers_hbm)
+        if read.any.any():      # each rank is read by every such entry but (peers) its issuer's
+            rx += read.issued(sel_dst)
+            tx += read.others(sel_dst)
+            hbm += read.hbm(sel_dst)
+        if written.any.any():   # each rank is written by every such entry but (peers) its issuer's
+            tx += written.issued(sel_dst)
+            rx += written.others(sel_dst)
+            hbm += written.hbm(sel_dst)
 
     if sm.routes:
         _route_work(sm, w, routed, elem, m, phase_of)
@@ -264,6 +245,43 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
     time_us = busy + m.sync_all_us + np.where(w.touched, m.fabric_latency_us, 0.0)
     loads = {ph: tuple(v) for ph, v in w.loads.items()}
     return StageCost(time_us, category, busy, loads, scalar, issued)
+
+
+class _Spread:
+    """The entries of a stage whose sources (or destinations) are every rank or every peer
+    (StageMoves.src_every, dst_every; LISTED entries take no part): per rank, the bytes its own
+    entries move to or from the others, the bytes the others' entries move to or from it, and its
+    HBM traffic. `sel`: the entries of one phase (None: all)."""
+
+    def __init__(self, code: np.ndarray, issuer: np.ndarray, nbytes: np.ndarray, hbm_bytes: np.ndarray,
+                 world: int):
+        self.ranks = (code == EVERY_RANK) & (nbytes > 0)
+        self.peers = (code == EVERY_PEER) & (nbytes > 0)
+        self.any = self.ranks | self.peers
+        self.issuer, self.nbytes, self.hbm_bytes, self.world = issuer, nbytes, hbm_bytes, world
+
+    def _per_issuer(self, which: np.ndarray, sel, values: np.ndarray) -> np.ndarray:
+        on = which if sel is None else which & sel
+        return np.bincount(self.issuer, weights=np.where(on, values, 0.0), minlength=self.world)
+
+    def issued(self, sel) -> np.ndarray:
+        """What each rank's own entries move over its link: W - 1 remote moves each."""
+        return (self.world - 1) * self._per_issuer(self.any, sel, self.nbytes)
+
+    def others(self, sel) -> np.ndarray:
+        """What the other ranks' entries move to or from each rank's memory over its link."""
+        mine = self._per_issuer(self.any, sel, self.nbytes)
+        return mine.sum() - mine
+
+    def hbm(self, sel) -> np.ndarray:
+        """Each rank's HBM traffic from every such entry: all of every-rank entries', the peers'
+        entries' but its own."""
+        peers = self._per_issuer(self.peers, sel, self.hbm_bytes)
+        return self._per_issuer(self.ranks, sel, self.hbm_bytes).sum() + (peers.sum() - peers)
+
+    def own_hbm(self) -> np.ndarray:
+        """The issuer's local access of its every-rank entries."""
+        return self._per_issuer(self.ranks, None, self.hbm_bytes)
 
 
 def _run_pieces(offset: np.ndarray, length: np.ndarray, mv: np.ndarray, core: np.ndarray,

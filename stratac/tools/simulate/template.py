@@ -41,12 +41,12 @@ class StageMoves:
     # a reduction whose source is `x@p for p in ranks` (EVERY_RANK) or `peers` (EVERY_PEER) reads
     # one region of every rank (but its own): its sources are that set, held as one code, not
     # listed (at world 8,192 a one-shot AllReduce's W sources per rank would be 67 M entries)
-    every: list[int] = field(default_factory=list)     # per move: LISTED, EVERY_RANK, EVERY_PEER
+    src_every: list[int] = field(default_factory=list)  # per move: LISTED, EVERY_RANK, EVERY_PEER
     # a loop inside the stage over the ranks (peers) of one copy whose length does not depend on
     # its variable, written to and read from the issuer, a fixed rank or the variable's rank, is
     # one entry standing for `count` moves of that length, in order of the variable: a run.
     # Written to the variable's rank, its destinations are every rank (peer): dst_every; read from
-    # it, its sources are (every, as a reduction's). Else count is 1 and dst_every LISTED.
+    # it, its sources are (src_every, as a reduction's). Else count is 1 and dst_every LISTED.
     count: list[int] = field(default_factory=list)
     dst_every: list[int] = field(default_factory=list)
     src_move: list[int] = field(default_factory=list)  # one entry per listed source: its move
@@ -81,15 +81,15 @@ class Template:
         out = []
         for i in range(len(sm.issuer)):
             r, length = sm.issuer[i], int(lengths[sm.key[i]])
-            peers = EVERY_PEER in (sm.every[i], sm.dst_every[i])
+            peers = EVERY_PEER in (sm.src_every[i], sm.dst_every[i])
             ranks = [p for p in range(self.world) if not peers or p != r]
             if sm.count[i] == 1 and sm.dst_every[i] == LISTED:   # one move
-                src = ranks if sm.every[i] != LISTED else srcs.get(i, [])
+                src = ranks if sm.src_every[i] != LISTED else srcs.get(i, [])
                 out.append((r, sm.kind[i], sm.dst[i], tuple(src), length))
                 continue
             for p in ranks:                                        # a run: a move per rank (peer)
                 dst = p if sm.dst_every[i] != LISTED else sm.dst[i]
-                src = (p,) if sm.every[i] != LISTED else tuple(srcs.get(i, ()))
+                src = (p,) if sm.src_every[i] != LISTED else tuple(srcs.get(i, ()))
                 out.append((r, sm.kind[i], dst, src, length))
         return out
 
@@ -268,7 +268,7 @@ class _Walker:
         if isinstance(op, ir.Reduce):
             sm.kind.append(REDUCE)
             if HOLD_EVERY and op.count is None and op.src.rank == ir.Var(op.var):   # x@p, p in ranks
-                sm.every.append(EVERY_RANK if op.domain is ir.Domain.RANKS else EVERY_PEER)
+                sm.src_every.append(EVERY_RANK if op.domain is ir.Domain.RANKS else EVERY_PEER)
                 sm.nsrc.append(self.world - (op.domain is ir.Domain.PEERS))
                 return
             if op.count is None:
@@ -284,7 +284,7 @@ class _Walker:
             sm.kind.append(ACCUMULATE if isinstance(op, ir.Accumulate) else COPY)
             srcs = [self.owner(op.src, env)]
         sm.nsrc.append(len(srcs))
-        sm.every.append(LISTED)
+        sm.src_every.append(LISTED)
         sm.src_move.extend([i] * len(srcs))
         sm.src_owner.extend(srcs)
 
@@ -319,7 +319,7 @@ class _Walker:
         sm.scale.append(dtype.nbytes if dtype is not None else 0)
         sm.kind.append(ACCUMULATE if isinstance(op, ir.Accumulate) else COPY)
         sm.nsrc.append(1)
-        sm.every.append(codes[1])
+        sm.src_every.append(codes[1])
         if codes[1] == LISTED:
             sm.src_move.append(i)
             sm.src_owner.append(self.owner(op.src, env))
@@ -415,7 +415,7 @@ def template(s: ir.Schedule, world: int, env: dict) -> Template:
     timelines = [w.timeline(r) for r in range(world)]
     for sm in w.stages.values():
         sm.arrays = {k: np.asarray(getattr(sm, k), dtype=np.int64)
-                     for k in ("issuer", "key", "kind", "dst", "nsrc", "every", "count", "dst_every",
+                     for k in ("issuer", "key", "kind", "dst", "nsrc", "src_every", "count", "dst_every",
                           "src_move", "src_owner", "scale")}
     return Template(world, w.keys, w.stages, timelines, w.size_dependent, s.leads_with_barrier)
 
