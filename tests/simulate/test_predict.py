@@ -73,6 +73,34 @@ def test_the_agreement_is_charged_once_and_a_leading_barrier_is_it(tmp_path, tin
     assert times["under_if"] == pytest.approx(times["none"] + barrier)
 
 
+NODES = """
+schedule nodes(x: sym T[n]) implements allreduce(x, sum) {
+  requires world % 2 == 0
+  team node = block(2)
+  on sdma: for p in node.peers: x@p = x
+  barrier(node)
+  on aiv: for p in node.peers: x@p = x
+  barrier(node)
+}
+"""
+
+
+def test_the_barriers_of_different_nodes_do_not_wait_for_each_other(tmp_path, tiny):
+    """Each node of two ranks sends over its own links and meets at its own barrier, so after the
+    agreement (a barrier of every rank: two SyncAlls, a flag per rank on the tiny machine's one
+    core, a fabric latency) a call takes as long at world 32 as at world 2. (The model once started
+    each node's phase at the barrier of the node before it: 16 nodes took 16 phases.) A team's
+    barrier signals its members only: the same two SyncAlls, two flags and a latency."""
+    s = schedule(tmp_path, NODES)
+    agreement = lambda world: 2 * 1.0 + world * 0.5 + 3.0
+    times = {w: predict_count(s, tiny, w, 1000)[0] - agreement(w) for w in (2, 4, 16, 32)}
+    assert times[4] == pytest.approx(times[2], rel=1e-12)
+    assert times[32] == pytest.approx(times[2], rel=1e-12)
+    no_barriers = schedule(tmp_path, NODES.replace("  barrier(node)\n", ""), "bare.strata")
+    bare = predict_count(no_barriers, tiny, 2, 1000)[0] - agreement(2)
+    assert times[2] == pytest.approx(bare + 2 * (2 * 1.0 + 2 * 0.5 + 3.0), rel=1e-12)
+
+
 def test_partition_follows_the_kernel_blocks(tmp_path, tiny):
     # 1000 f32 = 125 blocks of 32 B over 2 cores: 62 and 63 blocks; the busiest core sets the time
     s = schedule(tmp_path, PUSH.format(engine="aiv"))

@@ -7,10 +7,12 @@ rank, charged after the launch like any barrier (a schedule whose first statemen
 barrier has it fused into the agreement, so that barrier is the agreement's and is charged once);
 a barrier releases its members (every rank, or a team's) at its place in the
 program when the last of them arrives there, plus its cost (two SyncAlls, each core signalling
-world/cores peers, one fabric latency); a wait returns when the last flag it waits for
+members/cores of them, one fabric latency); a wait returns when the last flag it waits for
 has landed (signal time + fabric latency); a signal costs a flag issue per slot. Between two
-barrier places, the traffic of every rank on every UB link and every HBM also bounds the phase (a
-rank's link is shared by everything the other ranks send it or read from it).
+barrier places, each rank's traffic on its own UB link and HBM also bounds its phase (a rank's link
+is shared by everything the other ranks send it or read from it): a barrier releases no earlier
+than each member's phase start plus that traffic's time. A rank's phase starts at the last barrier
+it passed, so the barriers of different teams (every node's) start their own members' phases.
 """
 
 from __future__ import annotations
@@ -33,15 +35,23 @@ def _add(parts: dict, cat: str, us: float) -> dict:
 def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) -> tuple[float, dict]:
     """(predicted microseconds of one call, its critical path split by category)."""
     world, lat = t.world, m.fabric_latency_us
-    barrier_cost = 2 * m.sync_all_us + math.ceil(world / cores) * m.flag_issue_us + \
-        (lat if world > 1 else 0.0)
-    start = m.launch_us + (0.0 if t.fused else barrier_cost)   # launch, then the agreement
+
+    def barrier_cost(members: int) -> float:
+        """Two SyncAlls, each core signalling members / cores of them, one fabric latency."""
+        return 2 * m.sync_all_us + math.ceil(members / cores) * m.flag_issue_us + \
+            (lat if members > 1 else 0.0)
+
+    start = m.launch_us + (0.0 if t.fused else barrier_cost(world))   # launch, then the agreement
     clock = [start] * world
     parts = [{"latency": start} for _ in range(world)]
     pos = [0] * world
     landed: dict[tuple, tuple[float, dict]] = {}
     arrived: dict[int, tuple[float, dict]] = {}
-    phase, phase_start = 0, (start, {"latency": start})
+    # each rank's phase: the barrier place it last passed, and when (a team's barrier starts the
+    # phase of its members alone: nodes are not released one after the other)
+    phase = np.zeros(world, dtype=np.int64)
+    phase_at = np.full(world, start)
+    phase_path: list[dict] = [{"latency": start}] * world
     load: dict[int, list] = {}
     for cost in costs.values():
         for ph, (tx, rx, hbm) in cost.loads.items():
@@ -49,21 +59,31 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
             acc[0] += tx
             acc[1] += rx
             acc[2] += hbm
+    link, mem = np.zeros(world), np.zeros(world)   # per rank: its phase's link and HBM bound
 
-    def bound(ph: int) -> tuple[float, str]:
-        if ph not in load:
-            return 0.0, "fabric"
-        tx, rx, hbm = load[ph]
-        f = max(tx.max(), rx.max()) / (m.fabric_gbps * 1e3)
-        h = hbm.max() / (m.hbm_gbps * 1e3)
-        return (f, "fabric") if f >= h else (h, "hbm")
+    def phase_bound(ranks: np.ndarray) -> None:
+        """link, mem of these ranks: their own link's and HBM's traffic in the phase they are in."""
+        link[ranks], mem[ranks] = 0.0, 0.0
+        for ph in np.unique(phase[ranks]):
+            if int(ph) in load:
+                tx, rx, hbm = load[int(ph)]
+                on = ranks[phase[ranks] == ph]
+                link[on] = np.maximum(tx[on], rx[on]) / (m.fabric_gbps * 1e3)
+                mem[on] = hbm[on] / (m.hbm_gbps * 1e3)
 
-    def settle(ph: int, when: float, path: dict) -> tuple[float, dict]:
-        """The later of `when` and the phase's link/HBM bound from its start."""
-        us, cat = bound(ph)
-        if phase_start[0] + us > when:
-            return phase_start[0] + us, _add(phase_start[1], cat, us)
-        return when, path
+    def settle(ranks: np.ndarray, when: float, path: dict) -> tuple[float, dict]:
+        """The later of `when` and, for each of ranks, its phase's start plus the traffic of its
+        phase on its own link and HBM (the link where a link and HBM tie)."""
+        phase_bound(ranks)
+        end = phase_at[ranks] + np.maximum(link[ranks], mem[ranks])
+        top = end.max()
+        if not top > when:
+            return when, path
+        at = ranks[end == top]
+        fabric = at[link[at] >= mem[at]]
+        r = int(fabric[0] if len(fabric) else at[0])
+        cat, us = ("fabric", link[r]) if len(fabric) else ("hbm", mem[r])
+        return top, _add(phase_path[r], cat, float(us))
 
     while True:
         progressed = False
@@ -120,14 +140,14 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
             group = range(world) if members is None else members
             if all(r in arrived and t.timelines[r][pos[r]][1] == at for r in group):
                 last = max(group, key=lambda r: arrived[r][0])
-                when, path = settle(phase, *arrived[last])
-                when, path = when + barrier_cost, _add(path, "latency", barrier_cost)
+                when, path = settle(np.asarray(group, dtype=np.int64), *arrived[last])
+                cost = barrier_cost(len(group))
+                when, path = when + cost, _add(path, "latency", cost)
                 for r in group:
                     clock[r], parts[r] = when, path
                     pos[r] += 1
                     del arrived[r]
-                phase = place
-                phase_start = (when, path)
+                    phase[r], phase_at[r], phase_path[r] = place, when, path
                 progressed = True
         if all(pos[r] == len(t.timelines[r]) for r in range(world)):
             break
@@ -135,4 +155,4 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
             raise SimulateError("the schedule waits for a flag or barrier nobody provides; run "
                                 "`stratac check` on the file")
     last = max(range(world), key=lambda r: clock[r])
-    return settle(phase, clock[last], parts[last])
+    return settle(np.arange(world), clock[last], parts[last])
