@@ -17,6 +17,7 @@ from stratac.ir.expr import (
                              Sel,
                              Var,
                              add,
+                             affine,
                              bare,
                              c_source,
                              log2,
@@ -81,7 +82,7 @@ from stratac.ir.printer import dump
 
 __all__ = ["Bin", "BinKind", "Const", "IExpr", "Sel", "Var", "add", "bare", "c_source", "log2",
            "nonnegative", "py_source", "Requirement", "unmet_requirement", "MASK_MAX_WORLD", "ELEM", "elem_env", "elem_sizes", "MASKED_KINDS", "takes_mask",
-           "simplify", "size_scale", "split_part", "substitute", "ROUTE_OPERANDS", "Accumulate", "Await", "Barrier",
+           "affine", "simplify", "size_scale", "split_part", "substitute", "ROUTE_OPERANDS", "Accumulate", "Await", "Barrier",
            "Buffer", "CallSite", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",
            "KernelPlan", "Local", "Loop", "Node", "Op", "OpParam", "Plan", "Reduce", "ReduceList", "ReduceOp", "Region",
            "Route", "RouteKind", "sources", "Scalar", "ScalarKind", "Schedule", "Set", "Signal", "SizeRule", "Stage",

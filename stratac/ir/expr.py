@@ -287,6 +287,33 @@ def substitute(e: IExpr, value_of) -> IExpr:
     return e
 
 
+def affine(e: IExpr, name: str) -> tuple[IExpr, IExpr] | None:
+    """(b, a) with e == b + a * name for every value of name, neither naming it; None when e is not
+    of that form by +, - and * alone (name under a division, a modulo, a min or a condition).
+    Integer +, - and * are exact, so the form holds for every value, not only those tried. The parts
+    are not simplified: they may be negative (`rank - p`), which ir.simplify does not promise to keep."""
+    if name not in e.names():
+        return e, Const(0)
+    if isinstance(e, Var):
+        return Const(0), Const(1)
+    if not isinstance(e, Bin):
+        return None
+    if e.kind in (BinKind.ADD, BinKind.SUB):
+        lhs, rhs = affine(e.lhs, name), affine(e.rhs, name)
+        if lhs is None or rhs is None:
+            return None
+        return Bin(e.kind, lhs[0], rhs[0]), Bin(e.kind, lhs[1], rhs[1])
+    if e.kind is BinKind.MUL:
+        if name in e.lhs.names() and name in e.rhs.names():
+            return None
+        k, other = (e.rhs, e.lhs) if name in e.lhs.names() else (e.lhs, e.rhs)
+        inner = affine(other, name)
+        if inner is None:
+            return None
+        return Bin(BinKind.MUL, k, inner[0]), Bin(BinKind.MUL, k, inner[1])
+    return None
+
+
 def split_part(total: IExpr, parts: IExpr, index: IExpr) -> tuple[IExpr, IExpr]:
     """(offset, length) of part `index` of `total` elements split into `parts` balanced parts:
     the first total % parts parts get one element more."""

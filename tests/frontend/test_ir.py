@@ -229,6 +229,56 @@ def test_simplify_keeps_the_value_of_nonnegative_expressions(e, a, b):
         assert ir.simplify(e).eval(env) == want
 
 
+# ---- affine ----
+
+@settings(max_examples=300, deadline=None)
+@given(_exprs(), st.integers(0, 5))
+def test_affine_is_the_expression_wherever_it_is_defined(e, b):
+    """ir.affine(e, "a") = (B, A) means e = B + A * a for every a; it finds the form whenever `a`
+    is reached through +, - and * alone, and only then."""
+    form = ir.affine(e, "a")
+
+    def plain(x):   # `a` reached through +, - and * alone
+        if "a" not in x.names():
+            return True
+        if not isinstance(x, Bin):
+            return isinstance(x, Var)
+        if x.kind is BinKind.MUL and "a" in x.lhs.names() and "a" in x.rhs.names():
+            return False
+        return x.kind in (BinKind.ADD, BinKind.SUB, BinKind.MUL) and plain(x.lhs) and plain(x.rhs)
+
+    assert (form is not None) == plain(e)
+    if form is None:
+        return
+    for a in range(-3, 7):
+        env = {"a": a, "b": b}
+        try:
+            want = e.eval(env)
+        except (ZeroDivisionError, ValueError):
+            continue
+        assert form[0].eval(env) + form[1].eval(env) * a == want
+        assert "a" not in form[0].names() | form[1].names()
+
+
+@pytest.mark.parametrize("e, base, step", [
+    (Var("p"), 0, 1),
+    (Bin(BinKind.ADD, Bin(BinKind.MUL, Bin(BinKind.DIV, Var("rank"), Const(4)), Const(4)), Var("p")), 4, 1),
+    (Bin(BinKind.ADD, Bin(BinKind.MOD, Var("rank"), Const(4)), Bin(BinKind.MUL, Var("p"), Const(4))), 1, 4),
+    (Bin(BinKind.SUB, Var("rank"), Bin(BinKind.MUL, Const(2), Var("p"))), 5, -2),
+])
+def test_affine_reads_team_members(e, base, step):
+    """A team's member i (`rank / T * T + i`, `rank % T + i * T`) and `rank - 2 p` at rank 5."""
+    b, a = ir.affine(e, "p")
+    assert (b.eval({"rank": 5}), a.eval({"rank": 5})) == (base, step)
+
+
+@pytest.mark.parametrize("e", [Bin(BinKind.MOD, Bin(BinKind.ADD, Var("rank"), Var("p")), Var("world")),
+                               Bin(BinKind.MUL, Var("p"), Var("p")),
+                               Bin(BinKind.MIN, Var("p"), Const(3))])
+def test_affine_refuses_what_is_not(e):
+    assert ir.affine(e, "p") is None
+
+
 # ---- split_part ----
 
 def test_split_part_is_a_balanced_partition():

@@ -5,6 +5,7 @@ figures are the model's own arithmetic."""
 import pytest
 from simkit import PUSH, example, schedule
 
+from stratac import ir
 from stratac.ir import passes
 from stratac.tools.simulate.predict import predict, predict_count
 from stratac.tools.simulate.stage_cost import stage_cost
@@ -184,7 +185,8 @@ def test_large_world_stays_cheap(cm384):
 
 # what the examples lack: a reduction over the peers (each rank's own part left out: a prediction
 # needs no proof), a pull over the peers, accumulates into every peer, runs on `auto` (decided
-# piece by piece) and a run written to one fixed rank
+# piece by piece), a run written to one fixed rank, and team sets that do not hold their issuer,
+# with loads that differ from rank to rank (the examples' are the same on every rank)
 HELD = {
     "peers_reduce": """
 schedule peers_reduce(x: sym T[n], acc: sym T[n]) implements allreduce(x, sum) {
@@ -202,10 +204,28 @@ schedule pull_accumulate_auto(x: sym T[n], out: sym T[n * world]) implements all
   on auto: for p in ranks: blk[p]@0 = x
 }
 """,
+    "uneven_teams": """
+schedule uneven_teams(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {
+  requires world % 2 == 0
+  team odd = stride(2)
+  team pair = block(2)
+  blk = split(out, world)
+  if rank < 3 {
+    on sdma: for i in 0 .. world / 2: blk[rank]@(2 * i + 1) = x
+    on aiv: for i in 0 .. 2: blk[rank]@i += x     # rank 2: the rank after the set's last
+  }
+  if rank % 3 == 0 {
+    on aiv: for p in odd.peers: blk[rank]@p += x
+    on aiv: blk[rank] = sum(blk[rank]@p for p in odd.ranks)
+  }
+  on aiv: blk[rank] = sum(blk[rank]@p for p in pair.ranks)
+}
+""",
 }
 HELD_EXAMPLES = ["allreduce_oneshot", "allreduce_twoshot", "reduce", "reducescatter",
                  "allreduce_staging_baseline", "allgather_push", "allgather_pull", "alltoall",
-                 "allreduce_twoshot_flags"]
+                 "allreduce_twoshot_flags", "allreduce_hierarchical", "allreduce_groups",
+                 "allreduce_hierarchical_composed"]
 
 
 @pytest.mark.parametrize("name", HELD_EXAMPLES + list(HELD))
@@ -239,7 +259,7 @@ def test_sources_and_runs_held_as_one_entry_predict_as_listed_moves(name, cm384,
         passes.pipeline(example(name), passes.Options())
     seen, hbm_bound = 0, 0
     for m in (tiny, cm384, *variants):
-        for world in range(1, 8):
+        for world in (*range(1, 8), 8, 12, 16):      # teams of 2, 4, 8 and lanes of 1-4 ranks
             for count in (3, 1000 * world + 5):
                 got = {}
                 for hold in (True, False):
@@ -251,10 +271,20 @@ def test_sources_and_runs_held_as_one_entry_predict_as_listed_moves(name, cm384,
                 if isinstance(got[True], str):
                     assert got[True] == got[False]
                     continue
-                (us, path, t), (us2, path2, _) = got[True], got[False]
+                (us, path, t), (us2, path2, t2) = got[True], got[False]
                 assert us == pytest.approx(us2, rel=1e-12), (m.name, world, count)
                 assert path == pytest.approx(path2, rel=1e-12), (m.name, world, count)
+                # and every stage's time and link and HBM loads on every rank, critical or not
+                env = {**{n: count for n in s.sizes}, **{x.name: 0 for x in s.rank_params},
+                       **ir.elem_env(s, 4)}    # as predict_count's
+                for i in t.stages:
+                    a, b = (stage_cost(x, i, lengths(x, env), 4, m, m.vector_cores) for x in (t, t2))
+                    assert a.time_us == pytest.approx(b.time_us, rel=1e-12), (m.name, world, count, i)
+                    assert a.loads.keys() == b.loads.keys()
+                    for ph in a.loads:
+                        for x, y in zip(a.loads[ph], b.loads[ph]):
+                            assert x == pytest.approx(y, rel=1e-12, abs=1e-9), (m.name, world, count, i)
                 seen += any(e != tpl.LISTED or c > 1 for sm in t.stages.values()
-                            for e, c in zip(sm.src_every, sm.count))
+                            for e, c in zip(sm.src_set, sm.count))
                 hbm_bound += path.get("hbm", 0.0) > 0
     assert seen and hbm_bound   # the schedule has such an entry, and HBM bound some call

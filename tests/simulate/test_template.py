@@ -2,7 +2,7 @@
 is one the model can predict."""
 
 import pytest
-from simkit import EXAMPLES, REQUIRES, ROOT, moe_env
+from simkit import EXAMPLES, REQUIRES, ROOT, moe_env, schedule
 
 from stratac import ir
 from stratac.ir import instantiate
@@ -18,6 +18,33 @@ def test_template_matches_instantiate(path):
         assert len(worlds) >= 3, (s.name, worlds)
         for world in worlds:
             _check_template(s, world)
+
+
+@pytest.mark.parametrize("name", ["allreduce_hierarchical", "allreduce_groups",
+                                  "allreduce_hierarchical_composed", "alltoall_bruck"])
+def test_template_matches_instantiate_where_teams_and_step_ranges_are_held(name):
+    """Loops and reductions over a team's members (strides of 2-8, lanes of 2-8 ranks) and loops of
+    copies over a range are held as one entry with a set of ranks (template.members); expanded,
+    they are instantiate's moves, in its order, at worlds where the teams hold several ranks."""
+    s, = frontend.schedules(frontend.load_source(ROOT / "examples" / f"{name}.strata"))
+    for world in (6, 8, 12, 16):
+        _check_template(s, world)
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_a_held_set_past_the_world_is_refused_like_a_listed_move(hold, tmp_path, monkeypatch):
+    """A run whose ranks leave the world (`check` refuses the schedule; `simulate` does not prove)
+    names the first rank that does not exist, held as a set or listed move by move."""
+    from stratac.tools.simulate import template as tpl
+    monkeypatch.setattr(tpl, "HOLD_EVERY", hold)
+    s = schedule(tmp_path, """
+schedule past(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {
+  blk = split(out, world)
+  on sdma: for i in 0 .. world: blk[rank]@(2 * i + 1) = x
+}
+""")
+    with pytest.raises(SimulateError, match="rank 5 does not exist in a world of 4"):
+        template(s, 4, {"n": 8})
 
 
 def test_template_matches_instantiate_where_only_the_leaders_pass_barriers():

@@ -37,9 +37,6 @@ from stratac.tools.simulate.sample_routing import Routed
 from stratac.tools.simulate.template import (
     ACCUMULATE,
     COPY,
-    EVERY_PEER,
-    EVERY_RANK,
-    LISTED,
     REDUCE,
     StageMoves,
     Template,
@@ -157,7 +154,7 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
     src_issuer = issuer[src_move]
     src_remote = (src_owner != src_issuer) & (src_bytes > 0)
     move_bytes = L.astype(np.float64) * elem                   # one move's
-    dst_listed = a["dst_every"] == LISTED
+    dst_listed = a["dst_set"][:, 2] == 0
     dst_bytes = np.where(dst_listed, span.astype(np.float64) * elem, 0.0)
     dst = np.where(dst_listed, dst, issuer)                    # (-1 where every rank: no bytes)
     dst_remote = (dst != issuer) & (dst_bytes > 0)
@@ -169,17 +166,16 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
                   + np.bincount(issuer, weights=np.where(dst_remote, 0.0, dst_hbm), minlength=world))
     w.touched |= (np.bincount(src_issuer, weights=src_remote.astype(np.float64), minlength=world)
                   + np.bincount(issuer, weights=dst_remote.astype(np.float64), minlength=world)) > 0
-    # sources (a reduction's, or a run's) and a run's destinations that are every rank (or every
-    # peer), not listed (StageMoves.src_every, dst_every): W - 1 remote reads (writes) of one move's
-    # bytes, and with every rank one local read (write)
+    # sources (a reduction's, or a run's) and a run's destinations held as a set of ranks (every
+    # rank, every peer, a team's members; StageMoves.src_set, dst_set), not listed: a remote read
+    # (write) of one move's bytes per member but the issuer, and the issuer's own a local one
     move_hbm = np.where(kind == ACCUMULATE, 2.0, 1.0) * move_bytes
-    read = _Spread(a["src_every"], issuer, move_bytes, move_bytes, world)
-    written = _Spread(a["dst_every"], issuer, move_bytes, move_hbm, world)
-    if world > 1:
-        w.rx_own += read.issued(None)
-        w.tx_own += written.issued(None)
-        w.touched |= np.bincount(issuer, weights=(read.any | written.any).astype(np.float64),
-                                 minlength=world) > 0
+    read = _Spread(a["src_set"], issuer, move_bytes, move_bytes, world)
+    written = _Spread(a["dst_set"], issuer, move_bytes, move_hbm, world)
+    w.rx_own += read.issued(None)
+    w.tx_own += written.issued(None)
+    w.touched |= np.bincount(issuer, weights=(read.reaches | written.reaches).astype(np.float64),
+                             minlength=world) > 0
     w.hbm_own += read.own_hbm() + written.own_hbm()
 
     # every link's and every HBM's load, per phase of the ranks running the stage
@@ -198,11 +194,11 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
             np.bincount(dst, weights=w_dst, minlength=world)
         hbm += np.bincount(src_owner, weights=np.where(sel_src, src_bytes, 0.0), minlength=world) + \
             np.bincount(dst, weights=np.where(sel_dst, dst_hbm, 0.0), minlength=world)
-        if read.any.any():      # each rank is read by every such entry but (peers) its issuer's
+        if read.on.any():       # each rank is read by the entries whose set holds it
             rx += read.issued(sel_dst)
             tx += read.others(sel_dst)
             hbm += read.hbm(sel_dst)
-        if written.any.any():   # each rank is written by every such entry but (peers) its issuer's
+        if written.on.any():    # each rank is written by the entries whose set holds it
             tx += written.issued(sel_dst)
             rx += written.others(sel_dst)
             hbm += written.hbm(sel_dst)
@@ -248,40 +244,59 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
 
 
 class _Spread:
-    """The entries of a stage whose sources (or destinations) are every rank or every peer
-    (StageMoves.src_every, dst_every; LISTED entries take no part): per rank, the bytes its own
-    entries move to or from the others, the bytes the others' entries move to or from it, and its
-    HBM traffic. `sel`: the entries of one phase (None: all)."""
+    """The entries of a stage whose sources (or destinations) are a held set of ranks
+    (StageMoves.src_set, dst_set: start, step, size, skip; LISTED entries, of size 0, take no part):
+    per rank, the bytes its own entries move to or from the others, the bytes the others' entries
+    move to or from it, and its HBM traffic. `sel`: the entries of one phase (None: all)."""
 
-    def __init__(self, code: np.ndarray, issuer: np.ndarray, nbytes: np.ndarray, hbm_bytes: np.ndarray,
+    def __init__(self, sets: np.ndarray, issuer: np.ndarray, nbytes: np.ndarray, hbm_bytes: np.ndarray,
                  world: int):
-        self.ranks = (code == EVERY_RANK) & (nbytes > 0)
-        self.peers = (code == EVERY_PEER) & (nbytes > 0)
-        self.any = self.ranks | self.peers
+        self.start, self.step, self.size, self.skip = sets.T
+        self.on = (self.size > 0) & (nbytes > 0)
+        off, step = issuer - self.start, np.maximum(self.step, 1)
+        # the issuer is one of the set's ranks (a reduction over the ranks; not over the peers)
+        self.mine = self.on & (off >= 0) & (off % step == 0) & (off // step < self.size) & \
+            (issuer != self.skip)
+        self.remote = self.size - (self.skip >= 0) - self.mine     # its ranks but the issuer
+        self.reaches = self.on & (self.remote > 0)
         self.issuer, self.nbytes, self.hbm_bytes, self.world = issuer, nbytes, hbm_bytes, world
 
     def _per_issuer(self, which: np.ndarray, sel, values: np.ndarray) -> np.ndarray:
         on = which if sel is None else which & sel
         return np.bincount(self.issuer, weights=np.where(on, values, 0.0), minlength=self.world)
 
+    def _per_member(self, sel, values: np.ndarray) -> np.ndarray:
+        """Per rank, the sum of values over the entries whose set holds it: a difference array per
+        stride (rank d is row d // step of residue d % step), summed up each residue's rows."""
+        on = self.on if sel is None else self.on & sel
+        out = np.zeros(self.world)
+        for step in np.unique(self.step[on]):
+            pick = on & (self.step == step)
+            start, size, v = self.start[pick], self.size[pick], values[pick]
+            rows = -(-self.world // step) + 1
+            flat = (start % step) * rows + start // step
+            diff = np.bincount(flat, weights=v, minlength=step * rows) - \
+                np.bincount(flat + size, weights=v, minlength=step * rows)
+            out += np.cumsum(diff.reshape(step, rows), axis=1)[:, :-1].T.ravel()[:self.world]
+        skipped = on & (self.skip >= 0)
+        return out - np.bincount(self.skip[skipped], weights=values[skipped], minlength=self.world)
+
     def issued(self, sel) -> np.ndarray:
-        """What each rank's own entries move over its link: W - 1 remote moves each."""
-        return (self.world - 1) * self._per_issuer(self.any, sel, self.nbytes)
+        """What each rank's own entries move over its link: a remote move per rank of the set but
+        itself."""
+        return self._per_issuer(self.on, sel, self.remote * self.nbytes)
 
     def others(self, sel) -> np.ndarray:
         """What the other ranks' entries move to or from each rank's memory over its link."""
-        mine = self._per_issuer(self.any, sel, self.nbytes)
-        return mine.sum() - mine
+        return self._per_member(sel, self.nbytes) - self._per_issuer(self.mine, sel, self.nbytes)
 
     def hbm(self, sel) -> np.ndarray:
-        """Each rank's HBM traffic from every such entry: all of every-rank entries', the peers'
-        entries' but its own."""
-        peers = self._per_issuer(self.peers, sel, self.hbm_bytes)
-        return self._per_issuer(self.ranks, sel, self.hbm_bytes).sum() + (peers.sum() - peers)
+        """Each rank's HBM traffic from the entries whose set holds it (its own included)."""
+        return self._per_member(sel, self.hbm_bytes)
 
     def own_hbm(self) -> np.ndarray:
-        """The issuer's local access of its every-rank entries."""
-        return self._per_issuer(self.ranks, None, self.hbm_bytes)
+        """The issuer's local access of the entries whose set holds it."""
+        return self._per_issuer(self.mine, None, self.hbm_bytes)
 
 
 def _run_pieces(offset: np.ndarray, length: np.ndarray, mv: np.ndarray, core: np.ndarray,

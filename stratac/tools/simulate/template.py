@@ -20,12 +20,14 @@ from stratac.tools.simulate.machine import SimulateError
 
 # a move's kind as a small int, so that a stage's moves become numpy arrays (StageMoves.arrays)
 COPY, ACCUMULATE, REDUCE = 0, 1, 2
-# a move's sources: listed in src_move/src_owner, or every rank, or every rank but the issuer
-LISTED, EVERY_RANK, EVERY_PEER = 0, 1, 2
-# whether a reduction over every rank holds its sources as one code, and a loop of copies inside
-# a stage is one entry (a run; StageMoves.count) (False: every move and source listed;
-# tests/simulate/test_predict.py compares the two)
+# whether a reduction over a set of ranks (every rank, every peer, a team's members) holds its
+# sources as one set, and a loop of copies inside a stage is one entry (a run; StageMoves.count)
+# (False: every move and source listed; tests/simulate/test_predict.py compares the two)
 HOLD_EVERY = True
+# a set of ranks an entry reads from or writes to, held instead of listed (StageMoves.src_set,
+# dst_set): the ranks start, start + step, ..., start + (size - 1) * step but `skip` (-1: none),
+# in that order; size 0: not a set (the ranks are listed)
+LISTED = (0, 0, 0, -1)
 
 
 @dataclass
@@ -36,19 +38,19 @@ class StageMoves:
     issuer: list[int] = field(default_factory=list)
     key: list[int] = field(default_factory=list)       # index of the length in Template.keys
     kind: list[int] = field(default_factory=list)      # COPY, ACCUMULATE, REDUCE
-    dst: list[int] = field(default_factory=list)       # owner of the destination
+    dst: list[int] = field(default_factory=list)       # owner of the destination (-1: dst_set)
     nsrc: list[int] = field(default_factory=list)
-    # a reduction whose source is `x@p for p in ranks` (EVERY_RANK) or `peers` (EVERY_PEER) reads
-    # one region of every rank (but its own): its sources are that set, held as one code, not
-    # listed (at world 8,192 a one-shot AllReduce's W sources per rank would be 67 M entries)
-    src_every: list[int] = field(default_factory=list)  # per move: LISTED, EVERY_RANK, EVERY_PEER
-    # a loop inside the stage over the ranks (peers) of one copy whose length does not depend on
-    # its variable, written to and read from the issuer, a fixed rank or the variable's rank, is
-    # one entry standing for `count` moves of that length, in order of the variable: a run.
-    # Written to the variable's rank, its destinations are every rank (peer): dst_every; read from
-    # it, its sources are (src_every, as a reduction's). Else count is 1 and dst_every LISTED.
+    # a reduction whose source is `x@p for p in ranks` (peers, a team's ranks or peers) reads one
+    # region of every rank of a set: its sources are that set (src_set), not listed (at world
+    # 8,192 a one-shot AllReduce's W sources per rank would be 67 M entries)
+    src_set: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # a loop inside the stage of one copy whose length does not depend on its variable, written to
+    # and read from the issuer, a fixed rank or a rank of the form b + a * var (the variable's rank,
+    # a team's member), is one entry standing for `count` moves of that length, in the loop's
+    # order: a run. Written to the variable's ranks, its destinations are that set (dst_set); read
+    # from them, its sources (src_set, as a reduction's). Else count is 1 and dst_set LISTED.
     count: list[int] = field(default_factory=list)
-    dst_every: list[int] = field(default_factory=list)
+    dst_set: list[tuple[int, int, int, int]] = field(default_factory=list)
     src_move: list[int] = field(default_factory=list)  # one entry per listed source: its move
     src_owner: list[int] = field(default_factory=list)
     scale: list[int] = field(default_factory=list)     # bytes of the destination's element type
@@ -81,21 +83,28 @@ class Template:
         out = []
         for i in range(len(sm.issuer)):
             r, length = sm.issuer[i], int(lengths[sm.key[i]])
-            peers = EVERY_PEER in (sm.src_every[i], sm.dst_every[i])
-            ranks = [p for p in range(self.world) if not peers or p != r]
-            if sm.count[i] == 1 and sm.dst_every[i] == LISTED:   # one move
-                src = ranks if sm.src_every[i] != LISTED else srcs.get(i, [])
+            src_set, dst_set, count = sm.src_set[i], sm.dst_set[i], sm.count[i]
+            if count == 1 and dst_set == LISTED:                   # one move
+                src = members(src_set) if src_set != LISTED else srcs.get(i, [])
                 out.append((r, sm.kind[i], sm.dst[i], tuple(src), length))
                 continue
-            for p in ranks:                                        # a run: a move per rank (peer)
-                dst = p if sm.dst_every[i] != LISTED else sm.dst[i]
-                src = (p,) if sm.src_every[i] != LISTED else tuple(srcs.get(i, ()))
-                out.append((r, sm.kind[i], dst, src, length))
+            # a run: its k-th move goes to (comes from) the k-th member of its set
+            dsts = members(dst_set) if dst_set != LISTED else [sm.dst[i]] * count
+            src_of = [(p,) for p in members(src_set)] if src_set != LISTED else \
+                [tuple(srcs.get(i, ()))] * count
+            assert len(dsts) == len(src_of) == count
+            out.extend((r, sm.kind[i], d, src, length) for d, src in zip(dsts, src_of))
         return out
 
     def routes(self, stage_index) -> list[tuple]:
         """(issuer, kind, shape) of every routing construct of a stage, for the consistency test."""
         return [(r, k, dict(shape)) for r, k, shape in self.stages[stage_index].routes]
+
+
+def members(ranks: tuple[int, int, int, int]) -> list[int]:
+    """The ranks of a held set (StageMoves.src_set, dst_set), in order."""
+    start, step, size, skip = ranks
+    return [start + i * step for i in range(size) if start + i * step != skip]
 
 
 class _Walker:
@@ -116,6 +125,7 @@ class _Walker:
         self.instances: dict[tuple, tuple[int, int]] = {}
         self.size_dependent = False
         self.steering: dict[int, ir.IExpr] = {}
+        self.forms: dict[int, tuple] = {}     # id of a rank expression -> (it, ir.affine in its var)
 
     def ev(self, e: ir.IExpr, env: dict, what: str) -> int:
         seen = self.steering.get(id(e))
@@ -262,20 +272,22 @@ class _Walker:
         sm.key.append(self.length_key(op.dst.length, env))
         sm.dst.append(self.owner(op.dst, env))
         sm.count.append(1)
-        sm.dst_every.append(LISTED)
+        sm.dst_set.append(LISTED)
         dtype = self.s.param(op.dst.buffer).dtype
         sm.scale.append(dtype.nbytes if dtype is not None else 0)
         if isinstance(op, ir.Reduce):
             sm.kind.append(REDUCE)
-            if HOLD_EVERY and op.count is None and op.src.rank == ir.Var(op.var):   # x@p, p in ranks
-                sm.src_every.append(EVERY_RANK if op.domain is ir.Domain.RANKS else EVERY_PEER)
-                sm.nsrc.append(self.world - (op.domain is ir.Domain.PEERS))
-                return
-            if op.count is None:
-                values = self.domain(op.domain, env["rank"])
+            if op.count is None:     # the ranks, or the peers
+                lo, hi, skip = 0, self.world, env["rank"] if op.domain is ir.Domain.PEERS else None
             else:   # a team's places (the verifier has checked the team divides the world)
-                skip = self.ev(op.skip, env, "the team's rank") if op.domain is ir.Domain.PEERS else -1
-                values = [i for i in range(self.ev(op.count, env, "the team's size")) if i != skip]
+                lo, hi = 0, self.ev(op.count, env, "the team's size")
+                skip = self.ev(op.skip, env, "the team's rank") if op.domain is ir.Domain.PEERS else None
+            held = self.progression(op.src.rank, op.var, lo, hi, skip, env) if HOLD_EVERY else None
+            if held is not None:
+                sm.src_set.append(held)
+                sm.nsrc.append(held[2] - (held[3] >= 0))
+                return
+            values = [v for v in range(lo, hi) if v != skip]
             srcs = [self.owner(op.src, {**env, op.var: v}) for v in values]
         elif isinstance(op, ir.ReduceList):
             sm.kind.append(REDUCE)
@@ -284,43 +296,78 @@ class _Walker:
             sm.kind.append(ACCUMULATE if isinstance(op, ir.Accumulate) else COPY)
             srcs = [self.owner(op.src, env)]
         sm.nsrc.append(len(srcs))
-        sm.src_every.append(LISTED)
+        sm.src_set.append(LISTED)
         sm.src_move.extend([i] * len(srcs))
         sm.src_owner.extend(srcs)
 
+    def progression(self, rank: ir.IExpr | None, var: str, lo: int, hi: int, skip: int | None,
+                     env: dict) -> tuple[int, int, int, int] | None:
+        """The ranks `rank` names as var takes lo .. hi - 1 but skip, as a held set, when rank is
+        b + a * var with a >= 1 (the variable's rank, a team's member) and every one is a rank of
+        the world; else None (the moves are listed, and a rank outside the world is named)."""
+        if rank is None or var not in rank.names():
+            return None
+        hit = self.forms.get(id(rank))
+        if hit is None or hit[0] is not rank:
+            hit = self.forms[id(rank)] = (rank, ir.affine(rank, var))
+        if hit[1] is None:
+            return None
+        b = self.ev(hit[1][0], env, "a rank")
+        a = self.ev(hit[1][1], env, "a rank")
+        size = hi - lo
+        if a < 1 or size < 1 or b + a * lo < 0 or b + a * (hi - 1) >= self.world:
+            return None
+        held = skip is not None and lo <= skip < hi
+        return (b + a * lo, a, size, b + a * skip if held else -1)
+
     def run(self, loop: ir.Loop, env: dict, sm: StageMoves) -> bool:
-        """Records an in-stage loop as a run (StageMoves.count) when it is one: over the ranks or
-        peers, its body one copy or accumulate whose length does not name the variable and whose
-        ranks are the issuer, a rank that does not name the variable, or the variable itself."""
-        if loop.domain is ir.Domain.RANGE or len(loop.body) != 1:
+        """Records an in-stage loop as a run (StageMoves.count) when it is one: its body one copy
+        or accumulate (in a RANGE loop, possibly under `if var != X`: a team's peers) whose length
+        does not name the variable, and whose ranks are the issuer, a rank that does not name the
+        variable, or a progression in it (Walker.progression)."""
+        if len(loop.body) != 1:
             return False
-        op, var = loop.body[0], ir.Var(loop.var)
-        if type(op) not in (ir.Copy, ir.Accumulate) or loop.var in op.dst.length.names():
+        op, var = loop.body[0], loop.var
+        skip = None
+        if loop.domain is ir.Domain.RANGE:
+            lo = self.ev(loop.lo, env, "the loop's first value")
+            hi = self.ev(loop.hi, env, "the loop's end")
+            if isinstance(op, ir.If):     # `for p in team.peers`: if p != team.rank
+                c = op.cond
+                if op.orelse or len(op.then) != 1 or not (
+                        isinstance(c, ir.Bin) and c.kind is ir.BinKind.NE and c.lhs == ir.Var(var)
+                        and var not in c.rhs.names()):
+                    return False
+                skip, op = self.ev(c.rhs, env, "a condition"), op.then[0]
+        else:
+            lo, hi = 0, self.world
+            skip = env["rank"] if loop.domain is ir.Domain.PEERS else None
+        if type(op) not in (ir.Copy, ir.Accumulate) or var in op.dst.length.names():
             return False
-        every = EVERY_RANK if loop.domain is ir.Domain.RANKS else EVERY_PEER
-        codes = []
+        sets = []
         for region in (op.dst, op.src):
-            if region.rank == var:
-                codes.append(every)
-            elif region.rank is None or loop.var not in region.rank.names():
-                codes.append(LISTED)
-            else:
+            if region.rank is None or var not in region.rank.names():
+                sets.append(LISTED)
+                continue
+            held = self.progression(region.rank, var, lo, hi, skip, env)
+            if held is None:
                 return False
-        count = self.world - (loop.domain is ir.Domain.PEERS)
+            sets.append(held)
+        count = max(0, hi - lo) - (skip is not None and lo <= skip < hi)
         if count <= 0:
             return True
         i = len(sm.issuer)
         sm.issuer.append(env["rank"])
         sm.key.append(self.length_key(op.dst.length, env))
-        sm.dst.append(self.owner(op.dst, env) if codes[0] == LISTED else -1)
+        sm.dst.append(self.owner(op.dst, env) if sets[0] == LISTED else -1)
         sm.count.append(count)
-        sm.dst_every.append(codes[0])
+        sm.dst_set.append(sets[0])
         dtype = self.s.param(op.dst.buffer).dtype
         sm.scale.append(dtype.nbytes if dtype is not None else 0)
         sm.kind.append(ACCUMULATE if isinstance(op, ir.Accumulate) else COPY)
         sm.nsrc.append(1)
-        sm.src_every.append(codes[1])
-        if codes[1] == LISTED:
+        sm.src_set.append(sets[1])
+        if sets[1] == LISTED:
             sm.src_move.append(i)
             sm.src_owner.append(self.owner(op.src, env))
         return True
@@ -415,8 +462,10 @@ def template(s: ir.Schedule, world: int, env: dict) -> Template:
     timelines = [w.timeline(r) for r in range(world)]
     for sm in w.stages.values():
         sm.arrays = {k: np.asarray(getattr(sm, k), dtype=np.int64)
-                     for k in ("issuer", "key", "kind", "dst", "nsrc", "src_every", "count", "dst_every",
-                          "src_move", "src_owner", "scale")}
+                     for k in ("issuer", "key", "kind", "dst", "nsrc", "count", "src_move", "src_owner",
+                               "scale")}
+        for k in ("src_set", "dst_set"):      # (entries, 4): start, step, size, skip
+            sm.arrays[k] = np.asarray(getattr(sm, k), dtype=np.int64).reshape(-1, 4)
     return Template(world, w.keys, w.stages, timelines, w.size_dependent, s.leads_with_barrier)
 
 
