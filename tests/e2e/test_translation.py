@@ -69,20 +69,28 @@ def run_job(parts: list[tuple[int, bool | None]], paths: list[Path], tmp: Path) 
     with open(tmp / "job.pkl", "wb") as f:
         pickle.dump(job, f)
     size = max(world for world, _ in parts)
+    # each rank's output goes to its own file, not a pipe: a pipe read one process after another
+    # would stall the job once a rank not yet read filled its pipe while the others waited for it
+    logs = [open(tmp / f"rank{r}.log", "w") for r in range(size)]
     procs = [subprocess.Popen([sys.executable, str(HERE / "tv_ranks.py"), str(tmp / "job.pkl"), str(r),
-                               str(tmp / "store")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for r in range(size)]
+                               str(tmp / "store")], stdout=logs[r], stderr=subprocess.STDOUT)
+             for r in range(size)]
     budget = 600 + 2 * sum(len(p.instances) for p in plans.values())
     failed: dict[int, str] = {}
-    for r, p in enumerate(procs):
-        try:
-            _, err = p.communicate(timeout=budget)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        if p.returncode != 0:
-            failed[r] = f"exited with {p.returncode}: {err.strip()[-2000:]}"
+    deadline = time.monotonic() + budget
+    try:
+        for r, p in enumerate(procs):
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            if p.returncode != 0:
+                err = (tmp / f"rank{r}.log").read_text(errors="replace")
+                failed[r] = f"exited with {p.returncode}: {err.strip()[-2000:]}"
+    except subprocess.TimeoutExpired:
+        for q in procs:
+            q.kill()
+        raise
+    finally:
+        for f in logs:
+            f.close()
     out = {}
     for item in job:
         d = Path(item["out"])
