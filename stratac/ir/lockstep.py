@@ -48,6 +48,17 @@ def timelines(b) -> list[list[Event]] | None:
         return None
 
 
+def over(e: ir.IExpr, env: dict, name: str, values: np.ndarray) -> np.ndarray | None:
+    """e at every value of `name` (the other names from env) as one array, each as the per-rank
+    walk computes it; None where that walk would refuse or check one more closely (for a caller
+    that then evaluates them one by one: `stratac simulate`'s runs)."""
+    try:
+        v = _Values({**env, name: values}, len(values))(e)
+    except _Bail:
+        return None
+    return np.full(len(values), v, dtype=np.int64) if type(v) is int else v
+
+
 def _check(a: np.ndarray) -> np.ndarray:
     if a.size and (int(a.max()) >= _LIMIT or int(a.min()) <= -_LIMIT):
         raise _Bail

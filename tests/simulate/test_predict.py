@@ -225,7 +225,7 @@ schedule uneven_teams(x: sym T[n], out: sym T[n * world]) implements allgather(x
 HELD_EXAMPLES = ["allreduce_oneshot", "allreduce_twoshot", "reduce", "reducescatter",
                  "allreduce_staging_baseline", "allgather_push", "allgather_pull", "alltoall",
                  "allreduce_twoshot_flags", "allreduce_hierarchical", "allreduce_groups",
-                 "allreduce_hierarchical_composed"]
+                 "allreduce_hierarchical_composed", "allreduce_reduce_on_write", "broadcast"]
 
 
 @pytest.mark.parametrize("name", HELD_EXAMPLES + list(HELD))

@@ -21,11 +21,14 @@ def test_template_matches_instantiate(path):
 
 
 @pytest.mark.parametrize("name", ["allreduce_hierarchical", "allreduce_groups",
-                                  "allreduce_hierarchical_composed", "alltoall_bruck"])
+                                  "allreduce_hierarchical_composed", "alltoall_bruck",
+                                  "allreduce_reduce_on_write", "broadcast"])
 def test_template_matches_instantiate_where_teams_and_step_ranges_are_held(name):
     """Loops and reductions over a team's members (strides of 2-8, lanes of 2-8 ranks) and loops of
-    copies over a range are held as one entry with a set of ranks (template.members); expanded,
-    they are instantiate's moves, in its order, at worlds where the teams hold several ranks."""
+    copies over a range are held as one entry with a set of ranks (template.members), one per
+    stretch of equal lengths (n = 7: a split's parts differ) and cut where an `if p != root` leaves
+    a rank out; expanded, they are instantiate's moves, in its order, at worlds where the teams
+    hold several ranks."""
     s, = frontend.schedules(frontend.load_source(ROOT / "examples" / f"{name}.strata"))
     for world in (6, 8, 12, 16):
         _check_template(s, world)

@@ -203,3 +203,16 @@ def test_fuzzed_schedules_are_built_alike(monkeypatch):
     schedules = verifykit.schedules(Source(f"fuzz{i}.strata", text) for i, text in enumerate(texts))
     compared, built = _compare(schedules, [1, 2, 3, 4, 5], monkeypatch)
     assert len(texts) > 150 and compared > 700 and built > compared // 3, (len(texts), compared, built)
+
+
+def test_over_is_the_expression_at_each_value_or_nothing():
+    """lockstep.over (simulate's runs read a copy's length at every value of its loop variable):
+    each value as evaluated alone, an int broadcast to every value, and None where one value is
+    refused (a division by zero) or a name is unknown."""
+    n, p = Var("n"), Var("p")
+    part = Bin(K.ADD, Bin(K.DIV, n, Const(4)), Bin(K.LT, p, Bin(K.MOD, n, Const(4))))   # split(n, 4)'s length
+    got = lockstep.over(part, {"n": 10}, "p", np.arange(4))
+    assert got.tolist() == [part.eval({"n": 10, "p": v}) for v in range(4)] == [3, 3, 2, 2]
+    assert lockstep.over(n, {"n": 10}, "p", np.arange(3)).tolist() == [10, 10, 10]
+    assert lockstep.over(Bin(K.DIV, n, p), {"n": 10}, "p", np.arange(3)) is None
+    assert lockstep.over(Bin(K.ADD, Var("m"), p), {"n": 10}, "p", np.arange(3)) is None

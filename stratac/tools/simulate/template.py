@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stratac import ir
+from stratac.ir import lockstep
 from stratac.tools.simulate.machine import SimulateError
 
 # a move's kind as a small int, so that a stage's moves become numpy arrays (StageMoves.arrays)
@@ -126,6 +127,7 @@ class _Walker:
         self.size_dependent = False
         self.steering: dict[int, ir.IExpr] = {}
         self.forms: dict[int, tuple] = {}     # id of a rank expression -> (it, ir.affine in its var)
+        self.stretched: dict[tuple, tuple] = {}   # a run's length -> (it, its stretches: Walker.stretches)
 
     def ev(self, e: ir.IExpr, env: dict, what: str) -> int:
         seen = self.steering.get(id(e))
@@ -321,56 +323,93 @@ class _Walker:
         return (b + a * lo, a, size, b + a * skip if held else -1)
 
     def run(self, loop: ir.Loop, env: dict, sm: StageMoves) -> bool:
-        """Records an in-stage loop as a run (StageMoves.count) when it is one: its body one copy
-        or accumulate (in a RANGE loop, possibly under `if var != X`: a team's peers) whose length
-        does not name the variable, and whose ranks are the issuer, a rank that does not name the
-        variable, or a progression in it (Walker.progression)."""
+        """Records an in-stage loop as runs (StageMoves.count) when it is one: its body one copy or
+        accumulate, possibly under `if var != X` (a team's peers), whose ranks are the issuer, a
+        rank that does not name the variable, or a progression in it (Walker.progression). One run
+        per stretch of the variable's values where the copy's length is the same (a split's first
+        n % parts parts are one element longer), split where the `if` leaves a value out."""
         if len(loop.body) != 1:
             return False
         op, var = loop.body[0], loop.var
-        skip = None
         if loop.domain is ir.Domain.RANGE:
             lo = self.ev(loop.lo, env, "the loop's first value")
             hi = self.ev(loop.hi, env, "the loop's end")
-            if isinstance(op, ir.If):     # `for p in team.peers`: if p != team.rank
-                c = op.cond
-                if op.orelse or len(op.then) != 1 or not (
-                        isinstance(c, ir.Bin) and c.kind is ir.BinKind.NE and c.lhs == ir.Var(var)
-                        and var not in c.rhs.names()):
-                    return False
-                skip, op = self.ev(c.rhs, env, "a condition"), op.then[0]
+            skip = None
         else:
             lo, hi = 0, self.world
             skip = env["rank"] if loop.domain is ir.Domain.PEERS else None
-        if type(op) not in (ir.Copy, ir.Accumulate) or var in op.dst.length.names():
-            return False
-        sets = []
-        for region in (op.dst, op.src):
-            if region.rank is None or var not in region.rank.names():
-                sets.append(LISTED)
-                continue
-            held = self.progression(region.rank, var, lo, hi, skip, env)
-            if held is None:
+        left_out = None
+        if isinstance(op, ir.If):     # `for p in team.peers`: if p != team.rank
+            c = op.cond
+            if op.orelse or len(op.then) != 1 or not (
+                    isinstance(c, ir.Bin) and c.kind is ir.BinKind.NE and c.lhs == ir.Var(var)
+                    and var not in c.rhs.names()):
                 return False
-            sets.append(held)
-        count = max(0, hi - lo) - (skip is not None and lo <= skip < hi)
-        if count <= 0:
-            return True
-        i = len(sm.issuer)
-        sm.issuer.append(env["rank"])
-        sm.key.append(self.length_key(op.dst.length, env))
-        sm.dst.append(self.owner(op.dst, env) if sets[0] == LISTED else -1)
-        sm.count.append(count)
-        sm.dst_set.append(sets[0])
+            left_out, op = self.ev(c.rhs, env, "a condition"), op.then[0]
+        if type(op) not in (ir.Copy, ir.Accumulate):
+            return False
+        if hi <= lo:
+            return True                    # no moves
+        stretches = self.stretches(op.dst.length, var, lo, hi, env)
+        if stretches is None:
+            return False
+        if left_out is not None:
+            stretches = [part for a, b in stretches
+                         for part in ((a, min(b, left_out)), (max(a, left_out + 1), b)) if part[0] < part[1]]
+        held = []
+        for a, b in stretches:
+            sets = []
+            for region in (op.dst, op.src):
+                if region.rank is None or var not in region.rank.names():
+                    sets.append(LISTED)
+                    continue
+                ranks = self.progression(region.rank, var, a, b, skip, env)
+                if ranks is None:
+                    return False
+                sets.append(ranks)
+            count = (b - a) - (skip is not None and a <= skip < b)
+            if count > 0:
+                held.append((a, sets, count))
         dtype = self.s.param(op.dst.buffer).dtype
-        sm.scale.append(dtype.nbytes if dtype is not None else 0)
-        sm.kind.append(ACCUMULATE if isinstance(op, ir.Accumulate) else COPY)
-        sm.nsrc.append(1)
-        sm.src_set.append(sets[1])
-        if sets[1] == LISTED:
-            sm.src_move.append(i)
-            sm.src_owner.append(self.owner(op.src, env))
+        for a, sets, count in held:
+            i = len(sm.issuer)
+            at = {**env, var: a}       # the stretch's length (the same at each of its values)
+            sm.issuer.append(env["rank"])
+            sm.key.append(self.length_key(op.dst.length, at))
+            sm.dst.append(self.owner(op.dst, env) if sets[0] == LISTED else -1)
+            sm.count.append(count)
+            sm.dst_set.append(sets[0])
+            sm.scale.append(dtype.nbytes if dtype is not None else 0)
+            sm.kind.append(ACCUMULATE if isinstance(op, ir.Accumulate) else COPY)
+            sm.nsrc.append(1)
+            sm.src_set.append(sets[1])
+            if sets[1] == LISTED:
+                sm.src_move.append(i)
+                sm.src_owner.append(self.owner(op.src, env))
         return True
+
+    def stretches(self, length: ir.IExpr, var: str, lo: int, hi: int,
+                  env: dict) -> list[tuple[int, int]] | None:
+        """The stretches [a, b) of lo .. hi - 1 where `length` is the same at every value of var;
+        None where it cannot be evaluated as one array (the moves are listed then, and a length the
+        walk refuses is named)."""
+        if var not in length.names():
+            return [(lo, hi)]
+        names = sorted(length.names() - {var})
+        key = (id(length), lo, hi, tuple(env.get(n) for n in names))
+        hit = self.stretched.get(key)
+        if hit is not None and hit[0] is length:
+            return hit[1]
+        if length.names() & self.size_syms:
+            self.size_dependent = True     # where the stretches end depends on the sizes
+        values = lockstep.over(length, env, var, np.arange(lo, hi, dtype=np.int64))
+        if values is None:
+            return None
+        ends = np.flatnonzero(values[1:] != values[:-1]) + 1
+        bounds = [lo, *(lo + ends).tolist(), hi]
+        out = list(zip(bounds[:-1], bounds[1:]))
+        self.stretched[key] = (length, out)
+        return out
 
 
 def route_shape(s: ir.Schedule, op: ir.Route, env: dict) -> dict:
