@@ -102,6 +102,24 @@ def test_the_barriers_of_different_nodes_do_not_wait_for_each_other(tmp_path, ti
     assert times[2] == pytest.approx(bare + 2 * (2 * 1.0 + 2 * 0.5 + 3.0), rel=1e-12)
 
 
+@pytest.mark.parametrize("hold", [True, False])
+def test_a_wait_for_a_slot_its_signal_left_out_never_returns(hold, tmp_path, tiny, monkeypatch):
+    """Rank 0 signals slot 0 of every peer but itself, then waits for its own: held as a set
+    (template.Held) or listed, nobody provides it."""
+    from stratac.tools.simulate import template as tpl
+    from stratac.tools.simulate.machine import SimulateError
+    monkeypatch.setattr(tpl, "HOLD_EVERY", hold)
+    s = schedule(tmp_path, """
+schedule left_out(x: sym T[n]) implements allreduce(x, sum) {
+  flag solo[1]
+  if rank == 0 { for p in peers: signal solo[0]@p }
+  wait solo[0]
+}
+""")
+    with pytest.raises(SimulateError, match="waits for a flag or barrier nobody provides"):
+        predict_count(s, tiny, 3, 100)
+
+
 def test_partition_follows_the_kernel_blocks(tmp_path, tiny):
     # 1000 f32 = 125 blocks of 32 B over 2 cores: 62 and 63 blocks; the busiest core sets the time
     s = schedule(tmp_path, PUSH.format(engine="aiv"))
@@ -221,6 +239,35 @@ schedule uneven_teams(x: sym T[n], out: sym T[n * world]) implements allgather(x
   on aiv: blk[rank] = sum(blk[rank]@p for p in pair.ranks)
 }
 """,
+    # signals and waits held as sets (template.Held): to a rotation of the ranks (two pieces),
+    # waited for as sets; a set of slots signalled one by one; a slot signalled as a set and
+    # waited for alone; a slot set by several held signals of disjoint ranks (one per node)
+    "flag_sets": """
+schedule flag_sets(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {
+  requires world % 2 == 0
+  flag done[world]
+  flag got[world]
+  flag again[world]
+  flag pair[2]
+  flag all[world]
+  blk = split(out, world)
+  on sdma: for p in peers: blk[rank]@p = x
+  for s in 1 .. world { signal done[rank]@((rank + s) % world) }
+  for s in 1 .. world { wait done[(rank + s) % world] }
+  signal got[rank]@0
+  if rank == 0 { for p in peers: wait got[p] }
+  on aiv: blk[rank]@((rank + 1) % world) = x
+  for p in peers: signal again[rank]@p
+  if world > 2 { wait again[(rank + 1) % world] }
+  on aiv: blk[rank] = x
+  for i in 0 .. 2: signal pair[rank % 2]@(rank / 2 * 2 + i)
+  for i in 0 .. 2: wait pair[i]
+  if rank == 0 { on sdma: blk[rank]@1 = x }
+  for p in ranks: signal all[rank]@p         # a set that holds its issuer (rank 0 sets its own last)
+  for p in ranks: wait all[p]
+  if rank == 0 { on sdma: blk[rank]@1 = x }    # and ends the call last
+}
+""",
 }
 HELD_EXAMPLES = ["allreduce_oneshot", "allreduce_twoshot", "reduce", "reducescatter",
                  "allreduce_staging_baseline", "allgather_push", "allgather_pull", "alltoall",
@@ -285,6 +332,8 @@ def test_sources_and_runs_held_as_one_entry_predict_as_listed_moves(name, cm384,
                         for x, y in zip(a.loads[ph], b.loads[ph]):
                             assert x == pytest.approx(y, rel=1e-12, abs=1e-9), (m.name, world, count, i)
                 seen += any(e != tpl.LISTED or c > 1 for sm in t.stages.values()
-                            for e, c in zip(sm.src_set, sm.count))
+                            for e, c in zip(sm.src_set, sm.count)) or \
+                    any(isinstance(i, tpl.Held) for tl in t.timelines
+                        for kind, arg in tl if kind == "wait" for _, (i, _) in arg)
                 hbm_bound += path.get("hbm", 0.0) > 0
     assert seen and hbm_bound   # the schedule has such an entry, and HBM bound some call

@@ -106,7 +106,7 @@ def _check_template(s: ir.Schedule, world: int) -> None:
                 kinds.append(("wait", [(f, (slot, rnd)) for f, slot, rnd, _ in ev.waits]))
             elif ev.kind is instantiate.EventKind.AWAIT:
                 kinds.append(("await", None))
-        for kind, arg in t.timelines[r]:
+        for kind, arg in t.listed_timeline(r):     # a held signal's or wait's set, member by member
             got_kinds.append((kind, t.stages[arg].stage.index) if kind == "stage" else (kind, arg))
         assert got_kinds == kinds, (world, r)
     # every instance's moves belong to exactly one execution per rank: none counted twice
@@ -140,17 +140,26 @@ def test_a_template_too_large_is_refused_from_three_ranks_before_it_is_walked(mo
 
 def test_the_estimate_counts_each_flag_slot_and_a_held_entry_once(monkeypatch):
     """A signal (wait) entry of the timeline holds a slot per flag it names. Two-shot with flags
-    at world 8, per rank: two stages, a signal of 7 peers' slots, a wait for 7, and 3 moves and
-    listed sources: 19, 152 in all (counting each signal and wait once: 7, 56). Two-shot without
-    flags: two stages and a barrier, and its reduction and loop of copies held as one entry each
-    (3): 6, 48 in all. A loop over the peers' flags grows with the world's square: 134 M slots at
-    world 8,192: counted once per signal, the walk reached 11 GB there once two-shot's copies were
-    held as runs."""
+    at world 8, everything listed, per rank: two stages, a signal of 7 peers' slots, a wait for 7,
+    the reduction's move and 8 sources, 7 copies and their 7 sources: 39, 312 in all. A loop over
+    the peers' flags grows with the world's square: 134 M slots at world 8,192; counted once per
+    signal, the walk reached 11 GB there once two-shot's copies were held as runs. Held
+    (template.Held: the peers as one set), the signal and the wait are one entry each, and the
+    reduction and the copies one move each (the copies' one source listed): 7, 56 in all.
+    Two-shot without flags: two stages and a barrier, and its reduction and loop of copies held as
+    one entry each (3): 6, 48 in all."""
     from stratac.tools.simulate import template as template_mod
     flags = frontend.schedules(frontend.load_source(ROOT / "examples" / "allreduce_twoshot_flags.strata"))[0]
     plain = frontend.schedules(frontend.load_source(ROOT / "examples" / "allreduce_twoshot.strata"))[0]
     monkeypatch.setattr(template_mod, "PROBE_FROM", 4)
     monkeypatch.setattr(template_mod, "MAX_ENTRIES", 100)
-    with pytest.raises(SimulateError, match=r"^allreduce_twoshot_flags at world 8 would hold about 152 "):
+    monkeypatch.setattr(template_mod, "HOLD_EVERY", False)
+    with pytest.raises(SimulateError, match=r"^allreduce_twoshot_flags at world 8 would hold about 312 "):
         template(flags, 8, {"n": 1024})
+    monkeypatch.setattr(template_mod, "HOLD_EVERY", True)
+    monkeypatch.setattr(template_mod, "MAX_ENTRIES", 55)
+    with pytest.raises(SimulateError, match=r"^allreduce_twoshot_flags at world 8 would hold about 56 "):
+        template(flags, 8, {"n": 1024})
+    monkeypatch.setattr(template_mod, "MAX_ENTRIES", 56)
+    assert len(template(flags, 8, {"n": 1024}).timelines) == 8
     assert len(template(plain, 8, {"n": 1024}).timelines) == 8

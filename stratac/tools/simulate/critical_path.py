@@ -23,7 +23,7 @@ import numpy as np
 
 from stratac.tools.simulate.machine import Machine, SimulateError
 from stratac.tools.simulate.stage_cost import StageCost
-from stratac.tools.simulate.template import Template
+from stratac.tools.simulate.template import Held, Template
 
 
 def _add(parts: dict, cat: str, us: float) -> dict:
@@ -46,6 +46,7 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
     parts = [{"latency": start} for _ in range(world)]
     pos = [0] * world
     landed: dict[tuple, tuple[float, dict]] = {}
+    held = _HeldSignals()
     arrived: dict[int, tuple[float, dict]] = {}
     # each rank's phase: the barrier place it last passed, and when (a team's barrier starts the
     # phase of its members alone: nodes are not released one after the other)
@@ -106,15 +107,19 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
                         path = _add(path, cost.category[r], busy - scalar - issue)
                     parts[r] = _add(path, "latency", float(cost.time_us[r]) - busy)
                 elif kind == "signal":
-                    us = len(arg) * m.flag_issue_us + m.sync_all_us
+                    slots = sum(o.size - (o.skip >= 0) if isinstance(o, Held) else 1 for o, _, _ in arg)
+                    us = slots * m.flag_issue_us + m.sync_all_us
                     clock[r] += us
                     parts[r] = _add(parts[r], "latency", us)
                     here = (clock[r], parts[r])
                     there = (clock[r] + lat, _add(parts[r], "latency", lat))
                     for owner, flag, slot in arg:
-                        landed[(owner, flag, slot)] = there if owner != r else here
+                        if isinstance(owner, Held):
+                            held.signal(flag, slot, owner, r, here, there)
+                        else:
+                            landed[(owner, flag, slot)] = there if owner != r else here
                 elif kind == "wait":
-                    hits = [landed.get((r, flag, slot)) for flag, slot in arg]
+                    hits = [held.wait(r, flag, slot, landed) for flag, slot in arg]
                     if any(h is None for h in hits):
                         break
                     when, path = max(hits, key=lambda h: h[0])
@@ -156,3 +161,87 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
                                 "`stratac check` on the file")
     last = max(range(world), key=lambda r: clock[r])
     return settle(np.arange(world), clock[last], parts[last])
+
+
+class _HeldSignals:
+    """Signals whose signalled ranks are a Held set (`for p in peers: signal done[rank]@p`), kept
+    per flag and round as arrays by slot, so that a wait for a Held set of slots (`for p in peers:
+    wait done[p]`) is one array operation over them, not a lookup per slot. A slot set by more than
+    one such signal, or by listed ones, is looked up one by one."""
+
+    def __init__(self):
+        self.tables: dict[tuple, dict] = {}   # (flag, round) -> arrays by slot, see signal()
+        self.more: dict[tuple, list] = {}     # (flag, slot, round) -> the records after the first
+
+    def signal(self, flag: str, slot: tuple[int, int], owners: Held, issuer: int, here, there) -> None:
+        index, rnd = slot
+        t = self.tables.get((flag, rnd))
+        if t is None or index >= len(t["issuer"]):
+            n = max(index + 1, 2 * len(t["issuer"]) if t else 16)
+            grown = {"issuer": np.full(n, -1, dtype=np.int64), "owners": np.zeros((n, 4), dtype=np.int64),
+                     "here": np.zeros(n), "there": np.zeros(n), "paths": t["paths"] if t else {}}
+            if t is not None:
+                k = len(t["issuer"])
+                for name in ("issuer", "owners", "here", "there"):
+                    grown[name][:k] = t[name]
+            t = self.tables[(flag, rnd)] = grown
+        if t["issuer"][index] >= 0:
+            self.more.setdefault((flag, index, rnd), []).append((owners, issuer, here, there))
+            return
+        t["issuer"][index], t["owners"][index] = issuer, owners
+        t["here"][index], t["there"][index] = here[0], there[0]
+        t["paths"][index] = (here[1], there[1])
+
+    def _one(self, r: int, flag: str, index: int, rnd: int, landed: dict):
+        """(time, path) slot (index, rnd) of flag landed on rank r, or None: one slot, looked up."""
+        hit = landed.get((r, flag, (index, rnd)))
+        if hit is not None:
+            return hit
+        t = self.tables.get((flag, rnd))
+        records = []
+        if t is not None and index < len(t["issuer"]) and t["issuer"][index] >= 0:
+            records.append((Held(*t["owners"][index].tolist()), int(t["issuer"][index]),
+                            (t["here"][index], t["paths"][index][0]), (t["there"][index], t["paths"][index][1])))
+        records += self.more.get((flag, index, rnd), [])
+        for owners, issuer, here, there in records:
+            if _holds(owners, np.array([r]))[0]:
+                return here if issuer == r else there
+        return None
+
+    def wait(self, r: int, flag: str, slot: tuple, landed: dict):
+        """(time, path) the last of the slots waited for landed on rank r (the first such slot in
+        their order), or None while one has not."""
+        index, rnd = slot
+        if not isinstance(index, Held):
+            return self._one(r, flag, index, rnd, landed)
+        slots = np.arange(index.size, dtype=np.int64) * index.step + index.start
+        slots = slots[slots != index.skip]       # never empty (template.Walker.held_sync)
+        t = self.tables.get((flag, rnd))
+        when = np.full(len(slots), np.nan)
+        fast = np.zeros(len(slots), dtype=bool)
+        if t is not None:
+            inside = slots < len(t["issuer"])
+            s_in = np.where(inside, slots, 0)
+            issuer = np.where(inside, t["issuer"][s_in], -1)
+            fast = (issuer >= 0) & _holds(t["owners"][s_in].T, r)
+            when = np.where(fast, np.where(issuer == r, t["here"][s_in], t["there"][s_in]), np.nan)
+        paths = {}
+        for k in np.flatnonzero(~fast):      # a slot signalled otherwise: looked up on its own
+            hit = self._one(r, flag, int(slots[k]), rnd, landed)
+            if hit is None:
+                return None
+            when[k], paths[int(k)] = hit
+        k = int(np.argmax(when))
+        if k not in paths:
+            s = int(slots[k])
+            paths[k] = t["paths"][s][0 if t["issuer"][s] == r else 1]
+        return float(when[k]), paths[k]
+
+
+def _holds(owners, r) -> np.ndarray:
+    """Whether rank r is one of each Held set (owners: its four fields, each an array or int)."""
+    start, step, size, skip = owners
+    off = r - np.asarray(start)
+    step = np.maximum(np.asarray(step), 1)
+    return (off >= 0) & (off % step == 0) & (off // step < np.asarray(size)) & (r != np.asarray(skip))
+

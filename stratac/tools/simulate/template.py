@@ -12,6 +12,7 @@ example.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,6 +30,19 @@ HOLD_EVERY = True
 # dst_set): the ranks start, start + step, ..., start + (size - 1) * step but `skip` (-1: none),
 # in that order; size 0: not a set (the ranks are listed)
 LISTED = (0, 0, 0, -1)
+
+
+class Held(NamedTuple):
+    """A set of ranks or flag slots held in a timeline's signal or wait instead of listed (a
+    loop over the peers of `signal done[rank]@p`, of `wait done[p]`): as StageMoves' sets."""
+
+    start: int
+    step: int
+    size: int
+    skip: int
+
+    def members(self) -> list[int]:
+        return members(self)
 
 
 @dataclass
@@ -70,7 +84,8 @@ class Template:
     timelines: list[list[tuple]]          # per rank: ("stage", instance) | ("barrier", (place,
                                           # members or None: every rank)) | ("signal", [(owner,
                                           # flag, (slot, round))]) | ("wait", [(flag, (slot,
-                                          # round))]) | ("await", None)
+                                          # round))]) | ("await", None); an owner or a slot may
+                                          # be a Held set (listed_timeline expands them)
     size_dependent: bool                  # a condition, rank or flag slot depends on a size symbol
     fused: bool = False                   # the first barrier is the agreement's (leads_with_barrier)
 
@@ -95,6 +110,20 @@ class Template:
                 [tuple(srcs.get(i, ()))] * count
             assert len(dsts) == len(src_of) == count
             out.extend((r, sm.kind[i], d, src, length) for d, src in zip(dsts, src_of))
+        return out
+
+    def listed_timeline(self, rank: int) -> list[tuple]:
+        """The rank's timeline with every Held set of a signal or wait listed, member by member,
+        for the consistency test."""
+        out = []
+        for kind, arg in self.timelines[rank]:
+            if kind == "signal":
+                arg = [(o, f, slot) for owner, f, slot in arg
+                       for o in (owner.members() if isinstance(owner, Held) else [owner])]
+            elif kind == "wait":
+                arg = [(f, (i, rnd)) for f, (index, rnd) in arg
+                       for i in (index.members() if isinstance(index, Held) else [index])]
+            out.append((kind, arg))
         return out
 
     def routes(self, stage_index) -> list[tuple]:
@@ -176,8 +205,19 @@ class _Walker:
         events: list[tuple] = []
         place = 0      # the barrier places before this point (the kernel's stamp rule), its phase
 
+        def add(kind, item):
+            if events and events[-1][0] == kind:
+                events[-1][1].append(item)
+            else:
+                events.append((kind, [item]))
+
         def sync(op, env):
             if isinstance(op, ir.Loop):
+                held = self.held_sync(op, env) if HOLD_EVERY else None
+                if held is not None:
+                    for item in held[1]:
+                        add(held[0], item)
+                    return
                 for v in self.values(op, env):
                     for o in op.body:
                         sync(o, {**env, op.var: v})
@@ -186,16 +226,9 @@ class _Walker:
             slot = (self.ev(op.index, env, f"the index of flag {op.flag}"),
                     self.ev(op.round, env, f"the round of flag {op.flag}"))
             if isinstance(op, ir.Signal):
-                owner = self.ev(op.rank, env, "the signalled rank")
-                if events and events[-1][0] == "signal":
-                    events[-1][1].append((owner, op.flag, slot))
-                else:
-                    events.append(("signal", [(owner, op.flag, slot)]))
+                add("signal", (self.ev(op.rank, env, "the signalled rank"), op.flag, slot))
             else:
-                if events and events[-1][0] == "wait":
-                    events[-1][1].append((op.flag, slot))
-                else:
-                    events.append(("wait", [(op.flag, slot)]))
+                add("wait", (op.flag, slot))
 
         def top(ops, env, steps):
             nonlocal place
@@ -222,6 +255,11 @@ class _Walker:
                     top(op.then if self.ev(op.cond, env, "a condition") else op.orelse, env, steps)
                     place = start + max(places(op.then, env), places(op.orelse, env))
                 elif isinstance(op, ir.Loop):   # a loop around stages and sync (step loops)
+                    held = self.held_sync(op, env) if HOLD_EVERY else None
+                    if held is not None:        # a loop of one signal or wait, held
+                        for item in held[1]:
+                            add(held[0], item)
+                        continue
                     for v in self.values(op, env):
                         env[op.var] = v     # in place: a var set in the body outlives the step
                         top(op.body, env, steps + ((id(op), v),))
@@ -302,22 +340,91 @@ class _Walker:
         sm.src_move.extend([i] * len(srcs))
         sm.src_owner.extend(srcs)
 
+    def held_sync(self, loop: ir.Loop, env: dict) -> tuple[str, list] | None:
+        """A loop of one signal (wait) whose signalled ranks (slots) are a progression in its
+        variable or a rotation of one (a step loop's `(rank + i) % world`: Walker.pieces), its slot
+        and round (round) not naming it, as timeline items with Held sets, in the loop's order:
+        ("signal", [(Held owners, flag, (slot, round)), ...]) or ("wait", [(flag, (Held slots,
+        round)), ...]); None where the loop is not of that form."""
+        if len(loop.body) != 1 or not isinstance(loop.body[0], (ir.Signal, ir.Wait)):
+            return None
+        op, var = loop.body[0], loop.var
+        lo, hi, skip = self.trips(loop, env)
+        if var in op.round.names():
+            return None
+        if isinstance(op, ir.Signal) and var in op.index.names():
+            return None
+        kind = "signal" if isinstance(op, ir.Signal) else "wait"
+        if hi <= lo:
+            return kind, []
+        rnd = self.ev(op.round, env, f"the round of flag {op.flag}")
+        if kind == "signal":
+            owners = self.pieces(op.rank, var, lo, hi, skip, env)
+            if owners is None:
+                return None
+            owners = [o for o in owners if o[2] - (o[3] >= 0) > 0]     # (a peers loop at world 1)
+            index = self.ev(op.index, env, f"the index of flag {op.flag}")
+            return kind, [(Held(*o), op.flag, (index, rnd)) for o in owners]
+        slots = self.pieces(op.index, var, lo, hi, skip, env, ranks=False)
+        if slots is None:
+            return None
+        slots = [x for x in slots if x[2] - (x[3] >= 0) > 0]
+        return kind, [(op.flag, (Held(*x), rnd)) for x in slots]
+
+    def pieces(self, e: ir.IExpr, var: str, lo: int, hi: int, skip: int | None, env: dict,
+               ranks: bool = True) -> list[tuple[int, int, int, int]] | None:
+        """The values of e as var takes lo .. hi - 1 but skip, as held sets in that order: one
+        progression (Walker.progression), or for a rotation `(b + var) % M` the stretches where it
+        rises by one (at most 4; `(rank + i) % world` over i in 1 .. world is two)."""
+        if not (isinstance(e, ir.Bin) and e.kind is ir.BinKind.MOD and var in e.lhs.names()
+                and var not in e.rhs.names()):
+            one = self.progression(e, var, lo, hi, skip, env, ranks)
+            return None if one is None else [one]
+        form = self.form(e.lhs, var)
+        if form is None or self.ev(form[1], env, "a rank") != 1:
+            return None
+        b, M = self.ev(form[0], env, "a rank"), self.ev(e.rhs, env, "a modulus")
+        if M < 1:
+            return None
+        out, i = [], lo
+        while i < hi:
+            v = (b + i) % M
+            n = min(hi - i, M - v)
+            if len(out) == 4 or (ranks and v + n > self.world):
+                return None
+            out.append((v, 1, n, (b + skip) % M if skip is not None and i <= skip < i + n else -1))
+            i += n
+        return out
+
+    def form(self, e: ir.IExpr, var: str):
+        """ir.affine(e, var), once per expression."""
+        hit = self.forms.get(id(e))
+        if hit is None or hit[0] is not e:
+            hit = self.forms[id(e)] = (e, ir.affine(e, var))
+        return hit[1]
+
+    def trips(self, loop: ir.Loop, env: dict) -> tuple[int, int, int | None]:
+        """lo, hi and the value left out (the running rank for `peers`) of a loop's variable."""
+        if loop.domain is ir.Domain.RANGE:
+            return (self.ev(loop.lo, env, "the loop's first value"),
+                    self.ev(loop.hi, env, "the loop's end"), None)
+        return 0, self.world, env["rank"] if loop.domain is ir.Domain.PEERS else None
+
     def progression(self, rank: ir.IExpr | None, var: str, lo: int, hi: int, skip: int | None,
-                     env: dict) -> tuple[int, int, int, int] | None:
+                    env: dict, ranks: bool = True) -> tuple[int, int, int, int] | None:
         """The ranks `rank` names as var takes lo .. hi - 1 but skip, as a held set, when rank is
         b + a * var with a >= 1 (the variable's rank, a team's member) and every one is a rank of
-        the world; else None (the moves are listed, and a rank outside the world is named)."""
+        the world (not ranks: flag slots, none negative); else None (the moves are listed, and a
+        rank outside the world is named)."""
         if rank is None or var not in rank.names():
             return None
-        hit = self.forms.get(id(rank))
-        if hit is None or hit[0] is not rank:
-            hit = self.forms[id(rank)] = (rank, ir.affine(rank, var))
-        if hit[1] is None:
+        form = self.form(rank, var)
+        if form is None:
             return None
-        b = self.ev(hit[1][0], env, "a rank")
-        a = self.ev(hit[1][1], env, "a rank")
+        b = self.ev(form[0], env, "a rank")
+        a = self.ev(form[1], env, "a rank")
         size = hi - lo
-        if a < 1 or size < 1 or b + a * lo < 0 or b + a * (hi - 1) >= self.world:
+        if a < 1 or size < 1 or b + a * lo < 0 or (ranks and b + a * (hi - 1) >= self.world):
             return None
         held = skip is not None and lo <= skip < hi
         return (b + a * lo, a, size, b + a * skip if held else -1)
@@ -331,13 +438,7 @@ class _Walker:
         if len(loop.body) != 1:
             return False
         op, var = loop.body[0], loop.var
-        if loop.domain is ir.Domain.RANGE:
-            lo = self.ev(loop.lo, env, "the loop's first value")
-            hi = self.ev(loop.hi, env, "the loop's end")
-            skip = None
-        else:
-            lo, hi = 0, self.world
-            skip = env["rank"] if loop.domain is ir.Domain.PEERS else None
+        lo, hi, skip = self.trips(loop, env)
         left_out = None
         if isinstance(op, ir.If):     # `for p in team.peers`: if p != team.rank
             c = op.cond
