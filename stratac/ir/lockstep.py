@@ -48,15 +48,20 @@ def timelines(b) -> list[list[Event]] | None:
         return None
 
 
-def over(e: ir.IExpr, env: dict, name: str, values: np.ndarray) -> np.ndarray | None:
-    """e at every value of `name` (the other names from env) as one array, each as the per-rank
-    walk computes it; None where that walk would refuse or check one more closely (for a caller
-    that then evaluates them one by one: `stratac simulate`'s runs)."""
+def evaluate(e: ir.IExpr, env: dict, n: int) -> np.ndarray | None:
+    """e for n sets of values at once (env: a name -> an int, or an array of n values) as one
+    array, each as the per-rank walk computes it; None where that walk would refuse or check one
+    more closely (for a caller that then evaluates them one by one: `stratac simulate`)."""
     try:
-        v = _Values({**env, name: values}, len(values))(e)
+        v = _Values(env, n)(e)
     except _Bail:
         return None
-    return np.full(len(values), v, dtype=np.int64) if type(v) is int else v
+    return np.full(n, v, dtype=np.int64) if type(v) is int else v
+
+
+def over(e: ir.IExpr, env: dict, name: str, values: np.ndarray) -> np.ndarray | None:
+    """e at every value of `name` (the other names from env): evaluate's array."""
+    return evaluate(e, {**env, name: values}, len(values))
 
 
 def _check(a: np.ndarray) -> np.ndarray:

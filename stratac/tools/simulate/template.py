@@ -157,6 +157,7 @@ class _Walker:
         self.steering: dict[int, ir.IExpr] = {}
         self.forms: dict[int, tuple] = {}     # id of a rank expression -> (it, ir.affine in its var)
         self.stretched: dict[tuple, tuple] = {}   # a run's length -> (it, its stretches: Walker.stretches)
+        self.barriers: dict[int, tuple] = {}      # id of an op -> (it, whether a barrier is inside)
 
     def ev(self, e: ir.IExpr, env: dict, what: str) -> int:
         seen = self.steering.get(id(e))
@@ -282,6 +283,8 @@ class _Walker:
             for op in ops:
                 if isinstance(op, ir.Barrier):
                     n += 1
+                elif not self.has_barrier(op):     # (NHR's arm of block-by-block loops: none)
+                    continue
                 elif isinstance(op, ir.If):
                     n += max(places(op.then, env), places(op.orelse, env))
                 elif isinstance(op, ir.Loop) and op.domain is ir.Domain.RANGE:
@@ -290,6 +293,21 @@ class _Walker:
 
         top(self.s.body, env, ())
         return events
+
+    def has_barrier(self, op) -> bool:
+        """Whether a barrier is inside op (an if's arms, a loop's body), once per op."""
+        hit = self.barriers.get(id(op))
+        if hit is None or hit[0] is not op:
+            if isinstance(op, ir.Barrier):
+                inside = True
+            elif isinstance(op, ir.If):
+                inside = any(self.has_barrier(o) for o in op.then + op.orelse)
+            elif isinstance(op, ir.Loop):
+                inside = any(self.has_barrier(o) for o in op.body)
+            else:
+                inside = False
+            hit = self.barriers[id(op)] = (op, inside)
+        return hit[1]
 
     def moves(self, op, env: dict, sm: StageMoves) -> None:
         if isinstance(op, ir.Loop):
@@ -610,16 +628,34 @@ def template(s: ir.Schedule, world: int, env: dict) -> Template:
 
 
 def lengths(t: Template, env: dict) -> np.ndarray:
-    """Elements of every length expression of the template at these sizes."""
+    """Elements of every length expression of the template at these sizes: the keys of one
+    expression as one array (their fixed names' values side by side), each key on its own where
+    the array evaluation gives up (the error is then named)."""
     out = np.empty(len(t.keys), dtype=np.int64)
-    for i, (e, fixed) in enumerate(t.keys):
-        try:
-            n = e.eval({"world": t.world, **env, **fixed})
-        except ZeroDivisionError:
-            raise SimulateError(f"division by zero evaluating a length ({e}); run `stratac check` "
-                                "on the file") from None
-        if n < 0:
-            raise SimulateError(f"a move of {n} elements ({e} with {env}); run `stratac check` on "
-                                "the file")
-        out[i] = n
+    groups: dict[int, list[int]] = {}
+    for i, (e, _) in enumerate(t.keys):
+        groups.setdefault(id(e), []).append(i)
+    base = {"world": t.world, **env}
+    for idx in groups.values():
+        e, fixed = t.keys[idx[0]]
+        values = None
+        if len(idx) > 1:
+            names = {n: np.fromiter((t.keys[i][1][n] for i in idx), dtype=np.int64, count=len(idx))
+                     for n in fixed}
+            values = lockstep.evaluate(e, {**base, **names}, len(idx))
+        if values is None or (values < 0).any():
+            values = [_length(e, {**base, **t.keys[i][1]}, env) for i in idx]
+        out[idx] = values
     return out
+
+
+def _length(e: ir.IExpr, full: dict, env: dict) -> int:
+    try:
+        n = e.eval(full)
+    except ZeroDivisionError:
+        raise SimulateError(f"division by zero evaluating a length ({e}); run `stratac check` "
+                            "on the file") from None
+    if n < 0:
+        raise SimulateError(f"a move of {n} elements ({e} with {env}); run `stratac check` on "
+                            "the file")
+    return n
