@@ -23,7 +23,7 @@ import numpy as np
 
 from stratac.tools.simulate.machine import Machine, SimulateError
 from stratac.tools.simulate.stage_cost import StageCost
-from stratac.tools.simulate.template import Held, Template
+from stratac.tools.simulate.template import Held, Template, count, holds
 
 
 def _add(parts: dict, cat: str, us: float) -> dict:
@@ -107,7 +107,7 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
                         path = _add(path, cost.category[r], busy - scalar - issue)
                     parts[r] = _add(path, "latency", float(cost.time_us[r]) - busy)
                 elif kind == "signal":
-                    slots = sum(o.size - (o.skip >= 0) if isinstance(o, Held) else 1 for o, _, _ in arg)
+                    slots = sum(count(o) if isinstance(o, Held) else 1 for o, _, _ in arg)
                     us = slots * m.flag_issue_us + m.sync_all_us
                     clock[r] += us
                     parts[r] = _add(parts[r], "latency", us)
@@ -204,7 +204,7 @@ class _HeldSignals:
                             (t["here"][index], t["paths"][index][0]), (t["there"][index], t["paths"][index][1])))
         records += self.more.get((flag, index, rnd), [])
         for owners, issuer, here, there in records:
-            if _holds(owners, np.array([r]))[0]:
+            if holds(owners, r):
                 return here if issuer == r else there
         return None
 
@@ -223,7 +223,7 @@ class _HeldSignals:
             inside = slots < len(t["issuer"])
             s_in = np.where(inside, slots, 0)
             issuer = np.where(inside, t["issuer"][s_in], -1)
-            fast = (issuer >= 0) & _holds(t["owners"][s_in].T, r)
+            fast = (issuer >= 0) & holds(t["owners"][s_in].T, r)
             when = np.where(fast, np.where(issuer == r, t["here"][s_in], t["there"][s_in]), np.nan)
         paths = {}
         for k in np.flatnonzero(~fast):      # a slot signalled otherwise: looked up on its own
@@ -236,12 +236,4 @@ class _HeldSignals:
             s = int(slots[k])
             paths[k] = t["paths"][s][0 if t["issuer"][s] == r else 1]
         return float(when[k]), paths[k]
-
-
-def _holds(owners, r) -> np.ndarray:
-    """Whether rank r is one of each Held set (owners: its four fields, each an array or int)."""
-    start, step, size, skip = owners
-    off = r - np.asarray(start)
-    step = np.maximum(np.asarray(step), 1)
-    return (off >= 0) & (off % step == 0) & (off // step < np.asarray(size)) & (r != np.asarray(skip))
 

@@ -40,6 +40,8 @@ from stratac.tools.simulate.template import (
     REDUCE,
     StageMoves,
     Template,
+    count,
+    holds,
 )
 
 BLOCK_BYTES = 32   # the kernels partition a stage over the cores in whole DataCopy blocks
@@ -253,11 +255,9 @@ class _Spread:
                  world: int):
         self.start, self.step, self.size, self.skip = sets.T
         self.on = (self.size > 0) & (nbytes > 0)
-        off, step = issuer - self.start, np.maximum(self.step, 1)
         # the issuer is one of the set's ranks (a reduction over the ranks; not over the peers)
-        self.mine = self.on & (off >= 0) & (off % step == 0) & (off // step < self.size) & \
-            (issuer != self.skip)
-        self.remote = self.size - (self.skip >= 0) - self.mine     # its ranks but the issuer
+        self.mine = self.on & holds(sets.T, issuer)
+        self.remote = count(sets.T) - self.mine     # its ranks but the issuer
         self.reaches = self.on & (self.remote > 0)
         self.issuer, self.nbytes, self.hbm_bytes, self.world = issuer, nbytes, hbm_bytes, world
 

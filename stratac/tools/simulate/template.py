@@ -11,6 +11,7 @@ example.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -135,6 +136,20 @@ def members(ranks: tuple[int, int, int, int]) -> list[int]:
     """The ranks of a held set (StageMoves.src_set, dst_set), in order."""
     start, step, size, skip = ranks
     return [start + i * step for i in range(size) if start + i * step != skip]
+
+
+def count(ranks) -> int:
+    """How many ranks a held set has (its skipped rank is one of its progression's)."""
+    return ranks[2] - (ranks[3] >= 0)
+
+
+def holds(ranks, r):
+    """Whether rank r is one of a held set's; `ranks`' four fields (start, step, size, skip) and r
+    may each be an int or an array (one set, or one rank, per entry)."""
+    start, step, size, skip = ranks
+    off = r - np.asarray(start)
+    step = np.maximum(np.asarray(step), 1)
+    return (off >= 0) & (off % step == 0) & (off // step < np.asarray(size)) & (r != np.asarray(skip))
 
 
 class _Walker:
@@ -343,7 +358,7 @@ class _Walker:
             held = self.progression(op.src.rank, op.var, lo, hi, skip, env) if HOLD_EVERY else None
             if held is not None:
                 sm.src_set.append(held)
-                sm.nsrc.append(held[2] - (held[3] >= 0))
+                sm.nsrc.append(count(held))
                 return
             values = [v for v in range(lo, hi) if v != skip]
             srcs = [self.owner(op.src, {**env, op.var: v}) for v in values]
@@ -380,13 +395,13 @@ class _Walker:
             owners = self.pieces(op.rank, var, lo, hi, skip, env)
             if owners is None:
                 return None
-            owners = [o for o in owners if o[2] - (o[3] >= 0) > 0]     # (a peers loop at world 1)
+            owners = [o for o in owners if count(o) > 0]     # (a peers loop at world 1)
             index = self.ev(op.index, env, f"the index of flag {op.flag}")
             return kind, [(Held(*o), op.flag, (index, rnd)) for o in owners]
         slots = self.pieces(op.index, var, lo, hi, skip, env, ranks=False)
         if slots is None:
             return None
-        slots = [x for x in slots if x[2] - (x[3] >= 0) > 0]
+        slots = [x for x in slots if count(x) > 0]
         return kind, [(op.flag, (Held(*x), rnd)) for x in slots]
 
     def pieces(self, e: ir.IExpr, var: str, lo: int, hi: int, skip: int | None, env: dict,
@@ -526,7 +541,7 @@ class _Walker:
             return None
         ends = np.flatnonzero(values[1:] != values[:-1]) + 1
         bounds = [lo, *(lo + ends).tolist(), hi]
-        out = list(zip(bounds[:-1], bounds[1:]))
+        out = list(itertools.pairwise(bounds))
         self.stretched[key] = (length, out)
         return out
 
