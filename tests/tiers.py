@@ -39,6 +39,7 @@ SLOW = [
     E2E + "test_moe_int8.py::test_per_block_scales_land_beside_their_rows",
     *params(E2E + "test_moe_int8.py::test_int8_dispatch_and_bf16_combine_are_bit_exact",
             "3-prefill", "3-decode", "4-prefill", "4-decode"),
+    *params(E2E + "test_shared_control_run.py::test_shared_control_blocks_run_correctly", "5"),
     E2E + "test_checks_fail.py::test_no_check_turns_the_same_wrong_result_into_exit_0",
     E2E + "test_checks_fail.py::test_bench_*",
     E2E + "test_checks_fail.py::test_run_moe_says_wrong_for_a_count_a_window_row_and_a_combined_token",

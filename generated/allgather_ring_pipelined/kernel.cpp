@@ -110,12 +110,11 @@ class AllgatherRingPipelined {
       }
       AscendC::SyncAll<true>();
     }
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      if (world > 1) {
-        for (int64_t c_ = 0; c_ < 2; ++c_) {
-          STRATA_LINE(31);  // strata:31
-          strata::WaitFlag(strata::SyncSlot(sync_, world + (world - 2) * 2 + c_), epoch_ + 1);
-        }
+    // flags travel after the data they announce; each core takes its share of the loops' trips
+    if (world > 1) {
+      for (int64_t c_ = AscendC::GetBlockIdx(); c_ < 2; c_ += AscendC::GetBlockNum()) {
+        STRATA_LINE(31);  // strata:31
+        strata::WaitFlag(strata::SyncSlot(sync_, world + (world - 2) * 2 + c_), epoch_ + 1);
       }
     }
     AscendC::SyncAll<true>();

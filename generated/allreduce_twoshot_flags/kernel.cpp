@@ -77,17 +77,16 @@ class AllreduceTwoshotFlags {
       }
       strata::EndStage(mv_);
     }
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
-        STRATA_LINE(12);  // strata:12
-        strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, p_);
-      }
-      for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
-        STRATA_LINE(13);  // strata:13
-        strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 1);
-      }
+    // flags travel after the data they announce; each core takes its share of the loops' trips
+    for (int64_t p_ = AscendC::GetBlockIdx(); p_ < world; p_ += AscendC::GetBlockNum()) {
+      if (p_ == rank) continue;
+      STRATA_LINE(12);  // strata:12
+      strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, p_);
+    }
+    for (int64_t p_ = AscendC::GetBlockIdx(); p_ < world; p_ += AscendC::GetBlockNum()) {
+      if (p_ == rank) continue;
+      STRATA_LINE(13);  // strata:13
+      strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 1);
     }
     AscendC::SyncAll<true>();
   }

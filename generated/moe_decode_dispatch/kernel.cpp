@@ -70,19 +70,18 @@ class MoeDecodeDispatch {
       rt_.Place(mv_, strata::Via::kAiv, {win_, experts_ * capacity_, x_, hidden_}, {nullptr, 0, nullptr, 0}, ids_, offs_, tokens_, topk_, experts_, rank, world, kSdmaThreshold, nullptr);
       strata::EndStage(mv_);
     }
-    if (AscendC::GetBlockIdx() == 0) {  // flags travel after the data they announce
-      for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
-        if (!strata::Live(live_, p_)) continue;
-        STRATA_LINE(28);  // strata:28
-        strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, p_);
-      }
-      for (int64_t p_ = 0; p_ < world; ++p_) {
-        if (p_ == rank) continue;
-        if (!strata::Live(live_, p_)) continue;
-        STRATA_LINE(29);  // strata:29
-        strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 1);
-      }
+    // flags travel after the data they announce; each core takes its share of the loops' trips
+    for (int64_t p_ = AscendC::GetBlockIdx(); p_ < world; p_ += AscendC::GetBlockNum()) {
+      if (p_ == rank) continue;
+      if (!strata::Live(live_, p_)) continue;
+      STRATA_LINE(28);  // strata:28
+      strata::Signal(strata::SyncSlot(sync_, world + rank), epoch_ + 1, p_);
+    }
+    for (int64_t p_ = AscendC::GetBlockIdx(); p_ < world; p_ += AscendC::GetBlockNum()) {
+      if (p_ == rank) continue;
+      if (!strata::Live(live_, p_)) continue;
+      STRATA_LINE(29);  // strata:29
+      strata::WaitFlag(strata::SyncSlot(sync_, world + p_), epoch_ + 1);
     }
     AscendC::SyncAll<true>();
   }

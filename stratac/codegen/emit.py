@@ -24,6 +24,7 @@ import jinja2
 
 from stratac import ir
 from stratac.codegen import abi
+from stratac.ir import control
 from stratac.ir.passes import routes as passes_routes
 from stratac.ir.passes import stages as passes_stages
 from stratac.resources import resource_dir
@@ -489,6 +490,7 @@ def _stamp(f: ir.Flag, op: ir.Signal | ir.Wait) -> str:
 def _statements(s: ir.Schedule) -> list[dict]:
     flags = {f.name: f for f in s.flags}
     bases = _flag_bases(s)
+    shared = control.shared_loops(s)
 
     def sync_node(op) -> dict:
         if isinstance(op, ir.If):
@@ -496,7 +498,11 @@ def _statements(s: ir.Schedule) -> list[dict]:
                     "then": scoped(op.then, lambda ops: [sync_node(o) for o in ops]),
                     "orelse": scoped(op.orelse, lambda ops: [sync_node(o) for o in ops])}
         if isinstance(op, ir.Loop):
-            return _loop(op, scoped(op.body, lambda ops: [sync_node(o) for o in ops]))
+            node = _loop(op, scoped(op.body, lambda ops: [sync_node(o) for o in ops]))
+            if id(op) in shared:    # trip v on core (v - first) % cores (ir.control)
+                node["first"] = c(ir.add(op.lo if op.domain is ir.Domain.RANGE else ir.Const(0),
+                                         _cpp("AscendC::GetBlockIdx()")))
+            return node
         if isinstance(op, ir.Local):
             return _local(op)
         f = flags[op.flag]
@@ -505,17 +511,6 @@ def _statements(s: ir.Schedule) -> list[dict]:
             return {"kind": "signal", **_at(op.span), "slot": slot, "stamp": _stamp(f, op),
                     "pe": _argument(op.rank)}
         return {"kind": "wait", **_at(op.span), "slot": slot, "stamp": _stamp(f, op)}
-
-    def is_control(op) -> bool:
-        """Signals and waits, possibly under loops and ifs (and the lets of their bodies), and
-        nothing else."""
-        if isinstance(op, (ir.Signal, ir.Wait)):
-            return True
-        if isinstance(op, ir.Loop):
-            return all(is_control(o) or _named_let(o) for o in op.body)
-        if isinstance(op, ir.If):
-            return all(is_control(o) or _named_let(o) for o in op.then + op.orelse)
-        return False
 
     def top(ops) -> list[dict]:
         out: list[dict] = []
@@ -551,16 +546,18 @@ def _statements(s: ir.Schedule) -> list[dict]:
             elif isinstance(op, ir.Set):
                 out.append({"kind": "set", **_at(op.span), "name": _cname(op.name),
                             "value": _argument(op.value), "mutable": True})
-            elif isinstance(op, ir.Loop) and not is_control(op):
+            elif isinstance(op, ir.Loop) and not control.is_control(op):
                 # a step loop around stages: every core of the rank runs every step, in step
                 # with the others (each stage ends with all of its cores)
                 out.append({**_loop(op, scoped(op.body, top)), "kind": "for"})
-            elif is_control(op):
+            elif control.is_control(op):
                 node = sync_node(op)
                 if out and out[-1]["kind"] == "control":
                     out[-1]["body"].append(node)
                 else:
-                    out.append({"kind": "control", **_at(op.span), "body": [node]})
+                    out.append({"kind": "control", **_at(op.span), "body": [node], "shared": False})
+                # a shared block: its loops' trips on every core, the rest on core 0
+                out[-1]["shared"] |= _holds_shared(op, shared)
             else:  # an if around stages or barriers: every core of the rank takes the same arm
                 out.append({"kind": "if", **_at(op.span), "cond": c(op.cond),
                             "then": scoped(op.then, top), "orelse": scoped(op.orelse, top)})
@@ -579,8 +576,13 @@ def _statements(s: ir.Schedule) -> list[dict]:
     return _drop_unused(scoped(s.body, top), lets.used)
 
 
-def _named_let(op) -> bool:
-    return isinstance(op, ir.Local) and op.inline
+def _holds_shared(op, shared: frozenset[int]) -> bool:
+    """Whether op is, or holds, a loop whose trips the cores share."""
+    if isinstance(op, ir.Loop):
+        return id(op) in shared
+    if isinstance(op, ir.If):
+        return any(_holds_shared(o, shared) for o in op.then + op.orelse)
+    return False
 
 
 def _local(op: ir.Local) -> dict:

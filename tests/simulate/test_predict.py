@@ -3,7 +3,7 @@ machine, and against the shipped machine file. No test asserts anything about re
 figures are the model's own arithmetic."""
 
 import pytest
-from simkit import PUSH, example, schedule
+from simkit import PUSH, TINY, example, schedule
 
 from stratac import ir
 from stratac.ir import passes
@@ -118,6 +118,33 @@ schedule left_out(x: sym T[n]) implements allreduce(x, sum) {
 """)
     with pytest.raises(SimulateError, match="waits for a flag or barrier nobody provides"):
         predict_count(s, tiny, 3, 100)
+
+
+FLAGS = """
+schedule flags(x: sym T[n]) implements allreduce(x, sum) {
+  flag a[world]
+  for p in peers: signal a[rank]@p
+  for p in peers: wait a[p]
+}
+"""
+
+
+def test_a_shared_loop_of_signals_costs_the_busiest_cores_share(tmp_path):
+    """The cores share a block's loops of signals (ir.control): at world 16 on 4 cores each issues
+    at most 4 of the 15 flags. A flag with rounds keeps the block on core 0: 15 flags."""
+    from stratac.tools.simulate.machine import load_machine
+    (tmp_path / "four.toml").write_text(TINY.replace("vector_cores = 1", "vector_cores = 4"))
+    four = load_machine(tmp_path / "four.toml")
+    shared = schedule(tmp_path, FLAGS)
+    alone = schedule(tmp_path, FLAGS.replace("flag a[world]", "flag a[world] rounds 2"), "r.strata")
+    launch, agreement = 10.0, 2 * 1.0 + 4 * 0.5 + 3.0      # 16 barrier slots over 4 cores
+    wait = 3.0 + 1.0                                      # the last flag's latency, SyncAll
+    assert predict_count(shared, four, 16, 100, cores=4)[0] == pytest.approx(
+        launch + agreement + (4 * 0.5 + 1.0) + wait)
+    assert predict_count(alone, four, 16, 100, cores=4)[0] == pytest.approx(
+        launch + agreement + (15 * 0.5 + 1.0) + wait)
+    assert predict_count(shared, four, 16, 100, cores=1)[0] == pytest.approx(
+        launch + 2 * 1.0 + 16 * 0.5 + 3.0 + (15 * 0.5 + 1.0) + wait)
 
 
 def test_partition_follows_the_kernel_blocks(tmp_path, tiny):
@@ -287,8 +314,6 @@ def test_sources_and_runs_held_as_one_entry_predict_as_listed_moves(name, cm384,
     the time: HBM slower than the link; SQEs of 64 bytes that the queue posts at once, so that a
     core's SQE issue binds and a core posts more than a quiet window holds (its quiets counted
     post by post); and UB -> GM slower than GM -> UB."""
-    from simkit import TINY
-
     from stratac.tools.simulate import template as tpl
     from stratac.tools.simulate.machine import SimulateError, load_machine
     variants = []

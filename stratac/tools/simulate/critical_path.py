@@ -8,7 +8,8 @@ barrier has it fused into the agreement, so that barrier is the agreement's and 
 a barrier releases its members (every rank, or a team's) at its place in the
 program when the last of them arrives there, plus its cost (two SyncAlls, each core signalling
 members/cores of them, one fabric latency); a wait returns when the last flag it waits for
-has landed (signal time + fabric latency); a signal costs a flag issue per slot. Between two
+has landed (signal time + fabric latency); signals cost a flag issue per slot on the busiest core
+(a loop whose trips the cores share, ir.control, costs its share). Between two
 barrier places, each rank's traffic on its own UB link and HBM also bounds its phase (a rank's link
 is shared by everything the other ranks send it or read from it): a barrier releases no earlier
 than each member's phase start plus that traffic's time. A rank's phase starts at the last barrier
@@ -107,13 +108,12 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
                         path = _add(path, cost.category[r], busy - scalar - issue)
                     parts[r] = _add(path, "latency", float(cost.time_us[r]) - busy)
                 elif kind == "signal":
-                    slots = sum(count(o) if isinstance(o, Held) else 1 for o, _, _ in arg)
-                    us = slots * m.flag_issue_us + m.sync_all_us
+                    us = _flags_per_core(arg, cores) * m.flag_issue_us + m.sync_all_us
                     clock[r] += us
                     parts[r] = _add(parts[r], "latency", us)
                     here = (clock[r], parts[r])
                     there = (clock[r] + lat, _add(parts[r], "latency", lat))
-                    for owner, flag, slot in arg:
+                    for owner, flag, slot, _ in arg:
                         if isinstance(owner, Held):
                             held.signal(flag, slot, owner, r, here, there)
                         else:
@@ -161,6 +161,20 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
                                 "`stratac check` on the file")
     last = max(range(world), key=lambda r: clock[r])
     return settle(np.arange(world), clock[last], parts[last])
+
+
+def _flags_per_core(signals: list, cores: int) -> int:
+    """The flags the busiest core issues for a run of signals: core 0 issues every signal outside a
+    shared loop and its share of each shared loop's (a loop's trips go round the cores,
+    ir.control), taken as ceil(flags / cores)."""
+    alone, shared = 0, {}
+    for owner, _, _, share in signals:
+        n = count(owner) if isinstance(owner, Held) else 1
+        if share is None:
+            alone += n
+        else:
+            shared[share] = shared.get(share, 0) + n
+    return alone + sum(-(-n // cores) for n in shared.values())
 
 
 class _HeldSignals:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from stratac import ir
-from stratac.ir import lockstep
+from stratac.ir import control, lockstep
 from stratac.tools.simulate.machine import SimulateError
 
 # a move's kind as a small int, so that a stage's moves become numpy arrays (StageMoves.arrays)
@@ -84,9 +84,11 @@ class Template:
                                           # by its index; (index, n): one step of the loops around it
     timelines: list[list[tuple]]          # per rank: ("stage", instance) | ("barrier", (place,
                                           # members or None: every rank)) | ("signal", [(owner,
-                                          # flag, (slot, round))]) | ("wait", [(flag, (slot,
-                                          # round))]) | ("await", None); an owner or a slot may
-                                          # be a Held set (listed_timeline expands them)
+                                          # flag, (slot, round), share)]) | ("wait", [(flag,
+                                          # (slot, round))]) | ("await", None); an owner or a slot
+                                          # may be a Held set (listed_timeline expands them);
+                                          # share: None (core 0 issues it) or the tag of the
+                                          # loop whose trips the cores share (ir.control)
     size_dependent: bool                  # a condition, rank or flag slot depends on a size symbol
     fused: bool = False                   # the first barrier is the agreement's (leads_with_barrier)
 
@@ -119,7 +121,7 @@ class Template:
         out = []
         for kind, arg in self.timelines[rank]:
             if kind == "signal":
-                arg = [(o, f, slot) for owner, f, slot in arg
+                arg = [(o, f, slot) for owner, f, slot, _ in arg
                        for o in (owner.members() if isinstance(owner, Held) else [owner])]
             elif kind == "wait":
                 arg = [(f, (i, rnd)) for f, (index, rnd) in arg
@@ -173,6 +175,8 @@ class _Walker:
         self.forms: dict[int, tuple] = {}     # id of a rank expression -> (it, ir.affine in its var)
         self.stretched: dict[tuple, tuple] = {}   # a run's length -> (it, its stretches: Walker.stretches)
         self.barriers: dict[int, tuple] = {}      # id of an op -> (it, whether a barrier is inside)
+        self.shared = control.shared_loops(s)     # loops whose trips the rank's cores share
+        self.shares = itertools.count()           # one tag per execution of such a loop
 
     def ev(self, e: ir.IExpr, env: dict, what: str) -> int:
         seen = self.steering.get(id(e))
@@ -220,8 +224,11 @@ class _Walker:
         env = dict(self.base, rank=rank)
         events: list[tuple] = []
         place = 0      # the barrier places before this point (the kernel's stamp rule), its phase
+        share = None   # inside a loop whose trips the cores share: its tag
 
         def add(kind, item):
+            if kind == "signal":
+                item = (*item, share)
             if events and events[-1][0] == kind:
                 events[-1][1].append(item)
             else:
@@ -247,7 +254,7 @@ class _Walker:
                 add("wait", (op.flag, slot))
 
         def top(ops, env, steps):
-            nonlocal place
+            nonlocal place, share
             for op in ops:
                 if isinstance(op, ir.Barrier):
                     place += 1
@@ -271,15 +278,19 @@ class _Walker:
                     top(op.then if self.ev(op.cond, env, "a condition") else op.orelse, env, steps)
                     place = start + max(places(op.then, env), places(op.orelse, env))
                 elif isinstance(op, ir.Loop):   # a loop around stages and sync (step loops)
+                    if id(op) in self.shared:
+                        share = next(self.shares)
                     held = self.held_sync(op, env) if HOLD_EVERY else None
                     if held is not None:        # a loop of one signal or wait, held
                         for item in held[1]:
                             add(held[0], item)
-                        continue
-                    for v in self.values(op, env):
-                        env[op.var] = v     # in place: a var set in the body outlives the step
-                        top(op.body, env, steps + ((id(op), v),))
-                    env.pop(op.var, None)
+                    else:
+                        for v in self.values(op, env):
+                            env[op.var] = v     # in place: a var set in the body outlives the step
+                            top(op.body, env, steps + ((id(op), v),))
+                        env.pop(op.var, None)
+                    if id(op) in self.shared:
+                        share = None
                 elif isinstance(op, (ir.Local, ir.Set)):
                     if isinstance(op, ir.Set) or not op.inline:   # a let's name: the kernel's alone
                         env[op.name] = self.ev(op.value, env, f"the value of {op.name}")
