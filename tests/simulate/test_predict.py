@@ -147,6 +147,34 @@ def test_a_shared_loop_of_signals_costs_the_busiest_cores_share(tmp_path):
         launch + 2 * 1.0 + 16 * 0.5 + 3.0 + (15 * 0.5 + 1.0) + wait)
 
 
+ASYNC = """
+schedule posted(x: sym T[n]) implements allreduce(x, sum) {
+  scratch s: sym T[n]
+  scratch u: sym T[n]
+  on sdma async h: s = x
+  on ENGINE: u = x
+  await h
+}
+"""
+
+
+def test_a_posted_stage_overlaps_what_follows_until_its_await(tmp_path, tiny):
+    """World 1, 1000 f32 (4000 bytes) on the tiny machine. The posted SDMA copy: its core issues
+    one SQE and one quiet (4 us); the queue moves 4000 bytes at 500 per us (8 us) plus a post
+    (5 us). Synchronous it would take 13 us + SyncAll. Posted, the core goes on after 4 us: a
+    vector-core copy (4000 bytes GM -> UB at 2000 per us: 2 us + SyncAll) runs beside the queue,
+    and its quiet waits until the queue's copy has landed (13 us after the post), then SyncAll;
+    the await adds its SyncAll. An SDMA copy instead queues behind the posted one."""
+    start = 10.0 + 2 * 1.0 + 0.5                      # launch, the agreement of one rank
+    aiv = schedule(tmp_path, ASYNC.replace("ENGINE", "aiv"), "aiv.strata")
+    assert predict_count(aiv, tiny, 1, 1000)[0] == pytest.approx(start + 13.0 + 1.0 + 1.0)
+    sync = schedule(tmp_path, ASYNC.replace("ENGINE", "aiv").replace(" async h", "")
+                    .replace("  await h\n", ""), "sync.strata")
+    assert predict_count(sync, tiny, 1, 1000)[0] == pytest.approx(start + (13.0 + 1.0) + (2.0 + 1.0))
+    sdma = schedule(tmp_path, ASYNC.replace("ENGINE", "sdma"), "sdma.strata")
+    assert predict_count(sdma, tiny, 1, 1000)[0] == pytest.approx(start + 13.0 + (13.0 + 1.0) + 1.0)
+
+
 def test_partition_follows_the_kernel_blocks(tmp_path, tiny):
     # 1000 f32 = 125 blocks of 32 B over 2 cores: 62 and 63 blocks; the busiest core sets the time
     s = schedule(tmp_path, PUSH.format(engine="aiv"))

@@ -9,7 +9,11 @@ a barrier releases its members (every rank, or a team's) at its place in the
 program when the last of them arrives there, plus its cost (two SyncAlls, each core signalling
 members/cores of them, one fabric latency); a wait returns when the last flag it waits for
 has landed (signal time + fabric latency); signals cost a flag issue per slot on the busiest core
-(a loop whose trips the cores share, ir.control, costs its share). Between two
+(a loop whose trips the cores share, ir.control, costs its share). A posted stage (`on sdma async
+h`) holds the cores for their own part (posting SQEs) only: its copies queue behind the rank's
+earlier posts and land its time less the SyncAll after it starts there; the next await, or the
+quiet that ends any later stage, waits for them (SHMEM's quiet drains a core's whole queue), and a
+later SDMA stage's copies queue behind them. Between two
 barrier places, each rank's traffic on its own UB link and HBM also bounds its phase (a rank's link
 is shared by everything the other ranks send it or read from it): a barrier releases no earlier
 than each member's phase start plus that traffic's time. A rank's phase starts at the last barrier
@@ -46,6 +50,10 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
     clock = [start] * world
     parts = [{"latency": start} for _ in range(world)]
     pos = [0] * world
+    # per rank: when the SDMA copies it posted asynchronously and has not yet drained land (-inf:
+    # none), and the critical path to then
+    queued = [-math.inf] * world
+    queued_path: list[dict] = [{}] * world
     landed: dict[tuple, tuple[float, dict]] = {}
     held = _HeldSignals()
     arrived: dict[int, tuple[float, dict]] = {}
@@ -95,18 +103,30 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
                 kind, arg = tl[pos[r]]
                 if kind == "stage":
                     cost = costs[arg]
-                    busy = float(cost.busy_us[r])
-                    scalar = float(cost.scalar_us[r]) if cost.scalar_us is not None else 0.0
-                    issue = float(cost.issue_us[r]) if cost.issue_us is not None else 0.0
-                    clock[r] += float(cost.time_us[r])
-                    path = parts[r]
-                    if scalar > 0:
-                        path = _add(path, "scalar", scalar)
-                    if issue > 0:       # the busiest core posting SDMA SQEs
-                        path = _add(path, "sdma", issue)
-                    if busy > scalar + issue:
-                        path = _add(path, cost.category[r], busy - scalar - issue)
-                    parts[r] = _add(path, "latency", float(cost.time_us[r]) - busy)
+                    time = float(cost.time_us[r])
+                    if t.stages[arg].stage.handle is not None:
+                        # posted (`on sdma async h`): the cores go on once they have posted; the
+                        # queue takes it behind what it holds, its data lands `time` less the
+                        # SyncAll later, and an await (or a stage's quiet) waits for that
+                        at, path = (queued[r], queued_path[r]) if queued[r] > clock[r] else \
+                            (clock[r], parts[r])
+                        queued[r] = at + time - m.sync_all_us
+                        queued_path[r] = _add(_stage_path(path, cost, r), "latency",
+                                              time - m.sync_all_us - float(cost.busy_us[r]))
+                        core = float(cost.core_us[r])
+                        clock[r] += core
+                        parts[r] = _add(parts[r], "sdma", core)
+                    else:
+                        at, path = clock[r], parts[r]
+                        if queued[r] > clock[r] and cost.queue_us[r] > 0:
+                            at, path = queued[r], queued_path[r]   # its copies queue behind the posts
+                        clock[r] = at + time
+                        parts[r] = _add(_stage_path(path, cost, r), "latency",
+                                        time - float(cost.busy_us[r]))
+                        if queued[r] + m.sync_all_us > clock[r]:   # its quiet drains the queue
+                            clock[r] = queued[r] + m.sync_all_us
+                            parts[r] = _add(queued_path[r], "latency", m.sync_all_us)
+                        queued[r] = -math.inf
                 elif kind == "signal":
                     us = _flags_per_core(arg, cores) * m.flag_issue_us + m.sync_all_us
                     clock[r] += us
@@ -127,7 +147,10 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
                         clock[r], parts[r] = when, path
                     clock[r] += m.sync_all_us
                     parts[r] = _add(parts[r], "latency", m.sync_all_us)
-                elif kind == "await":   # the cores' SyncAll after their quiets
+                elif kind == "await":   # each core's quiet drains its whole queue, then SyncAll
+                    if queued[r] > clock[r]:
+                        clock[r], parts[r] = queued[r], queued_path[r]
+                    queued[r] = -math.inf
                     clock[r] += m.sync_all_us
                     parts[r] = _add(parts[r], "latency", m.sync_all_us)
                 elif kind == "barrier":
@@ -161,6 +184,21 @@ def call_time(t: Template, costs: dict[int, StageCost], m: Machine, cores: int) 
                                 "`stratac check` on the file")
     last = max(range(world), key=lambda r: clock[r])
     return settle(np.arange(world), clock[last], parts[last])
+
+
+def _stage_path(path: dict, cost: StageCost, r: int) -> dict:
+    """path plus rank r's busy time in the stage, by category: the scalar work and the SQE issue of
+    the busiest core where a core sets the time, the rest under the resource that set it."""
+    busy = float(cost.busy_us[r])
+    scalar = float(cost.scalar_us[r]) if cost.scalar_us is not None else 0.0
+    issue = float(cost.issue_us[r]) if cost.issue_us is not None else 0.0
+    if scalar > 0:
+        path = _add(path, "scalar", scalar)
+    if issue > 0:       # the busiest core posting SDMA SQEs
+        path = _add(path, "sdma", issue)
+    if busy > scalar + issue:
+        path = _add(path, cost.category[r], busy - scalar - issue)
+    return path
 
 
 def _flags_per_core(signals: list, cores: int) -> int:

@@ -74,6 +74,10 @@ class StageCost:
     scalar_us: np.ndarray | None = None    # per rank: the part of busy_us that is scalar work
     issue_us: np.ndarray | None = None     # per rank: the part of busy_us that is SDMA SQE issue
                                            # (the busiest core's, when a core sets the time)
+    core_us: np.ndarray | None = None      # per rank: the busiest core's own time (scalar work, its
+                                           # data through UB, its SQE issue): what an asynchronous
+                                           # stage holds the cores for before the statements after it
+    queue_us: np.ndarray | None = None     # per rank: the busiest SDMA queue's time (0: no SDMA)
 
 
 class _Work:
@@ -242,7 +246,7 @@ def stage_cost(t: Template, index: int, lens: np.ndarray, elem: int, m: Machine,
                 for i, b, s, q in zip(which, busy, scalar, issued)]
     time_us = busy + m.sync_all_us + np.where(w.touched, m.fabric_latency_us, 0.0)
     loads = {ph: tuple(v) for ph, v in w.loads.items()}
-    return StageCost(time_us, category, busy, loads, scalar, issued)
+    return StageCost(time_us, category, busy, loads, scalar, issued, aiv_us, sdma_us)
 
 
 class _Spread:

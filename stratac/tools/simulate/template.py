@@ -295,9 +295,8 @@ class _Walker:
                     if isinstance(op, ir.Set) or not op.inline:   # a let's name: the kernel's alone
                         env[op.name] = self.ev(op.value, env, f"the value of {op.name}")
                 elif isinstance(op, ir.Await):
-                    # an asynchronous stage is costed as a synchronous one (its overlap with what
-                    # follows until the await is not modelled: an upper bound); the await is the
-                    # cores' SyncAll
+                    # a posted stage is a "stage" item whose StageMoves.stage has a handle; the
+                    # critical path overlaps it with what follows, up to its rank's next quiet
                     events.append(("await", None))
                 else:
                     sync(op, env)
