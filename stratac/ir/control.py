@@ -25,9 +25,11 @@ the signals of different cores are unordered among themselves, as are the waits.
 among the rank's other signals is invisible to every other rank: what a waiter learns from it is
 what happened before it, and that is everything before the block (the SyncAll) in both. A wait's
 place among the other waits orders nothing, since no signal of the block follows any of them, and
-everything after the block follows every wait (the SyncAll). No two signals of a block set the same
-slot (without rounds a slot is signalled once per call, E0306), so their order cannot change a
-slot's last value.
+everything after the block follows every wait (the SyncAll). Every signal of the block is issued
+without waiting for anything, so a wait that the program order would let through at once (its
+signal came before another one it already saw) still ends, a little later. No two signals of a
+block set the same slot (without rounds a slot is signalled once per call, E0306), so their order
+cannot change a slot's last value.
 """
 
 from __future__ import annotations
