@@ -557,7 +557,7 @@ def _statements(s: ir.Schedule) -> list[dict]:
                 else:
                     out.append({"kind": "control", **_at(op.span), "body": [node], "shared": False})
                 # a shared block: its loops' trips on every core, the rest on core 0
-                out[-1]["shared"] |= _holds_shared(op, shared)
+                out[-1]["shared"] |= any(id(x) in shared for x in control.loops(op))
             else:  # an if around stages or barriers: every core of the rank takes the same arm
                 out.append({"kind": "if", **_at(op.span), "cond": c(op.cond),
                             "then": scoped(op.then, top), "orelse": scoped(op.orelse, top)})
@@ -574,15 +574,6 @@ def _statements(s: ir.Schedule) -> list[dict]:
             lets.table = outer
 
     return _drop_unused(scoped(s.body, top), lets.used)
-
-
-def _holds_shared(op, shared: frozenset[int]) -> bool:
-    """Whether op is, or holds, a loop whose trips the cores share."""
-    if isinstance(op, ir.Loop):
-        return id(op) in shared
-    if isinstance(op, ir.If):
-        return any(_holds_shared(o, shared) for o in op.then + op.orelse)
-    return False
 
 
 def _local(op: ir.Local) -> dict:

@@ -78,8 +78,7 @@ def shared_loops(s: Schedule) -> frozenset[int]:
     def level(ops) -> None:
         for block in blocks(ops):
             if _shares(block, rounds):
-                for op in block:
-                    _loops(op, out)
+                out.update(id(x) for op in block for x in loops(op))
         for op in ops:                  # the levels below: step loops and ifs around stages
             if is_control(op):
                 continue
@@ -93,24 +92,17 @@ def shared_loops(s: Schedule) -> frozenset[int]:
     return frozenset(out)
 
 
-def _loops(op, out: set[int]) -> None:
+def loops(op) -> list[Loop]:
+    """The loops at the top of a control op, or in an if there (the ones a shared block shares)."""
     if isinstance(op, Loop):
-        out.add(id(op))
-    elif isinstance(op, If):
-        for o in op.then + op.orelse:
-            _loops(o, out)
+        return [op]
+    if isinstance(op, If):
+        return [x for o in op.then + op.orelse for x in loops(o)]
+    return []
 
 
 def _shares(block: list, rounds: set[str]) -> bool:
-    return any(_has_loop(op) for op in block) and not _order(block, rounds)[2]
-
-
-def _has_loop(op) -> bool:
-    if isinstance(op, Loop):
-        return True
-    if isinstance(op, If):
-        return any(_has_loop(o) for o in op.then + op.orelse)
-    return False
+    return any(loops(op) for op in block) and not _order(block, rounds)[2]
 
 
 def _order(ops, rounds: set[str]) -> tuple[bool, bool, bool]:
