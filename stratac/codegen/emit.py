@@ -150,6 +150,8 @@ def _named(e: ir.IExpr) -> ir.IExpr:
             got = find(x)
         elif got is None and isinstance(x, ir.Sel):
             x = ir.Sel(walk(x.cond), walk(x.then), walk(x.orelse))
+        elif got is None and isinstance(x, ir.Elem):
+            x = ir.Elem(x.name, walk(x.index))
         return x if got is None else got
 
     return walk(e)
@@ -544,7 +546,8 @@ def _statements(s: ir.Schedule) -> list[dict]:
                 else:
                     out.append(_local(op))
             elif isinstance(op, ir.Set):
-                out.append({"kind": "set", **_at(op.span), "name": _cname(op.name),
+                target = _cname(op.name) if op.index is None else c(ir.Elem(op.name, op.index))
+                out.append({"kind": "set", **_at(op.span), "name": target,
                             "value": _argument(op.value), "mutable": True})
             elif isinstance(op, ir.Loop) and not control.is_control(op):
                 # a step loop around stages: every core of the rank runs every step, in step
@@ -583,7 +586,11 @@ def _local(op: ir.Local) -> dict:
     roots, lets.used = lets.used, set()
     try:
         node = {"kind": "local", **_at(op.span), "name": _cname(op.name),
-                "value": _argument(op.value), "mutable": op.mutable}
+                "value": _argument(op.value), "mutable": op.mutable, "array": None}
+        if op.size is not None:    # an array: room for ir.ARRAY_CAPACITY, its first size filled
+            j = _cpp("j")
+            node.update(array=f"{_cname(op.name)}[{ir.ARRAY_CAPACITY}]", size=c(op.size),
+                        fill=c(ir.Bin(ir.BinKind.LT, j, op.size)), elem=c(ir.Elem(op.name, j)))
     finally:
         uses, lets.used = lets.used, roots
     if not op.inline:

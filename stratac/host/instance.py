@@ -50,6 +50,13 @@ _COMPARE = {ir.BinKind.LT: np.less, ir.BinKind.LE: np.less_equal, ir.BinKind.GT:
             ir.BinKind.GE: np.greater_equal, ir.BinKind.EQ: np.equal, ir.BinKind.NE: np.not_equal}
 
 
+def _deeper(v):
+    """A value of env one axis deeper (an array's elements each)."""
+    if isinstance(v, tuple):
+        return tuple(_deeper(x) for x in v)
+    return v[..., None] if isinstance(v, np.ndarray) else v
+
+
 def _sets_outer(loop: ir.Loop) -> bool:
     """Whether the loop's body sets a var it does not declare (a var of the loop's state)."""
     declared: set[str] = set()
@@ -108,6 +115,14 @@ class _Walk:
             return e.value
         if isinstance(e, ir.Var):
             return env[e.name]
+        if isinstance(e, ir.Elem):
+            values = env[e.name]
+            i = self._index("reads", e.name, len(values), e.index, env, mask, span)
+            if not np.ndim(i) and not any(np.ndim(x) for x in values):
+                return values[int(i)]
+            *each, i = np.broadcast_arrays(*values, i)    # every place its own element
+            at = np.clip(i, 0, len(values) - 1)[..., None]
+            return np.take_along_axis(np.stack(each, axis=-1), at, axis=-1)[..., 0]
         if isinstance(e, ir.Sel):   # each branch evaluated (and checked) only where it is taken
             c = np.asarray(self._val(e.cond, env, mask, span)) != 0
             return np.where(c, self._val(e.then, env, mask & c, span),
@@ -134,6 +149,15 @@ class _Walk:
             return v
         return _ARITH[k](a, b)
 
+    def _index(self, verb: str, name: str, k: int, index: ir.IExpr, env: dict, mask: np.ndarray, span):
+        """An index of array `name` (k elements) wherever mask holds, checked to lie in it."""
+        i = self._val(index, env, mask, span)
+        bad = mask & ((np.asarray(i) < 0) | (np.asarray(i) >= k))
+        if bad.any():
+            self._fault(span, bad, env, f"{verb} {name}[{int(np.broadcast_to(i, bad.shape)[bad][0])}], "
+                        f"outside {name}'s {k} elements")
+        return i
+
     def _fault(self, span, bad: np.ndarray, env: dict, what) -> None:
         """Raises for the first place where `bad` holds (the lowest rank's); `what`: the message,
         or a function making it (texts of expressions are made only for a fault)."""
@@ -147,7 +171,7 @@ class _Walk:
               loop: ir.Loop | None = None) -> tuple[dict, np.ndarray]:
         """env and mask one axis deeper, with var taking every rank on it (peers: but this one),
         or, for a step loop, every value of its range (the mask keeps each place's own range)."""
-        inner = {k: (v[..., None] if isinstance(v, np.ndarray) else v) for k, v in env.items()}
+        inner = {k: _deeper(v) for k, v in env.items()}
         if domain is ir.Domain.RANGE:
             lo, hi, top = self._range(loop, env, mask)
             inner[var] = np.arange(max(top, 0)).reshape((1,) * mask.ndim + (max(top, 0),))
@@ -189,9 +213,21 @@ class _Walk:
                 self._loops.append(op.var)
                 self._top(op.body, inner, deeper)
                 self._loops.pop()
+            elif isinstance(op, ir.Local) and op.size is not None:    # an array
+                k = int(np.max(self._val(op.size, env, mask, op.span)))   # every rank's the same
+                if not 0 <= k <= ir.ARRAY_CAPACITY:
+                    self._fault(op.span, mask, env, f"declares array {op.name} of {k} integers: an "
+                                f"array holds 0 to {ir.ARRAY_CAPACITY}")
+                env[op.name] = (self._val(op.value, env, mask, op.span),) * k
             elif isinstance(op, ir.Local):
                 if not op.inline:   # a let's name is for the generated code alone
                     env[op.name] = self._val(op.value, env, mask, op.span)
+            elif isinstance(op, ir.Set) and op.index is not None:   # one element, where mask holds
+                old = env[op.name]
+                i = self._index("sets", op.name, len(old), op.index, env, mask, op.span)
+                value = self._val(op.value, env, mask, op.span)
+                env[op.name] = tuple(np.where(mask & (np.asarray(i) == j), value, x)
+                                     for j, x in enumerate(old))
             elif isinstance(op, ir.Set):   # where mask holds; elsewhere it keeps its value
                 env[op.name] = np.where(mask, self._val(op.value, env, mask, op.span), env[op.name])
             elif isinstance(op, ir.Await):

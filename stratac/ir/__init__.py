@@ -10,9 +10,11 @@ re-exported here. This package imports nothing above it.
 """
 
 from stratac.ir.expr import (
+                             ARRAY_CAPACITY,
                              Bin,
                              BinKind,
                              Const,
+                             Elem,
                              IExpr,
                              Sel,
                              Var,
@@ -20,6 +22,7 @@ from stratac.ir.expr import (
                              affine,
                              bare,
                              c_source,
+                             element,
                              log2,
                              nonnegative,
                              py_source,
@@ -80,7 +83,7 @@ from stratac.ir.nodes import (
 )
 from stratac.ir.printer import dump
 
-__all__ = ["Bin", "BinKind", "Const", "IExpr", "Sel", "Var", "add", "bare", "c_source", "log2",
+__all__ = ["ARRAY_CAPACITY", "Bin", "BinKind", "Const", "Elem", "element", "IExpr", "Sel", "Var", "add", "bare", "c_source", "log2",
            "nonnegative", "py_source", "Requirement", "unmet_requirement", "MASK_MAX_WORLD", "ELEM", "elem_env", "elem_sizes", "MASKED_KINDS", "takes_mask",
            "affine", "simplify", "size_scale", "split_part", "substitute", "ROUTE_OPERANDS", "Accumulate", "Await", "Barrier",
            "Buffer", "CallSite", "Contract", "ContractKind", "Copy", "Domain", "DType", "Engine", "Flag", "If",

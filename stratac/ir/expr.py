@@ -124,7 +124,39 @@ class Sel:
         return f"({bare(self.then)} if {bare(self.cond)} else {bare(self.orelse)})"
 
 
-IExpr = Union[Const, Var, Bin, Sel]
+@dataclass(frozen=True)
+class Elem:
+    """`t[i]`: element i of the running rank's integer array t (`var t[K] = v`). Its value is the
+    one the last `set t[i] = ...` before it gave, like a var's; an index outside 0 .. K - 1 is an
+    error of the instance (IndexError here; the evaluators report it at the statement)."""
+
+    name: str
+    index: "IExpr"
+
+    def eval(self, env: Mapping[str, int]) -> int:
+        return element(env[self.name], self.index.eval(env), self.name)
+
+    def names(self) -> frozenset[str]:
+        return self.index.names() | {self.name}
+
+    def __str__(self) -> str:
+        return f"{self.name}[{bare(self.index)}]"
+
+
+def element(values, i: int, name: str) -> int:
+    """values[i] of array `name`, i checked against its length (a negative i is not Python's from
+    the end: it is out of range)."""
+    if not 0 <= i < len(values):
+        raise IndexError(f"{name}[{i}] is outside {name}'s {len(values)} elements "
+                         f"(0 .. {len(values) - 1})")
+    return values[i]
+
+
+# the most integers an array may hold: it lives on the scalar unit's stack, which a table sized by
+# the world would not fit (every instance is checked against it)
+ARRAY_CAPACITY = 64
+
+IExpr = Union[Const, Var, Bin, Sel, Elem]
 
 
 def bare(e: "IExpr") -> str:
@@ -155,6 +187,8 @@ def nonnegative(e: "IExpr") -> bool:
         return e.value >= 0
     if isinstance(e, Var):
         return True
+    if isinstance(e, Elem):      # an array's elements may be anything
+        return False
     if isinstance(e, Sel):
         return nonnegative(e.then) and nonnegative(e.orelse)
     if e.kind is BinKind.SUB:
@@ -189,6 +223,8 @@ def simplify(e: IExpr) -> IExpr:
         if isinstance(c, Const):
             return simplify(e.then if c.value else e.orelse)
         return Sel(c, simplify(e.then), simplify(e.orelse))
+    if isinstance(e, Elem):
+        return Elem(e.name, simplify(e.index))
     if not isinstance(e, Bin):
         return e
     a, b, k = simplify(e.lhs), simplify(e.rhs), e.kind
@@ -237,6 +273,8 @@ def simplify(e: IExpr) -> IExpr:
 
 
 def _divides_nothing(e: IExpr) -> bool:
+    if isinstance(e, Elem):      # its index may be out of range, which instantiation reports
+        return False
     if isinstance(e, Sel):
         return all(_divides_nothing(x) for x in (e.cond, e.then, e.orelse))
     if isinstance(e, Bin):
@@ -271,6 +309,8 @@ def _subst(e: IExpr, name: str, value: IExpr) -> IExpr:
         return Bin(e.kind, _subst(e.lhs, name, value), _subst(e.rhs, name, value))
     if isinstance(e, Sel):
         return Sel(*(_subst(x, name, value) for x in (e.cond, e.then, e.orelse)))
+    if isinstance(e, Elem):
+        return Elem(e.name, _subst(e.index, name, value))
     return e
 
 
@@ -284,6 +324,9 @@ def substitute(e: IExpr, value_of) -> IExpr:
         return Bin(e.kind, substitute(e.lhs, value_of), substitute(e.rhs, value_of))
     if isinstance(e, Sel):
         return Sel(*(substitute(x, value_of) for x in (e.cond, e.then, e.orelse)))
+    if isinstance(e, Elem):     # the array's own name is renamed only (a value for it is a Var)
+        got = value_of(e.name)
+        return Elem(got.name if isinstance(got, Var) else e.name, substitute(e.index, value_of))
     return e
 
 
@@ -332,6 +375,8 @@ def py_source(e: IExpr) -> str:
         return f"env[{e.name!r}]"
     if isinstance(e, Sel):
         return f"({py_source(e.then)} if {py_source(e.cond)} else {py_source(e.orelse)})"
+    if isinstance(e, Elem):     # `_element`: ir.element, bound where the source is compiled
+        return f"_element(env[{e.name!r}], {py_source(e.index)}, {e.name!r})"
     a, b = py_source(e.lhs), py_source(e.rhs)
     if e.kind in (BinKind.MIN, BinKind.MAX):
         return f"{e.kind.value}({a}, {b})"
@@ -378,6 +423,8 @@ def _c(e: IExpr, names: Mapping[str, str]) -> tuple[str, int, bool]:
         return (str(v) if v >= 0 else f"({v})"), _C_PRIMARY, v not in _INT32
     if isinstance(e, Var):
         return names[e.name], _C_PRIMARY, True
+    if isinstance(e, Elem):     # a subscript binds like a name; the index is proven in range
+        return f"{names[e.name]}[{_c(e.index, names)[0]}]", _C_PRIMARY, True
     if isinstance(e, Sel):
         # (c ? a : b), parenthesized (the conditional binds loosest); int64_t when either branch
         # is (the usual conversions), else the first branch is cast so that the result is

@@ -158,8 +158,12 @@ class _Inliner:
         if isinstance(op, Wait):
             return replace(op, flag=self.prefix + op.flag, index=self.e(op.index),
                            round=self.e(op.round))
-        if isinstance(op, (Local, Set)):   # the callee's locals are renamed as its loop variables
-            return replace(op, name=self.prefix + op.name, value=self.e(op.value))
+        if isinstance(op, Local):   # the callee's locals are renamed as its loop variables
+            return replace(op, name=self.prefix + op.name, value=self.e(op.value),
+                           size=None if op.size is None else self.e(op.size))
+        if isinstance(op, Set):
+            return replace(op, name=self.prefix + op.name, value=self.e(op.value),
+                           index=None if op.index is None else self.e(op.index))
         raise TypeError(f"a {type(op).__name__} cannot be inlined")   # sema refuses such callees
 
 

@@ -76,6 +76,8 @@ class _Py:
         if k is None:
             if isinstance(e, (ir.Const, ir.Var)):
                 k = e
+            elif isinstance(e, ir.Elem):
+                k = ("[]", e.name, self._key(e.index))
             elif isinstance(e, ir.Sel):
                 k = ("?", self._key(e.cond), self._key(e.then), self._key(e.orelse))
             else:
@@ -107,6 +109,8 @@ class _Py:
         if isinstance(e, ir.Sel):   # only the branch taken is evaluated (and checked)
             c = self(e.cond, cond)
             return f"({self(e.then, True)} if {c} else {self(e.orelse, True)})"
+        if isinstance(e, ir.Elem):
+            return f"_element(env[{e.name!r}], {self(e.index, cond)}, {e.name!r})"
         if isinstance(e, ir.Bin):
             if e.kind is ir.BinKind.LOG2:
                 return f"_log2({self(e.lhs, cond)})"
@@ -124,6 +128,8 @@ class _Py:
 def _children(e) -> tuple:
     if isinstance(e, ir.Sel):
         return (e.cond, e.then, e.orelse)
+    if isinstance(e, ir.Elem):
+        return (e.index,)
     if isinstance(e, ir.Bin):
         return (e.lhs, e.rhs)
     return ()
@@ -133,7 +139,8 @@ def _function(exprs, body) -> Callable[[dict], object]:
     """`lambda env: body(py)` compiled, py writing the expressions of `exprs` with their common
     subexpressions computed once (_Py)."""
     return eval(f"lambda env: {body(_Py(exprs))}", {  # noqa: S307 - from the IR only
-        "_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_log2": _log2})
+        "_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_log2": _log2,
+        "_element": ir.element})
 
 
 _COMPILED: dict[int, tuple[ir.IExpr, Callable[[dict], int]]] = {}
@@ -206,13 +213,16 @@ def _ev(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
         where = f" with {_env_text(env)}" if env else ""
         raise StrataError(error(Codes.BAD_WORLD, f"{exc} evaluating {what} ({ir.bare(e)}){where}",
                                 span)) from None
+    except IndexError as exc:     # an array's element outside it (ir.element says which)
+        raise StrataError(error(Codes.SHAPE, f"{exc} evaluating {what} ({ir.bare(e)}) with "
+                                f"{_env_text(env)}", span)) from None
 
 
 def _truth(cond: ir.IExpr, env: dict, span: Span) -> bool:
     """Whether a condition holds: the compiled call, or on any evaluation error `_ev`'s report."""
     try:
         return bool(_compiled(cond)(env))
-    except ArithmeticError:
+    except (ArithmeticError, IndexError):
         return bool(_ev(cond, env, span, "a condition"))
 
 
@@ -222,8 +232,30 @@ def evaluate(e: ir.IExpr, env: dict, span: Span, what: str) -> int:
     return _ev(e, env, span, what)
 
 
+def local_value(op: "ir.Local | ir.Set", env: dict) -> "int | tuple[int, ...]":
+    """The value a var declaration or a `set` gives its name in env (not changed): an integer, or
+    an array's elements as a tuple (its size and the index checked, StrataError at the statement)."""
+    value = _ev(op.value, env, op.span, f"the value of {op.name}")
+    if type(op) is ir.Local and op.size is not None:
+        k = _ev(op.size, env, op.span, f"the size of array {op.name}")
+        if not 0 <= k <= ir.ARRAY_CAPACITY:
+            raise StrataError(error(Codes.SHAPE, f"array {op.name} would hold {k} integers with "
+                                    f"{_env_text(env)}: an array holds 0 to {ir.ARRAY_CAPACITY} (it "
+                                    "lives on the scalar unit's stack)", op.span))
+        return (value,) * k
+    if type(op) is ir.Set and op.index is not None:
+        old = env[op.name]
+        i = _ev(op.index, env, op.span, f"the index of {op.name}")
+        if not 0 <= i < len(old):
+            raise StrataError(error(Codes.SHAPE, f"`set {op.name}[{i}]` is outside {op.name}'s "
+                                    f"{len(old)} elements (0 .. {len(old) - 1}) with "
+                                    f"{_env_text(env)}", op.span))
+        return old[:i] + (value,) + old[i + 1:]
+    return value
+
+
 def _env_text(env: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+    return ", ".join(f"{k}={list(v) if type(v) is tuple else v}" for k, v in sorted(env.items()))
 
 
 # From this many live ranks on, an instance's ranks walk the program together (stratac.ir.lockstep:
@@ -443,7 +475,7 @@ class _Builder:
                     owner, slot, rnd = _signal_fn(op)(env)
                     ok = (owner in live and 0 <= slot < flag_sizes[op.flag]
                           and 0 <= rnd < flag_rounds[op.flag])
-                except (ArithmeticError, KeyError):
+                except (ArithmeticError, LookupError):
                     ok = False
                 if not ok:
                     owner = _ev(op.rank, env, op.span, "the signalled rank")
@@ -461,7 +493,7 @@ class _Builder:
                     slot = _compiled(op.index)(env)
                     rnd = op.round.value if type(op.round) is Const else _compiled(op.round)(env)
                     ok = 0 <= slot < flag_sizes[op.flag] and 0 <= rnd < flag_rounds[op.flag]
-                except (ArithmeticError, KeyError):
+                except (ArithmeticError, LookupError):
                     ok = False
                 if not ok:
                     slot = self.flag_slot(op.flag, op.index, env, op.span)
@@ -506,7 +538,7 @@ class _Builder:
                     # that set it (loop variables are bound in it too; sema keeps names apart); a
                     # let's name is for the generated code alone (its uses are substituted)
                     if t is Set or not op.inline:
-                        env[op.name] = _ev(op.value, env, op.span, f"the value of {op.name}")
+                        env[op.name] = local_value(op, env)
                         if t is Local:
                             declared.append(op.name)
                 elif self.barriers_only and not (t is Loop and op.domain is ir.Domain.RANGE):
@@ -609,7 +641,7 @@ class _Builder:
         # error takes the slow path below, which reports it at its place
         try:
             owner, lo, n, index, parts, a, b, limit = _region_fn(r)(env)
-        except (ArithmeticError, KeyError):
+        except (ArithmeticError, LookupError):
             return self._region(r, env)
         if not (owner in self.live and (r.part is None or 0 <= index < parts)
                 and 0 <= a <= b <= limit

@@ -19,7 +19,7 @@ could leave int64) makes it give up on the whole instance (`_Bail`), and `instan
 per-rank walk, which finds the error and reports it at its place, or accepts what only looked
 close. So a diagnostic is always the per-rank walk's, and an instance this walk builds is one that
 walk builds too (tests/verify/test_lockstep.py compares them event for event). Routing constructs
-(MoE) are left to the per-rank walk.
+(MoE) and integer arrays (`var t[K]`) are left to the per-rank walk.
 """
 
 from __future__ import annotations
@@ -195,6 +195,8 @@ class _Values:
             if v is None:
                 raise _Bail
             return v
+        if t is ir.Elem:    # arrays (`var t[K]`): the rank-by-rank walk keeps them
+            raise _Bail
         if t is ir.Sel:
             c = self(e.cond)
             if type(c) is int:
@@ -343,6 +345,8 @@ class _Lockstep:
                 self.count += n
                 barriers = barriers + 1
             elif t is ir.Local or t is ir.Set:
+                if t is ir.Local and op.size is not None:
+                    raise _Bail   # an array: the rank-by-rank walk (instantiate.local_value)
                 if t is ir.Set or not op.inline:
                     env[op.name] = _Values(env, n)(op.value)
                     if t is ir.Local:

@@ -345,22 +345,29 @@ class Local:
     inline: a let whose uses are substituted in the expressions after it, as every other let's are
     (what the verifier, the check before a call and the simulator read); the node only names its
     value for the generated code, which prints the name where an expression holds the value
-    (codegen.emit), and they skip it."""
+    (codegen.emit), and they skip it.
+
+    size: an integer array, `var t[size] = value` (each of its `size` elements starts as value;
+    size is an expression every rank agrees on, 0 .. ARRAY_CAPACITY at every instance); None for a
+    single integer."""
 
     name: str
     value: IExpr
     span: Span
     mutable: bool = True
     inline: bool = False
+    size: IExpr | None = None
 
 
 @dataclass(frozen=True)
 class Set:
-    """set name = value: a var's new value, on every core of the running rank."""
+    """set name = value: a var's new value, on every core of the running rank; `set t[index] =
+    value` (index not None): element index of the array t (in range at every instance)."""
 
     name: str
     value: IExpr
     span: Span
+    index: IExpr | None = None
 
 
 @dataclass(frozen=True)

@@ -252,6 +252,9 @@ def expressions(s: ir.Schedule):
                 continue
             elif isinstance(op, (ir.Local, ir.Set)):
                 yield op.value
+                extent = op.size if isinstance(op, ir.Local) else op.index
+                if extent is not None:
+                    yield extent
             elif isinstance(op, ir.Route):
                 yield from region(op.dst)
                 if op.capacity is not None:
@@ -275,6 +278,8 @@ def conditional_conds(e: ir.IExpr):
     elif isinstance(e, ir.Bin):
         yield from conditional_conds(e.lhs)
         yield from conditional_conds(e.rhs)
+    elif isinstance(e, ir.Elem):
+        yield from conditional_conds(e.index)
 
 
 def routes(s: ir.Schedule) -> list[ir.Route]:

@@ -127,9 +127,11 @@ def _dump_op(op: Node, depth: int, out: list[str]) -> None:
         out.append(f"{pad}await {op.handle}{_line(op.span)}")
     elif isinstance(op, Local):
         subst = "  [substituted where used; a name in the kernel]" if op.inline else ""
-        out.append(f"{pad}{'var' if op.mutable else 'let'} {op.name} = {bare(op.value)}{subst}"
+        size = "" if op.size is None else f"[{bare(op.size)}]"
+        out.append(f"{pad}{'var' if op.mutable else 'let'} {op.name}{size} = {bare(op.value)}{subst}"
                    f"{_line(op.span)}")
     elif isinstance(op, Set):
-        out.append(f"{pad}set {op.name} = {bare(op.value)}{_line(op.span)}")
+        index = "" if op.index is None else f"[{bare(op.index)}]"
+        out.append(f"{pad}set {op.name}{index} = {bare(op.value)}{_line(op.span)}")
     else:  # pragma: no cover - the IR has no other node kinds
         raise TypeError(op)

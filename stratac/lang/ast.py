@@ -61,7 +61,8 @@ class Attr:
 
 @dataclass(frozen=True)
 class Member:
-    """``team[i]``: the rank of member i of a team."""
+    """``team[i]``: the rank of member i of a team; ``t[i]``: element i of an integer array (sema
+    tells them apart by the name)."""
 
     team: str
     index: "Expr"
@@ -192,22 +193,25 @@ class Let:
 @dataclass(frozen=True)
 class VarDecl:
     """var name = expr: an integer the running rank may change with `set` (loop state), visible
-    after it in its block and the blocks inside."""
+    after it in its block and the blocks inside; `var name[size] = expr`: an array of size integers,
+    each starting as expr."""
 
     name: str
     value: Expr
     span: Span
     name_span: Span
+    size: "Expr | None" = None
 
 
 @dataclass(frozen=True)
 class SetVar:
-    """set name = expr: a new value for a var."""
+    """set name = expr: a new value for a var; `set name[index] = expr`: for an array's element."""
 
     name: str
     value: Expr
     span: Span
     name_span: Span
+    index: "Expr | None" = None
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,14 @@ class _Builder(Transformer):
         name, value = children
         return ast.SetVar(str(name), value, self._span(meta), _tok_span(self.source, name))
 
+    def var_array(self, meta, children):
+        name, size, value = children
+        return ast.VarDecl(str(name), value, self._span(meta), _tok_span(self.source, name), size)
+
+    def set_elem(self, meta, children):
+        name, index, value = children
+        return ast.SetVar(str(name), value, self._span(meta), _tok_span(self.source, name), index)
+
     def requires(self, meta, children):
         return ast.Requires(children[0], self._span(meta))
 

@@ -258,9 +258,9 @@ def trip_changes(loop: ir.Loop, name: str, world: int, fixed: dict[str, int]) ->
     4095, 4096, 4097 (two chunks) and 8191, 8192, 8193 (three). Each count is the condition
     `hi - lo >= k`, solved or scanned as `boundaries` does, with the same values for the other
     names."""
-    others = sorted((loop.lo.names() | loop.hi.names()) - {name, "world"} - fixed.keys())
+    trips = _elements_as_names(ir.Bin(ir.BinKind.SUB, loop.hi, loop.lo))
+    others = sorted(trips.names() - {name, "world"} - fixed.keys())
     ranks = sorted({r for r in (0, 1, world // 2, world - 1) if 0 <= r < world})
-    trips = ir.Bin(ir.BinKind.SUB, loop.hi, loop.lo)
     out: set[int] = set()
     for k in TRIPS:
         cond = ir.Bin(ir.BinKind.GE, trips, ir.Const(k))
@@ -298,6 +298,7 @@ def boundaries(cond: ir.IExpr, name: str, world: int, fixed: dict[str, int], lo:
     [lo, hi]). The other names of the condition: world, those in `fixed`, and any other (rank, a
     loop variable, a rank parameter) each of 0, 1, world / 2 and world - 1. A condition linear in
     `name` is solved (all its changes); any other is scanned (`_changes`: its first two)."""
+    cond = _elements_as_names(cond)
     others = sorted(cond.names() - {name, "world"} - fixed.keys())
     ranks = sorted({r for r in (0, 1, world // 2, world - 1) if 0 <= r < world})
     out: set[int] = set()
@@ -307,6 +308,19 @@ def boundaries(cond: ir.IExpr, name: str, world: int, fixed: dict[str, int], lo:
         for v in _changes(cond, name, env):
             out.update(x for x in (v - 2, v - 1, v, v + 1) if x >= lo and (hi is None or x <= hi))
     return out
+
+
+def _elements_as_names(e: ir.IExpr) -> ir.IExpr:
+    """e with each array element it reads (`t[i]`) a name of its own (`t[i]` as text), which the
+    samples give the values they give a rank or a var: an element is the running rank's, like
+    them."""
+    if isinstance(e, ir.Elem):
+        return ir.Var(str(e))
+    if isinstance(e, ir.Bin):
+        return ir.Bin(e.kind, _elements_as_names(e.lhs), _elements_as_names(e.rhs))
+    if isinstance(e, ir.Sel):
+        return ir.Sel(*(_elements_as_names(x) for x in (e.cond, e.then, e.orelse)))
+    return e
 
 
 def _changes(cond: ir.IExpr, name: str, env: dict[str, int]) -> list[int]:

@@ -292,3 +292,26 @@ def test_the_walk_in_blocks_finds_what_the_walk_rank_by_rank_finds():
     finally:
         instance.RANK_BLOCK_ELEMENTS = keep
     assert walks > 1000 and faults > 50, (walks, faults)
+
+
+ARRAYS = Path(__file__).resolve().parents[1] / "verify" / "corpus"
+
+
+@pytest.mark.parametrize("name, world, message", [
+    ("set_past_the_end", 3, "on rank 2, line 7 sets last[2], outside last's 2 elements"),
+    ("read_past_the_end", 2, "on rank 0, line 17 reads order[2], outside order's 2 elements"),
+    ("too_large", 2, "line 21 declares array seen of 66 integers: an array holds 0 to 64"),
+])
+def test_the_check_before_a_call_refuses_an_array_index_or_size_outside_it(name, world, message):
+    """The region walk (the rank and loop variables as numpy axes) follows arrays too: an index
+    outside its array, read or set, or an array over the capacity, is refused before the proof,
+    naming the rank and the line; the instances the verifier proves pass it."""
+    ss = frontend.schedules(frontend.load_source(str(ARRAYS / "array_out_of_range.strata")))
+    s = passes.pipeline(next(x for x in ss if x.name == name), passes.Options(cores=2))
+    with pytest.raises(StrataUsageError, match="nothing was written") as exc:
+        instance.check(s, world, {"n": 64})
+    assert message in str(exc.value)
+    for good in frontend.schedules(frontend.load_source(str(ARRAYS / "good_array_tables.strata"))):
+        g = passes.pipeline(good, passes.Options(cores=2))
+        for w in (1, 2, 4, 8):
+            assert instance.check(g, w, {"n": 1000}).proof["sizes"] == {"n": 1000}

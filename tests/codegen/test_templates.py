@@ -18,8 +18,10 @@ OPERATOR = set("+-*/%&|^<>=!~?:.[")
 
 # substitutions that are not expressions: names declared or incremented, types, template
 # arguments, kernel names (declared, and in header names), the indentation, launch.cpp's case
-# labels (integers jinja computes)
+# labels (integers jinja computes); an array's declarator (`t_[64]`) and the element a loop fills
+# (`t_[j]`, printed whole by ir.c_source: a subscript binds tighter than `=`)
 NOT_EXPRESSIONS = {"pad", "n.var", "st.var", "t.c", "z.c", "x.c", "m.c", "v.name", "st.name", "n.name",
+                   "st.array", "st.elem",
                    '"" if st.mutable else "const "', "t.ctype",
                    "k.ctype", "k.red", "n.op", "kernel_class", "n.via", "k.name",
                    "k.code * 3 + k.op_code if has_op else k.code"}

@@ -40,7 +40,7 @@ class _Lowering(Decls, Moves, Sync, Loops, Calls, Moe):
     def block(self, stmts, top: bool, loop_vars: tuple[str, ...], engine: ir.Engine | None = None):
         out: list[ir.Node] = []
         outer = dict(self.lets)     # a let or var is visible to the rest of its block only
-        outer_locals = dict(self.locals)
+        outer_locals, outer_arrays = dict(self.locals), dict(self.arrays)
         self.pending.append({})
         for st in stmts:
             if isinstance(st, ast.CallStmt):
@@ -54,7 +54,7 @@ class _Lowering(Decls, Moves, Sync, Loops, Calls, Moe):
             if op is not None:
                 out.append(op)
         self.lets = outer
-        self.locals = outer_locals
+        self.locals, self.arrays = outer_locals, outer_arrays
         for handle, span in self.pending.pop().items():
             self.err(Codes.BAD_REF, f"the asynchronous stage {handle} is never awaited: write "
                      f"`await {handle}` after it in the same block (its copies must complete before "

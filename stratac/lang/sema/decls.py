@@ -234,7 +234,9 @@ class Decls(Scope):
     def var(self, st: ast.VarDecl | ast.SetVar, loop_vars, in_stage: bool) -> ir.Local | ir.Set | None:
         """`var v = e` declares loop state; `set v = e` changes it. Both run on every core of the
         rank, outside stages (a stage's moves are counted and then made, each core its share:
-        their values must not change inside it)."""
+        their values must not change inside it). `var t[K] = e` declares an array of K integers,
+        `set t[i] = e` changes one: K is a size every rank agrees on (world, the size symbols and
+        the lets of those), at most ir.ARRAY_CAPACITY (checked at every instance)."""
         decl = isinstance(st, ast.VarDecl)
         word = "var" if decl else "set"
         if in_stage:
@@ -251,12 +253,25 @@ class Decls(Scope):
                     "not a var in scope: declare it first with `var`")
             self.err(Codes.UNKNOWN_NAME, f"`set {st.name}`: {st.name} is {what}", st.name_span)
             return None
+        array = st.size if decl else st.index
+        if not decl and (array is not None) != (st.name in self.arrays):
+            form = (f"an array of {ir.bare(self.arrays[st.name])} integers: set one element, "
+                    f"`set {st.name}[i] = ...`" if st.name in self.arrays
+                    else f"one integer: `set {st.name} = ...`")
+            self.err(Codes.BAD_REF, f"`set {st.name}`: {st.name} is {form}", st.span)
+            return None
         value = ir.simplify(self.expr(st.value, self.env(loop_vars), f"{word} {st.name}"))
         if not decl:
-            return ir.Set(st.name, value, st.span)
+            index = None if array is None else ir.simplify(
+                self.expr(array, self.env(loop_vars), f"the index of {st.name}"))
+            return ir.Set(st.name, value, st.span, index)
+        size = None if array is None else ir.simplify(self.expr(
+            array, self.static_env(), f"the size of array {st.name} (every rank's the same)"))
         self.lets[st.name] = ir.Var(st.name)
         self.locals[st.name] = True
-        return ir.Local(st.name, value, st.span, mutable=True)
+        if size is not None:
+            self.arrays[st.name] = size
+        return ir.Local(st.name, value, st.span, mutable=True, size=size)
 
     def requirement(self, st: ast.Requires, top: bool) -> None:
         if not top:

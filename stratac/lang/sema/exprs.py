@@ -35,9 +35,19 @@ class Expressions:
                             f"{', '.join(sorted(self.lets[e.id].names() - allowed))}, which {what} cannot)")
                 self.err(Codes.UNKNOWN_NAME, f"unknown name {e.id!r} in {what}{hint}", e.span)
                 return ir.Const(0)
+            if e.id in self.arrays:
+                self.err(Codes.BAD_REF, f"{e.id} is an array of {ir.bare(self.arrays[e.id])} integers: "
+                         f"read one element, {e.id}[i]", e.span)
+                return ir.Const(0)
             return self.lets.get(e.id, ir.Var(e.id))
         if isinstance(e, ast.Neg):
             return ir.Bin(ir.BinKind.SUB, ir.Const(0), self.expr(e.operand, allowed, what))
+        if isinstance(e, ast.Member) and e.team in self.arrays:
+            if e.team not in allowed:
+                self.err(Codes.UNKNOWN_NAME, f"{e.team} is the running rank's array, which {what} "
+                         "cannot depend on", e.span)
+                return ir.Const(0)
+            return ir.Elem(e.team, self.expr(e.index, allowed, what))
         if isinstance(e, (ast.Attr, ast.Member)):
             return self.team_expr(e, allowed, what)
         if isinstance(e, ast.Call) and e.fn == "sizeof":
@@ -185,4 +195,6 @@ def _names(e: ast.Expr) -> set[str]:
         return _names(e.lhs) | _names(e.rhs)
     if isinstance(e, ast.Neg):
         return _names(e.operand)
+    if isinstance(e, ast.Member):   # a team's member or an array's element: both names count
+        return {e.team} | _names(e.index)
     return set()

@@ -61,6 +61,7 @@ class Scope(Expressions):
         # them) and the lets of a var's value (False: the value when the let ran); lets holds each
         # as its ir.Var
         self.locals: dict[str, bool] = {}
+        self.arrays: dict[str, ir.IExpr] = {}   # the vars among them that are arrays: name -> size
         self.step_vars: set[str] = set()        # variables of step loops (for s in lo .. hi)
         self.masked = False                     # a MoE dispatch or combine (Decls.lower sets it)
         self.routed = False                     # a MoE contract: dispatch, combine or AllToAllV (likewise)

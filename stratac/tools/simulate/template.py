@@ -189,6 +189,29 @@ class _Walker:
         except ZeroDivisionError:
             raise SimulateError(f"division by zero evaluating {what} ({e}) at world {self.world}; "
                                 "run `stratac check` on the file") from None
+        except IndexError as exc:   # an array's element outside it
+            raise SimulateError(f"{exc} evaluating {what} ({e}) at world {self.world}; run "
+                                "`stratac check` on the file") from None
+
+    def local(self, op: "ir.Local | ir.Set", env: dict):
+        """The value a var declaration or a `set` gives its name: an integer or an array's
+        elements (a tuple), as ir.instantiate.local_value gives it."""
+        value = self.ev(op.value, env, f"the value of {op.name}")
+        if isinstance(op, ir.Local) and op.size is not None:
+            k = self.ev(op.size, env, f"the size of array {op.name}")
+            if not 0 <= k <= ir.ARRAY_CAPACITY:
+                raise SimulateError(f"array {op.name} would hold {k} integers at world {self.world} "
+                                    f"(line {op.span.line}); run `stratac check` on the file")
+            return (value,) * k
+        if isinstance(op, ir.Set) and op.index is not None:
+            old = env[op.name]
+            i = self.ev(op.index, env, f"the index of {op.name}")
+            if not 0 <= i < len(old):
+                raise SimulateError(f"`set {op.name}[{i}]` is outside {op.name}'s {len(old)} elements "
+                                    f"at world {self.world} (line {op.span.line}); run `stratac "
+                                    "check` on the file")
+            return old[:i] + (value,) + old[i + 1:]
+        return value
 
     def owner(self, r: ir.Region, env: dict) -> int:
         o = env["rank"] if r.rank is None else self.ev(r.rank, env, "a rank")
@@ -293,7 +316,7 @@ class _Walker:
                         share = None
                 elif isinstance(op, (ir.Local, ir.Set)):
                     if isinstance(op, ir.Set) or not op.inline:   # a let's name: the kernel's alone
-                        env[op.name] = self.ev(op.value, env, f"the value of {op.name}")
+                        env[op.name] = self.local(op, env)
                 elif isinstance(op, ir.Await):
                     # a posted stage is a "stage" item whose StageMoves.stage has a handle; the
                     # critical path overlaps it with what follows, up to its rank's next quiet
