@@ -40,6 +40,7 @@ SLOW = [
     *params(E2E + "test_moe_int8.py::test_int8_dispatch_and_bf16_combine_are_bit_exact",
             "3-prefill", "3-decode", "4-prefill", "4-decode"),
     *params(E2E + "test_shared_control_run.py::test_shared_control_blocks_run_correctly", "5"),
+    *params(E2E + "test_arrays_run.py::test_schedules_with_arrays_run_correctly", "8"),
     E2E + "test_checks_fail.py::test_no_check_turns_the_same_wrong_result_into_exit_0",
     E2E + "test_checks_fail.py::test_bench_*",
     E2E + "test_checks_fail.py::test_run_moe_says_wrong_for_a_count_a_window_row_and_a_combined_token",
