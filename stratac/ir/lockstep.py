@@ -19,7 +19,7 @@ could leave int64) makes it give up on the whole instance (`_Bail`), and `instan
 per-rank walk, which finds the error and reports it at its place, or accepts what only looked
 close. So a diagnostic is always the per-rank walk's, and an instance this walk builds is one that
 walk builds too (tests/verify/test_lockstep.py compares them event for event). Routing constructs
-(MoE) and integer arrays (`var t[K]`) are left to the per-rank walk.
+(MoE) are left to the per-rank walk. An integer array (`var t[K]`) is a matrix of a row per lane.
 """
 
 from __future__ import annotations
@@ -195,8 +195,17 @@ class _Values:
             if v is None:
                 raise _Bail
             return v
-        if t is ir.Elem:    # arrays (`var t[K]`): the rank-by-rank walk keeps them
-            raise _Bail
+        if t is ir.Elem:    # an array is a (lanes x K) matrix; an index outside it gives up
+            table = self.env.get(e.name)
+            if table is None:
+                raise _Bail
+            i = self(e.index)
+            lo, hi = _span_of(i)
+            if lo < 0 or hi >= table.shape[1]:
+                raise _Bail
+            if type(i) is int:
+                return table[:, i].copy()
+            return table[np.arange(self.n), i]
         if t is ir.Sel:
             c = self(e.cond)
             if type(c) is int:
@@ -344,9 +353,26 @@ class _Lockstep:
                     tl[r].append(Event(EventKind.BARRIER, r, len(tl[r]), op.span, barrier=m, members=mem))
                 self.count += n
                 barriers = barriers + 1
+            elif t is ir.Local and op.size is not None:    # an array: a (lanes x K) matrix
+                val = _Values(env, n)
+                k, v = val(op.size), val(op.value)
+                if type(k) is not int or not 0 <= k <= ir.ARRAY_CAPACITY:
+                    raise _Bail   # the per-rank walk names the size (instantiate.local_value)
+                table = np.empty((n, k), dtype=np.int64)
+                table[:] = v if type(v) is int else np.asarray(v)[:, None]
+                env[op.name] = table
+                declared.append(op.name)
+            elif t is ir.Set and op.index is not None:    # one element on each lane
+                val = _Values(env, n)
+                i, v = val(op.index), val(op.value)
+                table = env[op.name]
+                lo, hi = _span_of(i)
+                if lo < 0 or hi >= table.shape[1]:
+                    raise _Bail   # the per-rank walk names the element
+                table = table.copy()      # the groups' merge compares tables by identity
+                table[np.arange(n), i] = v
+                env[op.name] = table
             elif t is ir.Local or t is ir.Set:
-                if t is ir.Local and op.size is not None:
-                    raise _Bail   # an array: the rank-by-rank walk (instantiate.local_value)
                 if t is ir.Set or not op.inline:
                     env[op.name] = _Values(env, n)(op.value)
                     if t is ir.Local:
@@ -389,7 +415,8 @@ class _Lockstep:
         """start + the places of the if's longer arm, rank by rank (the per-rank walk's count)."""
         out = []
         for i, r in enumerate(ranks.tolist()):
-            env_r = {k: (v if type(v) is int else int(v[i])) for k, v in env.items()}
+            env_r = {k: (v if type(v) is int else tuple(v[i].tolist()) if v.ndim == 2 else int(v[i]))
+                     for k, v in env.items()}
             try:
                 out.append(max(self.b.places(op.then, env_r), self.b.places(op.orelse, env_r)))
             except StrataError:

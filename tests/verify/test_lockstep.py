@@ -216,3 +216,13 @@ def test_over_is_the_expression_at_each_value_or_nothing():
     assert lockstep.over(n, {"n": 10}, "p", np.arange(3)).tolist() == [10, 10, 10]
     assert lockstep.over(Bin(K.DIV, n, p), {"n": 10}, "p", np.arange(3)) is None
     assert lockstep.over(Bin(K.ADD, Var("m"), p), {"n": 10}, "p", np.arange(3)) is None
+
+
+def test_schedules_with_arrays_are_taken_by_the_lockstep_walk(monkeypatch):
+    """An integer array is a matrix of a row per lane: tables filled under rank-dependent ifs and
+    read as a copy's peer and under a move loop, built alike at worlds up to 9 and taken by the
+    lockstep walk (an index outside its array is given back, test_corpus_is_built_alike)."""
+    hd, table = verifykit.schedules([HERE / "corpus" / "good_array_tables.strata"])
+    for s, worlds in ((hd, [2, 4, 8]), (table, [2, 3, 4, 5, 6, 7, 8, 9])):   # hd: requires pow2
+        compared, built = _compare([s], worlds, monkeypatch)
+        assert compared == built and compared >= 10, (s.name, compared, built)
