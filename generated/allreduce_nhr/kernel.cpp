@@ -107,8 +107,8 @@ class AllreduceNhr {
             if (more_ * ((world - 1 + (int64_t{1} << t_)) / (int64_t{2} << t_)) > 1) {  // strata:53
               const int64_t st_ = (p_ / g_) * g_;  // strata:54
               const int64_t o_ = p_ - st_;  // strata:55
-              p_ = st_ + (o_ % 2 == 0 ? o_ / 2 : (strata::Min(st_ + g_, world) - st_ + 1) / 2 + o_ / 2);  // strata:56
-              more_ = g_ % 2 + (world % g_) % 2 > 0 ? 0 : more_;  // strata:57
+              p_ = st_ + (strata::Mod(o_, 2) == 0 ? o_ / 2 : (strata::Min(st_ + g_, world) - st_ + 1) / 2 + o_ / 2);  // strata:56
+              more_ = strata::Mod(g_, 2) + (world % g_) % 2 > 0 ? 0 : more_;  // strata:57
               g_ = g_ / 2;  // strata:58
             }
           }

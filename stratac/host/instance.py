@@ -118,8 +118,12 @@ class _Walk:
         if isinstance(e, ir.Elem):
             values = env[e.name]
             i = self._index("reads", e.name, len(values), e.index, env, mask, span)
+            # where mask holds the index is in range (checked); elsewhere (an arm not taken, a
+            # trip outside its range) any element will do, and an empty array reads as 0
+            if not values:
+                return np.zeros(np.shape(i), dtype=np.int64)
             if not np.ndim(i) and not any(np.ndim(x) for x in values):
-                return values[int(i)]
+                return values[min(max(int(i), 0), len(values) - 1)]
             *each, i = np.broadcast_arrays(*values, i)    # every place its own element
             at = np.clip(i, 0, len(values) - 1)[..., None]
             return np.take_along_axis(np.stack(each, axis=-1), at, axis=-1)[..., 0]

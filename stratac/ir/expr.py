@@ -29,7 +29,11 @@ class Const:
 
 @dataclass(frozen=True)
 class Var:
+    """A name: rank, world, a size symbol, a rank parameter, a loop variable (all never negative),
+    or a local of the running rank (`local`: a var, or a let that read one), which may be."""
+
     name: str
+    local: bool = False
 
     def eval(self, env: Mapping[str, int]) -> int:
         return env[self.name]
@@ -181,12 +185,12 @@ def log2(e: "IExpr") -> "Bin":
 
 def nonnegative(e: "IExpr") -> bool:
     """Whether e is never negative, from its form alone: names (rank, world, sizes, rank
-    parameters and loop variables, which the verifier keeps non-negative) and non-negative literals
-    combined by anything but subtraction."""
+    parameters and loop variables, which the verifier keeps non-negative; not the rank's locals)
+    and non-negative literals combined by anything but subtraction."""
     if isinstance(e, Const):
         return e.value >= 0
     if isinstance(e, Var):
-        return True
+        return not e.local       # a var may hold anything
     if isinstance(e, Elem):      # an array's elements may be anything
         return False
     if isinstance(e, Sel):
@@ -319,6 +323,8 @@ def substitute(e: IExpr, value_of) -> IExpr:
     substituted again); value_of returns None to keep v."""
     if isinstance(e, Var):
         got = value_of(e.name)
+        if isinstance(got, Var) and e.local:     # a local renamed (inlining) is still one
+            return Var(got.name, local=True)
         return e if got is None else got
     if isinstance(e, Bin):
         return Bin(e.kind, substitute(e.lhs, value_of), substitute(e.rhs, value_of))

@@ -37,6 +37,16 @@ def test_an_element_read_under_a_move_loop_is_indexed_by_the_loop_variable():
     assert "order_[i_]" in k.split("strata::Partition")[1], k
 
 
+def test_a_loop_over_peers_skips_the_running_rank_and_a_negative_local_is_floored():
+    """The kernel's loop over the peers around a `set` skips the running rank, as the proof's
+    does; a let that reads an element (a local: it may be negative) is floored by strata::Mod,
+    where C++'s % would truncate."""
+    k = codegen.generate(_schedule("allgather_peer_table")).files["kernel.cpp"]
+    assert "for (int64_t p_ = 0; p_ < world; ++p_) {  // strata:60\n      if (p_ == rank) continue;\n" \
+        "      back_[p_] = p_ - rank - world;" in k, k
+    assert "strata::Mod(rank + b_, world)" in k and "(rank + b_) % world" not in k
+
+
 def test_the_ir_printer_shows_arrays():
     text = ir.dump(_schedule("allreduce_hd_tables"))
     assert "var peer[L] = 0" in text or "var peer[log2(world)] = 0" in text, text

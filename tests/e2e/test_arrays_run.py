@@ -1,9 +1,11 @@
 """Integer arrays (`var t[K]`, `set t[i]`, `t[i]`) on the CPU build, checked against torch: the
 halving-doubling AllReduce whose doubling walks the tables its halving filled (a partner and a
-range per step, read back in reverse), and the AllGather whose one stage pushes to the peers in the
-order a table lists them (an element read per move, under the move loop). A table the kernel
-filled or read wrongly sends a part to the wrong peer or reduces the wrong range: a wrong result
-on some rank, or a wait that never returns (the run ends at its deadline, naming the flag)."""
+range per step, read back in reverse), the AllGather whose one stage pushes to the peers in the
+order a table lists them (an element read per move, under the move loop), and the AllGather whose
+table a loop over the peers fills (the kernel's loop must skip the running rank) and whose lets of
+it are negative (the kernel must floor their %). A table the kernel filled or read wrongly sends a
+part to the wrong peer or reduces the wrong range: a wrong result on some rank, or a wait that
+never returns (the run ends at its deadline, naming the flag)."""
 
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import runkit
 from stratac.tools.run import runner
 
 FILE = Path(__file__).resolve().parents[1] / "verify" / "corpus" / "good_array_tables.strata"
-SCHEDULES = 2
+SCHEDULES = 3
 
 
 @pytest.mark.parametrize("world", [4, 8])

@@ -163,3 +163,31 @@ def test_the_estimate_counts_each_flag_slot_and_a_held_entry_once(monkeypatch):
     monkeypatch.setattr(template_mod, "MAX_ENTRIES", 56)
     assert len(template(flags, 8, {"n": 1024}).timelines) == 8
     assert len(template(plain, 8, {"n": 1024}).timelines) == 8
+
+def test_template_matches_instantiate_with_arrays(tmp_path):
+    """Arrays (`var t[K]`): the corpus's tables, and a ring whose part index, peer and flag slots
+    are elements (a length that reads an element is computed key by key: an array is not a
+    column of the fixed names' values), at worlds 2-9 (world 7: uneven parts)."""
+    good = frontend.schedules(frontend.load_source(ROOT / "tests" / "verify" / "corpus" /
+                                                   "good_array_tables.strata"))
+    ring = schedule(tmp_path, """
+schedule ag_tab(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {
+  flag got[world]
+  blk = split(out, world)
+  var nxt[1] = (rank + 1) % world
+  var c[1] = rank
+  on sdma: blk[rank] = x
+  barrier
+  for s in 0 .. world - 1 {
+    if s > 0: wait got[s - 1]
+    on sdma: blk[c[0]]@nxt[0] = blk[c[0]]
+    signal got[s]@nxt[0]
+    set c[0] = (c[0] - 1) % world
+  }
+  if world > 1: wait got[world - 2]
+}
+""")
+    for s in [*good, ring]:
+        for world in range(2, 10):
+            if ir.unmet_requirement(s, world) is None:
+                _check_template(s, world)

@@ -123,6 +123,13 @@ class Calls(Scope):
                          f"and sizes{_unequal(team)})", st.span, Note("the flag is declared here", f.span))
             else:
                 self.flags[f.name] = f
+        for name, what, span in _names_declared(body):
+            if self.taken(name):   # the kernel would declare it twice
+                self.err(Codes.DUPLICATE_NAME, f"the {what} {name} of this call ({what} "
+                         f"{name[len(prefix):]} of {callee.name}) is already defined: rename yours",
+                         st.span, Note(f"the {what} is declared here", span))
+            else:
+                self.inlined.add(name)
         for t in teams:
             if self.taken(t.name):
                 self.err(Codes.DUPLICATE_NAME, f"the team {t.name} of this call (team {t.name[len(prefix):]} "
@@ -204,3 +211,18 @@ def _unequal(team: ir.Team | None) -> str:
         return ""
     return (f"; on {team.name}, whose groups differ in size, the callee's world is the size of the "
             "running rank's group")
+
+
+def _names_declared(ops):
+    """(name, what, span) of the locals, loop variables and asynchronous handles ops declare, at
+    any depth (an inlined body's, already renamed with its call's prefix)."""
+    for op in ops:
+        if isinstance(op, ir.Local):
+            yield op.name, "local", op.span
+        elif isinstance(op, ir.Loop):
+            yield op.var, "loop variable", op.span
+            yield from _names_declared(op.body)
+        elif isinstance(op, ir.If):
+            yield from _names_declared(op.then + op.orelse)
+        elif isinstance(op, ir.Stage) and op.handle is not None:
+            yield op.handle, "asynchronous stage", op.span

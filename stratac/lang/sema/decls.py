@@ -227,7 +227,7 @@ class Decls(Scope):
                 return None
             # substituted, and named in the kernel (ir.Local.inline)
             return ir.Local(st.name, value, st.span, mutable=False, inline=True)
-        self.lets[st.name] = ir.Var(st.name)
+        self.lets[st.name] = ir.Var(st.name, local=True)
         self.locals[st.name] = False
         return ir.Local(st.name, value, st.span, mutable=False)
 
@@ -267,7 +267,7 @@ class Decls(Scope):
             return ir.Set(st.name, value, st.span, index)
         size = None if array is None else ir.simplify(self.expr(
             array, self.static_env(), f"the size of array {st.name} (every rank's the same)"))
-        self.lets[st.name] = ir.Var(st.name)
+        self.lets[st.name] = ir.Var(st.name, local=True)
         self.locals[st.name] = True
         if size is not None:
             self.arrays[st.name] = size

@@ -31,6 +31,12 @@ class Loops(Scope):
             body = self.block(st.body, top=False, loop_vars=loop_vars + (st.var,), engine=engine)
             self.loop_bounds.pop()
             self.step_vars.discard(st.var)
+            read = (lo.names() | hi.names()) & self.locals.keys()
+            for name, span in _sets(body):
+                if name in read:   # the kernel tests its bound at every trip; the proof read it once
+                    self.err(Codes.BAD_REF, f"`set {name}` in a loop whose bounds read {name}: the "
+                             "bounds are read once, when the loop starts; give the loop a let of "
+                             f"{name} made before it", span)
             return ir.Loop(st.var, ir.Domain.RANGE, tuple(body), st.span, lo, hi)
         if st.team is not None:
             return self.team_loop(st, loop_vars, engine)
@@ -143,3 +149,14 @@ def _holds_stage(stmts) -> bool:
             if isinstance(inner, tuple) and _holds_stage(inner):
                 return True
     return False
+
+
+def _sets(ops):
+    """(name, span) of every `set` in ops, at any depth."""
+    for op in ops:
+        if isinstance(op, ir.Set):
+            yield op.name, op.span
+        elif isinstance(op, ir.If):
+            yield from _sets(op.then + op.orelse)
+        elif isinstance(op, (ir.Loop, ir.Stage)):
+            yield from _sets(op.body)

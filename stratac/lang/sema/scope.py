@@ -62,6 +62,8 @@ class Scope(Expressions):
         # as its ir.Var
         self.locals: dict[str, bool] = {}
         self.arrays: dict[str, ir.IExpr] = {}   # the vars among them that are arrays: name -> size
+        # the locals, loop variables and handles that inlined calls declare (renamed: c1_next)
+        self.inlined: set[str] = set()
         self.step_vars: set[str] = set()        # variables of step loops (for s in lo .. hi)
         self.masked = False                     # a MoE dispatch or combine (Decls.lower sets it)
         self.routed = False                     # a MoE contract: dispatch, combine or AllToAllV (likewise)
@@ -74,7 +76,8 @@ class Scope(Expressions):
 
     def taken(self, name: str) -> bool:
         return (name in RESERVED or name in self.params or name in self.views or name in self.flags
-                or name in self.scalars or name in self.lets or name in self.teams)
+                or name in self.scalars or name in self.lets or name in self.teams
+                or name in self.inlined)
 
     def static_env(self) -> set[str]:
         """Names a size of the schedule (a flag's, a scratch buffer's, a split's parts) may use:

@@ -687,7 +687,7 @@ def lengths(t: Template, env: dict) -> np.ndarray:
     for idx in groups.values():
         e, fixed = t.keys[idx[0]]
         values = None
-        if len(idx) > 1:
+        if len(idx) > 1 and not any(type(v) is tuple for v in fixed.values()):  # no array
             names = {n: np.fromiter((t.keys[i][1][n] for i in idx), dtype=np.int64, count=len(idx))
                      for n in fixed}
             values = lockstep.evaluate(e, {**base, **names}, len(idx))
