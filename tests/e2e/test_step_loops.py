@@ -1,4 +1,5 @@
 """The step-loop examples (ring AllReduce, ring ReduceScatter (also in place, and through a FIFO),
+PAT ReduceScatter (binomial trees through FIFOs per dim, world 5 not a power of two),
 recursive halving-doubling AllReduce, binomial-tree Broadcast; the pipelined ring AllGather and
 Bruck's AllToAll and AllGather, which take no reduction) on the CPU build at worlds 3, 4 and 5 where they allow
 it: f32 and bf16, sum and max where there is a reduction, one element and an uneven count, roots at
@@ -17,6 +18,7 @@ from stratac.tools.run import runner
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STEP_LOOPS = ["allreduce_ring", "allreduce_ring_reduce_send", "reducescatter_ring", "reducescatter_ring_fifo",
+              "reducescatter_pat",
               "reducescatter_ring_in_place", "allreduce_halving_doubling", "allreduce_double_tree",
               "broadcast_tree"]
 
