@@ -22,8 +22,11 @@ class Sync(Scope):
         if self.taken(st.name):
             self.err(Codes.DUPLICATE_NAME, f"{st.name!r} is already defined", st.span)
             return
+        reported = len(self.diags)
         rounds = ir.Const(1) if st.rounds is None else ir.simplify(self.expr(
             st.rounds, self.static_env(), f"the rounds of flag {st.name}"))
+        if len(self.diags) > reported:   # said at the rounds: declared with one, for its uses
+            rounds = ir.Const(1)
         if isinstance(rounds, ir.Const) and rounds.value < 1:
             self.err(Codes.BAD_REF, f"flag {st.name} has {rounds.value} rounds: a slot is signalled "
                      "at least once per call (rounds 1, the default, or more)", st.span)
