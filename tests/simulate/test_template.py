@@ -191,3 +191,24 @@ schedule ag_tab(x: sym T[n], out: sym T[n * world]) implements allgather(x -> ou
         for world in range(2, 10):
             if ir.unmet_requirement(s, world) is None:
                 _check_template(s, world)
+
+
+def test_an_array_outside_its_bounds_is_refused_at_its_file_line_and_column(tmp_path):
+    """`simulate` does not prove: an array that `check` refuses at a world (a size above 64, a
+    `set` outside it) is named with the file:line:col of its statement."""
+    text = """
+schedule s(x: sym T[n], out: sym T[n * world]) implements allgather(x -> out) {
+  var t[world - 2] = 0
+  set t[1] = 1
+  var u[world * 20] = 0
+  blk = split(out, world)
+  on sdma: for p in ranks: blk[rank]@p = x
+  barrier
+}
+"""
+    s = schedule(tmp_path, text)
+    with pytest.raises(SimulateError, match=r"`set t\[1\]` is outside t's 0 elements at world 2 "
+                                            r"\(\S*s\.strata:4:3\)"):
+        template(s, 2, {"n": 8})
+    with pytest.raises(SimulateError, match=r"array u would hold 80 integers at world 4 \(\S*s\.strata:5:3\)"):
+        template(s, 4, {"n": 8})

@@ -201,14 +201,14 @@ class _Walker:
             k = self.ev(op.size, env, f"the size of array {op.name}")
             if not 0 <= k <= ir.ARRAY_CAPACITY:
                 raise SimulateError(f"array {op.name} would hold {k} integers at world {self.world} "
-                                    f"(line {op.span.line}); run `stratac check` on the file")
+                                    f"({op.span}); run `stratac check` on the file")
             return (value,) * k
         if isinstance(op, ir.Set) and op.index is not None:
             old = env[op.name]
             i = self.ev(op.index, env, f"the index of {op.name}")
             if not 0 <= i < len(old):
                 raise SimulateError(f"`set {op.name}[{i}]` is outside {op.name}'s {len(old)} elements "
-                                    f"at world {self.world} (line {op.span.line}); run `stratac "
+                                    f"at world {self.world} ({op.span}); run `stratac "
                                     "check` on the file")
             return old[:i] + (value,) + old[i + 1:]
         return value
@@ -216,8 +216,8 @@ class _Walker:
     def owner(self, r: ir.Region, env: dict) -> int:
         o = env["rank"] if r.rank is None else self.ev(r.rank, env, "a rank")
         if not 0 <= o < self.world:
-            raise SimulateError(f"rank {o} does not exist in a world of {self.world} (line "
-                                f"{r.span.line}); run `stratac check` on the file")
+            raise SimulateError(f"rank {o} does not exist in a world of {self.world} "
+                                f"({r.span}); run `stratac check` on the file")
         return o
 
     def length_key(self, e: ir.IExpr, env: dict) -> int:
@@ -591,7 +591,7 @@ def route_shape(s: ir.Schedule, op: ir.Route, env: dict) -> dict:
         try:
             return e.eval(full)
         except ZeroDivisionError:
-            raise SimulateError(f"division by zero evaluating {e} (line {op.span.line}); run "
+            raise SimulateError(f"division by zero evaluating {e} ({op.span}); run "
                                 "`stratac check` on the file") from None
 
     dims = lambda name: [ev(d) for d in s.param(name).dims]
