@@ -7,8 +7,8 @@ fails here, at the world where the two disagree.
 
 One job of rank processes runs every selected world in turn (tv_ranks.py): as many processes as the
 largest world, world w on a communicator over the first w of them, all its instances on that
-communicator. The kernels are compiled, proven and built once, in this process, before the job
-starts. Every world is `slow` (tests/tiers.py).
+communicator. The kernels are compiled, proven and built once, before the job starts, each
+world's plan in a worker process (one per CPU: tvkit.plan_all). Every world is `slow` (tests/tiers.py).
 """
 
 import json
@@ -58,14 +58,12 @@ def run_job(parts: list[tuple[int, bool | None]], paths: list[Path], tmp: Path) 
     returns, per part, (the disagreements, the plan, the seconds its ranks took)."""
     plans, job = {}, []
     for world, masked in parts:
-        t0 = time.perf_counter()
-        plan = tvkit.plan(world, paths, masked=masked)
-        plan.seconds = time.perf_counter() - t0
         d = tmp / f"w{world}-{masked}"
         d.mkdir()
-        tvkit.write(plan, d / "plan.pkl")
-        plans[(world, masked)] = plan
         job.append({"part": (world, masked), "world": world, "plan": str(d / "plan.pkl"), "out": str(d)})
+    tvkit.plan_all([(*item["part"], Path(item["plan"])) for item in job], paths)
+    for item in job:
+        plans[item["part"]] = tvkit.read(Path(item["plan"]))
     with open(tmp / "job.pkl", "wb") as f:
         pickle.dump(job, f)
     size = max(world for world, _ in parts)

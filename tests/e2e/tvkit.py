@@ -39,9 +39,13 @@ instances of the same kernel catch it exactly.
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
+import os
 import pickle
-import zlib
 import sys
+import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -295,6 +299,32 @@ def plan(world: int, paths: list[Path], options: passes.Options | None = None,
     # the ranks then load without building
     build.build_all([c.output for _, compiled in out.files for c in compiled])
     return out
+
+
+def plan_to(world: int, paths: list[Path], masked: bool | None, out: Path) -> None:
+    """plan(world, paths, masked=masked), timed, written to `out` (a worker of plan_all)."""
+    t0 = time.perf_counter()
+    p = plan(world, paths, masked=masked)
+    p.seconds = time.perf_counter() - t0
+    write(p, out)
+
+
+def plan_all(parts: list[tuple[int, bool | None, Path]], paths: list[Path]) -> None:
+    """plan_to of every (world, masked, out) part, in worker processes, one per CPU: the plans
+    are independent, and making them (proofs, simulation, builds) is the test's serial part."""
+    jobs = min(len(parts), os.cpu_count() or 1)
+    if jobs < 2:
+        for world, masked, out in parts:
+            plan_to(world, paths, masked, out)
+        return
+    # spawned, not forked: the test process may hold torch's threads, and a plan needs no torch
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        # the largest worlds first, so that the last plan to start is a small one
+        futures = [pool.submit(plan_to, world, paths, masked, out)
+                   for world, masked, out in sorted(parts, key=lambda p: -p[0])]
+        for f in futures:
+            f.result()
 
 
 def write(p: Plan, path: Path) -> None:
