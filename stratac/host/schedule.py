@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 
 import cffi
 import torch
@@ -95,7 +96,7 @@ def _check_manifest(s: ir.Schedule, built: build.Built, world: int, worlds: tupl
     """The library about to be loaded is the one this schedule was compiled to, for this world."""
     m = built.manifest
     if m.get("schedule") != s.name or m.get("launcher") != abi.launcher_name(s):
-        raise StrataUsageError(f"{s.name}: the built library's manifest ({built.directory / 'manifest.json'}) "
+        raise StrataUsageError(f"{s.name}: the manifest of the library built in {built.directory} "
                                f"describes {m.get('schedule')!r} with launcher {m.get('launcher')!r}, not this "
                                "schedule: refusing to load it")
     mworlds = m.get("worlds")
@@ -190,9 +191,11 @@ class Schedule:
         self.last_cores: int | None = None               # the cores the last call launched on
         self.cores = s.kernel.cores
         # the ranks compare each call's record before any writes to another (strata::Agree); the
-        # schedule's part of it is its name and its kernel (the build's key hashes the generated files)
+        # schedule's part of it is its name, its kernel (the build's key hashes the compiled
+        # sources) and its manifest (the options it was lowered with, the worlds it was proven for)
         self._agree = s.kernel.agreement
-        self._identity = f"{s.name}\0{built.directory.name}"
+        manifest = hashlib.sha256(json.dumps(built.manifest, sort_keys=True).encode()).hexdigest()
+        self._identity = f"{s.name}\0{built.directory.name}\0{manifest}"
         # a packed routing (exscan) checks its window's bound on the device (abi.STATUS_*)
         self._window = _bounded_window(s)
         self._bounded = any(op.kind is ir.RouteKind.EXSCAN for op in passes.routes(s))

@@ -4,9 +4,12 @@ CPU target: g++ compiles kernel.cpp + launch.cpp against runtime/cpu (the CPU mo
 library linked with the model's own library (libstratacpu.so, built once per runtime version).
 NPU target: the generated CMakeLists.txt with CANN's ascendc_library (stratac.targets.npu).
 
-Cache entries live under $STRATAC_CACHE_DIR (default ~/.cache/stratac). The key covers the
-generated sources (hence the IR and options), a hash of stratac's own code, templates and
-runtime, the compiler's identity and flags. An entry is built in a private temporary directory and
+Cache entries live under $STRATAC_CACHE_DIR (default ~/.cache/stratac). A kernel's key covers
+what goes into g++ and nothing else: kernel.cpp and launch.cpp, the runtime's sources and headers
+(runtime/, which libstratacpu is also keyed by), this module (the recipe: the command and its
+flags) and the compiler's identity. Outputs whose sources are the same share one library: the
+manifest (launch defaults such as cores, the proven worlds) is read from the Output, not the entry,
+and a change to stratac's Python that leaves the generated sources alone keeps the entries. An entry is built in a private temporary directory and
 published with one rename, under a file lock, so concurrent builds of the same schedule share one
 result. entry.json records the sha256 of every file of the entry (library, manifest, sources); an
 entry whose files do not match it (truncated, corrupted, replaced), or that is not this user's own
@@ -33,7 +36,7 @@ from pathlib import Path
 
 from stratac.codegen import Output
 from stratac.diagnostics import Codes, Note, StrataError, check_source_name, error
-from stratac.resources import compiler_digest, resource_dir
+from stratac.resources import resource_dir, tree_digest
 
 CXX_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-pthread"]
 
@@ -185,6 +188,18 @@ def _publish(root: Path, key: str, libname: str, build) -> tuple[Path, bool]:
     return final, False
 
 
+@functools.lru_cache(maxsize=1)
+def recipe_digest() -> str:
+    """What a CPU build depends on besides its own sources: runtime/ (the model's sources, the
+    device library's headers) and this module (the commands and their flags)."""
+    h = hashlib.sha256(tree_digest(resource_dir("runtime")).encode())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()
+
+
+COMPILED = ("kernel.cpp", "launch.cpp")   # the generated files g++ compiles (the rest is data)
+
+
 def runtime_sources(rt: Path) -> list[Path]:
     """The CPU model's translation units, runtime/cpu/src/*.cpp, sorted by name."""
     return sorted((rt / "cpu" / "src").glob("*.cpp"), key=lambda f: f.name)
@@ -197,10 +212,10 @@ def runtime_library() -> Path:
     # one file per concept (runtime/cpu/src/*.cpp, sharing model_internal.h), compiled as one
     # translation unit that includes them in sorted order: the headers are parsed once (4.4 s of
     # CPU, against 12.9 s for one compile per file), and the order of their static constructors and
-    # destructors is the order of inclusion (workers.cpp last); compiler_digest covers every .cpp
+    # destructors is the order of inclusion (workers.cpp last); recipe_digest covers every .cpp
     # and .h of runtime/, the key their names
     sources = runtime_sources(rt)
-    key_src = json.dumps({"runtime": compiler_digest(), "cxx": _toolchain_id(cxx), "flags": CXX_FLAGS,
+    key_src = json.dumps({"runtime": recipe_digest(), "cxx": _toolchain_id(cxx), "flags": CXX_FLAGS,
                           "sources": [s.name for s in sources], "unity": 1})
     key = "runtime-" + hashlib.sha256(key_src.encode()).hexdigest()[:24]
 
@@ -221,15 +236,16 @@ def build_cpu(out: Output) -> Built:
     cxx = _cxx()
     rt = resource_dir("runtime")
     rtlib = runtime_library()
-    files_digest = hashlib.sha256(json.dumps(out.files, sort_keys=True).encode()).hexdigest()
-    key_src = json.dumps({"files": files_digest, "stratac": compiler_digest(),
+    sources = {name: out.files[name] for name in COMPILED}
+    files_digest = hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()
+    key_src = json.dumps({"files": files_digest, "recipe": recipe_digest(),
                           "cxx": _toolchain_id(cxx), "flags": CXX_FLAGS, "target": "cpu",
                           "runtime": rtlib.parent.name})
     key = f"{out.schedule.name}-" + hashlib.sha256(key_src.encode()).hexdigest()[:24]
     libname = f"lib{out.schedule.name}.so"
 
     def build(tmp: Path) -> None:
-        for name, text in out.files.items():
+        for name, text in sources.items():
             (tmp / name).write_text(text, encoding="utf-8")
         _run([cxx, *CXX_FLAGS, "-shared", "-DSTRATA_CPU_MODEL",
               f"-I{rt / 'cpu' / 'include'}", f"-I{rt / 'device'}",
@@ -238,8 +254,7 @@ def build_cpu(out: Output) -> Built:
              tmp, f"building {out.schedule.name} for the CPU model", out.files)
 
     d, cached = _publish(cache_root(), key, libname, build)
-    manifest = json.loads((d / "manifest.json").read_text())
-    return Built(d / libname, manifest, d, cached)
+    return Built(d / libname, json.loads(out.files["manifest.json"]), d, cached)
 
 
 def build_all(outputs: list[Output]) -> list[Built]:

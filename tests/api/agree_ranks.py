@@ -1,7 +1,7 @@
 """Scenarios of test_agreement.py, one process per rank: `python agree_ranks.py SCENARIO RANK WORLD STORE`.
 
-In each, the ranks make calls that differ (in a size, the dtype, the op, a rank parameter, or the
-order of schedules). Every rank must raise a StrataUsageError naming every rank's call, and nothing
+In each, the ranks make calls that differ (in a size, the dtype, the op, a rank parameter, the
+order of schedules, or how the kernel was built). Every rank must raise a StrataUsageError naming every rank's call, and nothing
 may be written: a sentinel tensor on the heap of every rank and every buffer of the call keep their
 values, and afterwards the same communicator runs an agreeing call correctly. Prints `PASS
 <scenario>` on success; any failed expectation raises (non-zero exit).
@@ -127,6 +127,22 @@ def order(comm, rank, world):
     agreeing_call_works(comm, world)
 
 
+def builds(comm, rank, world):
+    """The same call from kernels built differently: rank 1 compiled the schedule with other
+    default cores (the same kernel sources, so one cached library, but another manifest), then from
+    a copy of the source one comment line longer (other kernel sources)."""
+    from stratac.ir import passes
+    x = filled(comm, 1024, torch.float32, rank)
+    same = "every rank called allreduce_twoshot(n=1024, f32, sum), but from kernels built differently"
+    ar = comm.load(AR, options=passes.Options(cores=2 if rank == 0 else 4))
+    refused(comm, lambda: ar.allreduce_twoshot(x, op="sum"), [same], [x])
+    text = AR.read_text(encoding="utf-8")
+    ar = comm.load(text if rank == 0 else "# one line longer\n" + text, name="allreduce_twoshot.strata")
+    refused(comm, lambda: ar.allreduce_twoshot(x, op="sum"), [same], [x])
+    comm.free(x)
+    agreeing_call_works(comm, world)
+
+
 def three_ranks(comm, rank, world):
     """World 3, rank 2 alone with another size: every rank raises, naming ranks 0, 1 together."""
     ar = comm.load(AR)
@@ -195,7 +211,7 @@ def masks(comm, rank, world):
     return False     # rank 2's wait aborted the pool: close without the collective barrier
 
 
-SCENARIOS = {f.__name__: f for f in (sizes, sizes_1000_1024, dtypes, ops, roots, order, three_ranks, absent,
+SCENARIOS = {f.__name__: f for f in (sizes, sizes_1000_1024, dtypes, ops, roots, order, builds, three_ranks, absent,
                                      masks)}
 
 

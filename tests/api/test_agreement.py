@@ -1,6 +1,6 @@
 """Ranks that make different calls (issue 23): before any rank writes to another, the ranks compare
 their calls (strata::Agree). Each kind of difference (a size, the dtype, the op, a rank parameter,
-the order of schedules, one rank of three) raises a StrataUsageError on every rank naming every
+the order of schedules, the kernel's build, one rank of three) raises a StrataUsageError on every rank naming every
 rank's call, and nothing is written: a sentinel heap tensor and the call's own buffers keep their
 values on every rank (agree_ranks.py), and the communicator then runs an agreeing call right. A
 rank that never makes the call is named by its peer's wait at the deadline."""
@@ -25,7 +25,8 @@ def run_ranks(scenario: str, world: int, tmp_path: Path) -> None:
         assert p.returncode == 0 and f"PASS {scenario}" in out, f"rank {r}:\n{out}\n{err[-3000:]}"
 
 
-@pytest.mark.parametrize("scenario", ["sizes", "sizes_1000_1024", "dtypes", "ops", "roots", "order"])
+@pytest.mark.parametrize("scenario", ["sizes", "sizes_1000_1024", "dtypes", "ops", "roots", "order",
+                                      "builds"])
 def test_ranks_that_call_differently_are_refused_on_every_rank_before_any_write(scenario, tmp_path):
     run_ranks(scenario, 2, tmp_path)
 
