@@ -59,7 +59,13 @@ def one(comm, rank, fn, inst):
     scratch = dict(zip((p.name for p in s.scratch), fn._scratch_for(tv, env)))
     for name, t in scratch.items():
         numbers(t.view(-1)[:inst.init[rank][name].size], inst).copy_(torch.from_numpy(inst.init[rank][name]))
-    comm.barrier()   # every rank's inputs are in place before any kernel starts
+    if inst.active is not None and not all(inst.active):
+        # a masked rank's fill must come before any write, so that a kernel writing to it is seen
+        comm.barrier()
+    # else no barrier: a kernel writes to another rank only after the call's agreement, which that
+    # rank enters after its fill above (strata::Agree), so a write before it (a broken agreement)
+    # would be undone by the fill and seen; the barrier after the call keeps this instance's writes
+    # from the next instance's fills
     error = None
     if inst.active is None or inst.active[rank]:   # a masked rank does not call
         try:
