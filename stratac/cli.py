@@ -133,7 +133,7 @@ def cmd_run(args) -> int:
                        op=args.op, root=args.root, tokens=args.tokens, hidden=args.hidden,
                        topk=args.topk, experts=args.experts, routing=args.routing,
                        max_recv=args.max_recv, capacity=args.capacity, params=dict(args.param))
-    spec = runner.RunSpec(file=args.file, world=args.world, cases=[case], iters=args.iters,
+    spec = runner.RunSpec(file=args.files, world=args.world, cases=[case], iters=args.iters,
                           timeout=args.timeout, check=args.check, seed=args.seed, soc=args.soc,
                           cores=args.cores, target=args.target, selected=args.selected,
                           selection=args.selection)
@@ -339,8 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     target_opts(k)
     k.set_defaults(fn=cmd_compile)
 
-    r = sub.add_parser("run", help="run every schedule of a file on WORLD local ranks")
-    r.add_argument("file")
+    r = sub.add_parser("run", help="run every schedule of the files on WORLD local ranks")
+    r.add_argument("files", nargs="+", metavar="file", help="one or more .strata files, run in one job")
     r.add_argument("--world", type=options.world_size, required=True)
     r.add_argument("--target", choices=["cpu", "npu"], default="cpu")
     r.add_argument("--count", type=options.positive_int, help="elements per rank of the input")

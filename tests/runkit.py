@@ -26,7 +26,9 @@ def concat(paths) -> str:
 
 
 def run(path, world: int, cases, *, iters: int = 2, cores: int = 4, timeout: float = 60, **kw):
-    """runner.run of `path` on `world` ranks; its RunOutcome (nothing printed)."""
-    spec = runner.RunSpec(file=str(path), world=world, cases=cases, iters=iters, warmup=0, cores=cores,
+    """runner.run of `path` (a file, or a list of files run in one job) on `world` ranks; its
+    RunOutcome (nothing printed)."""
+    files = [str(p) for p in path] if isinstance(path, (list, tuple)) else str(path)
+    spec = runner.RunSpec(file=files, world=world, cases=cases, iters=iters, warmup=0, cores=cores,
                           timeout=timeout, **kw)
     return runner.run(spec, echo=lambda line: None)

@@ -105,6 +105,9 @@ def test_world_size_the_schedule_cannot_handle(tmp_path):
     (("check", "examples/allgather_push.strata", "--world", "0"), 2, "--world"),
     (("run", "examples/allgather_push.strata", "--world", "2", "--size", "12Q"), 2, "not a size"),
     (("run", "examples/allgather_push.strata"), 2, "--world"),
+    (("run", "examples/allgather_push.strata", "examples/allgather_push.strata", "--world", "2"), 1,
+     "error[E0102]: schedule allgather_push is defined in both examples/allgather_push.strata and "
+     "examples/allgather_push.strata: the files of one run must name their schedules apart"),
     (("compile", "examples/allgather_push.strata", "-o", "x", "--cores", "99"), 1,
      "--cores must be between 1 and 40"),
     (("compile", "examples/allgather_push.strata", "-o", "x", "--soc", "Ascend310"), 2, "--soc"),
@@ -124,6 +127,15 @@ def test_compile_writes_the_four_files(tmp_path):
     assert sorted(x.name for x in d.iterdir()) == ["CMakeLists.txt", "kernel.cpp", "launch.cpp",
                                                    "manifest.json"]
     assert "stage 1 on aiv" in p.stdout and "48 cores (Ascend910B1)" in p.stdout
+
+
+def test_run_takes_several_files_in_one_job():
+    """Each file its own module: every schedule of each runs, checked, in the files' order."""
+    p = stratac("run", "examples/allgather_push.strata", "examples/allreduce_ring.strata", "--world", "2",
+                "--count", "1001", "--op", "max")
+    assert p.returncode == 0, p.stderr
+    rows = [line.split() for line in p.stdout.splitlines()[1:] if line.strip()]
+    assert [(r[0], r[-1]) for r in rows] == [("allgather_push", "OK"), ("allreduce_ring", "OK")]
 
 
 def test_missing_compiler_is_a_clear_error(tmp_path):

@@ -25,7 +25,6 @@ one call, so each expectation is the sum of its stages' ideal splits.
 from pathlib import Path
 
 import pytest
-import runkit
 from routing_meta import combine_dma, routing_dma
 
 from stratac.tools.run import runner
@@ -113,10 +112,10 @@ CASES = [("f32", 1001), ("bf16", 1001), ("f32", 4099), ("i32", 1), ("f16", 16 * 
 
 @pytest.fixture(scope="module")
 def collectives(tmp_path_factory):
-    path = tmp_path_factory.mktemp("balance") / "all.strata"
-    path.write_text(runkit.concat(ROOT / "examples" / f"{n}.strata" for n in COLLECTIVES)
-                    + ALLGATHER_AIV)
-    spec = runner.RunSpec(file=str(path), world=WORLD, iters=1, warmup=0, cores=CORES, timeout=60,
+    extra = tmp_path_factory.mktemp("balance") / "allgather_aiv.strata"
+    extra.write_text(ALLGATHER_AIV)
+    files = [str(ROOT / "examples" / f"{n}.strata") for n in COLLECTIVES] + [str(extra)]
+    spec = runner.RunSpec(file=files, world=WORLD, iters=1, warmup=0, cores=CORES, timeout=60,
                           cases=[runner.Case(d, count=n, op="sum") for d, n in CASES])
     out = runner.run(spec, echo=lambda line: None)
     assert out.exit_code == 0, out.failures

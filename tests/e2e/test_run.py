@@ -1,7 +1,8 @@
 """Every example on the CPU build: real rank processes, real shared memory, results checked
 against torch (stratac.tools.run.workload) for every dtype and reduction, roots at both ends and in the
 middle, one element, sizes that are not a multiple of 32 bytes or of the world size, and several
-MiB. All examples run in one job per world size (their sources concatenated) to keep CI short."""
+MiB. All examples run in one job per world size (`stratac run` of several files, each its own
+module) to keep CI short; their kernels are the ones every other test of an example builds."""
 
 import os
 from pathlib import Path
@@ -42,13 +43,10 @@ def _schedules_at(world):
 
 
 @pytest.fixture(scope="module")
-def all_examples(tmp_path_factory):
-    """The examples that allow a world, concatenated into one file."""
-    def at(world):
-        path = tmp_path_factory.mktemp("examples") / "all.strata"
-        path.write_text(runkit.concat(p for p in EXAMPLES if _supports(p, world)))
-        return path
-    return at
+def all_examples():
+    """The examples that allow a world, run in one job (each file its own module, so that its
+    kernels are the ones every other test of the example builds)."""
+    return lambda world: [p for p in EXAMPLES if _supports(p, world)]
 
 
 def _run(path, world, cases=CASES, **kw):

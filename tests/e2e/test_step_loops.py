@@ -35,15 +35,13 @@ def _run(path, world, cases):
 # f16, bf16, i32; sum, max, min; 1 to 4099 elements and 3 MiB); here the worlds past that: 5, and 6
 # where the hierarchical schedules have both levels.
 @pytest.mark.parametrize("world", [5])
-def test_step_loop_examples_run_correctly(tmp_path, world):
+def test_step_loop_examples_run_correctly(world):
     files = [EXAMPLES / f"{name}.strata" for name in STEP_LOOPS]
     keep = [p for p in files if _supported(p, world)]
     assert keep == files
-    path = tmp_path / "steps.strata"
-    path.write_text(runkit.concat(keep))
     cases = [runner.Case(dtype=d, count=count, op=op, root=root) for d in ("f32", "bf16")
              for op in ("sum", "max") for count, root in ((1, world - 1), (4099, 0))]
-    out = _run(path, world, cases)
+    out = _run(keep, world, cases)
     assert out.failures == []
     assert len(out.results) == world * len(cases) * len(keep)
     wrong = [(r["schedule"], r["rank"], r["dtype"], r["count"], r["op"], r["why"])
@@ -53,14 +51,12 @@ def test_step_loop_examples_run_correctly(tmp_path, world):
 
 
 @pytest.mark.parametrize("world", [5])
-def test_chunked_and_bruck_examples_run_correctly(tmp_path, world):
+def test_chunked_and_bruck_examples_run_correctly(world):
     keep = [EXAMPLES / "allgather_ring_pipelined.strata", EXAMPLES / "alltoall_bruck.strata",
             EXAMPLES / "allgather_bruck.strata"]   # at 5 its steps 1 and 2 wrap past the end of out
     assert all(_supported(p, world) for p in keep)
-    path = tmp_path / "copies.strata"
-    path.write_text(runkit.concat(keep))
     cases = [runner.Case(dtype=d, count=count) for d in ("f32", "bf16") for count in (1, 4099)]
-    out = _run(path, world, cases)
+    out = _run(keep, world, cases)
     assert out.failures == []
     assert len(out.results) == world * len(cases) * len(keep)
     assert [r for r in out.results if not r["ok"]] == []

@@ -53,7 +53,7 @@ class Case:
 
 @dataclass
 class RunSpec:
-    file: str
+    file: str | list[str]         # a .strata file, or several run in one job (each its own module)
     world: int
     cases: list[Case] = field(default_factory=lambda: [Case(size=1 << 20)])
     iters: int = 5
@@ -75,6 +75,16 @@ class RunOutcome:
     results: list[dict] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     exit_code: int = 0
+
+
+def spec_files(spec: RunSpec) -> list[str]:
+    """The files a run loads, in order: each is compiled and loaded as its own module, so a kernel
+    is the one its own file builds (one job for several files, without a concatenation whose line
+    numbers would make other kernels)."""
+    files = [spec.file] if isinstance(spec.file, (str, Path)) else list(spec.file)
+    if not files:
+        raise ValueError("RunSpec.file: no .strata file to run")
+    return [str(f) for f in files]
 
 
 def heap_bytes(spec: RunSpec, schedules) -> int:
@@ -135,11 +145,19 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
     if spec.target == "npu":
         from stratac.targets import npu
         npu.require_npu()   # names every missing piece (CANN, SHMEM, torch_npu, devices)
-    source = load_source(spec.file)
+    files = spec_files(spec)
     opts = passes.Options(soc=spec.soc, cores=spec.cores)
     opts.check()
     # its proof kept as a verdict, which every rank's comm.load then reads (prove_worlds)
-    compiled = compile_schedules(source, opts, [spec.world], prove_worlds)
+    compiled, where = [], {}
+    for f in files:
+        for c in compile_schedules(load_source(f), opts, [spec.world], prove_worlds):
+            if c.schedule.name in where:   # the results name schedules: one name, one schedule
+                raise StrataError(error(Codes.DUPLICATE_NAME, f"schedule {c.schedule.name} is defined in "
+                                        f"both {where[c.schedule.name]} and {f}: the files of one run "
+                                        "must name their schedules apart"))
+            where[c.schedule.name] = f
+            compiled.append(c)
     routed = [c.schedule.name for c in compiled if c.schedule.contract.kind.moe]
     from stratac.tools.run.workload import divisor_problem, layout_options_problem
     for case in spec.cases:
@@ -147,7 +165,7 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
                    or divisor_problem([c.schedule for c in compiled], spec.world, case.params,
                                       None if spec.bench is None else "bench"))
         if problem:
-            raise StrataError(error(Codes.BAD_CONTRACT, f"{spec.file}: {problem}; nothing was run"))
+            raise StrataError(error(Codes.BAD_CONTRACT, f"{', '.join(files)}: {problem}; nothing was run"))
     for case in spec.cases:
         if routed and case.dtype in ("i32", "i8"):
             raise StrataError(error(Codes.BAD_TYPE, f"{routed[0]} moves float tokens: --dtype f32, f16 "
@@ -181,7 +199,7 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
         try:
             with _terminate_as_exit():
                 for r in range(spec.world):
-                    wspec = {"file": str(Path(spec.file).resolve()), "rank": r, "world": spec.world,
+                    wspec = {"files": [str(Path(f).resolve()) for f in files], "rank": r, "world": spec.world,
                              "store": str(Path(tmp) / "store"), "segment": segment, "heap_bytes": heap,
                              "timeout": spec.timeout, "soc": spec.soc, "cores": spec.cores,
                              "cases": [vars(c) for c in spec.cases],

@@ -45,23 +45,24 @@ def main(spec_text: str) -> int:
             comm = Communicator.from_process_group(heap_bytes=spec["heap_bytes"],
                                                    timeout=spec["timeout"], segment=spec["segment"])
         opts = passes.Options(soc=spec["soc"], cores=spec["cores"])
-        mod = comm.load(spec["file"], options=opts, selection=spec.get("selection"))
+        mods = [comm.load(f, options=opts, selection=spec.get("selection")) for f in spec["files"]]
         bench = spec.get("bench")   # `stratac bench`: peers measured between cases (benchpeer)
         if bench:
             from stratac.tools.bench import benchpeer
             benchpeer.before_cases(bench)
-        fns = list(mod.schedules.values())
+        fns = [fn for mod in mods for fn in mod.schedules.values()]
         # `stratac bench --agreement-cost`: each collective, then its twin without strata::Agree;
         # `--two-pass-places`: each MoE pair, then its twin whose places are not joined
         twins = {}
         for flag, change, suffix in (("agreement_cost", {"agreement": False}, " (no agreement)"),
                                      ("two_pass_places", {"join_places": False}, " (two passes)")):
             if bench and bench.get(flag):            # the suffixes: bench.sweep.UNCHECKED, bench.moe.TWO_PASSES
-                twins = comm.load(spec["file"], options=replace(opts, **change)).schedules
+                twins = {name: fn for f in spec["files"]
+                         for name, fn in comm.load(f, options=replace(opts, **change)).schedules.items()}
                 for twin in twins.values():
                     twin.name += suffix
         if spec.get("selected"):   # each contract's selecting entry point instead of its schedules
-            fns = [SelectedCall(sel) for sel in mod.selectors.values()] + \
+            fns = [SelectedCall(sel) for mod in mods for sel in mod.selectors.values()] + \
                 [fn for fn in fns if fn.ir.contract.kind.moe]
         for i, case in enumerate(spec["cases"]):
             for item in moe_pairs(fns):
