@@ -6,15 +6,15 @@ NPU target: the generated CMakeLists.txt with CANN's ascendc_library (stratac.ta
 
 Cache entries live under $STRATAC_CACHE_DIR (default ~/.cache/stratac). A kernel's key covers
 what goes into g++ and nothing else: kernel.cpp and launch.cpp, the runtime's sources and headers
-(runtime/, which libstratacpu is also keyed by), this module (the recipe: the command and its
-flags) and the compiler's identity. Outputs whose sources are the same share one library: the
-manifest (launch defaults such as cores, the proven worlds) is read from the Output, not the entry,
-and a change to stratac's Python that leaves the generated sources alone keeps the entries. An entry is built in a private temporary directory and
-published with one rename, under a file lock, so concurrent builds of the same schedule share one
-result. entry.json records the sha256 of every file of the entry (library, manifest, sources); an
-entry whose files do not match it (truncated, corrupted, replaced), or that is not this user's own
-(directory or files owned by someone else, or writable by group or others) is never loaded: it is
-moved aside and rebuilt.
+(runtime/, which libstratacpu is also keyed by), this module (the recipe: the commands and their
+flags) and the compiler's identity. Outputs with the same sources share one library: the manifest
+(launch defaults such as cores, the proven worlds) is the Output's own, never read from the entry,
+and a change to stratac's Python that leaves the generated sources alone keeps the entries. An
+entry is built in a private temporary directory and published with one rename, under a file lock,
+so concurrent builds of the same schedule share one result. entry.json records the sha256 of every
+file of the entry (the library and its sources); an entry whose files do not match it (truncated,
+corrupted, replaced), or that is not this user's own (directory or files owned by someone else, or
+writable by group or others) is never loaded: it is moved aside and rebuilt.
 """
 
 from __future__ import annotations
