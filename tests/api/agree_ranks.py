@@ -1,10 +1,10 @@
 """Scenarios of test_agreement.py, one process per rank: `python agree_ranks.py SCENARIO RANK WORLD STORE`.
 
 In each, the ranks make calls that differ (in a size, the dtype, the op, a rank parameter, the
-order of schedules, or how the kernel was built). Every rank must raise a StrataUsageError naming every rank's call, and nothing
-may be written: a sentinel tensor on the heap of every rank and every buffer of the call keep their
-values, and afterwards the same communicator runs an agreeing call correctly. Prints `PASS
-<scenario>` on success; any failed expectation raises (non-zero exit).
+order of schedules, or how the kernel was built). Every rank must raise a StrataUsageError naming
+every rank's call, and nothing may be written: a sentinel tensor on the heap of every rank and
+every buffer of the call keep their values, and afterwards the same communicator runs an agreeing
+call correctly. Prints `PASS <scenario>` on success; any failed expectation raises (non-zero exit).
 """
 
 import sys
@@ -211,8 +211,8 @@ def masks(comm, rank, world):
     return False     # rank 2's wait aborted the pool: close without the collective barrier
 
 
-SCENARIOS = {f.__name__: f for f in (sizes, sizes_1000_1024, dtypes, ops, roots, order, builds, three_ranks, absent,
-                                     masks)}
+SCENARIOS = {f.__name__: f for f in (sizes, sizes_1000_1024, dtypes, ops, roots, order, builds, three_ranks,
+                                     absent, masks)}
 
 
 def main(scenario, rank, world, store_path):

@@ -1,9 +1,9 @@
 """Ranks that make different calls (issue 23): before any rank writes to another, the ranks compare
 their calls (strata::Agree). Each kind of difference (a size, the dtype, the op, a rank parameter,
-the order of schedules, the kernel's build, one rank of three) raises a StrataUsageError on every rank naming every
-rank's call, and nothing is written: a sentinel heap tensor and the call's own buffers keep their
-values on every rank (agree_ranks.py), and the communicator then runs an agreeing call right. A
-rank that never makes the call is named by its peer's wait at the deadline."""
+the order of schedules, the kernel's build, one rank of three) raises a StrataUsageError on every
+rank naming every rank's call, and nothing is written: a sentinel heap tensor and the call's own
+buffers keep their values on every rank (agree_ranks.py), and the communicator then runs an
+agreeing call right. A rank that never makes the call is named by its peer's wait at the deadline."""
 
 import os
 import subprocess
