@@ -1,7 +1,7 @@
 """The step-loop examples (ring AllReduce, ring ReduceScatter (also in place, and through a FIFO),
 PAT ReduceScatter (binomial trees through FIFOs per dim, world 5 not a power of two),
-recursive halving-doubling AllReduce, binomial-tree Broadcast; the pipelined ring AllGather and
-Bruck's AllToAll and AllGather, which take no reduction) on the CPU build at worlds 3, 4 and 5 where they allow
+recursive halving-doubling AllReduce, binomial-tree Broadcast; the pipelined ring AllGather,
+Bruck's AllToAll and AllGather and the PAT AllGather, which take no reduction) on the CPU build at worlds 3, 4 and 5 where they allow
 it: f32 and bf16, sum and max where there is a reduction, one element and an uneven count, roots at
 both ends; results checked against torch by the runner. And a schedule's world constraint, refused
 at the call with the constraint and its source line."""
@@ -53,7 +53,8 @@ def test_step_loop_examples_run_correctly(world):
 @pytest.mark.parametrize("world", [5])
 def test_chunked_and_bruck_examples_run_correctly(world):
     keep = [EXAMPLES / "allgather_ring_pipelined.strata", EXAMPLES / "alltoall_bruck.strata",
-            EXAMPLES / "allgather_bruck.strata"]   # at 5 its steps 1 and 2 wrap past the end of out
+            EXAMPLES / "allgather_bruck.strata",   # at 5 its steps 1 and 2 wrap past the end of out
+            EXAMPLES / "allgather_pat.strata"]     # at 5 sub-steps 5-7 are skipped (no receiver)
     assert all(_supported(p, world) for p in keep)
     cases = [runner.Case(dtype=d, count=count) for d in ("f32", "bf16") for count in (1, 4099)]
     out = _run(keep, world, cases)
