@@ -1,7 +1,8 @@
 """Composition: a schedule's body inlined into a caller (`call callee(args) on team`).
 
 In: the callee's IR (before the passes), the team (None: every rank), the caller's regions bound to
-the callee's buffer parameters, the operations bound to its redop parameters, a name prefix.
+the callee's buffer parameters, the operations bound to its redop parameters, the places (integer
+expressions of the caller) bound to its rank parameters, a name prefix.
 Out: the caller's ops and flags. The callee's integers live in the team's places: its `rank` is
 the team's rank, its `world` the team's size, its loop variables are places; a place becomes a
 rank where the callee names one (after @, in a signal) through the team's member(place). Its size
@@ -10,8 +11,8 @@ variables and asynchronous handles are renamed with the prefix, its barriers joi
 Its scratch buffers become the caller's, renamed with the prefix and sized in the caller's terms.
 Its teams become the caller's (renamed) in a call on world. Its sizeof(T) becomes the size of the
 type its arguments give T.
-Sema checks the callee fits (no teams in a call on a team, no rank parameters or routing; 1-D buffers sized by
-one symbol each) before it calls `inline`.
+Sema checks the callee fits (no teams in a call on a team, no divisor parameters or routing; 1-D buffers
+sized by one symbol each) before it calls `inline`.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ from stratac.ir.nodes import (
 
 class _Inliner:
     def __init__(self, callee: Schedule, team: Team | None, bind: dict[str, Region],
-                 ops: dict[str, Op], prefix: str, first_stage: int, elem: IExpr):
+                 ops: dict[str, Op], prefix: str, first_stage: int, elem: IExpr, ints: dict[str, IExpr]):
         self.callee, self.team, self.bind, self.ops, self.prefix = callee, team, bind, ops, prefix
+        self.ints = ints   # a rank parameter -> the place the call gives it (in the caller's terms)
         self.elem = elem
         self.stage = first_stage
         # each size symbol from the first buffer sized by it (`k * n`, k an expression of world,
@@ -85,6 +87,8 @@ class _Inliner:
             return self.team.size if self.team else Var("world")
         if name in self.sizes:
             return self.sizes[name]
+        if name in self.ints:
+            return self.ints[name]
         if name == ELEM:
             return self.elem
         return Var(self.prefix + name)       # a loop or reduction variable or a local of the callee
@@ -168,7 +172,7 @@ class _Inliner:
 
 
 def inline(callee: Schedule, team: Team | None, bind: dict[str, Region], ops: dict[str, Op],
-           prefix: str, first_stage: int, elem: IExpr = Var(ELEM)
+           prefix: str, first_stage: int, elem: IExpr = Var(ELEM), ints: dict[str, IExpr] | None = None
            ) -> tuple[tuple[Node, ...], tuple[Flag, ...], tuple[Buffer, ...], tuple[Team, ...],
                       tuple[Requirement, ...], int, tuple]:
     """(the caller's ops, the flags they use, the scratch buffers they use (the callee's, renamed,
@@ -177,8 +181,9 @@ def inline(callee: Schedule, team: Team | None, bind: dict[str, Region], ops: di
     constraints read on the caller's world, the last stage index used, the (buffer, region length,
     size the callee declares) of every argument whose length is not its size by form: equal at
     every instance or refused). elem: the callee's sizeof(T) in the caller's terms (the size of
-    the fixed type its arguments give T, or the caller's own ELEM)."""
-    x = _Inliner(callee, team, bind, ops, prefix, first_stage, elem)
+    the fixed type its arguments give T, or the caller's own ELEM). ints: the places (on the team)
+    the call gives the callee's rank parameters, in the caller's terms."""
+    x = _Inliner(callee, team, bind, ops, prefix, first_stage, elem, ints or {})
     body = x.nodes(callee.body)
     flags = tuple(Flag(prefix + f.name, x.e(f.size), f.span, rounds=x.e(f.rounds)) for f in callee.flags)
     size = team.size if team else Var("world")

@@ -325,13 +325,22 @@ class RedopArg:
 
 
 @dataclass(frozen=True)
+class IntArg:
+    """An integer as an argument of a call (a number, or an expression in parentheses): a rank
+    parameter's value."""
+
+    value: "Expr"
+    span: Span
+
+
+@dataclass(frozen=True)
 class CallStmt:
     """call NAME(args) on TEAM: the schedule NAME inlined on the members of TEAM (`world`: every
     rank); an argument is a region of a buffer (a Ref without @), a redop parameter's name (a Ref
-    without selector) or a RedopArg."""
+    without selector), a RedopArg, or a rank parameter's value (an IntArg, or a Ref of one name)."""
 
     callee: str
-    args: tuple["Ref | RedopArg", ...]
+    args: tuple["Ref | RedopArg | IntArg", ...]
     team: str
     span: Span
     callee_span: Span

@@ -231,6 +231,12 @@ class _Builder(Transformer):
     def call_redop(self, meta, children):
         return ast.RedopArg(str(children[0]), self._span(meta))
 
+    def call_int(self, meta, children):
+        return ast.IntArg(ast.IntLit(int(children[0]), self._span(meta)), self._span(meta))
+
+    def call_expr(self, meta, children):
+        return ast.IntArg(children[0], self._span(meta))
+
     def await_stmt(self, meta, children):
         return ast.Await(str(children[0]), self._span(meta), _tok_span(self.source, children[0]))
 

@@ -132,6 +132,23 @@ def test_hierarchical_allreduce_by_composition_runs_correctly(tmp_path, world):
     assert out.exit_code == 0
 
 
+@pytest.mark.parametrize("world", [6])
+def test_hierarchical_broadcast_by_composition_runs_correctly(world):
+    """Composition with a rank parameter: the tree Broadcast called on the lane team with the
+    root's node as its root, `(root / T)` (world 6: nodes of two, lanes of three); roots 0, 3
+    (node 1, place 1) and 5, one element (part 1 empty) and an uneven count."""
+    path = EXAMPLES / "broadcast_hierarchical_composed.strata"
+    assert [s.name for s in schedules(load_source(str(path)))] == ["broadcast_hierarchical_composed"]
+    cases = [runner.Case(dtype=d, count=count, root=root) for d in ("f32", "bf16")
+             for root in (0, 3, 5) for count in (1, 4099)]
+    out = _run(path, world, cases)
+    assert out.failures == []
+    assert len(out.results) == world * len(cases)
+    assert [(r["rank"], r["dtype"], r["count"], r["root"], r["why"]) for r in out.results
+            if not r["ok"]] == []
+    assert out.exit_code == 0
+
+
 @pytest.mark.parametrize("world", [3, 4, 5])
 def test_barriers_in_step_loops_run_correctly(world):
     """A barrier per ring step (world - 1 of them: the epoch advances by stamps that depend on the

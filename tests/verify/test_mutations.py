@@ -58,7 +58,7 @@ def _worlds(spec: str) -> list[int]:
 RUN_WORLDS = _worlds(os.environ.get("STRATAC_MUTATION_WORLDS", "2-4"))
 # A verifier that stopped rejecting would otherwise turn CI into hours of builds and runs: past this
 # many accepted mutants at one world the test fails at once, naming them (not when asked for worlds;
-# 43 at world 2 with the FIFO and PAT ReduceScatters, the PAT AllGather and the unequal groups,
+# 44 at world 2 with the FIFO and PAT ReduceScatters, the PAT AllGather and the unequal groups,
 # every one in EQUIVALENT).
 # Asked for worlds, every accepted mutant runs at every one of them that accepts it (_runs_at).
 EVERY_WORLD = "STRATAC_MUTATION_WORLDS" in os.environ
@@ -381,6 +381,22 @@ EQUIVALENT = {
         (2, 3, 4),
         "the credit: below world 6 no slot is written twice, so no rank waits for one; at world 6 "
         "the wait for it never ends and the mutant is rejected (E0302)"),
+    # broadcast_hierarchical_composed.strata: nodes of T = min(lowest set bit of world, 8) ranks,
+    # so at world 3 each node is one rank and the lane is the world, at 2 and 4 one node is the world
+    ("broadcast_hierarchical_composed.strata", "on sdma: part[me] = part[me]@root", 1): (
+        (3,),
+        "at world 3 the root's node is the root alone, so no rank takes the scatter's arm; at "
+        "worlds 2 and 4 the mutant is rejected"),
+    ("broadcast_hierarchical_composed.strata", "call broadcast_tree(part[me], (root / T)) on lane", 1): (
+        (2, 4),
+        "at worlds 2 and 4 one node holds every rank and each lane one rank, so the tree across "
+        "the nodes moves nothing; at world 3 the mutant is rejected"),
+    ("broadcast_hierarchical_composed.strata", "on sdma: for p in node.peers: part[me]@p = part[me]", 1): (
+        (3,),
+        "at world 3 each node is one rank, with no peers to gather from"),
+    ("broadcast_hierarchical_composed.strata", "barrier(node)", 1): (
+        (3,),
+        "at world 3 each node is one rank: its barrier waits for no one"),
     ("allgather_pat.strata", "set m[k] = c + 1", 1): (
         (2, 3),
         "at worlds 2 and 3 each dim carries one message, so its counter is never read again; at "

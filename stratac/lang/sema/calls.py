@@ -51,10 +51,22 @@ class Calls(Scope):
         reported = len(self.diags)
         bind: dict[str, ir.Region] = {}
         ops: dict[str, ir.Op] = {}
+        ints: dict[str, ir.IExpr] = {}             # a rank parameter -> its place on the team
         typevar: dict[str, tuple[str, str]] = {}   # the callee's type variable -> (type, argument)
         for p, a in zip(tree.params, st.args):
             scalar = next((x for x in callee.scalars if x.name == p.name), None)
-            if scalar is not None:    # a redop (callee_fits refused rank parameters)
+            if scalar is not None and scalar.kind is ir.ScalarKind.RANK:
+                value = self.rank_arg(a, p.name, callee, team, note)
+                if value is not None:
+                    ints[p.name] = value
+                continue
+            if isinstance(a, ast.IntArg):
+                what = "a redop: pass sum, max, min or a redop parameter" if scalar is not None else \
+                    "a buffer: pass a region of one (x, part[i], x[lo:hi])"
+                self.err(Codes.BAD_TYPE, f"{p.name} of {callee.name} is {what}, not an integer",
+                         a.span, note)
+                continue
+            if scalar is not None:    # a redop (callee_fits refused divisor parameters)
                 name = a.name if isinstance(a, ast.RedopArg) else (
                     a.name if a.selector is None and a.rank is None else None)
                 op = None
@@ -101,7 +113,7 @@ class Calls(Scope):
         given = ir.DType.parse(next(iter(typevar.values()))[0]) if typevar else None
         elem = ir.Const(given.nbytes) if given is not None else ir.Var(ir.ELEM)
         body, flags, scratch, teams, requires, self.stage_count, shapes = ir_inline(
-            callee, team, bind, ops, prefix, self.stage_count, elem)
+            callee, team, bind, ops, prefix, self.stage_count, elem, ints)
         self.elem |= callee.elem and given is None
         fixed = self.fixed_names()
         for f in flags:
@@ -167,9 +179,32 @@ class Calls(Scope):
                                                 f"{own.text}, line {own.span.line})", st.span))
         return body
 
+    def rank_arg(self, a, name: str, callee: ir.Schedule, team: ir.Team | None,
+                 note: Note) -> ir.IExpr | None:
+        """The value of a callee's rank parameter: an integer expression of the caller's names
+        (what a top-level statement may use: world, sizes, its own rank and divisor parameters,
+        lets, rank), a place of the team the call runs on (0 .. team size - 1: the callee numbers
+        the members 0 .. its world - 1). The verifier proves the caller with the callee inlined,
+        so a value outside the team, or one the members of a team disagree on, is found there."""
+        if isinstance(a, ast.Ref) and a.selector is None and a.rank is None and \
+                a.name not in self.params and a.name not in self.views and \
+                a.name not in self.scalars_of(ir.ScalarKind.REDOP):
+            a = ast.IntArg(ast.Name(a.name, a.span), a.span)
+        if not isinstance(a, ast.IntArg):
+            self.err(Codes.BAD_TYPE, f"{name} of {callee.name} is a rank: pass an integer, the "
+                     f"member of {'the team' if team else 'the world'} it names (0, root, "
+                     "(root / 4))", a.span, note)
+            return None
+        where = f"team {team.name}" if team is not None else "the world"
+        return ir.simplify(self.expr(a.value, self.env(), f"{name} of {callee.name} (a place of {where})"))
+
+    def scalars_of(self, kind: ir.ScalarKind) -> set[str]:
+        return {x.name for x in self.scalars.values() if x.kind is kind}
+
     def callee_fits(self, callee: ir.Schedule, st: ast.CallStmt, team: ir.Team | None) -> bool:
         """What the inliner does not handle yet is refused with E0109 (dsl/README.md, Composition)."""
         why = None
+        divisor = next((x for x in callee.scalars if x.kind is ir.ScalarKind.DIVISOR), None)
         if callee.contract.kind.moe:
             why = f"it is a {callee.contract.kind.value} (routing)"
         elif callee.teams and self.routed:
@@ -178,9 +213,8 @@ class Calls(Scope):
         elif callee.teams and team is not None:
             why = (f"it declares teams ({', '.join(t.name for t in callee.teams)}), and a call on a team "
                    "cannot hold teams of its own (call it on world)")
-        elif callee.int_params:
-            x = callee.int_params[0]
-            why = f"it takes a {x.kind.value} parameter ({x.name})"
+        elif divisor is not None:
+            why = f"it takes a divisor parameter ({divisor.name})"
         elif callee.requires and team is not None and team.size.names() - {"world"}:
             # a requirement is a condition on world alone (ir.Requirement.holds), and the team's
             # size, the callee's world, names what the call gives
@@ -200,7 +234,7 @@ class Calls(Scope):
         if why is None:
             return True
         self.err(Codes.CALL, f"{callee.name} cannot be called yet: {why}; calls inline schedules of "
-                 "1-D buffers sized n, redop parameters, flags, barriers, loops and stages",
+                 "1-D buffers sized n, redop and rank parameters, flags, barriers, loops and stages",
                  st.callee_span, Note(f"{callee.name} is defined here", callee.span))
         return False
 
