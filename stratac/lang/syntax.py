@@ -237,6 +237,9 @@ class _Builder(Transformer):
     def call_expr(self, meta, children):
         return ast.IntArg(children[0], self._span(meta))
 
+    def call_cond(self, meta, children):
+        return ast.IntArg(self.cond_expr(meta, children), self._span(meta))
+
     def await_stmt(self, meta, children):
         return ast.Await(str(children[0]), self._span(meta), _tok_span(self.source, children[0]))
 

@@ -1,10 +1,10 @@
 """The step-loop examples (ring AllReduce, ring ReduceScatter (also in place, and through a FIFO),
 PAT ReduceScatter (binomial trees through FIFOs per dim, world 5 not a power of two),
 recursive halving-doubling AllReduce, binomial-tree Broadcast; the pipelined ring AllGather,
-Bruck's AllToAll and AllGather and the PAT AllGather, which take no reduction) on the CPU build at worlds 3, 4 and 5 where they allow
-it: f32 and bf16, sum and max where there is a reduction, one element and an uneven count, roots at
-both ends; results checked against torch by the runner. And a schedule's world constraint, refused
-at the call with the constraint and its source line."""
+Bruck's AllToAll and AllGather and the PAT AllGather, which take no reduction) on the CPU build
+at worlds 3, 4 and 5 where they allow it: f32 and bf16, sum and max where there is a reduction,
+one element and an uneven count, roots at both ends; results checked against torch by the runner.
+And a schedule's world constraint, refused at the call with the constraint and its source line."""
 
 from pathlib import Path
 

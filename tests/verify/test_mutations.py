@@ -367,7 +367,7 @@ EQUIVALENT = {
     ("allgather_pat.strata", "if c >= F: wait free[k * F + c % F] round c / F - 1", 1): (
         (2, 3, 4),
         "below world 6 dim 0 carries at most two messages (s = 1, 3), one per slot, so no slot is "
-        "written twice; at world 6 the mutant is rejected (E0301, the credit named)"),
+        "written twice; at world 6 the mutant is rejected (E0301, a reuse without a credit)"),
     ("allgather_pat.strata", "} else {", 2): (
         (2, 3),
         "the `} else {` of the block sent: at worlds 2 and 3 every sub-step sends the sender's "
@@ -381,6 +381,10 @@ EQUIVALENT = {
         (2, 3, 4),
         "the credit: below world 6 no slot is written twice, so no rank waits for one; at world 6 "
         "the wait for it never ends and the mutant is rejected (E0302)"),
+    ("allgather_pat.strata", "set m[k] = c + 1", 1): (
+        (2, 3),
+        "at worlds 2 and 3 each dim carries one message, so its counter is never read again; at "
+        "world 4 dim 0 carries two and the mutant is rejected (E0306)"),
     # broadcast_hierarchical_composed.strata: nodes of T = min(lowest set bit of world, 8) ranks,
     # so at world 3 each node is one rank and the lane is the world, at 2 and 4 one node is the world
     ("broadcast_hierarchical_composed.strata", "on sdma: part[me] = part[me]@root", 1): (
@@ -397,10 +401,6 @@ EQUIVALENT = {
     ("broadcast_hierarchical_composed.strata", "barrier(node)", 1): (
         (3,),
         "at world 3 each node is one rank: its barrier waits for no one"),
-    ("allgather_pat.strata", "set m[k] = c + 1", 1): (
-        (2, 3),
-        "at worlds 2 and 3 each dim carries one message, so its counter is never read again; at "
-        "world 4 dim 0 carries two and the mutant is rejected (E0306)"),
 }
 
 

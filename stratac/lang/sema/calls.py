@@ -181,11 +181,13 @@ class Calls(Scope):
 
     def rank_arg(self, a, name: str, callee: ir.Schedule, team: ir.Team | None,
                  note: Note) -> ir.IExpr | None:
-        """The value of a callee's rank parameter: an integer expression of the caller's names
-        (what a top-level statement may use: world, sizes, its own rank and divisor parameters,
-        lets, rank), a place of the team the call runs on (0 .. team size - 1: the callee numbers
-        the members 0 .. its world - 1). The verifier proves the caller with the callee inlined,
-        so a value outside the team, or one the members of a team disagree on, is found there."""
+        """The value of a callee's rank parameter: a place of the team the call runs on (0 .. team
+        size - 1: the callee numbers the members 0 .. its world - 1), as an integer expression of
+        what every rank of the call agrees on (world, sizes, the caller's rank and divisor
+        parameters, lets of those). The callee was checked with its parameter the same on every
+        rank (its sema lets one bound a step loop with barriers, size a team, ...), so an argument
+        that depends on the rank is refused. The verifier proves the caller with the callee
+        inlined, so a place outside the team is found where it goes wrong."""
         if isinstance(a, ast.Ref) and a.selector is None and a.rank is None and \
                 a.name not in self.params and a.name not in self.views and \
                 a.name not in self.scalars_of(ir.ScalarKind.REDOP):
@@ -196,7 +198,15 @@ class Calls(Scope):
                      "(root / 4))", a.span, note)
             return None
         where = f"team {team.name}" if team is not None else "the world"
-        return ir.simplify(self.expr(a.value, self.env(), f"{name} of {callee.name} (a place of {where})"))
+        value = ir.simplify(self.expr(a.value, self.env(), f"{name} of {callee.name} (a place of {where})"))
+        varying = value.names() - self.fixed_names()
+        if varying:
+            self.err(Codes.CALL, f"{name} of {callee.name} is the same on every rank of a call, so its "
+                     f"argument must be too (an expression of world, sizes and the caller's rank and "
+                     f"divisor parameters), but {_text(a.span)} depends on {', '.join(sorted(varying))}",
+                     a.span, note)
+            return None
+        return value
 
     def scalars_of(self, kind: ir.ScalarKind) -> set[str]:
         return {x.name for x in self.scalars.values() if x.kind is kind}
