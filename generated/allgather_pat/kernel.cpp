@@ -160,30 +160,42 @@ class AllgatherPat {
 
 }  // namespace
 
+// One entry point per element type and reduction. A build may compile a subset: with STRATA_ENTRIES
+// defined, only the entries named by STRATA_ENTRY_<name> (the CPU model's builds take those a call
+// uses, stratac/targets/cpu.py); without it (the NPU build), all of them.
+
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allgather_pat_f32)
 extern "C" __global__ __aicore__ void allgather_pat_f32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, GM_ADDR fifo, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllgatherPat<float, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, fifo, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allgather_pat_f16)
 extern "C" __global__ __aicore__ void allgather_pat_f16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, GM_ADDR fifo, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllgatherPat<half, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, fifo, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allgather_pat_bf16)
 extern "C" __global__ __aicore__ void allgather_pat_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, GM_ADDR fifo, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllgatherPat<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, fifo, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allgather_pat_i32)
 extern "C" __global__ __aicore__ void allgather_pat_i32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, GM_ADDR fifo, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllgatherPat<int32_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, fifo, n);
   op.Process();
 }
+#endif

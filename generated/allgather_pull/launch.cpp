@@ -6,10 +6,18 @@
 #ifdef STRATA_CPU_MODEL
 #include "kernel_operator.h"
 #include "strata_cpu.h"
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allgather_pull_f32)
 extern "C" void allgather_pull_f32(GM_ADDR, int32_t, GM_ADDR, GM_ADDR, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allgather_pull_f16)
 extern "C" void allgather_pull_f16(GM_ADDR, int32_t, GM_ADDR, GM_ADDR, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allgather_pull_bf16)
 extern "C" void allgather_pull_bf16(GM_ADDR, int32_t, GM_ADDR, GM_ADDR, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allgather_pull_i32)
 extern "C" void allgather_pull_i32(GM_ADDR, int32_t, GM_ADDR, GM_ADDR, uint64_t);
+#endif
 #define STRATA_LAUNCH(kernel, blocks, stream, ...) STRATA_CPU_LAUNCH(kernel, blocks, __VA_ARGS__)
 #define STRATA_GM(p) reinterpret_cast<GM_ADDR>(p)
 #else
@@ -27,15 +35,23 @@ extern "C" void allgather_pull_i32(GM_ADDR, int32_t, GM_ADDR, GM_ADDR, uint64_t)
 extern "C" int strata_launch_allgather_pull(int32_t dtype, int32_t op, uint32_t blocks, void* stream, void* sync, int32_t epoch, void* x, void* out, uint64_t n) {
   (void)op;  // no redop parameter: one kernel per element type
   switch (dtype) {
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allgather_pull_f32)
     case 0:  // f32
       return STRATA_LAUNCH(allgather_pull_f32, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), STRATA_GM(out), n);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allgather_pull_f16)
     case 1:  // f16
       return STRATA_LAUNCH(allgather_pull_f16, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), STRATA_GM(out), n);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allgather_pull_bf16)
     case 2:  // bf16
       return STRATA_LAUNCH(allgather_pull_bf16, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), STRATA_GM(out), n);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allgather_pull_i32)
     case 3:  // i32
       return STRATA_LAUNCH(allgather_pull_i32, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), STRATA_GM(out), n);
+#endif
     default:
-      return -2;  // no kernel for this element type and reduction
+      return -2;  // no kernel for this element type and reduction, or not one this build compiled
   }
 }

@@ -125,86 +125,114 @@ class AllreduceGroups {
 
 }  // namespace
 
+// One entry point per element type and reduction. A build may compile a subset: with STRATA_ENTRIES
+// defined, only the entries named by STRATA_ENTRY_<name> (the CPU model's builds take those a call
+// uses, stratac/targets/cpu.py); without it (the NPU build), all of them.
+
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_groups_f32_sum)
 extern "C" __global__ __aicore__ void allreduce_groups_f32_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR acc, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceGroups<float, strata::Red::kSum> op;
   op.Init(sync, epoch, x, acc, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_groups_f32_max)
 extern "C" __global__ __aicore__ void allreduce_groups_f32_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR acc, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceGroups<float, strata::Red::kMax> op;
   op.Init(sync, epoch, x, acc, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_groups_f32_min)
 extern "C" __global__ __aicore__ void allreduce_groups_f32_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR acc, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceGroups<float, strata::Red::kMin> op;
   op.Init(sync, epoch, x, acc, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_groups_f16_sum)
 extern "C" __global__ __aicore__ void allreduce_groups_f16_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR acc, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceGroups<half, strata::Red::kSum> op;
   op.Init(sync, epoch, x, acc, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_groups_f16_max)
 extern "C" __global__ __aicore__ void allreduce_groups_f16_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR acc, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceGroups<half, strata::Red::kMax> op;
   op.Init(sync, epoch, x, acc, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_groups_f16_min)
 extern "C" __global__ __aicore__ void allreduce_groups_f16_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR acc, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceGroups<half, strata::Red::kMin> op;
   op.Init(sync, epoch, x, acc, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_groups_bf16_sum)
 extern "C" __global__ __aicore__ void allreduce_groups_bf16_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR acc, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceGroups<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, acc, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_groups_bf16_max)
 extern "C" __global__ __aicore__ void allreduce_groups_bf16_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR acc, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceGroups<bfloat16_t, strata::Red::kMax> op;
   op.Init(sync, epoch, x, acc, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_groups_bf16_min)
 extern "C" __global__ __aicore__ void allreduce_groups_bf16_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR acc, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceGroups<bfloat16_t, strata::Red::kMin> op;
   op.Init(sync, epoch, x, acc, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_groups_i32_sum)
 extern "C" __global__ __aicore__ void allreduce_groups_i32_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR acc, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceGroups<int32_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, acc, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_groups_i32_max)
 extern "C" __global__ __aicore__ void allreduce_groups_i32_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR acc, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceGroups<int32_t, strata::Red::kMax> op;
   op.Init(sync, epoch, x, acc, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_groups_i32_min)
 extern "C" __global__ __aicore__ void allreduce_groups_i32_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR acc, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceGroups<int32_t, strata::Red::kMin> op;
   op.Init(sync, epoch, x, acc, n);
   op.Process();
 }
+#endif

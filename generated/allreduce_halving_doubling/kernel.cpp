@@ -168,86 +168,114 @@ class AllreduceHalvingDoubling {
 
 }  // namespace
 
+// One entry point per element type and reduction. A build may compile a subset: with STRATA_ENTRIES
+// defined, only the entries named by STRATA_ENTRY_<name> (the CPU model's builds take those a call
+// uses, stratac/targets/cpu.py); without it (the NPU build), all of them.
+
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_halving_doubling_f32_sum)
 extern "C" __global__ __aicore__ void allreduce_halving_doubling_f32_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceHalvingDoubling<float, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_halving_doubling_f32_max)
 extern "C" __global__ __aicore__ void allreduce_halving_doubling_f32_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceHalvingDoubling<float, strata::Red::kMax> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_halving_doubling_f32_min)
 extern "C" __global__ __aicore__ void allreduce_halving_doubling_f32_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceHalvingDoubling<float, strata::Red::kMin> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_halving_doubling_f16_sum)
 extern "C" __global__ __aicore__ void allreduce_halving_doubling_f16_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceHalvingDoubling<half, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_halving_doubling_f16_max)
 extern "C" __global__ __aicore__ void allreduce_halving_doubling_f16_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceHalvingDoubling<half, strata::Red::kMax> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_halving_doubling_f16_min)
 extern "C" __global__ __aicore__ void allreduce_halving_doubling_f16_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceHalvingDoubling<half, strata::Red::kMin> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_halving_doubling_bf16_sum)
 extern "C" __global__ __aicore__ void allreduce_halving_doubling_bf16_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceHalvingDoubling<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_halving_doubling_bf16_max)
 extern "C" __global__ __aicore__ void allreduce_halving_doubling_bf16_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceHalvingDoubling<bfloat16_t, strata::Red::kMax> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_halving_doubling_bf16_min)
 extern "C" __global__ __aicore__ void allreduce_halving_doubling_bf16_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceHalvingDoubling<bfloat16_t, strata::Red::kMin> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_halving_doubling_i32_sum)
 extern "C" __global__ __aicore__ void allreduce_halving_doubling_i32_sum(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceHalvingDoubling<int32_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_halving_doubling_i32_max)
 extern "C" __global__ __aicore__ void allreduce_halving_doubling_i32_max(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceHalvingDoubling<int32_t, strata::Red::kMax> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_halving_doubling_i32_min)
 extern "C" __global__ __aicore__ void allreduce_halving_doubling_i32_min(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AllreduceHalvingDoubling<int32_t, strata::Red::kMin> op;
   op.Init(sync, epoch, x, n);
   op.Process();
 }
+#endif

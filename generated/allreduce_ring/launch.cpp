@@ -6,18 +6,42 @@
 #ifdef STRATA_CPU_MODEL
 #include "kernel_operator.h"
 #include "strata_cpu.h"
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_f32_sum)
 extern "C" void allreduce_ring_f32_sum(GM_ADDR, int32_t, GM_ADDR, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_f32_max)
 extern "C" void allreduce_ring_f32_max(GM_ADDR, int32_t, GM_ADDR, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_f32_min)
 extern "C" void allreduce_ring_f32_min(GM_ADDR, int32_t, GM_ADDR, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_f16_sum)
 extern "C" void allreduce_ring_f16_sum(GM_ADDR, int32_t, GM_ADDR, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_f16_max)
 extern "C" void allreduce_ring_f16_max(GM_ADDR, int32_t, GM_ADDR, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_f16_min)
 extern "C" void allreduce_ring_f16_min(GM_ADDR, int32_t, GM_ADDR, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_bf16_sum)
 extern "C" void allreduce_ring_bf16_sum(GM_ADDR, int32_t, GM_ADDR, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_bf16_max)
 extern "C" void allreduce_ring_bf16_max(GM_ADDR, int32_t, GM_ADDR, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_bf16_min)
 extern "C" void allreduce_ring_bf16_min(GM_ADDR, int32_t, GM_ADDR, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_i32_sum)
 extern "C" void allreduce_ring_i32_sum(GM_ADDR, int32_t, GM_ADDR, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_i32_max)
 extern "C" void allreduce_ring_i32_max(GM_ADDR, int32_t, GM_ADDR, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_i32_min)
 extern "C" void allreduce_ring_i32_min(GM_ADDR, int32_t, GM_ADDR, uint64_t);
+#endif
 #define STRATA_LAUNCH(kernel, blocks, stream, ...) STRATA_CPU_LAUNCH(kernel, blocks, __VA_ARGS__)
 #define STRATA_GM(p) reinterpret_cast<GM_ADDR>(p)
 #else
@@ -42,31 +66,55 @@ extern "C" void allreduce_ring_i32_min(GM_ADDR, int32_t, GM_ADDR, uint64_t);
 
 extern "C" int strata_launch_allreduce_ring(int32_t dtype, int32_t op, uint32_t blocks, void* stream, void* sync, int32_t epoch, void* x, uint64_t n) {
   switch (dtype * 3 + op) {
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_f32_sum)
     case 0:  // f32 sum
       return STRATA_LAUNCH(allreduce_ring_f32_sum, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), n);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_f32_max)
     case 1:  // f32 max
       return STRATA_LAUNCH(allreduce_ring_f32_max, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), n);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_f32_min)
     case 2:  // f32 min
       return STRATA_LAUNCH(allreduce_ring_f32_min, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), n);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_f16_sum)
     case 3:  // f16 sum
       return STRATA_LAUNCH(allreduce_ring_f16_sum, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), n);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_f16_max)
     case 4:  // f16 max
       return STRATA_LAUNCH(allreduce_ring_f16_max, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), n);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_f16_min)
     case 5:  // f16 min
       return STRATA_LAUNCH(allreduce_ring_f16_min, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), n);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_bf16_sum)
     case 6:  // bf16 sum
       return STRATA_LAUNCH(allreduce_ring_bf16_sum, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), n);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_bf16_max)
     case 7:  // bf16 max
       return STRATA_LAUNCH(allreduce_ring_bf16_max, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), n);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_bf16_min)
     case 8:  // bf16 min
       return STRATA_LAUNCH(allreduce_ring_bf16_min, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), n);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_i32_sum)
     case 9:  // i32 sum
       return STRATA_LAUNCH(allreduce_ring_i32_sum, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), n);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_i32_max)
     case 10:  // i32 max
       return STRATA_LAUNCH(allreduce_ring_i32_max, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), n);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_allreduce_ring_i32_min)
     case 11:  // i32 min
       return STRATA_LAUNCH(allreduce_ring_i32_min, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(x), n);
+#endif
     default:
-      return -2;  // no kernel for this element type and reduction
+      return -2;  // no kernel for this element type and reduction, or not one this build compiled
   }
 }

@@ -63,30 +63,42 @@ class Alltoall {
 
 }  // namespace
 
+// One entry point per element type and reduction. A build may compile a subset: with STRATA_ENTRIES
+// defined, only the entries named by STRATA_ENTRY_<name> (the CPU model's builds take those a call
+// uses, stratac/targets/cpu.py); without it (the NPU build), all of them.
+
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_alltoall_f32)
 extern "C" __global__ __aicore__ void alltoall_f32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   Alltoall<float, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_alltoall_f16)
 extern "C" __global__ __aicore__ void alltoall_f16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   Alltoall<half, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_alltoall_bf16)
 extern "C" __global__ __aicore__ void alltoall_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   Alltoall<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_alltoall_i32)
 extern "C" __global__ __aicore__ void alltoall_i32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   Alltoall<int32_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }
+#endif

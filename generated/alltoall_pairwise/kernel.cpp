@@ -92,30 +92,42 @@ class AlltoallPairwise {
 
 }  // namespace
 
+// One entry point per element type and reduction. A build may compile a subset: with STRATA_ENTRIES
+// defined, only the entries named by STRATA_ENTRY_<name> (the CPU model's builds take those a call
+// uses, stratac/targets/cpu.py); without it (the NPU build), all of them.
+
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_alltoall_pairwise_f32)
 extern "C" __global__ __aicore__ void alltoall_pairwise_f32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AlltoallPairwise<float, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_alltoall_pairwise_f16)
 extern "C" __global__ __aicore__ void alltoall_pairwise_f16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AlltoallPairwise<half, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_alltoall_pairwise_bf16)
 extern "C" __global__ __aicore__ void alltoall_pairwise_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AlltoallPairwise<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_alltoall_pairwise_i32)
 extern "C" __global__ __aicore__ void alltoall_pairwise_i32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR out, uint64_t n) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   AlltoallPairwise<int32_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, out, n);
   op.Process();
 }
+#endif

@@ -93,23 +93,33 @@ class Alltoallv {
 
 }  // namespace
 
+// One entry point per element type and reduction. A build may compile a subset: with STRATA_ENTRIES
+// defined, only the entries named by STRATA_ENTRY_<name> (the CPU model's builds take those a call
+// uses, stratac/targets/cpu.py); without it (the NPU build), all of them.
+
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_alltoallv_f32)
 extern "C" __global__ __aicore__ void alltoallv_f32(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR dest, GM_ADDR counts, GM_ADDR out, GM_ADDR offs, uint64_t hidden, uint64_t rows) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   Alltoallv<float, strata::Red::kSum> op;
   op.Init(sync, epoch, x, dest, counts, out, offs, hidden, rows);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_alltoallv_f16)
 extern "C" __global__ __aicore__ void alltoallv_f16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR dest, GM_ADDR counts, GM_ADDR out, GM_ADDR offs, uint64_t hidden, uint64_t rows) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   Alltoallv<half, strata::Red::kSum> op;
   op.Init(sync, epoch, x, dest, counts, out, offs, hidden, rows);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_alltoallv_bf16)
 extern "C" __global__ __aicore__ void alltoallv_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR x, GM_ADDR dest, GM_ADDR counts, GM_ADDR out, GM_ADDR offs, uint64_t hidden, uint64_t rows) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   Alltoallv<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, dest, counts, out, offs, hidden, rows);
   op.Process();
 }
+#endif

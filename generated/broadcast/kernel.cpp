@@ -103,30 +103,42 @@ class Broadcast {
 
 }  // namespace
 
+// One entry point per element type and reduction. A build may compile a subset: with STRATA_ENTRIES
+// defined, only the entries named by STRATA_ENTRY_<name> (the CPU model's builds take those a call
+// uses, stratac/targets/cpu.py); without it (the NPU build), all of them.
+
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_broadcast_f32)
 extern "C" __global__ __aicore__ void broadcast_f32(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   Broadcast<float, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_broadcast_f16)
 extern "C" __global__ __aicore__ void broadcast_f16(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   Broadcast<half, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_broadcast_bf16)
 extern "C" __global__ __aicore__ void broadcast_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   Broadcast<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_broadcast_i32)
 extern "C" __global__ __aicore__ void broadcast_i32(GM_ADDR sync, int32_t epoch, GM_ADDR x, uint64_t n, int32_t root) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   Broadcast<int32_t, strata::Red::kSum> op;
   op.Init(sync, epoch, x, n, root);
   op.Process();
 }
+#endif

@@ -6,9 +6,15 @@
 #ifdef STRATA_CPU_MODEL
 #include "kernel_operator.h"
 #include "strata_cpu.h"
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_moe_decode_combine_f32)
 extern "C" void moe_decode_combine_f32(GM_ADDR, int32_t, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_moe_decode_combine_f16)
 extern "C" void moe_decode_combine_f16(GM_ADDR, int32_t, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_moe_decode_combine_bf16)
 extern "C" void moe_decode_combine_bf16(GM_ADDR, int32_t, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
+#endif
 #define STRATA_LAUNCH(kernel, blocks, stream, ...) STRATA_CPU_LAUNCH(kernel, blocks, __VA_ARGS__)
 #define STRATA_GM(p) reinterpret_cast<GM_ADDR>(p)
 #else
@@ -25,13 +31,19 @@ extern "C" void moe_decode_combine_bf16(GM_ADDR, int32_t, GM_ADDR, GM_ADDR, GM_A
 extern "C" int strata_launch_moe_decode_combine(int32_t dtype, int32_t op, uint32_t blocks, void* stream, void* sync, int32_t epoch, void* win, void* ids, void* weights, void* counts, void* y, void* offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   (void)op;  // no redop parameter: one kernel per element type
   switch (dtype) {
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_moe_decode_combine_f32)
     case 0:  // f32
       return STRATA_LAUNCH(moe_decode_combine_f32, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(win), STRATA_GM(ids), STRATA_GM(weights), STRATA_GM(counts), STRATA_GM(y), STRATA_GM(offs), capacity, experts, hidden, tokens, topk);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_moe_decode_combine_f16)
     case 1:  // f16
       return STRATA_LAUNCH(moe_decode_combine_f16, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(win), STRATA_GM(ids), STRATA_GM(weights), STRATA_GM(counts), STRATA_GM(y), STRATA_GM(offs), capacity, experts, hidden, tokens, topk);
+#endif
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_moe_decode_combine_bf16)
     case 2:  // bf16
       return STRATA_LAUNCH(moe_decode_combine_bf16, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(win), STRATA_GM(ids), STRATA_GM(weights), STRATA_GM(counts), STRATA_GM(y), STRATA_GM(offs), capacity, experts, hidden, tokens, topk);
+#endif
     default:
-      return -2;  // no kernel for this element type and reduction
+      return -2;  // no kernel for this element type and reduction, or not one this build compiled
   }
 }

@@ -6,7 +6,9 @@
 #ifdef STRATA_CPU_MODEL
 #include "kernel_operator.h"
 #include "strata_cpu.h"
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_moe_decode_int8_dispatch_i8)
 extern "C" void moe_decode_int8_dispatch_i8(GM_ADDR, int32_t, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
+#endif
 #define STRATA_LAUNCH(kernel, blocks, stream, ...) STRATA_CPU_LAUNCH(kernel, blocks, __VA_ARGS__)
 #define STRATA_GM(p) reinterpret_cast<GM_ADDR>(p)
 #else
@@ -21,9 +23,11 @@ extern "C" void moe_decode_int8_dispatch_i8(GM_ADDR, int32_t, GM_ADDR, GM_ADDR, 
 extern "C" int strata_launch_moe_decode_int8_dispatch(int32_t dtype, int32_t op, uint32_t blocks, void* stream, void* sync, int32_t epoch, void* xq, void* xs, void* ids, void* counts, void* wq, void* ws, void* offs, uint64_t capacity, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   (void)op;  // no redop parameter: one kernel per element type
   switch (dtype) {
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_moe_decode_int8_dispatch_i8)
     case 4:  // i8
       return STRATA_LAUNCH(moe_decode_int8_dispatch_i8, blocks, stream, STRATA_GM(sync), epoch, STRATA_GM(xq), STRATA_GM(xs), STRATA_GM(ids), STRATA_GM(counts), STRATA_GM(wq), STRATA_GM(ws), STRATA_GM(offs), capacity, experts, hidden, tokens, topk);
+#endif
     default:
-      return -2;  // no kernel for this element type and reduction
+      return -2;  // no kernel for this element type and reduction, or not one this build compiled
   }
 }

@@ -78,23 +78,33 @@ class MoePrefillExpertsCombine {
 
 }  // namespace
 
+// One entry point per element type and reduction. A build may compile a subset: with STRATA_ENTRIES
+// defined, only the entries named by STRATA_ENTRY_<name> (the CPU model's builds take those a call
+// uses, stratac/targets/cpu.py); without it (the NPU build), all of them.
+
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_moe_prefill_experts_combine_f32)
 extern "C" __global__ __aicore__ void moe_prefill_experts_combine_f32(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t expert_rows, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoePrefillExpertsCombine<float, strata::Red::kSum> op;
   op.Init(sync, epoch, win, ids, weights, counts, y, offs, expert_rows, experts, hidden, tokens, topk);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_moe_prefill_experts_combine_f16)
 extern "C" __global__ __aicore__ void moe_prefill_experts_combine_f16(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t expert_rows, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoePrefillExpertsCombine<half, strata::Red::kSum> op;
   op.Init(sync, epoch, win, ids, weights, counts, y, offs, expert_rows, experts, hidden, tokens, topk);
   op.Process();
 }
+#endif
 
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_moe_prefill_experts_combine_bf16)
 extern "C" __global__ __aicore__ void moe_prefill_experts_combine_bf16(GM_ADDR sync, int32_t epoch, GM_ADDR win, GM_ADDR ids, GM_ADDR weights, GM_ADDR counts, GM_ADDR y, GM_ADDR offs, uint64_t expert_rows, uint64_t experts, uint64_t hidden, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoePrefillExpertsCombine<bfloat16_t, strata::Red::kSum> op;
   op.Init(sync, epoch, win, ids, weights, counts, y, offs, expert_rows, experts, hidden, tokens, topk);
   op.Process();
 }
+#endif

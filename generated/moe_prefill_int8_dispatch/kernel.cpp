@@ -111,9 +111,15 @@ class MoePrefillInt8Dispatch {
 
 }  // namespace
 
+// One entry point per element type and reduction. A build may compile a subset: with STRATA_ENTRIES
+// defined, only the entries named by STRATA_ENTRY_<name> (the CPU model's builds take those a call
+// uses, stratac/targets/cpu.py); without it (the NPU build), all of them.
+
+#if !defined(STRATA_ENTRIES) || defined(STRATA_ENTRY_moe_prefill_int8_dispatch_i8)
 extern "C" __global__ __aicore__ void moe_prefill_int8_dispatch_i8(GM_ADDR sync, int32_t epoch, GM_ADDR xq, GM_ADDR xs, GM_ADDR ids, GM_ADDR counts, GM_ADDR wq, GM_ADDR ws, GM_ADDR offs, uint64_t experts, uint64_t hidden, uint64_t max_recv, uint64_t tokens, uint64_t topk) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   MoePrefillInt8Dispatch<int8_t, strata::Red::kSum> op;
   op.Init(sync, epoch, xq, xs, ids, counts, wq, ws, offs, experts, hidden, max_recv, tokens, topk);
   op.Process();
 }
+#endif

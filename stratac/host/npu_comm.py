@@ -558,7 +558,7 @@ def npu_schedule_class():
         def __call__(self, *tensors, cores: int | None = None, active=None, **named) -> None:
             self.comm._check_open()
             check_world_constraints(self.ir, self.comm.world)
-            if self._launch is None:
+            if self._unloaded:
                 raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
             bits = self.active_bits(active)
             if cores is not None:
@@ -591,7 +591,7 @@ def npu_schedule_class():
                     args.append(scalars[a.name])
             if ir.takes_mask(self.ir):
                 self.comm.write_mask(bits)
-            rc = self._launch(*args)
+            rc = self._launcher(dtype, fixed["op"])(*args)
             if rc != 0:
                 raise StrataRuntimeError(f"{self.name}: launching the {dtype.short} kernel on rank "
                                          f"{self.comm.rank} failed (the launcher returned {rc})")

@@ -130,8 +130,8 @@ class Module:
     def __init__(self, comm, compiled: list[Compiled], selection=None):
         self.comm = comm
         self.schedules: dict[str, Schedule] = {}
-        for c, built in zip(compiled, build.build_all([c.output for c in compiled])):
-            fn = Schedule(comm, c.schedule, built, worlds=c.worlds)
+        for c in compiled:   # each entry point is built when a call first launches it
+            fn = Schedule(comm, c.schedule, build.OnDemand(c.output), worlds=c.worlds)
             self.schedules[c.schedule.name] = fn
             setattr(self, c.schedule.name, fn)
         self.selectors = make_selectors(self, selection)
@@ -174,7 +174,7 @@ class Schedule:
     """A compiled schedule bound to a communicator: call it with heap tensors (and, if the schedule
     has them, `op=` a reduction and rank parameters such as `root=` as keywords)."""
 
-    def __init__(self, comm, s: ir.Schedule, built: build.Built,
+    def __init__(self, comm, s: ir.Schedule, built: build.Built | build.OnDemand,
                  worlds: tuple[int, ...] = ()):
         self.comm, self.ir, self.built = comm, s, built
         self.name = s.name
@@ -183,19 +183,23 @@ class Schedule:
         self._sync_described: tuple | None = None
         self._ffi = cffi.FFI()
         self._ffi.cdef(abi.cdef(s))
-        self._lib = self._ffi.dlopen(str(built.library))
-        self._launch = getattr(self._lib, abi.launcher_name(s))
+        # the launcher of each (dtype, op) a call used, from the library that holds its entry point
+        # (built.library_for: on the CPU model, built when a call first needs it)
+        self._libs: dict[str, object] = {}
+        self._launchers: dict[tuple[ir.DType, int], object] = {}
+        self._unloaded = False
         self._scratch: dict[str, torch.Tensor] = {}
         self._instances: dict[tuple, str | None] = {}   # instance -> None (proven) or the refusal
         self._calls: dict[tuple, _Prepared] = {}         # call signature -> its checked launch
         self.last_cores: int | None = None               # the cores the last call launched on
         self.cores = s.kernel.cores
         # the ranks compare each call's record before any writes to another (strata::Agree); the
-        # schedule's part of it is its name, its kernel (the build's key hashes the compiled
-        # sources) and its manifest (the options it was lowered with, the worlds it was proven for)
+        # schedule's part of it is its name, its kernel (the build's identity hashes the compiled
+        # sources, whichever entries a library holds) and its manifest (the options it was lowered
+        # with, the worlds it was proven for)
         self._agree = s.kernel.agreement
         manifest = hashlib.sha256(json.dumps(built.manifest, sort_keys=True).encode()).hexdigest()
-        self._identity = f"{s.name}\0{built.directory.name}\0{manifest}"
+        self._identity = f"{s.name}\0{built.identity}\0{manifest}"
         # a packed routing (exscan) checks its window's bound on the device (abi.STATUS_*)
         self._window = _bounded_window(s)
         self._bounded = any(op.kind is ir.RouteKind.EXSCAN for op in passes.routes(s))
@@ -237,10 +241,26 @@ class Schedule:
         cores, capped at the CPUs each rank of the world has on this host (stratac.host.cores)."""
         return min(self.cores, host_cores(self.comm.world))
 
+    def _launcher(self, dtype: ir.DType, op: int):
+        """The launcher to call for element type `dtype` and reduction index `op` (abi.OPS; 0
+        without a redop parameter)."""
+        fn = self._launchers.get((dtype, op))
+        if fn is None:
+            kernel = abi.kernel_name(self.ir, dtype, abi.OPS[op] if self.ir.op_param else None)
+            library = str(self.built.library_for(kernel))
+            lib = self._libs.get(library)
+            if lib is None:
+                lib = self._libs[library] = self._ffi.dlopen(library)
+            fn = self._launchers[(dtype, op)] = getattr(lib, abi.launcher_name(self.ir))
+        return fn
+
     def unload(self) -> None:
-        if self._lib is not None:
-            self._ffi.dlclose(self._lib)
-            self._lib = self._launch = None
+        self._unloaded = True
+        self._launchers.clear()
+        self._calls.clear()
+        for lib in self._libs.values():
+            self._ffi.dlclose(lib)
+        self._libs.clear()
 
     def bind(self, *tensors: torch.Tensor, **named) -> tuple[ir.DType, dict[str, int], list, dict]:
         """Checks the arguments against the schedule's parameters before anything is launched;
@@ -522,7 +542,7 @@ class Schedule:
         one bind found for these sizes: what runs is what was proven."""
         comm = self.comm
         comm._check_open()
-        if self._launch is None:
+        if self._unloaded:
             raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
         bits = self.active_bits(active)
         try:
@@ -566,7 +586,7 @@ class Schedule:
         if self._agree:
             record = prep.records.get(bits) or self._record(prep, bits)
             comm.write_record(epoch & 1, call, record)
-        rc = self._launch(*prep.head, epoch, *prep.tail)
+        rc = prep.launch(*prep.head, epoch, *prep.tail)
         # a SIGINT or SIGTERM during the launch stopped its waits (runtime/cpu/src/host_signals.cpp
         # OnHostSignal); Python's own handler has run by now (KeyboardInterrupt), unless the
         # signal's action was the default
@@ -698,6 +718,7 @@ class Schedule:
             blocks=blocks, routed=self.ir.contract.kind.moe, env={"world": comm.world, **params},
             layout=self._layout, stamps=self.ir.stamps({"world": comm.world, **params}),
             masked=ir.takes_mask(self.ir), params=params,
+            launch=self._launcher(dtype, op),
             head=(dtype.code, op, blocks, self._ffi.NULL, self._ffi.cast("void*", comm._base + comm._sync)),
             tail=(*ptrs, *(sizes[n] for n in self.ir.sizes), *(scalars[x.name] for x in self.ir.int_params)))
 
@@ -737,7 +758,7 @@ def _signature(t: torch.Tensor) -> tuple:
 class _Prepared:
     """A checked call's launcher arguments (all but the epoch), kept per signature."""
 
-    __slots__ = ("storages", "blocks", "routed", "env", "layout", "stamps", "masked", "params", "head",
+    __slots__ = ("storages", "blocks", "routed", "env", "layout", "stamps", "masked", "params", "launch", "head",
                  "tail", "sizes", "dtype", "records", "offsets")
 
     def __init__(self, **kw):

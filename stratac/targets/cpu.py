@@ -9,7 +9,10 @@ what goes into g++ and nothing else: kernel.cpp and launch.cpp, the runtime's so
 (runtime/, which libstratacpu is also keyed by), this module (the recipe: the commands and their
 flags) and the compiler's identity. Outputs with the same sources share one library: the manifest
 (launch defaults such as cores, the proven worlds) is the Output's own, never read from the entry,
-and a change to stratac's Python that leaves the generated sources alone keeps the entries. An
+and a change to stratac's Python that leaves the generated sources alone keeps the entries. A
+library holds every entry point of kernel.cpp (build_cpu(out)) or a set of them (build_cpu(out,
+names): what a job's warm-up builds for its element types and ops, and what a call builds, through
+OnDemand, when it first launches one), keyed apart; entry.json says which. An
 entry is built in a private temporary directory and published with one rename, under a file lock,
 so concurrent builds of the same schedule share one result. entry.json records the sha256 of every
 file of the entry (the library and its sources); an entry whose files do not match it (truncated,
@@ -103,10 +106,22 @@ def _strata_notes(stderr: str, generated: dict[str, str]) -> list[Note]:
 
 @dataclass(frozen=True)
 class Built:
+    """A built library. identity: the key of the sources it was built from, the same whichever of
+    their entry points were compiled (the ranks' agreement compares it); entries: the entry points
+    (kernel names) the library holds, None when it holds all of them."""
     library: Path
     manifest: dict
     directory: Path
     cached: bool
+    identity: str
+    entries: frozenset[str] | None = None
+
+    def library_for(self, kernel: str) -> Path:
+        """The library that holds the entry point `kernel` (this one)."""
+        if self.entries is not None and kernel not in self.entries:
+            raise StrataError(error(Codes.BUILD, f"{self.library} holds {', '.join(sorted(self.entries))}, "
+                                    f"not {kernel}"))
+        return self.library
 
 
 class CacheLock:
@@ -158,8 +173,9 @@ def _entry_valid(d: Path, libname: str) -> bool:
     return True
 
 
-def _publish(root: Path, key: str, libname: str, build) -> tuple[Path, bool]:
-    """Returns the entry directory for key, building it with build(tmpdir) if missing or invalid."""
+def _publish(root: Path, key: str, libname: str, build, meta: dict | None = None) -> tuple[Path, bool]:
+    """Returns the entry directory for key, building it with build(tmpdir) if missing or invalid;
+    meta: more fields for its entry.json (what the entry holds)."""
     final = root / key
     if _entry_valid(final, libname):
         return final, True
@@ -170,8 +186,8 @@ def _publish(root: Path, key: str, libname: str, build) -> tuple[Path, bool]:
         try:
             build(tmp)
             files = _entry_files(tmp)
-            (tmp / "entry.json").write_text(json.dumps({"sha256": files[libname], "files": files},
-                                                       indent=1))
+            (tmp / "entry.json").write_text(json.dumps({"sha256": files[libname], "files": files,
+                                                        **(meta or {})}, indent=1))
             if final.exists() or final.is_symlink():
                 # an invalid entry (corrupt, foreign, tampered): moved aside under the lock, so that
                 # even one we cannot delete is never looked at again
@@ -231,39 +247,121 @@ def runtime_library() -> Path:
     return d / "libstratacpu.so"
 
 
-def build_cpu(out: Output) -> Built:
-    check_source_name(out.schedule.source_name)
-    cxx = _cxx()
-    rt = resource_dir("runtime")
-    rtlib = runtime_library()
+def _source_key(out: Output, cxx: str, rtlib: Path) -> str:
+    """NAME-HASH of what g++ compiles for `out`: its sources, the recipe, the compiler, the model."""
     sources = {name: out.files[name] for name in COMPILED}
     files_digest = hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()
     key_src = json.dumps({"files": files_digest, "recipe": recipe_digest(),
                           "cxx": _toolchain_id(cxx), "flags": CXX_FLAGS, "target": "cpu",
                           "runtime": rtlib.parent.name})
-    key = f"{out.schedule.name}-" + hashlib.sha256(key_src.encode()).hexdigest()[:24]
+    return f"{out.schedule.name}-" + hashlib.sha256(key_src.encode()).hexdigest()[:24]
+
+
+def kernel_names(out: Output) -> list[str]:
+    """The entry points of out's kernel.cpp (one per element type and reduction), from its manifest."""
+    return [k["name"] for k in json.loads(out.files["manifest.json"])["kernels"]]
+
+
+def build_cpu(out: Output, entries=None) -> Built:
+    """Builds out's kernel.cpp and launch.cpp against the CPU model: every entry point, or only
+    those named in `entries` (kernel names), compiled with -DSTRATA_ENTRIES and one
+    -DSTRATA_ENTRY_<name> each (the templates' guards) and cached under a key of its own. The
+    kernel class is instantiated per element type and reduction, so the entries a job launches
+    cost a fraction of the build of all twelve of an AllReduce (docs/bench.md, "Entry points")."""
+    check_source_name(out.schedule.source_name)
+    cxx = _cxx()
+    rt = resource_dir("runtime")
+    rtlib = runtime_library()
+    identity = _source_key(out, cxx, rtlib)
+    names = kernel_names(out)
+    chosen = None if entries is None else frozenset(entries)
+    if chosen is not None and (not chosen or chosen - set(names)):
+        raise StrataError(error(Codes.BUILD, f"{out.schedule.name} has no entry point "
+                                f"{', '.join(sorted(chosen - set(names))) or '(none named)'}: it has "
+                                f"{', '.join(names)}"))
+    if chosen is not None and chosen == set(names):
+        chosen = None
+    key = identity if chosen is None else f"{out.schedule.name}-" + hashlib.sha256(
+        f"{identity}\0{','.join(sorted(chosen))}".encode()).hexdigest()[:24]
+    macros = [] if chosen is None else ["-DSTRATA_ENTRIES", *(f"-DSTRATA_ENTRY_{k}" for k in sorted(chosen))]
     libname = f"lib{out.schedule.name}.so"
 
     def build(tmp: Path) -> None:
-        for name, text in sources.items():
-            (tmp / name).write_text(text, encoding="utf-8")
-        _run([cxx, *CXX_FLAGS, "-shared", "-DSTRATA_CPU_MODEL",
+        for name in COMPILED:
+            (tmp / name).write_text(out.files[name], encoding="utf-8")
+        _run([cxx, *CXX_FLAGS, "-shared", "-DSTRATA_CPU_MODEL", *macros,
               f"-I{rt / 'cpu' / 'include'}", f"-I{rt / 'device'}",
               "kernel.cpp", "launch.cpp", "-o", libname,
               f"-L{rtlib.parent}", "-lstratacpu", f"-Wl,-rpath,{rtlib.parent}"],
              tmp, f"building {out.schedule.name} for the CPU model", out.files)
 
-    d, cached = _publish(cache_root(), key, libname, build)
-    return Built(d / libname, json.loads(out.files["manifest.json"]), d, cached)
+    d, cached = _publish(cache_root(), key, libname, build,
+                         {"identity": identity, "entries": None if chosen is None else sorted(chosen)})
+    return Built(d / libname, json.loads(out.files["manifest.json"]), d, cached, identity, chosen)
 
 
-def build_all(outputs: list[Output]) -> list[Built]:
+class OnDemand:
+    """A CPU build whose entry points are built when a call first needs one (what comm.load gives
+    a Schedule). library_for(kernel) is a library of these sources that holds the kernel if the
+    cache has one (every entry point's, or the set a job's warm-up built: build_all), else a
+    library of that entry point alone; at the second entry point it has to build, every entry
+    point's (a program that calls several element types or ops pays about one build of all, not
+    one per entry). Nothing is compiled at load but the model; a missing compiler is said there."""
+
+    def __init__(self, out: Output):
+        check_source_name(out.schedule.source_name)
+        self.out = out
+        self.manifest = json.loads(out.files["manifest.json"])
+        self.identity = _source_key(out, _cxx(), runtime_library())
+        self.libname = f"lib{out.schedule.name}.so"
+        self._built = 0
+
+    def library_for(self, kernel: str) -> Path:
+        root = cache_root()
+        # the build of every entry point first (its key is the identity), then the sets
+        for d in [root / self.identity, *sorted(root.glob(f"{self.out.schedule.name}-*"))]:
+            try:
+                meta = json.loads((d / "entry.json").read_text())
+            except (OSError, ValueError):
+                continue
+            held = meta.get("entries") if isinstance(meta, dict) else None
+            if meta.get("identity") == self.identity and (held is None or kernel in held) \
+                    and _entry_valid(d, self.libname):
+                return d / self.libname
+        self._built += 1
+        return build_cpu(self.out, [kernel] if self._built == 1 else None).library
+
+
+def entries_for(out: Output, uses) -> list[str] | None:
+    """The entry points of out that calls with `uses`, (dtype, op) pairs by their short names
+    ("f32", "sum"; the op is ignored for a schedule without a redop), launch; None (all of them)
+    when uses is None or names a dtype out has no entry for (a fixed type, such as an int8
+    dispatch's, whatever the run's dtype)."""
+    if uses is None:
+        return None
+    kernels = json.loads(out.files["manifest.json"])["kernels"]
+    names = []
+    for dtype, op in uses:
+        match = [k["name"] for k in kernels if k["dtype"] == dtype and (k["op"] is None or k["op"] == op)]
+        if not match:
+            return None
+        names += match
+    return sorted(set(names))
+
+
+def build_all(outputs: list[Output], uses=None) -> list[Built]:
     """build_cpu of every output, in order, with one g++ per CPU at a time (a build is a compiler
-    process, so threads suffice; the cache's lock is per entry). The first error in the outputs'
-    order is raised, after every build has ended."""
-    if len(outputs) < 2:
-        return [build_cpu(o) for o in outputs]
+    process, so threads suffice; the cache's lock is per entry). uses: per output, the (dtype, op)
+    pairs its calls will launch, one library of those entry points (entries_for; the ranks'
+    OnDemand then finds it); None (for all outputs or one) for every entry point. The first error
+    in the outputs' order is raised, after every build has ended."""
+    per = uses if uses is not None else [None] * len(outputs)
+    if len(per) != len(outputs):
+        raise ValueError(f"build_all: {len(per)} uses for {len(outputs)} outputs")
+    jobs = [(o, entries_for(o, u)) for o, u in zip(outputs, per)]
+    if len(jobs) < 2:
+        return [build_cpu(*j) for j in jobs]
     runtime_library()   # once, before the threads want it
-    with concurrent.futures.ThreadPoolExecutor(min(len(outputs), os.cpu_count() or 1)) as pool:
-        futures = [pool.submit(build_cpu, o) for o in outputs]
+    with concurrent.futures.ThreadPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool:
+        futures = [pool.submit(build_cpu, *j) for j in jobs]
     return [f.result() for f in futures]

@@ -410,4 +410,4 @@ def build(output: codegen.Output, soc: str, *, env: Mapping[str, str] | None = N
                 shutil.rmtree(d, ignore_errors=True)
         d, cached = _cache._publish(root, key, libname, do_build)
     manifest = json.loads((d / "manifest.json").read_text())
-    return _cache.Built(d / libname, manifest, d, cached)
+    return _cache.Built(d / libname, manifest, d, cached, d.name)

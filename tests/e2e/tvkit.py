@@ -260,6 +260,7 @@ def plan(world: int, paths: list[Path], options: passes.Options | None = None,
     (`masked`: as `samples` takes it)."""
     options = options or passes.Options()
     out = Plan(world)
+    uses: dict[tuple[int, str], set] = {}   # (file, schedule) -> the (dtype, op) its instances launch
     for path in paths:
         found = accepted(path, world, options, masks=masked is not False)
         if not found:
@@ -283,6 +284,8 @@ def plan(world: int, paths: list[Path], options: passes.Options | None = None,
                     raise AssertionError(f"{path.name}: {s.name} ({context(inst)}): a sample whose "
                                          "int8 window rows are not whole 32-byte blocks")
                 dtypes = {p.name: (p.dtype or typevar_dtype(sizes)).torch_name for p in s.params}
+                kernel = typevar_dtype(sizes) if s.typevars else next(p.dtype for p in s.params)
+                uses.setdefault((fi, s.name), set()).add((kernel.short, op if s.op_param else None))
                 scalars = {x.name: sizes[x.name] for x in s.int_params}
                 if s.op_param:
                     scalars[s.op_param.name] = op
@@ -296,8 +299,10 @@ def plan(world: int, paths: list[Path], options: passes.Options | None = None,
                     init=[{b: init[(r, b)] for b in dtypes} for r in range(world)],
                     expect=[{b: after[(r, b)] for b in dtypes} for r in range(world)],
                     bits=float16_bits(s, op)))
-    # the ranks then load without building
-    build.build_all([c.output for _, compiled in out.files for c in compiled])
+    # the ranks then load without building: the entry points (element type, op) the instances use
+    jobs = [(c.output, sorted(uses[(fi, c.schedule.name)], key=str))
+            for fi, (_, compiled) in enumerate(out.files) for c in compiled if (fi, c.schedule.name) in uses]
+    build.build_all([o for o, _ in jobs], [u for _, u in jobs])
     return out
 
 

@@ -95,7 +95,7 @@ def test_no_more_blocks_than_the_soc_it_was_compiled_for(comm):
     fn3(x, op="sum", cores=1)
     dtype, sizes, ptrs, _ = fn3.bind(x, op="sum")
     sync = fn3._ffi.cast("void*", comm._base + comm._sync)
-    rc = fn3._launch(dtype.code, 0, 41, fn3._ffi.NULL, sync, comm.next_call(fn3.ir.sync_ops)[0], *ptrs,
+    rc = fn3._launcher(dtype, 0)(dtype.code, 0, 41, fn3._ffi.NULL, sync, comm.next_call(fn3.ir.sync_ops)[0], *ptrs,
                      *(sizes[n] for n in fn3.ir.sizes))
     assert rc != 0
     err = C.last_error(comm._lib, comm._ffi)

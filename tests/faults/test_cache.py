@@ -200,3 +200,89 @@ def test_builds_of_several_schedules_keep_their_order_and_the_first_error(tmp_pa
     with pytest.raises(StrataError) as exc:
         build.build_all(bad)
     assert f"building {outs[1].schedule.name} for the CPU model" in exc.value.diagnostics[0].message
+
+
+def test_a_call_builds_the_entry_point_it_launches_and_a_job_the_entry_points_of_its_cases(tmp_path, monkeypatch):
+    """comm.load compiles no kernel on the CPU build. A call builds the entry point of its element
+    type and reduction alone, in a library whose launcher refuses any other (-2) and that holds no
+    other kernel; the second entry point a schedule needs builds them all, and that library then
+    serves every call. A job's warm-up (build_all with the cases' element types and ops) builds
+    one library of exactly those. All carry the identity of the same sources, which the ranks'
+    agreement compares."""
+    import shutil
+
+    import cffi
+    import torch
+
+    from stratac import codegen
+    from stratac.codegen import abi
+    from stratac.host import comm as C
+    from stratac.ir import passes
+    from stratac.lang import frontend
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    model = build.runtime_library().parent            # the model's entry, as the default cache has it
+    shutil.copytree(model, cache / model.name)
+    monkeypatch.setenv("STRATAC_CACHE_DIR", str(cache))
+    src = ROOT / "examples" / "allreduce_ring.strata"
+
+    def libraries() -> dict[str, list | None]:
+        """entry directory -> the entry points its library holds (None: all)"""
+        return {p.name: json.loads((p / "entry.json").read_text())["entries"]
+                for p in cache.iterdir() if p.is_dir() and p.name.startswith("allreduce_ring-")}
+
+    [s] = frontend.schedules(frontend.load_source(str(src)))
+    out = codegen.generate(passes.pipeline(s, passes.Options()))
+    comm = C.Communicator(0, 1, segment=C._segment_name(), create=True, heap_bytes=4 << 20, timeout=10)
+    C.unlink_segment(comm.segment)
+    try:
+        mod = comm.load(src)
+        assert libraries() == {}
+        x = comm.empty(100, dtype=torch.float32)
+        x.copy_(torch.arange(100, dtype=torch.float32))
+        mod.allreduce_ring(x, op="sum")
+        assert torch.equal(x, torch.arange(100, dtype=torch.float32))    # world 1: the sum is x
+        assert list(libraries().values()) == [["allreduce_ring_f32_sum"]]
+        y = comm.empty(64, dtype=torch.bfloat16)
+        y.copy_(torch.arange(64, dtype=torch.bfloat16))
+        mod.allreduce_ring(y, op="max")                 # the second: every entry point
+        mod.allreduce_ring(x, op="min")                 # from that library
+        assert torch.equal(y, torch.arange(64, dtype=torch.bfloat16))
+        assert sorted(libraries().values(), key=str) == [None, ["allreduce_ring_f32_sum"]]
+        mod2 = comm.load(src)                           # another schedule object: the library of all
+        mod2.allreduce_ring(x, op="sum")
+        assert len(libraries()) == 2
+    finally:
+        comm.close(collective=False)
+    [one] = [d for d, held in libraries().items() if held]
+    built = build.build_cpu(out, ["allreduce_ring_f32_sum"])
+    assert built.cached and built.directory.name == one
+    ffi = cffi.FFI()
+    ffi.cdef(abi.cdef(out.schedule))
+    lib = ffi.dlopen(str(built.library))
+    launch = getattr(lib, abi.launcher_name(out.schedule))
+    f32 = passes.ir.DType.F32.code
+    # f32 max (op 1) and f16 sum: not built, refused before anything is touched
+    assert launch(f32, 1, 1, ffi.NULL, ffi.NULL, 0, ffi.NULL, 0) == -2
+    assert launch(passes.ir.DType.F16.code, 0, 1, ffi.NULL, ffi.NULL, 0, ffi.NULL, 0) == -2
+    ffi.dlclose(lib)
+
+    def symbols(b) -> str:
+        return subprocess.run(["nm", "-D", "--defined-only", str(b.library)], capture_output=True, text=True,
+                              check=True).stdout
+    assert "allreduce_ring_f32_sum" in symbols(built) and "allreduce_ring_f32_max" not in symbols(built)
+    with pytest.raises(build.StrataError, match="holds allreduce_ring_f32_sum, not allreduce_ring_bf16_max"):
+        built.library_for("allreduce_ring_bf16_max")
+    every = build.build_cpu(out)
+    assert every.cached and every.identity == built.identity and every.directory != built.directory
+    assert all(k in symbols(every) for k in build.kernel_names(out))
+    # a job's warm-up: one library of its cases' entry points, which the ranks' loads then find
+    [job] = build.build_all([out], [[("f16", "sum"), ("f16", "min"), ("f16", "sum")]])
+    assert not job.cached and job.entries == {"allreduce_ring_f16_sum", "allreduce_ring_f16_min"}
+    assert libraries()[job.directory.name] == ["allreduce_ring_f16_min", "allreduce_ring_f16_sum"]
+    assert build.OnDemand(out).library_for("allreduce_ring_i32_min") == every.library
+    shutil.rmtree(every.directory)
+    assert build.OnDemand(out).library_for("allreduce_ring_f16_min") == job.library
+    assert build.OnDemand(out).library_for("allreduce_ring_f32_sum") == built.library
+    with pytest.raises(build.StrataError, match="has no entry point allreduce_ring_i8_sum"):
+        build.build_cpu(out, ["allreduce_ring_i8_sum"])

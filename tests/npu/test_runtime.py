@@ -151,7 +151,8 @@ def test_a_launch_passes_the_launcher_its_arguments_in_abi_order(example):
     fn._scratch = {}
     fn._instances = {}          # the call proves its instance (stratac.host.instance) before launching
     calls = []
-    fn._launch = lambda *a: calls.append(a) or 0
+    fn._unloaded = False
+    fn._launcher = lambda dtype, op: lambda *a: calls.append(a) or 0
     env = {"world": FakeComm.world, **{n: 64 for n in s.sizes}}
     tensors = {p.name: torch.zeros(p.size.eval(env), dtype=torch.float16)
                for p in getattr(s, "tensors", s.params)}

@@ -541,7 +541,7 @@ def build_mutants(sources: list[tuple[str, str]], world: int, tmp: Path) -> None
     from stratac.host.schedule import prove_worlds
     from stratac.ir import passes
     from stratac.targets import cpu
-    outputs = []
+    outputs, uses = [], []
     for source, name in sources:
         path = _mutant_path(name, world, tmp)
         path.write_text(source, encoding="utf-8")
@@ -550,11 +550,20 @@ def build_mutants(sources: list[tuple[str, str]], world: int, tmp: Path) -> None
                                          [world], prove_worlds)
         except StrataError:
             continue
+        cases = mutant_cases([c.schedule for c in compiled], world)
         outputs += [c.output for c in compiled]
-    cpu.build_all(outputs)
+        uses += [sorted({(case.dtype, case.op) for case in cases})] * len(compiled)
+    cpu.build_all(outputs, uses)
 
 
 RUN_CORES = 4
+
+
+def mutant_cases(scheds, world: int) -> list:
+    """The cases run_mutant's run takes for a source of these schedules."""
+    moe = any(s.contract.kind.moe for s in scheds)
+    int8 = any(b.dtype is ir.DType.I8 for s in scheds for b in s.params)
+    return (INT8_CASES if int8 else MOE_CASES) if moe else collective_cases(world)
 
 
 def run_mutant(source: str, name: str, world: int, tmp: Path, timeout: float = 30.0) -> Outcome:
@@ -563,9 +572,7 @@ def run_mutant(source: str, name: str, world: int, tmp: Path, timeout: float = 3
     path.write_text(source, encoding="utf-8")
     try:
         scheds = frontend.schedules(Source(str(path), source))
-        moe = any(s.contract.kind.moe for s in scheds)
-        int8 = any(b.dtype is ir.DType.I8 for s in scheds for b in s.params)
-        cases = (INT8_CASES if int8 else MOE_CASES) if moe else collective_cases(world)
+        cases = mutant_cases(scheds, world)
         out = runner.run(runner.RunSpec(file=str(path), world=world, cases=cases, iters=1, warmup=0,
                                         cores=RUN_CORES, timeout=timeout), echo=lambda line: None)
     except StrataError as exc:

@@ -153,7 +153,7 @@ def main(argv=None) -> int:
         return 0
     if a.file is None:
         ap.error("FILE is required")
-    callruns.warm_build(a.file, a.world)   # warm the cache before the ranks start
+    callruns.warm_build(a.file, a.world, dtype=a.dtype)   # warm the cache before the ranks start
     with tempfile.TemporaryDirectory(prefix="stratac-prof-") as tmp:
         specs = [{"file": str(Path(a.file).resolve()), "rank": r, "world": a.world,
                   "store": f"{tmp}/store", "heap": 64 << 20 if a.size < 8 << 20 else 8 * a.size,

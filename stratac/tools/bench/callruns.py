@@ -20,15 +20,16 @@ from pathlib import Path
 RESULT = "CALLRUN "   # a rank's result line: this prefix, then JSON
 
 
-def warm_build(file: str, world: int, soc: str | None = None) -> None:
-    """Builds every schedule of FILE for `world` before the ranks start (they then load from the
-    cache instead of compiling at once, each)."""
+def warm_build(file: str, world: int, soc: str | None = None, dtype: str = "f32", op: str = "sum") -> None:
+    """Builds every schedule of FILE for `world` before the ranks start, the entry points of
+    `dtype` and `op` (they then load from the cache instead of compiling at once, each)."""
     from stratac.host import schedule
     from stratac.ir import passes
     from stratac.lang.frontend import load_source
     from stratac.targets import cpu as build
     opts = passes.Options() if soc is None else passes.Options(soc=soc)
-    build.build_all([c.output for c in schedule.compile_source(load_source(file), opts, worlds=[world])])
+    outputs = [c.output for c in schedule.compile_source(load_source(file), opts, worlds=[world])]
+    build.build_all(outputs, [[(dtype, op)]] * len(outputs))
 
 
 def run_ranks(module: str, specs: list[dict], timeout: float) -> tuple[list, int, list[str]]:
@@ -122,23 +123,30 @@ def heap_bytes(file: str, world: int, sizes: list[int], dtype: str) -> int:
 
 
 class LaunchTimer:
-    """Wraps a schedule's launcher (the generated strata_launch_*'s cffi call): `times` gets
-    (entered, returned) on time.monotonic (CLOCK_MONOTONIC, the CPU model's clock) per launch."""
+    """Wraps a schedule's launchers (the generated strata_launch_*'s cffi calls): `times` gets
+    (entered, returned) on time.monotonic (CLOCK_MONOTONIC, the CPU model's clock) per launch.
+    The calls prepared before it are dropped, so that every later call takes a wrapped launcher."""
 
     def __init__(self, fn):
-        self.fn, self.real = fn, fn._launch
+        self.fn = fn
         self.times: list[tuple[float, float]] = []
 
-        def timed(*a, _real=self.real, _times=self.times):
-            t0 = time.monotonic()
-            rc = _real(*a)
-            _times.append((t0, time.monotonic()))
-            return rc
+        def timing(dtype, op, _real=fn._launcher, _times=self.times):
+            real = _real(dtype, op)
 
-        fn._launch = timed
+            def timed(*a):
+                t0 = time.monotonic()
+                rc = real(*a)
+                _times.append((t0, time.monotonic()))
+                return rc
+            return timed
+
+        fn._launcher = timing
+        fn._calls.clear()
 
     def restore(self) -> None:
-        self.fn._launch = self.real
+        del self.fn._launcher   # the class's again
+        self.fn._calls.clear()
 
 
 def rank_tmp(spec: dict) -> Path:

@@ -183,8 +183,9 @@ def measure(cases: list[dict], world: int, hidden: int, topk: int, experts: int,
     from stratac.ir import passes
     from stratac.lang.frontend import load_source
     from stratac.targets import cpu as build
-    build.build_all([c.output for f in dict.fromkeys(c["file"] for c in cases)
-                     for c in schedule.compile_source(load_source(f), passes.Options(), worlds=[world])])
+    outputs = [c.output for f in dict.fromkeys(c["file"] for c in cases)
+               for c in schedule.compile_source(load_source(f), passes.Options(), worlds=[world])]
+    build.build_all(outputs, [[(dtype, None)]] * len(outputs))
     heap = heap_bytes(cases, world, hidden, topk, experts)
     cases = [{**c, "file": str(Path(c["file"]).resolve())} for c in cases]
     with tempfile.TemporaryDirectory(prefix="stratac-moe-torch-") as tmp:

@@ -174,12 +174,14 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
         if generic and case.dtype == "i8":
             raise StrataError(error(Codes.BAD_TYPE, f"{generic[0]} is not built for i8: int8 is a payload "
                                     "to move (a quantised MoE dispatch's rows), not a type variable's type"))
-    # warm the cache: the ranks then load without compiling
+    # warm the cache: the ranks then load without compiling (on the CPU model, the entry points
+    # of the cases' element types and ops, each as a call builds it)
     if spec.target == "npu":
         for c in compiled:
             npu.build(c.output, spec.soc)
     else:
-        build.build_all([c.output for c in compiled])
+        uses = sorted({(case.dtype, case.op) for case in spec.cases})
+        build.build_all([c.output for c in compiled], [uses] * len(compiled))
     heap = heap_bytes(spec, compiled)
     shm = os.statvfs("/dev/shm")
     free = shm.f_bavail * shm.f_frsize
