@@ -6,7 +6,7 @@ receives. Out: `dispatch(x, topk_idx, topk_weights)` -> (the received rows, the 
 expert, a handle) and `combine(y, handle)` -> the combined tokens, with per-rank time and bytes of
 each call (`last_stats`, `stats(all_ranks=True)`) and, on request, a Perfetto trace.
 
-The schedules are examples/moe_prefill_bounded.strata's, loaded (verified, built, cached) once;
+The schedules are examples/moe_prefill_bounded.strata's, loaded (verified, compiled) once;
 the heap tensors are allocated once, at `max_tokens` rows, and a call with fewer tokens pads its
 expert ids with -1 (nothing is sent for them), so every call is the one proven instance and ranks
 may dispatch different numbers of tokens, as with DeepEP.

@@ -572,7 +572,9 @@ def npu_schedule_class():
             # the CPU launcher's rule without its host cap (stratac.host.cores): cores follow the bytes
             blocks = self.last_cores = self.launch_cores(cores, self.max_cores, sizes, dtype)
             op_param = getattr(self.ir, "op_param", None)
-            fixed = {"dtype": dtype.code, "op": scalars.get(op_param.name, 0) if op_param else 0,
+            op = scalars.get(op_param.name, 0) if op_param else 0
+            launch = self._launcher(dtype, op)     # before the epoch is taken: a load error takes none
+            fixed = {"dtype": dtype.code, "op": op,
                      "blocks": blocks,
                      "sync": self._ffi.cast("void*", self.comm._sync),
                      "epoch": self.comm.next_epoch(self.ir.stamps({"world": self.comm.world, **params})),
@@ -591,7 +593,7 @@ def npu_schedule_class():
                     args.append(scalars[a.name])
             if ir.takes_mask(self.ir):
                 self.comm.write_mask(bits)
-            rc = self._launcher(dtype, fixed["op"])(*args)
+            rc = launch(*args)
             if rc != 0:
                 raise StrataRuntimeError(f"{self.name}: launching the {dtype.short} kernel on rank "
                                          f"{self.comm.rank} failed (the launcher returned {rc})")

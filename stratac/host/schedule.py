@@ -96,7 +96,7 @@ def _check_manifest(s: ir.Schedule, built: build.Built, world: int, worlds: tupl
     """The library about to be loaded is the one this schedule was compiled to, for this world."""
     m = built.manifest
     if m.get("schedule") != s.name or m.get("launcher") != abi.launcher_name(s):
-        raise StrataUsageError(f"{s.name}: the manifest of the library built in {built.directory} "
+        raise StrataUsageError(f"{s.name}: the manifest of the library built from {built.identity} "
                                f"describes {m.get('schedule')!r} with launcher {m.get('launcher')!r}, not this "
                                "schedule: refusing to load it")
     mworlds = m.get("worlds")
@@ -246,6 +246,8 @@ class Schedule:
         without a redop parameter)."""
         fn = self._launchers.get((dtype, op))
         if fn is None:
+            if self._unloaded:
+                raise StrataUsageError(f"{self.name} was unloaded (its communicator was closed)")
             kernel = abi.kernel_name(self.ir, dtype, abi.OPS[op] if self.ir.op_param else None)
             library = str(self.built.library_for(kernel))
             lib = self._libs.get(library)

@@ -257,6 +257,13 @@ def _source_key(out: Output, cxx: str, rtlib: Path) -> str:
     return f"{out.schedule.name}-" + hashlib.sha256(key_src.encode()).hexdigest()[:24]
 
 
+def _entry_key(name: str, identity: str, entries) -> str:
+    """The cache key of the library of `entries` (None: all) of the sources `identity` names."""
+    if entries is None:
+        return identity
+    return f"{name}-" + hashlib.sha256(f"{identity}\0{','.join(sorted(entries))}".encode()).hexdigest()[:24]
+
+
 def kernel_names(out: Output) -> list[str]:
     """The entry points of out's kernel.cpp (one per element type and reduction), from its manifest."""
     return [k["name"] for k in json.loads(out.files["manifest.json"])["kernels"]]
@@ -267,7 +274,8 @@ def build_cpu(out: Output, entries=None) -> Built:
     those named in `entries` (kernel names), compiled with -DSTRATA_ENTRIES and one
     -DSTRATA_ENTRY_<name> each (the templates' guards) and cached under a key of its own. The
     kernel class is instantiated per element type and reduction, so the entries a job launches
-    cost a fraction of the build of all twelve of an AllReduce (docs/bench.md, "Entry points")."""
+    cost a fraction of the build of all twelve of an AllReduce (docs/bench.md, "The suite's builds:
+    entry points as calls need them")."""
     check_source_name(out.schedule.source_name)
     cxx = _cxx()
     rt = resource_dir("runtime")
@@ -281,8 +289,7 @@ def build_cpu(out: Output, entries=None) -> Built:
                                 f"{', '.join(names)}"))
     if chosen is not None and chosen == set(names):
         chosen = None
-    key = identity if chosen is None else f"{out.schedule.name}-" + hashlib.sha256(
-        f"{identity}\0{','.join(sorted(chosen))}".encode()).hexdigest()[:24]
+    key = _entry_key(out.schedule.name, identity, chosen)
     macros = [] if chosen is None else ["-DSTRATA_ENTRIES", *(f"-DSTRATA_ENTRY_{k}" for k in sorted(chosen))]
     libname = f"lib{out.schedule.name}.so"
 
@@ -304,9 +311,10 @@ class OnDemand:
     """A CPU build whose entry points are built when a call first needs one (what comm.load gives
     a Schedule). library_for(kernel) is a library of these sources that holds the kernel if the
     cache has one (every entry point's, or the set a job's warm-up built: build_all), else a
-    library of that entry point alone; at the second entry point it has to build, every entry
-    point's (a program that calls several element types or ops pays about one build of all, not
-    one per entry). Nothing is compiled at load but the model; a missing compiler is said there."""
+    library of that entry point alone, or of all of them once the schedule has needed two (a
+    program that calls several element types or ops pays about one build of all, not one per
+    entry; every rank that makes the same calls asks for the same library). Nothing is compiled at
+    load but the model; a missing compiler is said there."""
 
     def __init__(self, out: Output):
         check_source_name(out.schedule.source_name)
@@ -314,22 +322,38 @@ class OnDemand:
         self.manifest = json.loads(out.files["manifest.json"])
         self.identity = _source_key(out, _cxx(), runtime_library())
         self.libname = f"lib{out.schedule.name}.so"
-        self._built = 0
+        self._needed: set[str] = set()
+
+    def _held(self, d: Path, kernel: str) -> bool:
+        """d is an intact entry of this user's (checked before its entry.json is read) whose key is
+        that of a library of these sources holding kernel: a directory of another name (a
+        temporary or stale one, a copy) or an entry.json that says anything else is passed over."""
+        if not (owned_privately(d, True) and owned_privately(d / "entry.json", False)):
+            return False
+        try:
+            meta = json.loads((d / "entry.json").read_text())
+        except (OSError, ValueError):
+            return False
+        held = meta.get("entries") if isinstance(meta, dict) else 0
+        if held is not None and not (isinstance(held, list) and held and all(isinstance(k, str) for k in held)):
+            return False
+        return (meta.get("identity") == self.identity and (held is None or kernel in held)
+                and d.name == _entry_key(self.out.schedule.name, self.identity, held)
+                and _entry_valid(d, self.libname))
 
     def library_for(self, kernel: str) -> Path:
+        self._needed.add(kernel)
         root = cache_root()
         # the build of every entry point first (its key is the identity), then the sets
         for d in [root / self.identity, *sorted(root.glob(f"{self.out.schedule.name}-*"))]:
-            try:
-                meta = json.loads((d / "entry.json").read_text())
-            except (OSError, ValueError):
-                continue
-            held = meta.get("entries") if isinstance(meta, dict) else None
-            if meta.get("identity") == self.identity and (held is None or kernel in held) \
-                    and _entry_valid(d, self.libname):
+            if self._held(d, kernel):
                 return d / self.libname
-        self._built += 1
-        return build_cpu(self.out, [kernel] if self._built == 1 else None).library
+        built = build_cpu(self.out, [kernel] if len(self._needed) == 1 else None)
+        if built.identity != self.identity:
+            raise StrataError(error(Codes.BUILD, f"{self.out.schedule.name}: the compiler or the CPU model "
+                                    "changed since the schedule was loaded (its sources build to another "
+                                    "library now): load it again"))
+        return built.library
 
 
 def entries_for(out: Output, uses) -> list[str] | None:
@@ -337,7 +361,7 @@ def entries_for(out: Output, uses) -> list[str] | None:
     ("f32", "sum"; the op is ignored for a schedule without a redop), launch; None (all of them)
     when uses is None or names a dtype out has no entry for (a fixed type, such as an int8
     dispatch's, whatever the run's dtype)."""
-    if uses is None:
+    if not uses:
         return None
     kernels = json.loads(out.files["manifest.json"])["kernels"]
     names = []

@@ -157,7 +157,7 @@ def test_world_size_and_manifest_mismatch(comm):
     ag = schedule.compile_source(src, passes.Options(cores=2), worlds=[1])[0]
     from stratac.targets import cpu as build
     with pytest.raises(errors.StrataUsageError,
-                       match=r"allreduce_twoshot: the manifest of the library built in .* describes "
+                       match=r"allreduce_twoshot: the manifest of the library built from .* describes "
                        r"'allgather_push' with launcher 'strata_launch_allgather_push', not this schedule"):
         schedule.Schedule(comm, ar.schedule, build.build_cpu(ag.output), worlds=(1,))
 

@@ -227,9 +227,11 @@ def test_a_call_builds_the_entry_point_it_launches_and_a_job_the_entry_points_of
     src = ROOT / "examples" / "allreduce_ring.strata"
 
     def libraries() -> dict[str, list | None]:
-        """entry directory -> the entry points its library holds (None: all)"""
-        return {p.name: json.loads((p / "entry.json").read_text())["entries"]
-                for p in cache.iterdir() if p.is_dir() and p.name.startswith("allreduce_ring-")}
+        """entry directory -> the entry points its library holds (None: all), of the entries whose
+        entry.json is a regular file holding an object (the planted ones below are not)"""
+        metas = {p.name: p / "entry.json" for p in cache.iterdir() if p.name.startswith("allreduce_ring-")}
+        metas = {k: json.loads(f.read_text()) for k, f in metas.items() if f.is_file()}
+        return {k: m["entries"] for k, m in metas.items() if isinstance(m, dict)}
 
     [s] = frontend.schedules(frontend.load_source(str(src)))
     out = codegen.generate(passes.pipeline(s, passes.Options()))
@@ -252,6 +254,10 @@ def test_a_call_builds_the_entry_point_it_launches_and_a_job_the_entry_points_of
         mod2 = comm.load(src)                           # another schedule object: the library of all
         mod2.allreduce_ring(x, op="sum")
         assert len(libraries()) == 2
+        [every_dir] = [d for d, held in libraries().items() if held is None]
+        assert list(mod2.allreduce_ring._libs) == [str(cache / every_dir / "liballreduce_ring.so")]
+        # the ranks' agreement: the same identity whichever library a schedule launched from
+        assert mod.allreduce_ring._identity == mod2.allreduce_ring._identity
     finally:
         comm.close(collective=False)
     [one] = [d for d, held in libraries().items() if held]
@@ -270,7 +276,8 @@ def test_a_call_builds_the_entry_point_it_launches_and_a_job_the_entry_points_of
     def symbols(b) -> str:
         return subprocess.run(["nm", "-D", "--defined-only", str(b.library)], capture_output=True, text=True,
                               check=True).stdout
-    assert "allreduce_ring_f32_sum" in symbols(built) and "allreduce_ring_f32_max" not in symbols(built)
+    held = {k for k in build.kernel_names(out) if k in symbols(built).split()}
+    assert held == {"allreduce_ring_f32_sum"}
     with pytest.raises(build.StrataError, match="holds allreduce_ring_f32_sum, not allreduce_ring_bf16_max"):
         built.library_for("allreduce_ring_bf16_max")
     every = build.build_cpu(out)
@@ -279,6 +286,7 @@ def test_a_call_builds_the_entry_point_it_launches_and_a_job_the_entry_points_of
     # a job's warm-up: one library of its cases' entry points, which the ranks' loads then find
     [job] = build.build_all([out], [[("f16", "sum"), ("f16", "min"), ("f16", "sum")]])
     assert not job.cached and job.entries == {"allreduce_ring_f16_sum", "allreduce_ring_f16_min"}
+    assert job.identity == built.identity
     assert libraries()[job.directory.name] == ["allreduce_ring_f16_min", "allreduce_ring_f16_sum"]
     assert build.OnDemand(out).library_for("allreduce_ring_i32_min") == every.library
     shutil.rmtree(every.directory)
@@ -286,3 +294,27 @@ def test_a_call_builds_the_entry_point_it_launches_and_a_job_the_entry_points_of
     assert build.OnDemand(out).library_for("allreduce_ring_f32_sum") == built.library
     with pytest.raises(build.StrataError, match="has no entry point allreduce_ring_i8_sum"):
         build.build_cpu(out, ["allreduce_ring_i8_sum"])
+    # what a call's search passes over: a copy of an entry under another name, an entry.json that
+    # is a FIFO (reading it would hang) or not an object, under the key of what it would hold
+    i32_max = ["allreduce_ring_i32_max"]
+    shutil.copytree(built.directory, cache / "allreduce_ring-0123456789abcdef01234567")
+    copy = json.loads((built.directory / "entry.json").read_text())
+    (cache / "allreduce_ring-0123456789abcdef01234567" / "entry.json").write_text(
+        json.dumps({**copy, "entries": i32_max}))
+    fifo = cache / build._entry_key("allreduce_ring", built.identity, i32_max)
+    fifo.mkdir(mode=0o700)
+    os.mkfifo(fifo / "entry.json", 0o600)
+    other = cache / build._entry_key("allreduce_ring", built.identity, ["allreduce_ring_i32_max", "x"])
+    other.mkdir(mode=0o700)
+    (other / "entry.json").write_text("[1]")
+    import signal
+    signal.signal(signal.SIGALRM, signal.default_int_handler)
+    signal.alarm(120)                                   # a hang fails the test
+    try:
+        found = build.OnDemand(out).library_for("allreduce_ring_i32_max")
+    finally:
+        signal.alarm(0)
+    # passed over, then built at its own key: the FIFO's entry was moved aside and built anew
+    assert found == fifo / "liballreduce_ring.so" and (fifo / "entry.json").is_file()
+    assert libraries()[fifo.name] == i32_max
+    assert [p.name for p in cache.iterdir() if ".stale." in p.name or ".tmp." in p.name] == []

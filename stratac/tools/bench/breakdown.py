@@ -289,8 +289,9 @@ def run(file: str, world: int, sizes: list[int], dtype: str = "f32", op: str = "
     from stratac.tools.bench import machine, mpi
     version = mpi.setup_mpi(echo) if peers else None
     copy_ceiling = machine.copy_ceiling() if ceiling else None   # before anything else runs
-    # no build here: each rank's comm.load proves and builds (the cache publishes one build under a
-    # lock, the others wait for it); a build in this process first would prove every schedule twice
+    # no build here: each rank's comm.load proves and its first call builds (the cache publishes one
+    # build under a lock, the others wait for it); a build in this process first would prove every
+    # schedule twice
     heap = callruns.heap_bytes(file, world, sizes, dtype)
     meta = {"file": file, "world": world, "sizes": sizes, "dtype": dtype, "op": op, "cores": cores,
             "iters": iters, "iters_large": iters_large, "large": large, "warmup": warmup,

@@ -141,11 +141,15 @@ class LaunchTimer:
                 return rc
             return timed
 
+        self.before = fn.__dict__.get("_launcher")   # a wrapper already there, else the class's method
         fn._launcher = timing
         fn._calls.clear()
 
     def restore(self) -> None:
-        del self.fn._launcher   # the class's again
+        if self.before is None:
+            del self.fn._launcher
+        else:
+            self.fn._launcher = self.before
         self.fn._calls.clear()
 
 
