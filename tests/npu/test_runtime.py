@@ -152,13 +152,15 @@ def test_a_launch_passes_the_launcher_its_arguments_in_abi_order(example):
     fn._instances = {}          # the call proves its instance (stratac.host.instance) before launching
     calls = []
     fn._unloaded = False
-    fn._launcher = lambda dtype, op: lambda *a: calls.append(a) or 0
+    picked = []          # the (dtype, op) whose launcher a call asks for
+    fn._launcher = lambda dtype, op: picked.append((dtype, op)) or (lambda *a: calls.append(a) or 0)
     env = {"world": FakeComm.world, **{n: 64 for n in s.sizes}}
     tensors = {p.name: torch.zeros(p.size.eval(env), dtype=torch.float16)
                for p in getattr(s, "tensors", s.params)}
     scalars = {x.name: ("max" if x.kind.value == "redop" else 1) for x in getattr(s, "scalars", [])}
     fn(**tensors, **scalars, cores=7)
     [args] = calls
+    assert picked == [(passes.ir.DType.F16, 1 if s.op_param else 0)]   # max is abi.OPS[1]
     roles = [a.role for a in abi.args(s)]
     assert len(args) == len(roles)
     got = dict(zip((a.name for a in abi.args(s)), args))
