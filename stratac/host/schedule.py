@@ -92,7 +92,7 @@ def _written_params(s: ir.Schedule) -> set[str]:
     return out
 
 
-def _check_manifest(s: ir.Schedule, built: build.Built, world: int, worlds: tuple[int, ...]) -> None:
+def _check_manifest(s: ir.Schedule, built: build.Built | build.OnDemand, world: int, worlds: tuple[int, ...]) -> None:
     """The library about to be loaded is the one this schedule was compiled to, for this world."""
     m = built.manifest
     if m.get("schedule") != s.name or m.get("launcher") != abi.launcher_name(s):

@@ -552,7 +552,7 @@ def build_mutants(sources: list[tuple[str, str]], world: int, tmp: Path) -> None
             continue
         cases = mutant_cases([c.schedule for c in compiled], world)
         outputs += [c.output for c in compiled]
-        uses += [sorted({(case.dtype, case.op) for case in cases})] * len(compiled)
+        uses += [runner.entry_uses(cases)] * len(compiled)
     cpu.build_all(outputs, uses)
 
 

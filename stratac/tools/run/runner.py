@@ -51,6 +51,11 @@ class Case:
     params: dict[str, int] = field(default_factory=dict)   # divisor parameters by name (--param)
 
 
+def entry_uses(cases: list[Case]) -> list[tuple[str, str]]:
+    """The (dtype, op) pairs the cases launch, as stratac.targets.cpu.build_all takes them."""
+    return sorted({(case.dtype, case.op) for case in cases})
+
+
 @dataclass
 class RunSpec:
     file: str | list[str]         # a .strata file, or several run in one job (each its own module)
@@ -180,7 +185,7 @@ def run(spec: RunSpec, echo=print) -> RunOutcome:
         for c in compiled:
             npu.build(c.output, spec.soc)
     else:
-        uses = sorted({(case.dtype, case.op) for case in spec.cases})
+        uses = entry_uses(spec.cases)
         build.build_all([c.output for c in compiled], [uses] * len(compiled))
     heap = heap_bytes(spec, compiled)
     shm = os.statvfs("/dev/shm")
